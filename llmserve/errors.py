@@ -1,0 +1,106 @@
+"""One error hierarchy for the whole tool.
+
+Every error carries a one-line message (what went wrong) and a hint (what to do next, usually a
+command). The CLI renders both and exits with the error's exit code; tracebacks are shown only
+with LLMSERVE_DEBUG=1. Exit codes are part of the public interface (see README, "Exit codes").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ExitCode:
+    OK = 0
+    INTERNAL = 1  # a bug: please report it with LLMSERVE_DEBUG=1 output
+    USAGE = 2  # bad command line (Typer/Click's own code)
+    INVALID_INPUT = 3  # a file the user wrote is malformed or inconsistent
+    INTEGRITY = 4  # an artifact is corrupted, tampered with or hostile
+    NOT_FOUND = 5  # a path, model or version that does not exist
+    INCOMPATIBLE = 6  # versions or interfaces that do not fit together
+    ENGINE = 7  # the engine or a server failed to start or to answer
+    UNAVAILABLE = 8  # a store or service could not be reached
+
+
+@dataclass
+class Detail:
+    """Extra structured context rendered under the message (e.g. a side-by-side table)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+
+class LLMServeError(Exception):
+    """Base of every error the tool raises on purpose."""
+
+    code = "llmserve-error"
+    exit_code = ExitCode.INTERNAL
+    default_hint: str | None = None
+
+    def __init__(self, message: str, hint: str | None = None, *, details: list[Detail] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+        self.details = details or []
+
+    def to_dict(self) -> dict:
+        return {
+            "error": self.code,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+            "details": [d.__dict__ for d in self.details],
+        }
+
+
+class InvalidInputError(LLMServeError):
+    code = "invalid-input"
+    exit_code = ExitCode.INVALID_INPUT
+
+
+class ManifestError(InvalidInputError):
+    code = "invalid-manifest"
+    default_hint = "Fix the file and run the command again; `llmserve schema` prints the manifest's JSON Schema."
+
+
+class SpecMismatchError(InvalidInputError):
+    code = "tensor-spec-mismatch"
+
+
+class IntegrityError(LLMServeError):
+    code = "integrity"
+    exit_code = ExitCode.INTEGRITY
+    default_hint = "Do not use this file; rebuild it with `llmserve package` or fetch it again."
+
+
+class UnsafeArchiveError(IntegrityError):
+    code = "unsafe-archive"
+
+
+class NotFoundError(LLMServeError):
+    code = "not-found"
+    exit_code = ExitCode.NOT_FOUND
+
+
+class IncompatibleError(LLMServeError):
+    code = "incompatible"
+    exit_code = ExitCode.INCOMPATIBLE
+
+
+class EngineVersionOverrideError(IncompatibleError):
+    code = "engine-version-override"
+    default_hint = (
+        "Remove the engine version from llmserve.yaml; the engine is pinned by the deployment's lock "
+        "(requirements/cpu-stack.lock.txt for the local CPU stack)."
+    )
+
+
+class EngineError(LLMServeError):
+    code = "engine"
+    exit_code = ExitCode.ENGINE
+
+
+class UnavailableError(LLMServeError):
+    code = "unavailable"
+    exit_code = ExitCode.UNAVAILABLE

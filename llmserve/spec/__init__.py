@@ -1,0 +1,1 @@
+"""Pydantic models of every file a user writes or the tool writes."""
