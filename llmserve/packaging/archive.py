@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 from llmserve.errors import IntegrityError, NotFoundError, UnsafeArchiveError
 
@@ -368,18 +368,3 @@ def unpack(path: Path, dest: Path, *, limits: ArchiveLimits = ArchiveLimits(),
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def iter_tree(root: Path) -> Iterable[tuple[str, Path]]:
-    """(posix relative path, file path) for every regular file under root, sorted; links refused."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            p = Path(dirpath) / fn
-            if p.is_symlink():
-                raise UnsafeArchiveError(f"{p}: symbolic links are not packaged; copy the file in instead")
-            if not p.is_file():
-                continue
-            out.append((p.relative_to(root).as_posix(), p))
-    return sorted(out)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from llmserve.errors import InvalidInputError, ManifestError, NotFoundError
-from llmserve.packaging.archive import PackageIndex, Source, iter_tree, write_archive
+import os
+
+from llmserve.packaging.archive import PackageIndex, Source, write_archive
 from llmserve.spec.manifest import MANIFEST_NAME, Manifest, dump_manifest, load_manifest
 from llmserve.spec.tensors import TRITON_DATA_TYPE, check_against_contract
 from llmserve.templating import render
@@ -51,8 +53,24 @@ def weights_dir_in_package(manifest: Manifest) -> str:
 
 
 def _tree(root: Path) -> list[tuple[str, Path]]:
-    return [(rel, p) for rel, p in iter_tree(root)
-            if not any(part in _SKIP_NAMES for part in rel.split("/")) and not rel.endswith(".pyc")]
+    """(posix relative path, file) for every file under root, sorted.
+
+    Symbolic links to files are followed and packaged as the files they point to (a Hugging Face
+    cache snapshot is made of such links); dangling links are an error.
+    """
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_NAMES)
+        for fn in filenames:
+            p = Path(dirpath) / fn
+            if fn in _SKIP_NAMES or fn.endswith(".pyc"):
+                continue
+            if not p.is_file():
+                if p.is_symlink():
+                    raise InvalidInputError(f"{p}: dangling symbolic link", hint="Fix or remove the link, then package again.")
+                continue  # sockets, FIFOs: not content
+            out.append((p.relative_to(root).as_posix(), p))
+    return sorted(out)
 
 
 def _resolve_inside(src: Path, rel: str, what: str) -> Path:
