@@ -175,12 +175,16 @@ def collect_members(src: Path, manifest: Manifest) -> dict[str, Source]:
 
 
 def build_package(src: Path, out: Path | None = None, *, progress: Callable[[int], None] | None = None,
-                  on_total: Callable[[int], None] | None = None) -> BuildResult:
-    """Validate SRC/llmserve.yaml and write the package; `out` is a file path or a folder."""
+                  on_total: Callable[[int], None] | None = None, lock: Path | None = None) -> BuildResult:
+    """Validate SRC/llmserve.yaml and write the package; `out` is a file path or a folder.
+    `lock` (default: SRC/llmserve.lock when present) is read so that an engine-version override is
+    refused with the versions the lock pins."""
     src = Path(src)
     if not src.is_dir():
         raise NotFoundError(f"{src}: not a folder", hint="Pass the folder that holds llmserve.yaml.")
-    manifest = load_manifest(src / MANIFEST_NAME)
+    from llmserve.compat.hook import find_lock, load_manifest_under_lock
+
+    manifest, _lock = load_manifest_under_lock(src / MANIFEST_NAME, find_lock(src, lock))
     members = collect_members(src, manifest)
     if on_total:
         on_total(sum(len(m) if isinstance(m, bytes) else m.stat().st_size for m in members.values()))

@@ -1,0 +1,176 @@
+"""`llmserve.lock`: the pinned engine stack a deployment runs on, written by `llmserve lock`.
+
+The lock is YAML with a fixed key order. It is self-contained: the import surface the backend needs
+and the exact package set (local-cpu) travel inside it, so `check-compat` judges against what was
+locked, not against whatever knowledge base the installed llmserve happens to ship.
+
+    lockVersion: 1
+    target:      {name, kind: local-cpu|triton, release, image}
+    stack:       {python, vllm: {distribution, version, source}, torch, tritonclient}
+    interfaces:  {structuredOutputs: {key, params}, logitsProcessor: {name, module, base},
+                  importSurface: {id, files: {file: {module: [symbols]}}}}
+    env:         {VLLM_USE_V2_MODEL_RUNNER: "0", ...}   environment the stack needs at run time
+    packages:    {digest: sha256 of the requirement lines, excluded: {name: why}, requirements: [name==version]}
+                 (local-cpu only; `llmserve lock --export requirements` writes them as a pip file)
+    resolved:    {by: llmserve X, at: ISO-8601 UTC, knowledgeBase: sha256, inputs: [...]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+LOCK_NAME = "llmserve.lock"
+LOCK_VERSION = 1
+HEADER = (
+    "# llmserve.lock: the pinned engine stack. Written by `llmserve lock`; do not edit by hand.\n"
+    "# Move it with `llmserve lock --upgrade`; prove fit with `llmserve check-compat`.\n"
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LockTarget(_Strict):
+    name: str
+    kind: Literal["local-cpu", "triton"]
+    release: str | None = None
+    image: str | None = None
+
+
+class VllmPin(_Strict):
+    distribution: str
+    version: str = Field(pattern=r"^\d+(\.\d+)*([a-z0-9.+-]*)$")
+    source: Literal["knowledge-base", "from-image"] = "knowledge-base"
+
+
+class Stack(_Strict):
+    python: str
+    vllm: VllmPin
+    torch: str | None = None
+    tritonclient: str | None = None
+
+
+class StructuredOutputsPin(_Strict):
+    key: str
+    params: str
+
+
+class ProcessorPin(_Strict):
+    name: str
+    module: str | None = None
+    base: str | None = None
+
+
+class ImportSurface(_Strict):
+    id: str
+    files: dict[str, dict[str, list[str]]]
+
+
+class Interfaces(_Strict):
+    structuredOutputs: StructuredOutputsPin
+    logitsProcessor: ProcessorPin
+    importSurface: ImportSurface
+
+
+class Packages(_Strict):
+    digest: str
+    excluded: dict[str, str] = Field(default_factory=dict)
+    requirements: list[str]
+
+    @model_validator(mode="after")
+    def _digest_matches(self) -> "Packages":
+        if self.digest != packages_digest(self.requirements):
+            raise ValueError("packages.digest does not match packages.requirements (the file was edited by hand)")
+        for line in self.requirements:
+            if "==" not in line:
+                raise ValueError(f"packages.requirements: '{line}' is not an exact pin (name==version)")
+        return self
+
+
+class Resolution(_Strict):
+    by: str
+    at: str
+    knowledgeBase: str
+    inputs: list[str] = Field(default_factory=list)
+
+
+class Lock(_Strict):
+    lockVersion: Literal[1] = LOCK_VERSION
+    target: LockTarget
+    stack: Stack
+    interfaces: Interfaces
+    env: dict[str, str] = Field(default_factory=dict)
+    packages: Packages | None = None
+    resolved: Resolution
+
+    def pinned(self) -> dict[str, str]:
+        """Distribution name (normalized) -> exact version, from packages or the stack."""
+        if self.packages:
+            return {normalize(n): v for n, v in (line.split("==", 1) for line in self.packages.requirements)}
+        out = {normalize(self.stack.vllm.distribution): self.stack.vllm.version}
+        if self.stack.torch:
+            out["torch"] = self.stack.torch
+        if self.stack.tritonclient:
+            out["tritonclient"] = self.stack.tritonclient
+        return out
+
+    def content_key(self) -> dict:
+        """Everything but `resolved`: two locks with equal keys pin the same stack."""
+        return self.model_dump(mode="json", exclude={"resolved"})
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name normalization."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def packages_digest(requirements: list[str]) -> str:
+    return "sha256:" + hashlib.sha256(("\n".join(requirements) + "\n").encode()).hexdigest()
+
+
+def dump_lock(lock: Lock) -> str:
+    data = lock.model_dump(mode="json", exclude_none=True)
+    return HEADER + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=4096)
+
+
+def parse_lock(text: str, source: str = LOCK_NAME) -> Lock:
+    from llmserve.compat.errors import LockFileError
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise LockFileError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    if not isinstance(data, dict):
+        raise LockFileError(f"{source}: a lock is a YAML mapping (lockVersion, target, stack, ...)")
+    if data.get("lockVersion") not in (None, LOCK_VERSION):
+        raise LockFileError(
+            f"{source}: lockVersion {data.get('lockVersion')!r} is not supported by this llmserve (it reads {LOCK_VERSION})",
+            hint="Upgrade llmserve, or regenerate the lock with `llmserve lock --upgrade`.",
+        )
+    try:
+        return Lock.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: "
+                    f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}"
+                    for e in exc.errors()]
+        raise LockFileError(f"{source}: " + "\n".join(problems)) from exc
+
+
+def load_lock(path: Path) -> Lock:
+    from llmserve.compat.errors import LockFileError, LockNotFoundError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise LockNotFoundError(f"{path}: no lock here") from exc
+    except UnicodeDecodeError as exc:
+        raise LockFileError(f"{path}: not UTF-8 text") from exc
+    return parse_lock(text, str(path))
