@@ -8,7 +8,7 @@ import sys
 import typer
 
 from llmserve import __version__
-from llmserve.cli import check_compat_cmd, inspect_cmd, lock_cmd, package_cmd, schema_cmd
+from llmserve.cli import check_compat_cmd, inspect_cmd, lock_cmd, package_cmd, schema_cmd, serve_cmd
 
 app = typer.Typer(
     name="llmserve",
@@ -42,6 +42,7 @@ inspect_cmd.register(app)
 schema_cmd.register(app)
 lock_cmd.register(app)
 check_compat_cmd.register(app)
+serve_cmd.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,254 @@
+"""The fate of every request field of the OpenAI APIs this server implements.
+
+No field is silently dropped: each one is either honoured (the `how` says by what) or rejected with
+HTTP 400 naming it. A field absent from these tables is rejected as unknown. `null` means "not set"
+for every optional field, as in OpenAI's API. A conformance test enumerates the fields of the
+installed `openai` package's request TypedDicts and checks each one has an entry here.
+
+`check(value, body)` returns a problem for a value this server cannot honour (the field is then
+rejected), or None. `forward` says what reaches vLLM's request model: the field as is (`pass`),
+nothing because llmserve itself honoured it (`consume`), or a rewrite (a callable returning a dict
+of fields to merge into the request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+Check = Callable[[Any, dict], "str | None"]
+Forward = "Literal['pass', 'consume'] | Callable[[Any], dict]"
+
+
+@dataclass(frozen=True)
+class Fate:
+    honoured: bool
+    how: str
+    check: Check | None = None
+    forward: Any = "pass"
+
+
+def rejected(why: str) -> Fate:
+    return Fate(False, why)
+
+
+def honoured(how: str, check: Check | None = None, forward: Any = "pass") -> Fate:
+    return Fate(True, how, check, forward)
+
+
+# ---- value checks -------------------------------------------------------------------------------
+
+def _one_of(*allowed: Any) -> Check:
+    def check(value: Any, body: dict) -> str | None:
+        if value not in allowed:
+            return f"value {value!r} is not supported; supported: {', '.join(repr(a) for a in allowed)}"
+        return None
+    return check
+
+
+def _check_messages(value: Any, body: dict) -> str | None:
+    if not isinstance(value, list) or not value:
+        return "must be a non-empty array of messages"
+    allowed_roles = {"system", "developer", "user", "assistant"}
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            return f"messages[{i}] must be an object"
+        role = msg.get("role")
+        if role not in allowed_roles:
+            return (f"messages[{i}].role {role!r} is not supported (tool and function messages need tool "
+                    f"calling, which this server does not offer); supported: {', '.join(sorted(allowed_roles))}")
+        for key, val in msg.items():
+            if key in ("role", "content") or val is None:
+                continue
+            if key == "refusal":
+                continue  # an earlier assistant refusal: its text is the turn's content, kept by the template
+            return f"messages[{i}].{key} is not supported (the chat template does not render it)"
+        content = msg.get("content")
+        if content is None and role != "assistant":
+            return f"messages[{i}].content is required"
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    return f"messages[{i}].content[{j}]: content part type {kind!r} is not supported; this model takes text parts only"
+        elif content is not None and not isinstance(content, str):
+            return f"messages[{i}].content must be a string or an array of text parts"
+    return None
+
+
+def _check_response_format(value: Any, body: dict) -> str | None:
+    if not isinstance(value, dict):
+        return "must be an object with a `type`"
+    kind = value.get("type")
+    if kind in ("text", "json_object"):
+        extra = set(value) - {"type"}
+        return f"unexpected key(s) {sorted(extra)} for type {kind!r}" if extra else None
+    if kind != "json_schema":
+        return f"type {kind!r} is not supported; supported: 'text', 'json_object', 'json_schema'"
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return "type 'json_schema' needs `json_schema` with a `name` and a `schema`"
+    extra = set(spec) - {"name", "schema", "description", "strict"}
+    if extra:
+        return f"unexpected key(s) {sorted(extra)} in json_schema"
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        return "json_schema.schema must be a JSON Schema object"
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"json_schema.schema is not a valid JSON Schema at {where}: {exc.message}"
+    return None
+
+
+def _check_stream_options(value: Any, body: dict) -> str | None:
+    if not isinstance(value, dict):
+        return "must be an object"
+    if not body.get("stream"):
+        return "is only allowed with stream: true"
+    extra = set(value) - {"include_usage", "include_obfuscation", "continuous_usage_stats"}
+    if extra:
+        return f"unknown key(s) {sorted(extra)}"
+    if value.get("include_obfuscation"):
+        return "include_obfuscation: true is not supported (stream events are never padded)"
+    return None
+
+
+def _strip_obfuscation(value: Any) -> dict:
+    return {"stream_options": {k: v for k, v in value.items() if k != "include_obfuscation"}}
+
+
+def _no_tools(value: Any, body: dict) -> str | None:
+    if value:
+        return "tool calling is not offered by this server (no tool-call parser is configured for this model)"
+    return None
+
+
+def _tool_choice(value: Any, body: dict) -> str | None:
+    return None if value == "none" else "only 'none' is supported: this server does not offer tool calling"
+
+
+def _cache_options(value: Any, body: dict) -> str | None:
+    if not isinstance(value, dict) or set(value) - {"mode"} or value.get("mode", "implicit") != "implicit":
+        return "only {'mode': 'implicit'} is supported (automatic prefix caching; no explicit cache TTL)"
+    return None
+
+
+def _completion_prompt(value: Any, body: dict) -> str | None:
+    def is_tokens(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(t, int) for t in v)
+
+    if isinstance(value, str) or is_tokens(value):
+        return None
+    if isinstance(value, list) and value and all(isinstance(v, str) or is_tokens(v) for v in value):
+        return None
+    return "must be a string, an array of strings, an array of token ids or an array of token-id arrays"
+
+
+def _best_of(value: Any, body: dict) -> str | None:
+    return None if value in (1, body.get("n", 1)) else "best_of > n is not supported; use n and choose on the client"
+
+
+def _embedding_input(value: Any, body: dict) -> str | None:
+    return _completion_prompt(value, body)
+
+
+def _empty_or_none(what: str) -> Check:
+    def check(value: Any, body: dict) -> str | None:
+        return None if value in ("", [], {}) else f"is not supported: {what}"
+    return check
+
+
+_CONSUME = "consume"
+
+# ---- shared fields ------------------------------------------------------------------------------
+
+_SAMPLING = {
+    "frequency_penalty": honoured("vLLM SamplingParams.frequency_penalty"),
+    "presence_penalty": honoured("vLLM SamplingParams.presence_penalty"),
+    "logit_bias": honoured("vLLM logit-bias logits processor (token id -> bias)"),
+    "max_tokens": honoured("vLLM SamplingParams.max_tokens (default: the rest of the context)"),
+    "n": honoured("vLLM SamplingParams.n: n choices from one prompt"),
+    "seed": honoured("vLLM SamplingParams.seed: per-request generator"),
+    "stop": honoured("vLLM SamplingParams.stop"),
+    "stream": honoured("server-sent events, one chunk per engine step, then [DONE]"),
+    "stream_options": honoured("include_usage: a final usage chunk", _check_stream_options, _strip_obfuscation),
+    "temperature": honoured("vLLM SamplingParams.temperature"),
+    "top_p": honoured("vLLM SamplingParams.top_p"),
+    "user": honoured("recorded in this server's request log line; not sent to the engine", forward=_CONSUME),
+    "model": honoured("must name the served model (400 model_not_found otherwise)"),
+}
+
+# vLLM extensions that are part of this server's documented API (honoured by vLLM's sampler).
+VLLM_EXTENSIONS = {
+    "top_k": honoured("vLLM SamplingParams.top_k (extension)"),
+    "min_p": honoured("vLLM SamplingParams.min_p (extension)"),
+    "repetition_penalty": honoured("vLLM SamplingParams.repetition_penalty (extension)"),
+    "min_tokens": honoured("vLLM SamplingParams.min_tokens (extension)"),
+    "ignore_eos": honoured("vLLM SamplingParams.ignore_eos (extension): fixed-length outputs"),
+    "stop_token_ids": honoured("vLLM SamplingParams.stop_token_ids (extension)"),
+    "include_stop_str_in_output": honoured("vLLM SamplingParams.include_stop_str_in_output (extension)"),
+    "skip_special_tokens": honoured("vLLM SamplingParams.skip_special_tokens (extension)"),
+    "prompt_logprobs": honoured("vLLM SamplingParams.prompt_logprobs (extension): log-probabilities of prompt tokens"),
+}
+
+CHAT_FIELDS: dict[str, Fate] = {
+    **_SAMPLING,
+    "messages": honoured("rendered with the model's chat template (text parts only)", _check_messages),
+    "logprobs": honoured("vLLM SamplingParams.logprobs of sampled tokens"),
+    "top_logprobs": honoured("vLLM SamplingParams.logprobs = top_logprobs alternatives"),
+    "max_completion_tokens": honoured("vLLM SamplingParams.max_tokens"),
+    "response_format": honoured(
+        "text: unconstrained; json_object / json_schema: vLLM structured outputs (guidance backend, "
+        "no free whitespace); an invalid JSON Schema is a 400", _check_response_format),
+    "tools": honoured("an empty list only (no tool-call parser for this model)", _no_tools, _CONSUME),
+    "tool_choice": honoured("'none' only: no tool calls are made", _tool_choice, _CONSUME),
+    "parallel_tool_calls": honoured("trivially: no tools are accepted, so no tool calls are made", None, _CONSUME),
+    "functions": rejected("deprecated function calling is not offered by this server"),
+    "function_call": rejected("deprecated function calling is not offered by this server"),
+    "audio": rejected("audio output is not offered: this is a text model"),
+    "modalities": honoured("['text'] only", _one_of(["text"]), _CONSUME),
+    "prediction": rejected("predicted outputs (speculative decoding from client content) are not offered"),
+    "web_search_options": rejected("web search is not offered by this server"),
+    "metadata": honoured("empty only: this server stores no completions", _empty_or_none("this server stores no completions"), _CONSUME),
+    "store": honoured("false only: this server stores no completions", _one_of(False), _CONSUME),
+    "service_tier": honoured("'auto' or 'default' (the one tier this server has)", _one_of("auto", "default"), _CONSUME),
+    "reasoning_effort": honoured("'none' only: this model has no reasoning controls", _one_of("none"), _CONSUME),
+    "verbosity": rejected("verbosity control is not offered for this model"),
+    "moderation": rejected("moderation is not offered by this server"),
+    "safety_identifier": honoured("recorded in this server's request log line; not sent to the engine", forward=_CONSUME),
+    "prompt_cache_key": honoured("vLLM cache_salt: only requests with the same key share prefix-cache blocks",
+                                 forward=lambda v: {"cache_salt": str(v)}),
+    "prompt_cache_retention": honoured("'in_memory' only (the engine's KV cache)", _one_of("in_memory"), _CONSUME),
+    "prompt_cache_options": honoured("{'mode': 'implicit'} only: automatic prefix caching", _cache_options, _CONSUME),
+    # vLLM chat extensions
+    **VLLM_EXTENSIONS,
+    "add_generation_prompt": honoured("chat template add_generation_prompt (extension)"),
+    "continue_final_message": honoured("continue the last assistant message (extension)"),
+    "echo": honoured("prepend the last message's content to the answer (extension)"),
+}
+
+COMPLETION_FIELDS: dict[str, Fate] = {
+    **_SAMPLING,
+    "prompt": honoured("tokenized by the model's tokenizer (strings or token ids)", _completion_prompt),
+    "echo": honoured("the prompt is returned before the completion (with its log-probs when logprobs is set); "
+                     "with max_tokens 0 this is prefill-only scoring"),
+    "logprobs": honoured("vLLM SamplingParams.logprobs: top-N alternatives per token"),
+    "best_of": honoured("only equal to n (or 1)", _best_of, _CONSUME),
+    "suffix": honoured("empty only: insertion (fill-in-the-middle) is not offered", _empty_or_none("insertion is not offered"), _CONSUME),
+    **VLLM_EXTENSIONS,
+}
+
+EMBEDDING_FIELDS: dict[str, Fate] = {
+    "input": honoured("tokenized by the model's tokenizer (strings or token ids)", _embedding_input),
+    "model": honoured("must name the served model (400 model_not_found otherwise)"),
+    "encoding_format": honoured("'float' or 'base64'", _one_of("float", "base64")),
+    "dimensions": rejected("truncating embeddings to fewer dimensions is not offered for this model"),
+    "user": honoured("recorded in this server's request log line; not sent to the engine", forward=_CONSUME),
+}
+
+TABLES = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "embedding": EMBEDDING_FIELDS}
+REQUIRED = {"chat": ("model", "messages"), "completion": ("model", "prompt"), "embedding": ("model", "input")}

@@ -1,0 +1,44 @@
+"""What a server is asked to do: the parsed `llmserve serve` options, with their defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+API_KEY_ENV = "LLMSERVE_API_KEY"
+
+# Engine arguments the command line may override: operational settings only. The model, its
+# weights, tokenizer, dtype and context length come from the package, never from the command line.
+OVERRIDABLE_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes")
+
+
+@dataclass
+class ServeOptions:
+    package: Path
+    openai: bool = False
+    kserve: bool = True  # KServe v2 frontends: always requested; this build does not contain them yet
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = field(default=None, repr=False)
+    served_model_name: str | None = None  # default: the manifest's modelId
+    kv_cache_gib: float | None = None  # CPU KV cache size (VLLM_CPU_KVCACHE_SPACE); default 1 GiB on CPU
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_prompt_chars: int = 200_000
+    drain_timeout_s: float = 30.0
+    metrics_dir: Path | None = None
+    log_requests: bool = False
+
+    def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
+
+    def engine_overrides(self) -> dict:
+        out = {}
+        if self.max_num_seqs is not None:
+            out["max_num_seqs"] = self.max_num_seqs
+        if self.max_num_batched_tokens is not None:
+            out["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return out

@@ -1,0 +1,158 @@
+"""One server process: the startup sequence, the frontends on one engine, and graceful shutdown.
+
+Startup steps, in order, each logged with its duration (and exported as llmserve_startup_step_seconds):
+  1. environment   engine/cache environment variables (before vLLM is imported)
+  2. package       open the package: verify and unpack a .llmpkg (reusing the local cache)
+  3. plugins       register the package's vLLM plugins as Python entry points
+  4. metrics-dir   wipe and set PROMETHEUS_MULTIPROC_DIR (before prometheus_client is imported)
+  5. listen        bind the frontends' ports: /health answers 503 "starting", inference is refused
+  6. engine        import-check plugins, build AsyncLLM from the manifest's engine args, attach
+                   vLLM's serving objects
+  7. ready         /health answers 200 and inference is accepted
+SIGTERM or SIGINT at any point: /health turns 503 "draining", listeners close, in-flight requests
+finish (bounded by --drain-timeout), the engine shuts down, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from llmserve.serve.errors import FrontendUnavailableError
+from llmserve.serve.options import ServeOptions
+
+log = logging.getLogger("llmserve.serve")
+
+KSERVE_MISSING = ("the KServe v2 frontends (HTTP and gRPC) are not in this build; only the OpenAI-compatible "
+                  "frontend is available")
+
+
+def frontend_factories() -> dict[str, Callable]:
+    """Frontends this build contains, by name. A new frontend registers its factory here."""
+    from llmserve.serve.openai.frontend import OpenAIFrontend
+
+    def openai(options: ServeOptions, metrics) -> OpenAIFrontend:
+        return OpenAIFrontend(options.host, options.port, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
+                              max_prompt_chars=options.max_prompt_chars, metrics=metrics)
+
+    return {"openai": openai}
+
+
+def requested_frontends(options: ServeOptions) -> list[str]:
+    available = frontend_factories()
+    if not options.openai:
+        raise FrontendUnavailableError(
+            KSERVE_MISSING + ", and it is started with --openai",
+            hint=f"Run `llmserve serve {options.package} --openai`.")
+    names = ["openai"]
+    if options.kserve and "kserve" in available:
+        names.append("kserve")
+    elif options.kserve:
+        log.warning("%s; serving OpenAI only", KSERVE_MISSING)
+    return names
+
+
+class StepLog:
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, float]] = []
+
+    @contextmanager
+    def step(self, name: str, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        log.info("startup: %-11s %s ...", name, what)
+        yield
+        took = time.perf_counter() - t0
+        self.steps.append((name, took))
+        log.info("startup: %-11s done in %.2f s", name, took)
+
+
+async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = None) -> int:
+    from llmserve.serve.environment import prepare_engine_environment, prepare_metrics_dir
+
+    names = requested_frontends(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    steps = StepLog()
+    started: list = []
+    handle = None
+    from llmserve.serve.readiness import Readiness
+
+    readiness = Readiness()
+    try:
+        with steps.step("environment", "engine and cache settings"):
+            prepare_engine_environment(options.kv_cache_gib)
+        with steps.step("package", f"open {options.package}"):
+            from llmserve.packaging.local import cache_root, open_package
+
+            package = open_package(Path(options.package))
+            log.info("startup: package     %s v%s (%s)%s", package.manifest.modelId, package.manifest.modelVersion,
+                     package.root, " from cache" if package.from_cache else "")
+        with steps.step("plugins", f"{len(package.manifest.plugins)} vLLM plugin(s)"):
+            from llmserve.serve.plugins import install_plugins
+
+            site = cache_root() / "run" / f"site-{options.port}-{package.manifest.package_name}"
+            plugins = install_plugins(package, site)
+        with steps.step("metrics-dir", "wipe and set PROMETHEUS_MULTIPROC_DIR"):
+            folder = prepare_metrics_dir(options.metrics_dir, options.port)
+            log.info("startup: metrics-dir %s", folder)
+            from llmserve.serve.metrics import ServerMetrics
+
+            metrics = ServerMetrics()
+        with steps.step("listen", ", ".join(names)):
+            factories = frontend_factories()
+            for name in names:
+                frontend = factories[name](options, metrics)
+                await frontend.start(readiness)
+                started.append(frontend)
+                log.info("startup: listen      %s frontend on %s (not ready)", name, frontend.address)
+        if stop.is_set():
+            return 0
+        with steps.step("engine", "build the vLLM engine"):
+            from llmserve.serve.engine import merged_engine_args, start_engine
+            from llmserve.serve.plugins import load_check
+
+            load_check(plugins)
+            engine_args = merged_engine_args(package.manifest.engine, options.engine_overrides())
+            model_name = options.served_model_name or package.manifest.modelId
+            handle = await start_engine(package, model_name, engine_args)
+        readiness.set_ready(handle)
+        metrics.ready.set(1)
+        from llmserve.serve.metrics import record_steps
+
+        record_steps(metrics, steps.steps)
+        total = sum(s for _, s in steps.steps)
+        log.info("ready in %.2f s: model '%s' on %s", total, handle.model_name, ", ".join(f.address for f in started))
+        if on_ready:
+            on_ready([f.address for f in started])
+        await stop.wait()
+        log.info("shutdown: signal received; draining in-flight requests (at most %.0f s)", options.drain_timeout_s)
+        return 0
+    finally:
+        readiness.set_draining()
+        for frontend in started:
+            await frontend.drain(options.drain_timeout_s)
+        if handle is not None:
+            handle.shutdown()
+            # Drop every reference now, while modules are alive: AsyncLLM.__del__ would otherwise
+            # run its shutdown again during interpreter teardown.
+            readiness.handle = handle = None
+            import gc
+
+            gc.collect()
+        readiness.phase = "stopped"
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if started:
+            log.info("shutdown: done")
+
+
+def serve(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT; return the process exit code (0 after a clean drain)."""
+    return asyncio.run(serve_async(options, on_ready))

@@ -1,0 +1,53 @@
+"""Server operations: startup sequence, health, metrics, plugins, CLI surface."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+
+def test_health_said_not_ready_then_ready(server):
+    import httpx
+
+    assert server.saw_not_ready  # 503 was observed while the engine loaded
+    assert httpx.get(server.base_url + "/health").json() == {"status": "ready"}
+
+
+def test_startup_steps_logged_in_order_with_durations(server):
+    log = server.log_text()
+    steps = re.findall(r"startup: (\S+)\s+done in [0-9.]+ s", log)
+    assert steps == ["environment", "package", "plugins", "metrics-dir", "listen", "engine"]
+    assert "ready in" in log
+
+
+def test_package_plugin_was_called_by_vllm(server, plugin_marker_dir):
+    # vllm.general_plugins runs in every vLLM process: the server's and the engine core's.
+    called = {p.name for p in plugin_marker_dir.iterdir()}
+    assert f"called-{server.proc.pid}" in called
+    assert len(called) >= 2
+
+
+def test_metrics_merge_vllm_and_server_series(client, http, model_name):
+    client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "m"}], max_tokens=2)
+    text = http.get("/metrics").text
+    assert re.search(r'^vllm:generation_tokens_total\{.*model_name="tiny-chat".*\} [1-9]', text, re.M)
+    assert re.search(r'^llmserve_requests_total\{endpoint="chat",status="200"\} [1-9]', text, re.M)
+    assert 'llmserve_startup_step_seconds{step="engine"}' in text
+    assert re.search(r"^llmserve_ready 1\.0", text, re.M)
+
+
+def test_serve_without_openai_fails_clearly(tiny_vllm_source):
+    r = subprocess.run([sys.executable, "-m", "llmserve.cli.app", "serve", str(tiny_vllm_source)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 6
+    assert "KServe v2" in r.stderr and "--openai" in r.stderr
+
+
+def test_serve_help_has_an_example_and_imports_no_engine():
+    code = ("import sys; from llmserve.cli.app import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['serve', '--help']); print(r.output); "
+            "print('HEAVY' if {'vllm', 'torch', 'prometheus_client'} & set(sys.modules) else 'LIGHT')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "Example" in r.stdout and "llmserve serve" in r.stdout and "--api-key" in r.stdout
+    assert r.stdout.strip().endswith("LIGHT")
