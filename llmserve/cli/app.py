@@ -9,6 +9,7 @@ import typer
 
 from llmserve import __version__
 from llmserve.cli import check_compat_cmd, inspect_cmd, lock_cmd, package_cmd, schema_cmd, serve_cmd
+from llmserve.cli import deploy_cmd, rollback_cmd, status_cmd
 
 app = typer.Typer(
     name="llmserve",
@@ -43,6 +44,9 @@ schema_cmd.register(app)
 lock_cmd.register(app)
 check_compat_cmd.register(app)
 serve_cmd.register(app)
+deploy_cmd.register(app)
+status_cmd.register(app)
+rollback_cmd.register(app)
 
 
 def main() -> None:

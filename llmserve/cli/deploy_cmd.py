@@ -1,0 +1,139 @@
+"""`llmserve deploy PKG`: roll a package out on the local target (red-black or versioned);
+`llmserve deploy down NAME`: tear a deployment down."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+from typer.core import TyperGroup
+
+from llmserve.cli.render import OutputFormat, console, err_console, print_json
+
+
+class Strategy(str, Enum):
+    red_black = "red-black"
+    versioned = "versioned"
+
+
+class _DefaultUp(TyperGroup):
+    """`llmserve deploy PKG ...` means `llmserve deploy up PKG ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["up", *args]
+        return super().parse_args(ctx, args)
+
+
+deploy_app = typer.Typer(
+    cls=_DefaultUp, no_args_is_help=True, rich_markup_mode="rich",
+    help="""Deploy packages on the local target with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`.
+
+Every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...). State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
+
+Exit codes: 0 done, 3 bad input, 5 unknown deployment, 6 interface changed (red-black refused), 7 rollout failed and rolled back, 8 deployment busy or gateway unavailable.
+
+Examples:
+
+    llmserve deploy dist/tiny-chat-1.llmpkg --port 8080
+
+    llmserve deploy dist/tiny-chat-2.llmpkg --steps 10,50,100 --pause 10
+
+    llmserve deploy dist/tiny-chat-3.llmpkg --strategy versioned --idle-timeout 3600
+
+    llmserve deploy down tiny-chat
+""")
+
+STATE_HELP = "State folder (SQLite, logs, pid files). Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."
+
+
+def _reporter(output: OutputFormat):
+    def report(msg: str, **kw) -> None:
+        style = "yellow" if kw.get("warning") else "cyan"
+        err_console.print(f"[{style}]deploy[/] {msg}", highlight=False, markup=True, soft_wrap=True)
+
+    return report
+
+
+@deploy_app.command("up")
+def up(
+    package: Path = typer.Argument(..., help="The .llmpkg (or package folder) to roll out."),
+    strategy: Strategy = typer.Option(Strategy.red_black, "--strategy", "-s",
+                                      help="red-black: shift traffic in steps to the new version, same interface only. "
+                                           "versioned: run it beside the others; callers pick the version."),
+    name: str = typer.Option(None, "--name", help="Deployment name. Default: the package's modelId."),
+    steps: str = typer.Option("10,25,50,100", "--steps", help="red-black: percent of traffic on the new version at each step."),
+    pause: float = typer.Option(5.0, "--pause", help="red-black: seconds at each step before its health gate."),
+    max_step_errors: int = typer.Option(0, "--max-step-errors", help="red-black gate: server errors (5xx) from the new version allowed per step."),
+    health_timeout: float = typer.Option(300.0, "--health-timeout", help="Seconds a new server gets to answer /health 200."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get before an old server is stopped."),
+    port: int = typer.Option(None, "--port", help="Gateway port on a new deployment (kept afterwards). Default: a free port."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Gateway address on a new deployment. Default: loopback only."),
+    idle_timeout: float = typer.Option(None, "--idle-timeout", help="versioned: stop a version idle this many seconds "
+                                       "(never the newest, never the default). Kept for later deploys."),
+    promote: bool = typer.Option(None, "--promote/--no-promote", help="versioned: also send requests that name no "
+                                 "version to this version. Default: only for the first version."),
+    kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="Passed to each `llmserve serve`."),
+    state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
+    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json (the result; progress goes to stderr)."),
+) -> None:
+    """Roll out PKG. red-black (default): start it beside the live version, wait for /health, shift traffic
+    in --steps with a pause and a health gate at each, roll back atomically if a step fails, then drain
+    and stop the old version; refused when the interface changes. versioned: one server per
+    (modelId, modelVersion), routable only once healthy; callers choose a version with
+    `"model": "<modelId>:<version>"`, header `X-Model-Version: <version>` or KServe v2
+    `/v2/models/<modelId>/versions/<version>/...`; requests naming no version go to the default.
+
+    A rollout interrupted (CLI killed) is resumed when the same package is deployed again, rolled back otherwise.
+
+    Examples:
+
+        llmserve deploy dist/tiny-chat-2.llmpkg --steps 10,25,50,100 --pause 5
+
+        llmserve deploy dist/tiny-chat-3.llmpkg --strategy versioned -o json
+    """
+    from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
+
+    serve_args = ["--kv-cache-gib", f"{kv_cache_gib:g}"] if kv_cache_gib is not None else []
+    opts = DeployOptions(package=package, strategy=strategy.value, name=name, steps=parse_steps(steps), pause_s=pause,
+                         health_timeout_s=health_timeout, drain_timeout_s=drain_timeout, host=host, port=port,
+                         idle_timeout_s=idle_timeout, promote=promote, max_step_errors=max_step_errors,
+                         serve_args=serve_args)
+    result = Deployer(StateStore(state_dir), _reporter(output)).deploy(opts)
+    _render(result, output)
+
+
+@deploy_app.command("down")
+def down(
+    name: str = typer.Argument(..., help="Deployment to tear down."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get."),
+    state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
+    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
+) -> None:
+    """Stop routing, drain and stop every server of NAME and its gateway; the history stays in the state.
+
+    Example:
+
+        llmserve deploy down tiny-chat
+    """
+    from llmserve.deploy import Deployer, StateStore
+
+    result = Deployer(StateStore(state_dir), _reporter(output)).down(name, drain_timeout)
+    if output is OutputFormat.json:
+        print_json(result)
+    else:
+        console.print(f"[green]removed[/] {name}", highlight=False)
+
+
+def _render(result: dict, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json(result)
+        return
+    from llmserve.cli.status_cmd import render_status
+
+    render_status(result)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(deploy_app, name="deploy")

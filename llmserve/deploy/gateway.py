@@ -1,0 +1,368 @@
+"""The local gateway: one HTTP entry point per deployment, in front of its `llmserve serve` processes.
+
+Run as a daemon by `llmserve deploy` (`python -m llmserve.deploy.gateway --state-dir D --deployment NAME
+--port P`); it outlives the CLI and reloads its table from the state database.
+
+Routing (documented in `llmserve deploy --help`):
+  * A request that names no version goes to the default pool, by weight (smooth weighted round robin,
+    so 10% is exactly 1 request in 10): red-black rollouts shift these weights.
+  * A request that names a version goes to that version's servers; versions that are not serving get 404.
+    Ways to name one: header `X-Model-Version: 2`; OpenAI body `"model": "<modelId>:2"` (rewritten to
+    `<modelId>` before forwarding); KServe v2 path `/v2/models/<modelId>/versions/2/...`.
+  * `GET /v1/models` is forwarded to a default server and gains one `<modelId>:<version>` entry per
+    serving version.
+Everything else (OpenAI /v1/..., KServe v2 /v2/...) is forwarded as is; responses are streamed
+chunk by chunk, so server-sent events pass through unbuffered.
+
+Zero-downtime rules: a table swap is atomic (the pick and the in-flight count happen in one event-loop
+step, so after `POST /-/reload` returns no new request reaches a removed backend); in-flight requests
+are counted per backend (`GET /-/stats`), and the CLI stops a backend only once its count is zero.
+A connection refused/reset before any response byte is retried on another pick (inference is free of
+side effects), so a backend that dies between health checks does not fail the caller.
+
+Admin endpoints (loopback): POST /-/reload, GET /-/stats, GET /-/routes, GET /health.
+Idle versions: when the deployment's config has `idle_timeout_s`, the gateway stops pinned-only
+versions idle that long (never a default-pool version, never the newest), under the deployment lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from llmserve.deploy.state import SERVING, STOPPED, DeploymentLock, Member, Routes, StateStore
+
+log = logging.getLogger("llmserve.gateway")
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length"}
+VERSION_HEADER = "x-model-version"
+KSERVE_VERSIONED = re.compile(r"^/v2/models/([^/]+)/versions/([^/]+)(/.*)?$")
+RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+MAX_ATTEMPTS = 3
+
+
+class NoRoute(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Table:
+    generation: int
+    routes: Routes
+    current: dict[int, float] = field(default_factory=dict)  # smooth WRR state
+
+    def pick_default(self, exclude: set[int]) -> Member:
+        members = [m for m in self.routes.default if m.weight > 0 and m.instance not in exclude]
+        if not members:
+            members = [m for m in self.routes.default if m.weight > 0]
+        if not members:
+            raise NoRoute(503, "no version of this deployment is serving")
+        total = sum(m.weight for m in members)
+        best = None
+        for m in members:
+            self.current[m.instance] = self.current.get(m.instance, 0.0) + m.weight
+            if best is None or self.current[m.instance] > self.current[best.instance]:
+                best = m
+        self.current[best.instance] -= total
+        return best
+
+    def pick_version(self, version: int, exclude: set[int]) -> Member:
+        members = self.routes.pinned.get(version) or []
+        if not members:
+            served = sorted(self.routes.pinned)
+            raise NoRoute(404, f"version {version} of '{self.routes.model_id}' is not serving; serving versions: {served}")
+        usable = [m for m in members if m.instance not in exclude] or members
+        key = -version  # per-version round robin counter
+        n = int(self.current.get(key, 0))
+        self.current[key] = n + 1
+        return usable[n % len(usable)]
+
+
+class Gateway:
+    def __init__(self, store: StateStore, deployment: str):
+        self.store = store
+        self.deployment = deployment
+        gen, routes = store.routes(deployment)
+        self.table = Table(gen, routes)
+        self.inflight: dict[int, int] = {}
+        self.counts: dict[int, dict[str, int]] = {}
+        self.last_request: dict[int, float] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.started = time.time()
+
+    # -- table --------------------------------------------------------------------------------
+    def reload(self) -> int:
+        gen, routes = self.store.routes(self.deployment)
+        if gen != self.table.generation:
+            self.table = Table(gen, routes)
+            log.info("routes generation %d: default %s, pinned %s", gen,
+                     {m.instance: m.weight for m in routes.default}, sorted(routes.pinned))
+        return gen
+
+    def _account(self, iid: int, ok: bool) -> None:
+        c = self.counts.setdefault(iid, {"ok": 0, "error": 0})
+        c["ok" if ok else "error"] += 1
+
+    # -- request parsing ----------------------------------------------------------------------
+    def _requested(self, request: web.Request, body: bytes) -> tuple[int | None, str, bytes]:
+        """(version or None, upstream path, upstream body)."""
+        path = request.rel_url.path
+        version: int | None = None
+        m = KSERVE_VERSIONED.match(path)
+        if m:
+            version = _as_version(m.group(2))
+        header = request.headers.get(VERSION_HEADER)
+        if header:
+            version = _as_version(header)
+        if body and request.content_type == "application/json" and path.startswith("/v1/"):
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = None
+            model = data.get("model") if isinstance(data, dict) else None
+            if isinstance(model, str) and ":" in model:
+                name, _, ver = model.rpartition(":")
+                if name == self.table.routes.model_id:
+                    version = _as_version(ver)
+                    data["model"] = name
+                    body = json.dumps(data).encode()
+        return version, path, body
+
+    # -- handlers -----------------------------------------------------------------------------
+    async def handle_reload(self, request: web.Request) -> web.Response:
+        gen = await asyncio.to_thread(self.store.routes, self.deployment)
+        # Swap in the loop thread: picks never see a half-applied table.
+        if gen[0] != self.table.generation:
+            self.table = Table(gen[0], gen[1])
+            log.info("routes generation %d applied", gen[0])
+        return web.json_response({"generation": self.table.generation})
+
+    async def handle_stats(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "generation": self.table.generation,
+            "inflight": {str(k): v for k, v in self.inflight.items()},
+            "counts": {str(k): v for k, v in self.counts.items()},
+            "last_request": {str(k): v for k, v in self.last_request.items()},
+            "uptime_s": time.time() - self.started,
+        })
+
+    async def handle_routes(self, request: web.Request) -> web.Response:
+        return web.json_response({"generation": self.table.generation, **self.table.routes.to_dict()})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        ready = any(m.weight > 0 for m in self.table.routes.default)
+        return web.json_response({"status": "ok" if ready else "no-backend", "generation": self.table.generation},
+                                 status=200 if ready else 503)
+
+    async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            version, path, body = self._requested(request, body)
+        except NoRoute as exc:
+            return _error(exc.status, exc.message)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != VERSION_HEADER}
+        tried: set[int] = set()
+        last_exc: Exception | None = None
+        for _attempt in range(MAX_ATTEMPTS):
+            try:
+                member = self.table.pick_version(version, tried) if version is not None else self.table.pick_default(tried)
+            except NoRoute as exc:
+                return _error(exc.status, exc.message)
+            iid = member.instance
+            # pick + count in the same loop step as the table read: a reload cannot slip in between.
+            self.inflight[iid] = self.inflight.get(iid, 0) + 1
+            self.last_request[iid] = time.time()
+            try:
+                return await self._forward(request, member, path, headers, body, version)
+            except _NotStarted as exc:
+                last_exc = exc.__cause__
+                tried.add(iid)
+                self._account(iid, ok=False)
+                log.warning("backend #%d (v%d) unreachable (%s); retrying elsewhere", iid, member.version, last_exc)
+            finally:
+                self.inflight[iid] -= 1
+        return _error(502, f"no backend answered: {last_exc}")
+
+    async def _forward(self, request: web.Request, member: Member, path: str, headers: dict, body: bytes,
+                       version: int | None) -> web.StreamResponse:
+        url = member.url + path + (f"?{request.rel_url.query_string}" if request.rel_url.query_string else "")
+        try:
+            upstream = await self.session.request(request.method, url, headers=headers, data=body or None)
+        except RETRYABLE as exc:
+            raise _NotStarted() from exc
+        async with upstream:
+            self._account(member.instance, ok=upstream.status < 500)
+            if path == "/v1/models" and request.method == "GET" and upstream.status == 200:
+                return await self._models(upstream)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in HOP_BY_HOP:
+                    response.headers[k] = v
+            response.headers["X-Served-Version"] = str(member.version)
+            if upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except aiohttp.ClientError:
+                self._account(member.instance, ok=False)  # the backend broke off mid-response
+                raise
+            await response.write_eof()
+            return response
+
+    async def _models(self, upstream: aiohttp.ClientResponse) -> web.Response:
+        data = await upstream.json()
+        entries = data.get("data") or []
+        base = next((e for e in entries if e.get("id") == self.table.routes.model_id), None)
+        if base is not None:
+            for v in sorted(self.table.routes.pinned):
+                entries.append({**base, "id": f"{self.table.routes.model_id}:{v}"})
+        return web.json_response(data)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def _poll(self) -> None:
+        """Pick up route changes written while a reload call was lost; flush last-request times."""
+        tick = 0
+        while True:
+            await asyncio.sleep(0.5)
+            tick += 1
+            try:
+                gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
+                if gen != self.table.generation:
+                    self.table = Table(gen, routes)
+                    log.info("routes generation %d picked up by polling", gen)
+                if tick % 10 == 0:
+                    await asyncio.to_thread(self.store.touch_instances, dict(self.last_request))
+                if tick % 10 == 5:
+                    await self._reap()
+            except Exception:  # keep serving whatever happens to the database
+                log.exception("state poll failed")
+
+    async def _reap(self) -> None:
+        dep = await asyncio.to_thread(self.store.deployment, self.deployment)
+        idle = (dep.config or {}).get("idle_timeout_s") if dep else None
+        if not idle:
+            return
+        routes = self.table.routes
+        if not routes.pinned:
+            return
+        newest = max(routes.pinned)
+        default_ids = {m.instance for m in routes.default if m.weight > 0}
+        now = time.time()
+        for version, members in sorted(routes.pinned.items()):
+            if version == newest or any(m.instance in default_ids for m in members):
+                continue
+            insts = [await asyncio.to_thread(self.store.instance, m.instance) for m in members]
+            last = max(max(self.last_request.get(i.id, 0.0), i.last_request or 0.0, i.ready_at or 0.0) for i in insts)
+            if now - last >= idle:
+                await self._retire_version(version, idle, now - last)
+
+    async def _retire_version(self, version: int, idle: float, idle_for: float) -> None:
+        lock = DeploymentLock(self.store, self.deployment)
+        if not await asyncio.to_thread(lock.acquire):
+            return  # a CLI is changing the deployment; try again later
+        try:
+            gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
+            members = routes.pinned.pop(version, [])
+            if not members:
+                return
+            await asyncio.to_thread(self.store.set_routes, self.deployment, routes,
+                                    why=f"v{version} idle for {idle_for:.0f} s (idle timeout {idle:g} s)")
+            gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
+            self.table = Table(gen, routes)
+            from llmserve.deploy.procs import terminate
+
+            for m in members:
+                for _ in range(600):
+                    if self.inflight.get(m.instance, 0) == 0:
+                        break
+                    await asyncio.sleep(0.1)
+                inst = await asyncio.to_thread(self.store.instance, m.instance)
+                await asyncio.to_thread(self.store.set_instance_status, inst.id, "draining")
+                await asyncio.to_thread(terminate, inst.pid, inst.pid_start, 60.0)
+                await asyncio.to_thread(self.store.set_instance_status, inst.id, STOPPED,
+                                        f"v{version} (instance #{inst.id}) stopped after {idle_for:.0f} s idle")
+        finally:
+            lock.release()
+
+
+class _NotStarted(Exception):
+    """The upstream request failed before any response: safe to retry elsewhere."""
+
+
+def _as_version(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise NoRoute(400, f"model version must be a positive integer, got '{text}'") from None
+    if v < 1:
+        raise NoRoute(400, f"model version must be a positive integer, got '{text}'")
+    return v
+
+
+def _error(status: int, message: str) -> web.Response:
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "service_unavailable")
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/-/reload", gateway.handle_reload)
+    app.router.add_get("/-/stats", gateway.handle_stats)
+    app.router.add_get("/-/routes", gateway.handle_routes)
+    app.router.add_get("/health", gateway.handle_health)
+    app.router.add_route("*", "/{tail:.*}", gateway.handle_proxy)
+
+    async def on_startup(app: web.Application) -> None:
+        # Keep-alive shorter than uvicorn's 5 s, so a pooled connection is never one the server is closing.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+        gateway.session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        app["poller"] = asyncio.create_task(gateway._poll())
+
+    async def on_cleanup(app: web.Application) -> None:
+        app["poller"].cancel()
+        await gateway.session.close()
+        gateway.store.touch_instances(dict(gateway.last_request))
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmserve-gateway", description="Local gateway of one llmserve deployment.")
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--deployment", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    store = StateStore(args.state_dir)
+    gateway = Gateway(store, args.deployment)
+    log.info("gateway for '%s' on %s:%d, routes generation %d", args.deployment, args.host, args.port,
+             gateway.table.generation)
+    # SIGTERM: stop accepting, let in-flight requests finish (aiohttp's shutdown_timeout), exit 0.
+    web.run_app(build_app(gateway), host=args.host, port=args.port, print=None, shutdown_timeout=30,
+                handle_signals=True, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""The local target: versions run as `llmserve serve` daemons behind one gateway daemon per deployment."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from llmserve.deploy import procs
+from llmserve.deploy.errors import GatewayError, HealthCheckFailedError
+from llmserve.deploy.state import DRAINING, FAILED, SERVING, STARTING, STOPPED, Deployment, Instance, Routes, StateStore
+
+
+class LocalTarget:
+    def __init__(self, store: StateStore, report=None):
+        self.store = store
+        self.report = report or (lambda msg, **kw: None)
+
+    # -- gateway ------------------------------------------------------------------------------
+    def gateway_alive(self, dep: Deployment) -> bool:
+        return procs.alive(dep.gateway_pid, dep.gateway_start)
+
+    def ensure_gateway(self, dep: Deployment, timeout: float = 30.0) -> Deployment:
+        if self.gateway_alive(dep):
+            return dep
+        if not procs.port_free(dep.gateway_host, dep.gateway_port):
+            raise GatewayError(f"gateway port {dep.gateway_host}:{dep.gateway_port} is taken by another process",
+                               hint="Free the port, or tear down with `llmserve deploy down "
+                                    f"{dep.name}` and deploy again with --port.")
+        argv = [sys.executable, "-m", "llmserve.deploy.gateway", "--state-dir", str(self.store.root),
+                "--deployment", dep.name, "--host", dep.gateway_host, "--port", str(dep.gateway_port)]
+        pid, start = procs.launch(argv, self.store.log_file(dep.name, "gateway"), self.store.pid_file(dep.name, "gateway"),
+                                  env=os.environ.copy())
+        self.store.set_gateway_process(dep.name, pid, start)
+        dep = self.store.require(dep.name)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not procs.alive(pid, start):
+                raise GatewayError(f"the gateway exited at start:\n{procs.log_tail(self.store.log_file(dep.name, 'gateway'))}")
+            if procs.health(dep.gateway_url) is not None:
+                self.report(f"gateway up on {dep.gateway_url} (pid {pid})")
+                return dep
+            time.sleep(0.1)
+        raise GatewayError(f"the gateway did not answer on {dep.gateway_url} within {timeout:g} s")
+
+    def stop_gateway(self, dep: Deployment) -> None:
+        procs.terminate(dep.gateway_pid, dep.gateway_start, 40.0)
+        self.store.set_gateway_process(dep.name, None, None)
+
+    def apply_routes(self, dep: Deployment, routes: Routes, *, rollout: int | None = None, why: str = "") -> int:
+        """Write the table, then make the gateway load it; return only once it is live there."""
+        gen = self.store.set_routes(dep.name, routes, rollout=rollout, why=why)
+        for attempt in range(3):
+            try:
+                r = httpx.post(dep.gateway_url + "/-/reload", timeout=10)
+                if r.status_code == 200 and r.json()["generation"] >= gen:
+                    return gen
+            except httpx.HTTPError:
+                pass
+            dep = self.ensure_gateway(self.store.require(dep.name))  # a dead gateway restarts on the new table
+        raise GatewayError(f"the gateway of '{dep.name}' did not apply routes generation {gen}")
+
+    def stats(self, dep: Deployment) -> dict | None:
+        try:
+            return httpx.get(dep.gateway_url + "/-/stats", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def errors_of(self, dep: Deployment, iid: int) -> int:
+        s = self.stats(dep) or {}
+        return int(s.get("counts", {}).get(str(iid), {}).get("error", 0))
+
+    def wait_drained(self, dep: Deployment, iids: list[int], timeout: float) -> bool:
+        """Wait until the gateway has no request in flight to any of iids (it no longer routes to them)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.stats(dep)
+            if s is not None and all(int(s["inflight"].get(str(i), 0)) == 0 for i in iids):
+                return True
+            if s is None and not self.gateway_alive(dep):
+                return True  # no gateway, nothing in flight through it
+            time.sleep(0.1)
+        return False
+
+    # -- instances ----------------------------------------------------------------------------
+    def start_instance(self, dep: Deployment, package: str, digest: str | None, version: int, interface: dict,
+                       strategy: str, serve_args: list[str], drain_timeout: float) -> Instance:
+        port = procs.free_port()
+        inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
+        argv = procs.serve_argv(package, port, drain_timeout, serve_args)
+        pid, start = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=os.environ.copy())
+        self.store.set_instance_process(inst.id, pid, start)
+        self.report(f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (pid {pid}); log {inst.log}")
+        return self.store.instance(inst.id)
+
+    def pid_file(self, inst: Instance) -> Path:
+        return self.store.pid_file(inst.deployment, f"i{inst.id}")
+
+    def adopt(self, inst: Instance) -> Instance:
+        """An instance recorded before its pid (the CLI died in between): read the launcher's pid file."""
+        if inst.pid is None:
+            pid = procs.read_pid_file(self.pid_file(inst))
+            if pid is not None:
+                self.store.set_instance_process(inst.id, pid, procs.start_time(pid))
+                inst = self.store.instance(inst.id)
+        return inst
+
+    def instance_alive(self, inst: Instance) -> bool:
+        return procs.alive(inst.pid, inst.pid_start)
+
+    def wait_healthy(self, inst: Instance, timeout: float) -> float:
+        """Wait for /health 200; raise HealthCheckFailedError (with the log tail) on exit or timeout."""
+        t0 = time.monotonic()
+        last_note = t0
+        while time.monotonic() - t0 < timeout:
+            if not self.instance_alive(inst):
+                raise HealthCheckFailedError(
+                    f"v{inst.model_version} (instance #{inst.id}) exited before passing its health check; last log lines:\n"
+                    + procs.log_tail(inst.log), hint=f"Read the full log: {inst.log}")
+            status = procs.health(inst.url)
+            if status == 200:
+                return time.monotonic() - t0
+            if time.monotonic() - last_note > 10:
+                last_note = time.monotonic()
+                self.report(f"waiting for v{inst.model_version} health ({time.monotonic() - t0:.0f} s, /health {status})")
+            time.sleep(0.2)
+        raise HealthCheckFailedError(
+            f"v{inst.model_version} (instance #{inst.id}) not healthy after {timeout:g} s; last log lines:\n"
+            + procs.log_tail(inst.log), hint=f"Raise --health-timeout or read {inst.log}")
+
+    def stop_instance(self, dep: Deployment, inst: Instance, *, drain_timeout: float, status: str = STOPPED,
+                      why: str = "") -> None:
+        """Stop one server after the gateway stopped routing to it: wait for its in-flight requests, then
+        SIGTERM (the server drains too), then record it."""
+        inst = self.adopt(self.store.instance(inst.id))
+        if self.instance_alive(inst):
+            self.store.set_instance_status(inst.id, DRAINING)
+            self.wait_drained(dep, [inst.id], drain_timeout)
+            procs.terminate(inst.pid, inst.pid_start, drain_timeout + 15)
+        self.store.set_instance_status(inst.id, status, f"v{inst.model_version} (instance #{inst.id}) {status}"
+                                       + (f": {why}" if why else ""))
+        self.report(f"v{inst.model_version} (instance #{inst.id}) {status}" + (f": {why}" if why else ""))
+
+    def mark_serving(self, inst: Instance) -> None:
+        self.store.set_instance_status(inst.id, SERVING)
+
+    def reconcile(self, dep: Deployment) -> list[str]:
+        """Make the records tell the truth about processes (after a crash or a reboot): a serving instance
+        whose process is gone is marked failed and taken out of the routes."""
+        notes = []
+        gen, routes = self.store.routes(dep.name)
+        changed = False
+        for inst in self.store.instances(dep.name):
+            inst = self.adopt(inst)
+            if inst.status == STARTING:
+                continue  # the journal decides (recovery)
+            if not self.instance_alive(inst):
+                self.store.set_instance_status(inst.id, FAILED, f"v{inst.model_version} (instance #{inst.id}) "
+                                               "found not running")
+                notes.append(f"instance #{inst.id} (v{inst.model_version}) was not running: marked failed")
+                if inst.id in routes.instances():
+                    routes = without(routes, {inst.id})
+                    changed = True
+        if changed:
+            self.apply_routes(dep, routes, why="removed backends that are not running")
+        return notes
+
+
+def without(routes: Routes, iids: set[int]) -> Routes:
+    """The table minus some instances; the remaining default weights are rescaled to 100."""
+    default = [m for m in routes.default if m.instance not in iids]
+    total = sum(m.weight for m in default)
+    if total > 0:
+        scaled = [int(round(m.weight * 100 / total)) for m in default]
+        scaled[-1] += 100 - sum(scaled)
+        for m, w in zip(default, scaled):
+            m.weight = w
+    pinned = {v: [m for m in ms if m.instance not in iids] for v, ms in routes.pinned.items()}
+    return Routes(routes.model_id, default, {v: ms for v, ms in pinned.items() if ms})

@@ -1,0 +1,123 @@
+"""Helpers for the deploy tests: the CLI as a subprocess and a bounded load client that counts every response."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def _root_conftest():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llmserve_tests_root_conftest", Path(__file__).parents[1] / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+write_vllm_source = _root_conftest().write_vllm_source
+
+MODEL = "tiny-chat"
+
+
+@dataclass
+class Cli:
+    state_dir: Path
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "llmserve.cli.app", *args, "--state-dir", str(self.state_dir)]
+
+    def run(self, *args: str, timeout: float = 600) -> tuple[int, dict | None, str]:
+        p = subprocess.run(self.argv(*args, "-o", "json"), capture_output=True, text=True, timeout=timeout)
+        try:
+            data = json.loads(p.stdout) if p.stdout.strip() else None
+        except ValueError:
+            data = None
+        return p.returncode, data, p.stderr + p.stdout
+
+    def popen(self, *args: str, log: Path) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(*args, "-o", "json"), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def status(self, name: str = MODEL) -> dict:
+        rc, data, text = self.run("status", name)
+        assert rc == 0, text
+        return data
+
+
+@dataclass
+class Load:
+    """Bounded, loopback-only client load: every response is checked and counted."""
+
+    url: str
+    model: str = MODEL
+    workers: int = 2
+    max_seconds: float = 600
+    ok: int = 0
+    failures: list = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    latencies: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.workers)]
+
+    def start(self) -> "Load":
+        self._t0 = time.monotonic()
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _one(self, client: httpx.Client, n: int) -> str:
+        body = {"model": self.model, "messages": [{"role": "user", "content": f"hello {n}"}], "max_tokens": 4}
+        if n % 3 == 2:
+            body["stream"] = True
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                lines = [line for line in r.iter_lines() if line.startswith("data:")]
+                if r.status_code != 200 or lines[-1:] != ["data: [DONE]"]:
+                    raise AssertionError(f"stream {r.status_code}: {lines[-2:]}")
+                return r.headers.get("x-served-version", "?")
+        r = client.post("/v1/chat/completions", json=body)
+        if r.status_code != 200 or not r.json().get("choices"):
+            raise AssertionError(f"{r.status_code}: {r.text[:300]}")
+        return r.headers.get("x-served-version", "?")
+
+    def _run(self, k: int) -> None:
+        n = k
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self._stop.is_set() and time.monotonic() - self._t0 < self.max_seconds:
+                t = time.perf_counter()
+                try:
+                    v = self._one(client, n)
+                    with self._lock:
+                        self.ok += 1
+                        self.versions[v] = self.versions.get(v, 0) + 1
+                        self.latencies.append((time.monotonic(), time.perf_counter() - t))
+                except Exception as exc:  # counted, never swallowed
+                    with self._lock:
+                        self.failures.append(f"{type(exc).__name__}: {exc}")
+                n += self.workers
+
+    def stop(self) -> "Load":
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+        return self
+
+
+def gateway_url(cli: Cli, name: str = MODEL) -> str:
+    return cli.status(name)["gateway"]["url"]
+
+
+def kill_pid(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,169 @@
+"""State, journal, lock and gateway behaviour against small real HTTP backends (no engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmserve.deploy import procs
+from llmserve.deploy.local import LocalTarget, without
+from llmserve.deploy.rollout import _weighted, parse_steps
+from llmserve.deploy.state import DeploymentLock, Member, Routes, StateStore
+from llmserve.deploy.errors import DeployInputError
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture()
+def store(tmp_path):
+    s = StateStore(tmp_path / "state")
+    yield s
+    s.close()
+
+
+@pytest.fixture()
+def backends():
+    started = []
+
+    def start(version: str):
+        port = procs.free_port()
+        p = subprocess.Popen([sys.executable, str(HERE / "fake_backend.py"), str(port), version])
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            if procs.health(url) == 200:
+                break
+            time.sleep(0.1)
+        started.append(p)
+        return port, url, p
+
+    yield start
+    for p in started:
+        p.terminate()
+        p.wait(10)
+
+
+@pytest.fixture()
+def gateway(store):
+    target = LocalTarget(store)
+    dep = store.create_deployment("m", "m", "127.0.0.1", procs.free_port(), {})
+    dep = target.ensure_gateway(dep)
+    yield target, dep
+    target.stop_gateway(store.require("m"))
+
+
+def test_parse_steps():
+    assert parse_steps("10,25,50,100") == [10, 25, 50, 100]
+    for bad in ("10,5,100", "10,50", "0,100", "a,100"):
+        with pytest.raises(DeployInputError):
+            parse_steps(bad)
+
+
+def test_state_survives_reopen_and_journal(tmp_path):
+    s = StateStore(tmp_path / "st")
+    s.create_deployment("d", "m", "127.0.0.1", 1234, {"idle_timeout_s": 5})
+    inst = s.add_instance("d", 1, "/p.llmpkg", "abc", {"io": "x"}, "red-black", 4321)
+    r = s.begin_rollout("d", "red-black", "/p.llmpkg", None, [10, 100], Routes("m"))
+    s.journal(r.id, to_instance=inst.id, step_index=0, phase="shifting", event="step 1")
+    gen = s.set_routes("d", Routes("m", [inst.member(100)], {1: [inst.member()]}))
+    s.close()
+    s2 = StateStore(tmp_path / "st")
+    assert s2.open_rollout("d").step_index == 0 and s2.open_rollout("d").to_instance == inst.id
+    g2, routes = s2.routes("d")
+    assert g2 == gen and routes.weights() == {inst.id: 100} and list(routes.pinned) == [1]
+    assert s2.require("d").config == {"idle_timeout_s": 5}
+    assert any("step 1" in e["message"] for e in s2.events("d"))
+
+
+def test_lock_is_exclusive_and_freed_when_holder_dies(store):
+    code = ("import sys,time; sys.path.insert(0, %r); from llmserve.deploy.state import StateStore, DeploymentLock;"
+            "l=DeploymentLock(StateStore(%r),'d'); assert l.acquire(); print('held', flush=True); time.sleep(60)"
+            % (str(Path(__file__).parents[2]), str(store.root)))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    assert not DeploymentLock(store, "d").acquire()
+    p.kill()
+    p.wait()
+    lock = DeploymentLock(store, "d")
+    assert lock.acquire(wait_s=5)
+    lock.release()
+
+
+def test_weights_and_without():
+    class New:
+        id, model_version = 3, 2
+
+        def member(self, w=0):
+            return Member(3, 2, "http://n", w)
+
+    good = Routes("m", [Member(1, 1, "http://a", 100)], {1: [Member(1, 1, "http://a")]})
+    step = _weighted(good, [m for m in good.default], New(), 25)
+    assert step.weights() == {1: 75, 3: 25} and sorted(step.pinned) == [1, 2]
+    assert _weighted(good, good.default, New(), 100).weights() == {3: 100}
+    back = without(step, {3})
+    assert back.weights() == {1: 100} and sorted(back.pinned) == [1]
+
+
+def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
+    target, dep = gateway
+    _, url1, p1 = backends("1")
+    _, url2, p2 = backends("2")
+    a = store.add_instance("m", 1, "/a", None, {}, "versioned", 0)
+    b = store.add_instance("m", 2, "/b", None, {}, "versioned", 0)
+    m1, m2 = Member(a.id, 1, url1), Member(b.id, 2, url2)
+    target.apply_routes(dep, Routes("m", [Member(a.id, 1, url1, 90), Member(b.id, 2, url2, 10)], {1: [m1], 2: [m2]}))
+    gw = dep.gateway_url
+    with httpx.Client(base_url=gw, timeout=10) as c:
+        served = [c.post("/v1/chat/completions", json={"model": "m", "messages": []}).json()["version"] for _ in range(20)]
+        assert served.count("2") == 2 and served.count("1") == 18  # smooth weighted round robin: exact shares
+        r = c.post("/v1/chat/completions", json={"model": "m:2", "messages": []})
+        assert r.json() == {"version": "2", "model": "m"} and r.headers["x-served-version"] == "2"
+        assert c.post("/v1/chat/completions", json={"model": "m"}, headers={"X-Model-Version": "1"}).json()["version"] == "1"
+        assert c.post("/v2/models/m/versions/2/infer", json={}).json()["version"] == "2"
+        r = c.post("/v1/chat/completions", json={"model": "m:7"})
+        assert r.status_code == 404 and "serving versions: [1, 2]" in r.json()["error"]["message"]
+        ids = [e["id"] for e in c.get("/v1/models").json()["data"]]
+        assert ids == ["m", "m:1", "m:2"]
+        # SSE passes through chunk by chunk
+        with c.stream("POST", "/v1/chat/completions", json={"model": "m:1", "stream": True}) as s:
+            assert s.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in s.iter_lines() if line.startswith("data:")]
+        assert len(events) == 6 and events[-1] == "data: [DONE]"
+        # in-flight accounting: a slow request holds its backend until it finishes
+        done = {}
+        t = threading.Thread(target=lambda: done.setdefault("r", c.post(
+            "/v1/chat/completions", json={"model": "m:1"}, headers={"x-delay": "1.0"}).status_code))
+        t.start()
+        time.sleep(0.3)
+        assert target.stats(dep)["inflight"][str(a.id)] == 1
+        target.apply_routes(dep, without(store.routes("m")[1], {a.id}))
+        assert c.post("/v1/chat/completions", json={"model": "m"}).json()["version"] == "2"
+        assert not target.wait_drained(dep, [a.id], 0.2)
+        assert target.wait_drained(dep, [a.id], 5)
+        t.join()
+        assert done["r"] == 200
+
+
+def test_gateway_retries_a_dead_backend_and_restarts_from_state(store, gateway, backends):
+    target, dep = gateway
+    _, url1, p1 = backends("1")
+    a = store.add_instance("m", 1, "/a", None, {}, "red-black", 0)
+    dead = store.add_instance("m", 2, "/b", None, {}, "red-black", 0)
+    dead_url = f"http://127.0.0.1:{procs.free_port()}"  # nothing listens there
+    target.apply_routes(dep, Routes("m", [Member(a.id, 1, url1, 50), Member(dead.id, 2, dead_url, 50)], {}))
+    with httpx.Client(base_url=dep.gateway_url, timeout=10) as c:
+        assert all(c.post("/v1/chat/completions", json={}).status_code == 200 for _ in range(10))
+    assert target.stats(dep)["counts"][str(dead.id)]["error"] >= 4
+    # The gateway is a daemon recorded in the state: kill it, the next apply restarts it on the same table.
+    dep = store.require("m")
+    procs.terminate(dep.gateway_pid, dep.gateway_start, 10)
+    target.apply_routes(dep, Routes("m", [Member(a.id, 1, url1, 100)], {}))
+    dep2 = store.require("m")
+    assert dep2.gateway_pid != dep.gateway_pid
+    assert httpx.post(dep2.gateway_url + "/v1/chat/completions", json={}).json()["version"] == "1"
