@@ -1,0 +1,283 @@
+// Python binding of the constraint core (module llmserve.constraints._core).
+// Every call that touches [B, V]-sized memory releases the GIL; Python lists (the engine's running
+// output-token lists) are only read in sync(), with the GIL held.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "core.h"
+
+namespace py = pybind11;
+using namespace llmserve;
+
+namespace {
+
+template <typename T>
+T* buffer_of(py::array& a, int ndim, const char* what, bool writable) {
+  if (!py::isinstance<py::array_t<T>>(a) || a.dtype().kind() != py::dtype::of<T>().kind() ||
+      a.itemsize() != sizeof(T))
+    throw std::invalid_argument(std::string(what) + ": wrong dtype");
+  if (a.ndim() != ndim) throw std::invalid_argument(std::string(what) + ": wrong number of dimensions");
+  if (a.strides(ndim - 1) != static_cast<py::ssize_t>(sizeof(T)))
+    throw std::invalid_argument(std::string(what) + ": last dimension must be contiguous");
+  if (writable && !a.writeable()) throw std::invalid_argument(std::string(what) + ": read-only");
+  return static_cast<T*>(writable ? a.mutable_data() : const_cast<void*>(a.data()));
+}
+
+struct PyVocab {
+  std::shared_ptr<Vocab> v;
+};
+
+struct PyGrammar {
+  std::shared_ptr<Grammar> g;
+  py::object table, accept, masks;  // keep the buffers alive
+};
+
+struct RowPy {
+  py::object grammar;  // PyGrammar or None
+  py::object tokens;   // the engine's output-token list (a reference, it grows in place)
+  int64_t consumed = 0;
+  int64_t last = -1;
+};
+
+class PyBatch {
+ public:
+  explicit PyBatch(const PyVocab& v) : core_(v.v) {}
+
+  void ensure(int64_t n) {
+    core_.ensure(n);
+    if (static_cast<int64_t>(py_.size()) < n) py_.resize(n);
+  }
+
+  void set_row(int64_t i, py::object grammar, py::object tokens) {
+    if (i < 0) throw std::out_of_range("row index");
+    ensure(i + 1);
+    auto& r = core_.rows()[i];
+    auto& p = py_[i];
+    p = RowPy{};
+    r = RowCore{};
+    if (!grammar.is_none()) {
+      auto& pg = grammar.cast<PyGrammar&>();
+      if (pg.g->vocab.get() != core_.vocab().get() && pg.g->vocab->size() != core_.vocab()->size())
+        throw std::invalid_argument("grammar compiled for another vocabulary");
+      r.grammar = pg.g;
+      r.state = pg.g->start;
+      p.grammar = grammar;
+    }
+    if (!tokens.is_none() && !PyList_Check(tokens.ptr())) throw std::invalid_argument("tokens must be a list");
+    p.tokens = tokens;
+  }
+
+  void clear_row(int64_t i) {
+    if (i < static_cast<int64_t>(py_.size())) {
+      py_[i] = RowPy{};
+      core_.rows()[i] = RowCore{};
+    }
+  }
+
+  void move(int64_t src, int64_t dst) {
+    ensure(std::max(src, dst) + 1);
+    if (src == dst) return;
+    py_[dst] = std::move(py_[src]);
+    core_.rows()[dst] = std::move(core_.rows()[src]);
+    py_[src] = RowPy{};
+    core_.rows()[src] = RowCore{};
+  }
+
+  void swap(int64_t a, int64_t b) {
+    ensure(std::max(a, b) + 1);
+    std::swap(py_[a], py_[b]);
+    std::swap(core_.rows()[a], core_.rows()[b]);
+  }
+
+  // Bring every row's state in line with its token list. Returns how many rows were rebuilt from
+  // scratch (shorter or diverging history: preemption, a reused slot).
+  int64_t sync(int64_t n) {
+    int64_t rebuilt = 0;
+    n = std::min<int64_t>(n, py_.size());
+    for (int64_t i = 0; i < n; ++i) {
+      auto& r = core_.rows()[i];
+      if (!r.grammar) continue;
+      auto& p = py_[i];
+      PyObject* lst = p.tokens.ptr();
+      if (lst == Py_None || lst == nullptr) continue;
+      const int64_t len = PyList_GET_SIZE(lst);
+      if (len == p.consumed && (len == 0 || PyLong_AsLongLong(PyList_GET_ITEM(lst, len - 1)) == p.last)) continue;
+      if (len < p.consumed ||
+          (p.consumed > 0 && PyLong_AsLongLong(PyList_GET_ITEM(lst, p.consumed - 1)) != p.last)) {
+        r.state = r.grammar->start;
+        p.consumed = 0;
+        ++rebuilt;
+      }
+      int32_t s = r.state;
+      for (int64_t k = p.consumed; k < len; ++k) s = r.grammar->step(s, PyLong_AsLongLong(PyList_GET_ITEM(lst, k)));
+      if (PyErr_Occurred()) throw py::error_already_set();
+      r.state = s;
+      p.consumed = len;
+      p.last = len ? PyLong_AsLongLong(PyList_GET_ITEM(lst, len - 1)) : -1;
+    }
+    return rebuilt;
+  }
+
+  void fill(py::array out, py::object active, int64_t n, int nthreads) {
+    uint32_t* o = buffer_of<uint32_t>(out, 2, "bitmask", true);
+    if (out.strides(0) != out.shape(1) * 4) throw std::invalid_argument("bitmask must be C-contiguous");
+    const int64_t B = n < 0 ? out.shape(0) : std::min<int64_t>(n, out.shape(0));
+    uint8_t* act = nullptr;
+    py::array act_arr;
+    if (!active.is_none()) {
+      act_arr = active.cast<py::array>();
+      act = buffer_of<uint8_t>(act_arr, 1, "active", true);
+      if (act_arr.shape(0) < B) throw std::invalid_argument("active too short");
+    }
+    ensure(B);
+    py::gil_scoped_release nogil;
+    core_.fill(o, B, out.shape(1), act, nthreads);
+  }
+
+  void fill_apply(py::array logits, py::object out, int nthreads) {
+    float* l = buffer_of<float>(logits, 2, "logits", true);
+    const int64_t B = logits.shape(0), V = logits.shape(1), stride = logits.strides(0) / 4;
+    uint32_t* o = nullptr;
+    int64_t W = (V + 31) / 32;
+    py::array out_arr;
+    if (!out.is_none()) {
+      out_arr = out.cast<py::array>();
+      o = buffer_of<uint32_t>(out_arr, 2, "bitmask", true);
+      if (out_arr.shape(0) < B || out_arr.shape(1) * 32 < V) throw std::invalid_argument("bitmask too small");
+      W = out_arr.shape(1);
+    }
+    ensure(B);
+    py::gil_scoped_release nogil;
+    core_.fill_apply(l, B, V, stride, o, W, nthreads);
+  }
+
+  py::tuple row(int64_t i) const {
+    if (i >= static_cast<int64_t>(py_.size()) || !core_.rows()[i].grammar) return py::make_tuple(py::none(), 0);
+    return py::make_tuple(core_.rows()[i].state, py_[i].consumed);
+  }
+
+  int64_t size() const { return py_.size(); }
+
+ private:
+  BatchState core_;
+  std::vector<RowPy> py_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "llmserve constraint core (C++; native thread pool, GIL released on the hot path)";
+  m.def("default_threads", &default_threads);
+  m.def("pool_size", [] { return ThreadPool::global().size(); });
+
+  py::class_<PyVocab>(m, "Vocab")
+      .def(py::init([](py::array offsets, py::array data, std::vector<int32_t> eos, int64_t size) {
+             const int64_t* o = buffer_of<int64_t>(offsets, 1, "offsets", false);
+             const uint8_t* d = buffer_of<uint8_t>(data, 1, "data", false);
+             if (offsets.shape(0) != size + 1) throw std::invalid_argument("offsets must have size+1 entries");
+             for (int32_t e : eos)
+               if (e < 0 || e >= size) throw std::invalid_argument("eos id out of range");
+             std::vector<int64_t> ov(o, o + size + 1);
+             if (ov.back() > data.shape(0)) throw std::invalid_argument("offsets past the data");
+             std::vector<uint8_t> dv(d, d + data.shape(0));
+             PyVocab v;
+             {
+               py::gil_scoped_release nogil;
+               v.v = std::make_shared<Vocab>(std::move(ov), std::move(dv), std::move(eos), size);
+             }
+             return v;
+           }),
+           py::arg("offsets"), py::arg("data"), py::arg("eos"), py::arg("size"))
+      .def_property_readonly("size", [](const PyVocab& v) { return v.v->size(); })
+      .def_property_readonly("words", [](const PyVocab& v) { return v.v->words(); });
+
+  m.def(
+      "compile_masks",
+      [](const PyVocab& v, py::array table, py::array accept, int nthreads) {
+        const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
+        const uint8_t* a = buffer_of<uint8_t>(accept, 1, "accept", false);
+        const int64_t S = table.shape(0);
+        if (table.shape(1) != 256 || accept.shape(0) != S) throw std::invalid_argument("table/accept shapes");
+        for (int64_t i = 0; i < S * 256; ++i)
+          if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
+        py::array_t<uint32_t> out({S + 1, v.v->words()});
+        uint32_t* o = out.mutable_data();
+        {
+          py::gil_scoped_release nogil;
+          compile_masks(*v.v, t, a, S, o, nthreads);
+        }
+        return out;
+      },
+      py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("nthreads") = 0);
+
+  py::class_<PyGrammar>(m, "Grammar")
+      .def(py::init([](const PyVocab& v, py::array table, py::array accept, py::array masks, int32_t start) {
+             PyGrammar g;
+             g.g = std::make_shared<Grammar>();
+             g.g->vocab = v.v;
+             g.g->table = buffer_of<int32_t>(table, 2, "table", false);
+             g.g->accept = buffer_of<uint8_t>(accept, 1, "accept", false);
+             g.g->masks = buffer_of<uint32_t>(masks, 2, "masks", false);
+             g.g->S = table.shape(0);
+             g.g->start = start;
+             if (table.shape(1) != 256 || accept.shape(0) != g.g->S || masks.shape(0) != g.g->S + 1 ||
+                 masks.shape(1) != v.v->words() || masks.strides(0) != masks.shape(1) * 4 ||
+                 table.strides(0) != 256 * 4 || start < 0 || start >= g.g->S)
+               throw std::invalid_argument("grammar buffers do not fit the vocabulary");
+             const int32_t* t = g.g->table;
+             for (int64_t i = 0; i < g.g->S * 256; ++i)
+               if (t[i] < -1 || t[i] >= g.g->S) throw std::invalid_argument("table entry out of range");
+             g.table = table;
+             g.accept = accept;
+             g.masks = masks;
+             return g;
+           }),
+           py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0)
+      .def("step", [](const PyGrammar& g, int32_t state, int64_t token) { return g.g->step(state, token); })
+      .def("walk",
+           [](const PyGrammar& g, int32_t state, const std::vector<int64_t>& tokens) {
+             for (int64_t t : tokens) state = g.g->step(state, t);
+             return state;
+           })
+      .def_property_readonly("num_states", [](const PyGrammar& g) { return g.g->S; })
+      .def_property_readonly("start", [](const PyGrammar& g) { return g.g->start; });
+
+  py::class_<PyBatch>(m, "Batch")
+      .def(py::init<const PyVocab&>())
+      .def("set_row", &PyBatch::set_row, py::arg("index"), py::arg("grammar"), py::arg("tokens"))
+      .def("clear_row", &PyBatch::clear_row)
+      .def("move", &PyBatch::move, py::arg("src"), py::arg("dst"))
+      .def("swap", &PyBatch::swap)
+      .def("sync", &PyBatch::sync, py::arg("n"))
+      .def("fill", &PyBatch::fill, py::arg("out"), py::arg("active") = py::none(), py::arg("n") = -1,
+           py::arg("nthreads") = 0)
+      .def("fill_apply", &PyBatch::fill_apply, py::arg("logits"), py::arg("out") = py::none(),
+           py::arg("nthreads") = 0)
+      .def("row", &PyBatch::row)
+      .def_property_readonly("capacity", &PyBatch::size);
+
+  m.def(
+      "apply_bitmask",
+      [](py::array logits, py::array bitmask, py::object active, int nthreads) {
+        float* l = buffer_of<float>(logits, 2, "logits", true);
+        const uint32_t* b = buffer_of<uint32_t>(bitmask, 2, "bitmask", false);
+        const int64_t B = logits.shape(0), V = logits.shape(1);
+        if (bitmask.shape(0) < B || bitmask.shape(1) * 32 < V || bitmask.strides(0) != bitmask.shape(1) * 4)
+          throw std::invalid_argument("bitmask does not fit the logits");
+        const uint8_t* act = nullptr;
+        py::array act_arr;
+        if (!active.is_none()) {
+          act_arr = active.cast<py::array>();
+          act = buffer_of<uint8_t>(act_arr, 1, "active", false);
+          if (act_arr.shape(0) < B) throw std::invalid_argument("active too short");
+        }
+        const int64_t stride = logits.strides(0) / 4, W = bitmask.shape(1);
+        py::gil_scoped_release nogil;
+        apply_bitmask(l, B, V, stride, b, W, act, nthreads);
+      },
+      py::arg("logits"), py::arg("bitmask"), py::arg("active") = py::none(), py::arg("nthreads") = 0);
+}

@@ -1,0 +1,107 @@
+// llmserve constraint core (see core.cpp for the data layout).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace llmserve {
+
+int default_threads();
+
+// A persistent pool of native threads. parallel_for hands out task indices from an atomic counter;
+// the calling thread works too. One parallel_for at a time (calls from several threads serialise).
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n);
+  ~ThreadPool();
+  void parallel_for(int64_t ntasks, const std::function<void(int64_t)>& fn, int max_threads = 0);
+  int size() const { return nthreads_; }
+  static ThreadPool& global();
+
+ private:
+  void worker(int id);
+  void run_tasks(std::function<void(int64_t)>* job, int64_t ntasks);
+  int nthreads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_, call_mu_;
+  std::condition_variable cv_, done_cv_;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  int active_ = 0;
+  std::function<void(int64_t)>* job_ = nullptr;
+  int64_t ntasks_ = 0;
+  std::atomic<int64_t> next_{0};
+};
+
+class Vocab {
+ public:
+  Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vector<int32_t> eos, int64_t size);
+  int64_t size() const { return size_; }
+  int64_t words() const { return words_; }
+  int64_t len(int64_t t) const { return offsets_[t + 1] - offsets_[t]; }
+  const uint8_t* ptr(int64_t t) const { return data_.data() + offsets_[t]; }
+  bool is_eos(int64_t t) const { return is_eos_[t] != 0; }
+  const std::vector<int32_t>& eos() const { return eos_; }
+  const std::vector<int32_t>& order() const { return order_; }
+  const std::vector<int32_t>& lcp() const { return lcp_; }
+  int64_t max_len() const { return max_len_; }
+
+ private:
+  std::vector<int64_t> offsets_;
+  std::vector<uint8_t> data_;
+  std::vector<int32_t> eos_;
+  std::vector<uint8_t> is_eos_;
+  std::vector<int32_t> order_;  // token ids with bytes, sorted by their bytes
+  std::vector<int32_t> lcp_;    // common prefix length with the previous id in order_
+  int64_t size_, words_, max_len_;
+};
+
+// Fill out[S+1, W]: row s = tokens whose bytes walk the DFA from s without dying (+ end of sequence
+// when s accepts, or when nothing else is allowed); row S = end of sequence only (the dead row).
+void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,
+                   int nthreads);
+
+// A compiled constraint. Raw pointers into buffers owned by the Python object (numpy, possibly mmap).
+struct Grammar {
+  std::shared_ptr<Vocab> vocab;
+  const int32_t* table = nullptr;
+  const uint8_t* accept = nullptr;
+  const uint32_t* masks = nullptr;
+  int64_t S = 0;
+  int32_t start = 0;
+  int32_t step(int32_t state, int64_t token) const;
+};
+
+void apply_bitmask(float* logits, int64_t B, int64_t V, int64_t stride, const uint32_t* bitmask, int64_t W,
+                   const uint8_t* rows_active, int nthreads);
+
+struct RowCore {
+  std::shared_ptr<const Grammar> grammar;  // null: unconstrained row
+  int32_t state = 0;
+};
+
+// Rows of the persistent batch (the GIL-free part; the Python-object part lives in the binding).
+class BatchState {
+ public:
+  explicit BatchState(std::shared_ptr<Vocab> v) : vocab_(std::move(v)) {}
+  void ensure(int64_t n);
+  std::vector<RowCore>& rows() { return rows_; }
+  const std::vector<RowCore>& rows() const { return rows_; }
+  void fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int nthreads) const;
+  void fill_apply(float* logits, int64_t B, int64_t V, int64_t stride, uint32_t* out, int64_t W,
+                  int nthreads) const;
+  const std::shared_ptr<Vocab>& vocab() const { return vocab_; }
+
+ private:
+  std::shared_ptr<Vocab> vocab_;
+  std::vector<RowCore> rows_;
+};
+
+}  // namespace llmserve

@@ -1,0 +1,39 @@
+"""Constraint processor: per-request token-level state machines enforced inside the decode loop.
+
+Public surface:
+
+* ``ConstraintSpec`` / ``spec_from_request``: regex, choice, json_schema (``jsonschema.py`` lists the subset)
+* ``Vocab``: a tokenizer's tokens as bytes (``Vocab.from_hf_tokenizer``, ``Vocab.from_tiktoken_ranks``)
+* ``compile_constraint(spec, vocab)`` -> ``CompiledConstraint`` (cached on disk by (constraint, vocab) digest)
+* ``ByteAutomaton``, ``TokenStateMachine``, ``register_machine``: custom constraints
+* ``llmserve.constraints.vllm_processor:ConstraintLogitsProcessor``: the vLLM V1 batch-level processor
+  (imported lazily: it needs vllm)
+* native core ``llmserve.constraints._core`` (C++, csrc/) and its pure-Python reference ``reference``
+"""
+
+from llmserve.constraints.compiled import (
+    CompiledConstraint,
+    ConstraintSpec,
+    compile_constraint,
+    compile_dfa,
+    default_cache_dir,
+    load_cached,
+    spec_from_request,
+)
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.machine import ByteAutomaton, TokenStateMachine, automaton_to_dfa, register_machine
+from llmserve.constraints.regex import ByteDFA, compile_regex
+from llmserve.constraints.vocab import Vocab
+
+PROCESSOR_PATH = "llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"
+# The processor implements vLLM's V1 logits-processor interface only: engines must run with
+# VLLM_USE_V2_MODEL_RUNNER=0 (check-compat can read these two constants without importing vllm).
+V2_MODEL_RUNNER_SUPPORTED = False
+REQUIRED_ENGINE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+__all__ = [
+    "ByteAutomaton", "ByteDFA", "CompiledConstraint", "ConstraintError", "ConstraintSpec", "PROCESSOR_PATH",
+    "REQUIRED_ENGINE_ENV", "TokenStateMachine", "V2_MODEL_RUNNER_SUPPORTED", "Vocab", "automaton_to_dfa",
+    "compile_constraint", "compile_dfa", "compile_regex", "default_cache_dir", "load_cached", "register_machine",
+    "spec_from_request",
+]

@@ -1,0 +1,302 @@
+"""Constraint specs, compilation against a vocabulary, and the on-disk cache of compiled forms.
+
+A constraint compiles in two stages: the spec becomes a byte-level DFA (``regex.py``,
+``jsonschema.py``), then the DFA is compiled against the tokenizer's vocabulary into one packed
+bitmask row per DFA state (``masks[s]``: the tokens allowed in state s). At decode time a row's
+state advances by walking the sampled token's bytes through the DFA, and the mask fill is one
+copy of ``masks[state]``: cost per row is flat, whatever the constraint.
+
+Compiled forms are cached on disk under ``<cache>/constraints/<digest>.bin`` where the digest is
+sha256 over (format version, canonical constraint, vocabulary digest). A cache hit memory-maps the
+file (no parsing, no copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re as _re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmserve.constraints import reference
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.jsonschema import schema_to_ast
+from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
+from llmserve.constraints.vocab import Vocab
+
+FORMAT_VERSION = 1
+KINDS = ("regex", "choice", "json_schema", "automaton")
+
+try:  # the native core, built by the package build (CMakeLists.txt)
+    from llmserve.constraints import _core as native
+except ImportError as exc:  # pragma: no cover - only when the extension was not built
+    native = None
+    NATIVE_IMPORT_ERROR = exc
+else:
+    NATIVE_IMPORT_ERROR = None
+
+
+def require_native():
+    if native is None:
+        raise ConstraintError(
+            f"the native constraint core is not built ({NATIVE_IMPORT_ERROR})",
+            hint="Reinstall llmserve from source: pip install --no-deps --no-build-isolation -e .")
+    return native
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """One constraint: ``kind`` in regex | choice | json_schema, ``value`` its pattern, list of
+    strings or schema."""
+
+    kind: str
+    value: Any
+
+    def __post_init__(self):
+        if self.kind not in KINDS[:3]:
+            raise ConstraintError(f"unknown constraint kind {self.kind!r} (one of: regex, choice, json_schema)")
+        if self.kind == "regex" and not isinstance(self.value, str):
+            raise ConstraintError("regex must be a string")
+        if self.kind == "choice" and (not isinstance(self.value, (list, tuple)) or not self.value
+                                      or not all(isinstance(c, str) for c in self.value)):
+            raise ConstraintError("choice must be a non-empty list of strings")
+        if self.kind == "json_schema" and isinstance(self.value, str):
+            try:
+                object.__setattr__(self, "value", json.loads(self.value))
+            except json.JSONDecodeError as exc:
+                raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+        if self.kind == "json_schema" and not isinstance(self.value, dict):
+            raise ConstraintError("json_schema must be a JSON object")
+
+    @property
+    def canonical(self) -> str:
+        value = list(self.value) if self.kind == "choice" else self.value
+        return json.dumps({"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical.encode()).hexdigest()
+
+    def to_ast(self):
+        if self.kind == "regex":
+            return parse(self.value)
+        if self.kind == "choice":
+            return ("alt", [literal(c) for c in self.value])
+        return schema_to_ast(self.value)
+
+    def to_dfa(self) -> ByteDFA:
+        return compile_ast(self.to_ast())
+
+
+def spec_from_request(obj) -> ConstraintSpec:
+    """From the request form: ``{"regex": "..."}``, ``{"choice": [...]}``, ``{"json_schema": {...}}``
+    (exactly one key), or ``{"kind": ..., "value": ...}``."""
+    if isinstance(obj, ConstraintSpec):
+        return obj
+    if isinstance(obj, str):
+        try:
+            obj = json.loads(obj)
+        except json.JSONDecodeError as exc:
+            raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ConstraintError("constraint must be an object such as {\"regex\": \"[0-9]+\"}")
+    if set(obj) == {"kind", "value"}:
+        return ConstraintSpec(obj["kind"], obj["value"])
+    keys = [k for k in obj if k in KINDS[:3]]
+    if len(keys) != 1 or len(obj) != 1:
+        raise ConstraintError("constraint must have exactly one of: regex, choice, json_schema; "
+                              f"got {sorted(obj)}")
+    return ConstraintSpec(keys[0], obj[keys[0]])
+
+
+class CompiledConstraint:
+    """A DFA compiled against one vocabulary: ``table`` int32[S,256], ``accept`` uint8[S],
+    ``masks`` uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0."""
+
+    def __init__(self, vocab: Vocab, table: np.ndarray, accept: np.ndarray, masks: np.ndarray,
+                 start: int = 0, key: str = ""):
+        self.vocab = vocab
+        self.table = table
+        self.accept = accept
+        self.masks = masks
+        self.start = int(start)
+        self.key = key
+        self._native = None
+
+    @property
+    def num_states(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def native(self):
+        """The ``_core.Grammar`` over the same buffers (built once)."""
+        if self._native is None:
+            core = require_native()
+            self._native = core.Grammar(native_vocab(self.vocab), self.table, self.accept, self.masks, self.start)
+        return self._native
+
+    def step(self, state: int, token: int) -> int:
+        """Next state after ``token`` (-1: the token was not allowed)."""
+        return reference.step(self.vocab, self.table, self.accept, state, token)
+
+    def walk(self, tokens, state: int | None = None) -> int:
+        s = self.start if state is None else state
+        for t in tokens:
+            s = self.step(s, t)
+        return s
+
+    def allowed(self, state: int) -> np.ndarray:
+        """Boolean [vocab.size] of the tokens allowed in ``state``."""
+        row = self.masks[state if state >= 0 else self.num_states]
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")
+        return bits[: self.vocab.size].astype(bool)
+
+    def is_accepting(self, state: int) -> bool:
+        return state >= 0 and bool(self.accept[state])
+
+
+_NATIVE_VOCABS: dict[int, Any] = {}
+
+
+def native_vocab(vocab: Vocab):
+    """The ``_core.Vocab`` for ``vocab`` (built once per Vocab object)."""
+    nv = getattr(vocab, "_native", None)
+    if nv is None:
+        core = require_native()
+        offsets, data = vocab.packed()
+        nv = core.Vocab(offsets, data, list(vocab.eos_ids), vocab.size)
+        object.__setattr__(vocab, "_native", nv)
+    return nv
+
+
+def compile_dfa(dfa: ByteDFA, vocab: Vocab, *, backend: str = "native", key: str = "") -> CompiledConstraint:
+    table = np.ascontiguousarray(dfa.table, dtype=np.int32)
+    accept = np.ascontiguousarray(dfa.accept, dtype=np.uint8)
+    if backend == "native":
+        masks = require_native().compile_masks(native_vocab(vocab), table, accept)
+    elif backend == "python":
+        masks = reference.compile_masks(vocab, table, accept)
+    else:
+        raise ValueError(f"backend must be native or python, not {backend!r}")
+    return CompiledConstraint(vocab, table, accept, masks, dfa.start, key)
+
+
+# ---------------------------------------------------------------------------------------- cache
+
+_MAGIC = b"LLMSCST1"
+_ALIGN = 64
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("LLMSERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmserve")
+    return Path(root) / "constraints"
+
+
+def cache_key(spec: ConstraintSpec, vocab: Vocab) -> str:
+    h = hashlib.sha256(f"v{FORMAT_VERSION}\0{spec.canonical}\0{vocab.digest}".encode())
+    return h.hexdigest()
+
+
+def _write_cache(path: Path, c: CompiledConstraint) -> None:
+    arrays = [("table", c.table), ("accept", c.accept), ("masks", c.masks)]
+    header = {"start": c.start, "key": c.key, "arrays": {}}
+    offset = 0
+    for name, a in arrays:
+        header["arrays"][name] = {"dtype": a.dtype.str, "shape": list(a.shape), "offset": offset}
+        offset += (a.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    hjson = json.dumps(header).encode()
+    head_len = (len(_MAGIC) + 8 + len(hjson) + _ALIGN - 1) // _ALIGN * _ALIGN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + head_len.to_bytes(8, "little") + hjson)
+            f.write(b"\0" * (head_len - len(_MAGIC) - 8 - len(hjson)))
+            for _, a in arrays:
+                data = np.ascontiguousarray(a).tobytes()
+                f.write(data)
+                f.write(b"\0" * ((-len(data)) % _ALIGN))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
+    try:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        if mm[:8] != _MAGIC:
+            return None
+        head_len = int.from_bytes(mm[8:16], "little")
+        hjson = bytes(mm[16:head_len]).rstrip(b"\0")
+        header = json.loads(hjson)
+        out = {}
+        for name, meta in header["arrays"].items():
+            dt = np.dtype(meta["dtype"])
+            shape = tuple(meta["shape"])
+            count = int(np.prod(shape))
+            out[name] = np.frombuffer(mm, dtype=dt, count=count, offset=head_len + meta["offset"]).reshape(shape)
+        if out["masks"].shape[1] != vocab.words or out["masks"].shape[0] != out["table"].shape[0] + 1:
+            return None
+        return CompiledConstraint(vocab, out["table"], out["accept"], out["masks"], header["start"], header["key"])
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return None
+
+
+_MEMORY: dict[tuple[str, int], CompiledConstraint] = {}
+
+
+def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | bool = None,
+                       backend: str = "native") -> CompiledConstraint:
+    """Compile ``spec`` (a ConstraintSpec or its request form) against ``vocab``.
+
+    ``cache_dir``: None for the default (``$LLMSERVE_CACHE/constraints``), a path, or False to skip
+    the disk cache. Results are also memoised in memory per (digest, vocab object).
+    """
+    spec = spec_from_request(spec)
+    key = cache_key(spec, vocab)
+    path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / f"{key}.bin"
+    memo = (key, id(vocab), str(path))
+    mem = _MEMORY.get(memo)
+    if mem is not None and mem.vocab is vocab:
+        return mem
+    if path is not None:
+        hit = _read_cache(path, vocab)
+        if hit is not None:
+            _MEMORY[memo] = hit
+            return hit
+    compiled = compile_dfa(spec.to_dfa(), vocab, backend=backend, key=key)
+    if path is not None:
+        try:
+            _write_cache(path, compiled)
+        except OSError:
+            pass  # a read-only cache never fails a request
+    _MEMORY[memo] = compiled
+    while len(_MEMORY) > 256:
+        _MEMORY.pop(next(iter(_MEMORY)))
+    return compiled
+
+
+def load_cached(spec, vocab: Vocab, cache_dir: Path | str | None = None) -> CompiledConstraint | None:
+    """The compiled form from the disk cache only (None on a miss)."""
+    spec = spec_from_request(spec)
+    return _read_cache(Path(cache_dir or default_cache_dir()) / f"{cache_key(spec, vocab)}.bin", vocab)
+
+
+def is_valid_key(text: str) -> bool:
+    return bool(_re.fullmatch(r"[0-9a-f]{64}", text))

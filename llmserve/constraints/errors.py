@@ -1,0 +1,16 @@
+"""Errors of the constraint package.
+
+``ConstraintError`` is both an llmserve ``InvalidInputError`` (the CLI renders it with a hint) and a
+``ValueError``: vLLM turns a ``ValueError`` raised from a logits processor's ``validate_params`` into an
+HTTP 400 for the client, so a bad constraint is rejected, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from llmserve.errors import InvalidInputError
+
+
+class ConstraintError(InvalidInputError, ValueError):
+    code = "invalid-constraint"
+    default_hint = ("Check the request's constraint (regex, choice or json_schema); "
+                    "see `python -m pydoc llmserve.constraints` for the supported subset.")

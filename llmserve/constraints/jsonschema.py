@@ -1,0 +1,211 @@
+"""JSON Schema (the common subset) to a regular language over compact JSON.
+
+Output is compact JSON (no whitespace between tokens, ``,`` and ``:`` separators) with object
+properties in the schema's order; optional properties may be left out. Compactness matters on a
+random or weak model: with whitespace allowed, it can emit whitespace until ``max_tokens``.
+
+Supported: ``type`` string/number/integer/boolean/null/object/array (or a list of those), ``enum``,
+``const``, ``properties`` + ``required``, ``items`` with ``minItems``/``maxItems``, string
+``minLength``/``maxLength``/``pattern``/``format`` (date, date-time, time, email, uuid), ``anyOf``/``oneOf``,
+non-recursive ``$ref`` into ``$defs``/``definitions``, nesting. Anything else that would change the
+accepted language is rejected with a ``ConstraintError`` rather than ignored.
+"""
+
+from __future__ import annotations
+
+import json
+
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.regex import literal, parse
+
+MAX_DEPTH = 32
+
+_STR_CHAR = ("alt", [
+    ("set", [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)]),
+    ("cat", [("set", [(0x5C, 0x5C)]), ("alt", [
+        ("set", [(ord(c), ord(c)) for c in '"\\/bfnrt']),
+        ("cat", [("set", [(ord("u"), ord("u"))])] + [("set", [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)])] * 4),
+    ])]),
+])
+_QUOTE = ("set", [(0x22, 0x22)])
+_INT = parse(r"-?(0|[1-9][0-9]{0,15})")
+_NUMBER = parse(r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?")
+_FORMATS = {
+    "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?",
+    "date-time": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+                 r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+    "email": r"[a-zA-Z0-9_.+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63}){1,4}",
+    "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+}
+# keywords that only annotate (never change the language)
+_ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", "$comment",
+                "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "additionalProperties"}
+
+
+def _cat(*items):
+    return ("cat", list(items))
+
+
+def _lit(text):
+    return literal(text)
+
+
+class _Converter:
+    def __init__(self, root: dict):
+        self.root = root
+
+    def fail(self, what: str) -> ConstraintError:
+        return ConstraintError(f"json_schema: {what}")
+
+    def resolve(self, ref: str):
+        if not ref.startswith("#/"):
+            raise self.fail(f"only local $ref is supported, got {ref!r}")
+        node = self.root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                raise self.fail(f"$ref {ref!r} does not resolve")
+            node = node[part]
+        return node
+
+    def convert(self, schema, depth=0, refs=()):
+        if depth > MAX_DEPTH:
+            raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+        if schema is True or schema == {}:
+            raise self.fail("an unconstrained value ({} or true) is not a regular language; give it a type")
+        if not isinstance(schema, dict):
+            raise self.fail(f"schema must be an object, got {type(schema).__name__}")
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if ref in refs:
+                raise self.fail(f"recursive $ref {ref!r} is not supported")
+            return self.convert(self.resolve(ref), depth + 1, refs + (ref,))
+        if "const" in schema:
+            return _lit(json.dumps(schema["const"], separators=(",", ":"), ensure_ascii=False))
+        if "enum" in schema:
+            values = schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise self.fail("enum must be a non-empty list")
+            return ("alt", [_lit(json.dumps(v, separators=(",", ":"), ensure_ascii=False)) for v in values])
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                subs = schema[key]
+                if not isinstance(subs, list) or not subs:
+                    raise self.fail(f"{key} must be a non-empty list")
+                base = {k: v for k, v in schema.items() if k != key}
+                return ("alt", [self.convert({**base, **s}, depth + 1, refs) for s in subs])
+        if "allOf" in schema:
+            raise self.fail("allOf is not supported")
+        typ = schema.get("type")
+        if isinstance(typ, list):
+            return ("alt", [self.convert({**schema, "type": t}, depth + 1, refs) for t in typ])
+        if typ is None:
+            if "properties" in schema:
+                typ = "object"
+            elif "items" in schema:
+                typ = "array"
+            else:
+                raise self.fail(f"schema without a type: {json.dumps(schema)[:80]}")
+        handler = getattr(self, "_" + str(typ), None)
+        if handler is None:
+            raise self.fail(f"unsupported type {typ!r}")
+        return handler(schema, depth, refs)
+
+    def _check(self, schema, allowed):
+        extra = set(schema) - allowed - _ANNOTATIONS - {"type"}
+        if extra:
+            raise self.fail(f"unsupported keyword(s) {sorted(extra)} for type {schema.get('type')!r}")
+
+    def _null(self, schema, depth, refs):
+        self._check(schema, set())
+        return _lit("null")
+
+    def _boolean(self, schema, depth, refs):
+        self._check(schema, set())
+        return ("alt", [_lit("true"), _lit("false")])
+
+    def _integer(self, schema, depth, refs):
+        self._check(schema, set())
+        return _INT
+
+    def _number(self, schema, depth, refs):
+        self._check(schema, set())
+        return _NUMBER
+
+    def _string(self, schema, depth, refs):
+        self._check(schema, {"minLength", "maxLength", "pattern", "format"})
+        if "pattern" in schema:
+            pat = schema["pattern"]
+            if pat.startswith("^"):
+                pat = pat[1:]
+            if pat.endswith("$") and not pat.endswith("\\$"):
+                pat = pat[:-1]
+            return _cat(_QUOTE, parse(pat), _QUOTE)
+        if "format" in schema:
+            fmt = schema["format"]
+            if fmt not in _FORMATS:
+                raise self.fail(f"unsupported string format {fmt!r} (supported: {sorted(_FORMATS)})")
+            return _cat(_QUOTE, parse(_FORMATS[fmt]), _QUOTE)
+        lo = int(schema.get("minLength", 0))
+        hi = schema.get("maxLength")
+        hi = None if hi is None else int(hi)
+        if lo < 0 or (hi is not None and hi < lo):
+            raise self.fail("bad minLength/maxLength")
+        return _cat(_QUOTE, ("rep", _STR_CHAR, lo, hi), _QUOTE)
+
+    def _array(self, schema, depth, refs):
+        self._check(schema, {"items", "minItems", "maxItems"})
+        items = schema.get("items")
+        if not isinstance(items, dict):
+            raise self.fail("arrays need an 'items' schema")
+        item = self.convert(items, depth + 1, refs)
+        lo = int(schema.get("minItems", 0))
+        hi = schema.get("maxItems")
+        hi = None if hi is None else int(hi)
+        if lo < 0 or (hi is not None and hi < lo):
+            raise self.fail("bad minItems/maxItems")
+        if hi == 0:
+            return _lit("[]")
+        more = ("rep", _cat(_lit(","), item), max(lo - 1, 0), None if hi is None else hi - 1)
+        body = _cat(item, more)
+        if lo == 0:
+            body = ("rep", body, 0, 1)
+        return _cat(_lit("["), body, _lit("]"))
+
+    def _object(self, schema, depth, refs):
+        self._check(schema, {"properties", "required"})
+        props = schema.get("properties") or {}
+        if not props:
+            raise self.fail("objects need 'properties' (a free-form object is not a regular language)")
+        required = set(schema.get("required", []))
+        unknown = required - set(props)
+        if unknown:
+            raise self.fail(f"required names unknown properties {sorted(unknown)}")
+        kvs = [(name in required,
+                _cat(_lit(json.dumps(name, ensure_ascii=False) + ":"), self.convert(sub, depth + 1, refs)))
+               for name, sub in props.items()]
+
+        # rest(i, first): the properties i.. given whether nothing was emitted yet
+        def rest(i, first):
+            if i == len(kvs):
+                return ("cat", [])
+            req, kv = kvs[i]
+            here = kv if first else _cat(_lit(","), kv)
+            with_it = _cat(here, rest(i + 1, False))
+            if req:
+                return with_it
+            if not first:
+                return _cat(("rep", here, 0, 1), rest(i + 1, False))
+            return ("alt", [with_it, rest(i + 1, True)])
+
+        return _cat(_lit("{"), rest(0, True), _lit("}"))
+
+
+def schema_to_ast(schema) -> tuple:
+    if isinstance(schema, (str, bytes)):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+    return _Converter(schema).convert(schema)

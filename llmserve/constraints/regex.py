@@ -1,0 +1,540 @@
+"""Regular expressions compiled to byte-level DFAs.
+
+The DFA runs over UTF-8 *bytes*, not characters: a character class such as ``[^"]`` becomes the
+byte sequences of every code point it contains. Tokens of a byte-level BPE vocabulary that end in
+the middle of a multi-byte character therefore walk the DFA like any other token: they stop in an
+intermediate state that only accepts the right continuation bytes.
+
+Supported syntax (the matching is always a full match, ``^``/``$`` are accepted and ignored):
+literals, ``.``, escapes (``\\d \\w \\s \\D \\W \\S \\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH`` and escaped
+punctuation), classes ``[...]``/``[^...]`` with ranges, groups ``(...)``, ``(?:...)``,
+``(?P<name>...)``, alternation ``|`` and the quantifiers ``* + ? {m} {m,} {m,n}`` (lazy ``?`` suffixes
+accepted; they do not change the language). Back-references and look-around are rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmserve.constraints.errors import ConstraintError
+
+MAX_CODEPOINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+MAX_REPEAT = 1000
+MAX_DFA_STATES = 20000
+
+# --------------------------------------------------------------------------------------------
+# AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi|None)
+# ranges: sorted, merged list of inclusive (lo, hi) code-point pairs.
+# --------------------------------------------------------------------------------------------
+
+
+def _normalize(ranges):
+    out = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _negate(ranges):
+    out, nxt = [], 0
+    for lo, hi in _normalize(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = max(nxt, hi + 1)
+    if nxt <= MAX_CODEPOINT:
+        out.append((nxt, MAX_CODEPOINT))
+    return out
+
+
+_DIGIT = [(0x30, 0x39)]
+_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+_SPACE = [(0x09, 0x0D), (0x20, 0x20)]
+_CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+_CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a", "e": "\x1b"}
+
+
+def literal(text: str):
+    """AST matching exactly ``text``."""
+    return ("cat", [("set", [(ord(c), ord(c))]) for c in text])
+
+
+class _Parser:
+    def __init__(self, pattern: str):
+        self.p = pattern
+        self.i = 0
+
+    def error(self, what: str) -> ConstraintError:
+        return ConstraintError(f"regex {self.p!r}: {what} at position {self.i}")
+
+    def peek(self):
+        return self.p[self.i] if self.i < len(self.p) else None
+
+    def take(self):
+        c = self.peek()
+        if c is None:
+            raise self.error("unexpected end")
+        self.i += 1
+        return c
+
+    def parse(self):
+        node = self.alt()
+        if self.i != len(self.p):
+            raise self.error("unbalanced ')'")
+        return node
+
+    def alt(self):
+        branches = [self.cat()]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.cat())
+        return branches[0] if len(branches) == 1 else ("alt", branches)
+
+    def cat(self):
+        items = []
+        while self.peek() is not None and self.peek() not in "|)":
+            items.append(self.repeat())
+        return ("cat", items)
+
+    def repeat(self):
+        node = self.atom()
+        while True:
+            c = self.peek()
+            if c == "*":
+                self.i += 1
+                node = ("rep", node, 0, None)
+            elif c == "+":
+                self.i += 1
+                node = ("rep", node, 1, None)
+            elif c == "?":
+                self.i += 1
+                node = ("rep", node, 0, 1)
+            elif c == "{" and self._is_counted():
+                self.i += 1
+                lo = self._int()
+                hi = lo
+                if self.peek() == ",":
+                    self.i += 1
+                    hi = None if self.peek() == "}" else self._int()
+                if self.take() != "}":
+                    raise self.error("bad repetition")
+                if hi is not None and hi < lo:
+                    raise self.error("repetition {m,n} with n < m")
+                if lo > MAX_REPEAT or (hi or 0) > MAX_REPEAT:
+                    raise self.error(f"repetition bound over {MAX_REPEAT}")
+                node = ("rep", node, lo, hi)
+            else:
+                return node
+            if self.peek() in ("?", "+") and node[0] == "rep":
+                self.i += 1  # lazy / possessive marker: same language
+
+    def _is_counted(self):
+        j = self.i + 1
+        k = j
+        while k < len(self.p) and (self.p[k].isdigit() or self.p[k] == ","):
+            k += 1
+        return k < len(self.p) and self.p[k] == "}" and k > j and self.p[j].isdigit()
+
+    def _int(self):
+        j = self.i
+        while self.peek() is not None and self.peek().isdigit():
+            self.i += 1
+        if j == self.i:
+            raise self.error("expected a number")
+        return int(self.p[j:self.i])
+
+    def atom(self):
+        c = self.take()
+        if c == "(":
+            if self.peek() == "?":
+                self.i += 1
+                k = self.take()
+                if k == ":":
+                    pass
+                elif k == "P" and self.peek() == "<":
+                    end = self.p.find(">", self.i)
+                    if end < 0:
+                        raise self.error("unterminated group name")
+                    self.i = end + 1
+                elif k == "<" and self.peek() not in ("=", "!"):
+                    end = self.p.find(">", self.i)
+                    if end < 0:
+                        raise self.error("unterminated group name")
+                    self.i = end + 1
+                else:
+                    raise self.error("look-around and inline flags are not supported")
+            node = self.alt()
+            if self.take() != ")":
+                raise self.error("missing ')'")
+            return node
+        if c == "[":
+            return ("set", self._class())
+        if c == ".":
+            return ("set", _negate([(0x0A, 0x0A)]))
+        if c in "^$":
+            return ("cat", [])
+        if c == "\\":
+            return ("set", self._escape(in_class=False))
+        if c in "*+?":
+            raise self.error("nothing to repeat")
+        if c == ")":
+            raise self.error("unbalanced ')'")
+        return ("set", [(ord(c), ord(c))])
+
+    def _escape(self, in_class: bool):
+        c = self.take()
+        if c in _CLASS_ESCAPES:
+            return list(_CLASS_ESCAPES[c])
+        if c.lower() in _CLASS_ESCAPES and c.isupper():
+            return _negate(_CLASS_ESCAPES[c.lower()])
+        if c in _CHAR_ESCAPES:
+            o = ord(_CHAR_ESCAPES[c])
+            return [(o, o)]
+        if c == "x":
+            return self._hex(2)
+        if c == "u":
+            return self._hex(4)
+        if c == "U":
+            return self._hex(8)
+        if c == "b" and in_class:
+            return [(8, 8)]
+        if c.isalnum():
+            raise self.error(f"unsupported escape \\{c}")
+        return [(ord(c), ord(c))]
+
+    def _hex(self, n):
+        digits = self.p[self.i:self.i + n]
+        if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
+            raise self.error("bad hex escape")
+        self.i += n
+        o = int(digits, 16)
+        if o > MAX_CODEPOINT:
+            raise self.error("code point out of range")
+        return [(o, o)]
+
+    def _class(self):
+        negate = False
+        if self.peek() == "^":
+            negate = True
+            self.i += 1
+        ranges = []
+        first = True
+        while True:
+            c = self.take()
+            if c == "]" and not first:
+                break
+            first = False
+            if c == "\\":
+                item = self._escape(in_class=True)
+            elif c == "[" and self.peek() == ":":
+                raise self.error("POSIX classes are not supported")
+            else:
+                item = [(ord(c), ord(c))]
+            if len(item) == 1 and item[0][0] == item[0][1] and self.peek() == "-" \
+                    and self.i + 1 < len(self.p) and self.p[self.i + 1] != "]":
+                self.i += 1
+                c2 = self.take()
+                hi = self._escape(in_class=True) if c2 == "\\" else [(ord(c2), ord(c2))]
+                if len(hi) != 1 or hi[0][0] != hi[0][1] or hi[0][0] < item[0][0]:
+                    raise self.error("bad class range")
+                item = [(item[0][0], hi[0][0])]
+            ranges.extend(item)
+        ranges = _normalize(ranges)
+        return _negate(ranges) if negate else ranges
+
+
+def parse(pattern: str):
+    """Parse ``pattern`` into the AST used by :func:`compile_ast`."""
+    return _Parser(pattern).parse()
+
+
+# --------------------------------------------------------------------------------------------
+# Code-point ranges -> UTF-8 byte-range sequences
+# --------------------------------------------------------------------------------------------
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Split ``[lo, hi]`` into sequences of byte ranges whose concatenation is exactly the UTF-8
+    encodings of the code points in the range (surrogates excluded)."""
+    out = []
+    stack = [(lo, hi)]
+    while stack:
+        a, b = stack.pop()
+        if a > b:
+            continue
+        if a <= SURROGATES[1] and b >= SURROGATES[0]:
+            stack.append((SURROGATES[1] + 1, b))
+            stack.append((a, SURROGATES[0] - 1))
+            continue
+        split = False
+        for bound in (0x7F, 0x7FF, 0xFFFF):
+            if a <= bound < b:
+                stack.append((bound + 1, b))
+                stack.append((a, bound))
+                split = True
+                break
+        if split:
+            continue
+        if b <= 0x7F:
+            out.append([(a, b)])
+            continue
+        n = len(chr(a).encode("utf-8"))
+        for i in range(1, n):
+            m = (1 << (6 * i)) - 1
+            if (a & ~m) != (b & ~m):
+                if a & m:
+                    stack.append(((a | m) + 1, b))
+                    stack.append((a, a | m))
+                    split = True
+                    break
+                if (b & m) != m:
+                    stack.append(((b & ~m), b))
+                    stack.append((a, (b & ~m) - 1))
+                    split = True
+                    break
+        if split:
+            continue
+        ea, eb = chr(a).encode("utf-8"), chr(b).encode("utf-8")
+        out.append(list(zip(ea, eb)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Thompson NFA over bytes, subset construction, trimming and minimisation
+# --------------------------------------------------------------------------------------------
+
+
+class _NFA:
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int, int]]] = []
+
+    def state(self) -> int:
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def build(self, node) -> tuple[int, int]:
+        kind = node[0]
+        if kind == "set":
+            s, e = self.state(), self.state()
+            trie: dict = {}
+            for lo, hi in node[1]:
+                for seq in utf8_sequences(lo, hi):
+                    # share common leading byte ranges between sequences
+                    cur = s
+                    for k, rng in enumerate(seq):
+                        if k == len(seq) - 1:
+                            self.edges[cur].append((rng[0], rng[1], e))
+                        else:
+                            key = (cur, rng)
+                            nxt = trie.get(key)
+                            if nxt is None:
+                                nxt = trie[key] = self.state()
+                                self.edges[cur].append((rng[0], rng[1], nxt))
+                            cur = nxt
+            return s, e
+        if kind == "cat":
+            s = e = self.state()
+            for child in node[1]:
+                cs, ce = self.build(child)
+                self.eps[e].append(cs)
+                e = ce
+            return s, e
+        if kind == "alt":
+            s, e = self.state(), self.state()
+            for child in node[1]:
+                cs, ce = self.build(child)
+                self.eps[s].append(cs)
+                self.eps[ce].append(e)
+            return s, e
+        if kind == "rep":
+            _, child, lo, hi = node
+            s = e = self.state()
+            for _ in range(lo):
+                cs, ce = self.build(child)
+                self.eps[e].append(cs)
+                e = ce
+            if hi is None:
+                cs, ce = self.build(child)
+                loop = self.state()
+                self.eps[e].append(loop)
+                self.eps[loop].append(cs)
+                self.eps[ce].append(loop)
+                end = self.state()
+                self.eps[loop].append(end)
+                return s, end
+            end = self.state()
+            self.eps[e].append(end)
+            for _ in range(hi - lo):
+                cs, ce = self.build(child)
+                self.eps[e].append(cs)
+                self.eps[ce].append(end)
+                e = ce
+            return s, end
+        raise AssertionError(kind)
+
+
+@dataclass(frozen=True)
+class ByteDFA:
+    """A deterministic automaton over bytes.
+
+    ``table[s, b]`` is the next state or -1 (dead); ``accept[s]`` marks accepting states. Every state
+    left in the table can still reach an accepting state (dead ends are trimmed to -1).
+    """
+
+    table: np.ndarray  # int32 [S, 256]
+    accept: np.ndarray  # uint8 [S]
+    start: int = 0
+
+    @property
+    def num_states(self) -> int:
+        return int(self.table.shape[0])
+
+    def walk(self, state: int, data: bytes) -> int:
+        t = self.table
+        for b in data:
+            if state < 0:
+                return -1
+            state = int(t[state, b])
+        return state
+
+    def matches(self, data: bytes) -> bool:
+        s = self.walk(self.start, data)
+        return s >= 0 and bool(self.accept[s])
+
+
+def _determinize(nfa: _NFA, start: int, final: int) -> tuple[list[list[int]], list[bool]]:
+    closure_cache: dict[int, frozenset] = {}
+
+    def closure1(q):
+        c = closure_cache.get(q)
+        if c is None:
+            seen = {q}
+            todo = [q]
+            while todo:
+                x = todo.pop()
+                for y in nfa.eps[x]:
+                    if y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+            c = closure_cache[q] = frozenset(seen)
+        return c
+
+    def closure(qs):
+        out = set()
+        for q in qs:
+            out |= closure1(q)
+        # only states with byte edges (or the final state) matter for identity
+        return frozenset(x for x in out if nfa.edges[x] or x == final)
+
+    init = closure([start])
+    index = {init: 0}
+    order = [init]
+    table: list[list[int]] = []
+    accept: list[bool] = []
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        i += 1
+        accept.append(final in cur)
+        row = [-1] * 256
+        edges = [e for q in cur for e in nfa.edges[q]]
+        if edges:
+            cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+            for a, b in zip(cuts, cuts[1:]):
+                tgts = [t for lo, hi, t in edges if lo <= a and b - 1 <= hi]
+                if not tgts:
+                    continue
+                nxt = closure(tgts)
+                j = index.get(nxt)
+                if j is None:
+                    if len(order) >= MAX_DFA_STATES:
+                        raise ConstraintError(f"constraint too large: more than {MAX_DFA_STATES} automaton states")
+                    j = index[nxt] = len(order)
+                    order.append(nxt)
+                for x in range(a, b):
+                    row[x] = j
+        table.append(row)
+    return table, accept
+
+
+def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
+    n = len(table)
+    t = np.asarray(table, dtype=np.int32).reshape(n, 256)
+    acc = np.asarray(accept, dtype=bool)
+    # co-reachability: states from which an accepting state is reachable
+    live = acc.copy()
+    rev: list[set] = [set() for _ in range(n)]
+    for s in range(n):
+        for d in set(table[s]):
+            if d >= 0:
+                rev[d].add(s)
+    todo = [s for s in range(n) if live[s]]
+    while todo:
+        d = todo.pop()
+        for s in rev[d]:
+            if not live[s]:
+                live[s] = True
+                todo.append(s)
+    if not live[0]:
+        raise ConstraintError("the constraint matches no string at all")
+    t = np.where((t >= 0) & live[np.clip(t, 0, None)], t, -1)
+    # Moore partition refinement over the live states (dead = class -1)
+    cls = np.where(live, acc.astype(np.int64), -1)
+    while True:
+        nxt_cls = np.where(t >= 0, cls[np.clip(t, 0, None)], -1)
+        sig = {}
+        new = np.full(n, -1, dtype=np.int64)
+        for s in range(n):
+            if not live[s]:
+                continue
+            key = (int(cls[s]), nxt_cls[s].tobytes())
+            new[s] = sig.setdefault(key, len(sig))
+        if len(sig) == len(set(int(c) for c in cls[live])):
+            cls = new
+            break
+        cls = new
+    # renumber so that the start state is 0, in BFS order
+    k = int(cls.max()) + 1
+    rep = np.zeros(k, dtype=np.int64)
+    for s in range(n - 1, -1, -1):
+        if live[s]:
+            rep[cls[s]] = s
+    order = {int(cls[0]): 0}
+    queue = [int(cls[0])]
+    qi = 0
+    while qi < len(queue):
+        c = queue[qi]
+        qi += 1
+        for d in t[rep[c]]:
+            if d >= 0:
+                cd = int(cls[d])
+                if cd not in order:
+                    order[cd] = len(order)
+                    queue.append(cd)
+    m = len(order)
+    out = np.full((m, 256), -1, dtype=np.int32)
+    out_acc = np.zeros(m, dtype=np.uint8)
+    for c, i in order.items():
+        row = t[rep[c]]
+        out[i] = np.where(row >= 0, [order.get(int(cls[d]), -1) if d >= 0 else -1 for d in row], -1)
+        out_acc[i] = acc[rep[c]]
+    return ByteDFA(out, out_acc, 0)
+
+
+def compile_ast(node) -> ByteDFA:
+    nfa = _NFA()
+    s, e = nfa.build(node)
+    table, accept = _determinize(nfa, s, e)
+    return _trim_and_minimize(table, accept)
+
+
+def compile_regex(pattern: str) -> ByteDFA:
+    """Compile ``pattern`` (full-match semantics) to a trimmed, minimal byte DFA."""
+    return compile_ast(parse(pattern))

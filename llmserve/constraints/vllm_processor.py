@@ -1,0 +1,309 @@
+"""The constraint processor as a vLLM V1 batch-level logits processor.
+
+Load it with the engine argument ``logits_processors=["llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"]``
+(or the class itself). Requires the V1 model runner: run with ``VLLM_USE_V2_MODEL_RUNNER=0`` (see
+``V2_MODEL_RUNNER_SUPPORTED`` and ``REQUIRED_ENGINE_ENV``); the processor refuses to start under
+Model Runner V2 rather than let a deployment run unconstrained.
+
+Request shape
+-------------
+The constraint travels in ``SamplingParams.extra_args`` (over HTTP: the request body's
+``vllm_xargs``, whose values must be strings, numbers or lists of those). Exactly one of:
+
+* ``{"constraint": {"regex": "[0-9]{4}-[0-9]{2}-[0-9]{2}"}}`` (in-process; an object)
+* ``{"constraint": "{\\"json_schema\\": {...}}"}`` (HTTP: the same object as a JSON string)
+* ``{"constraint_regex": "..."}``, ``{"constraint_choice": ["yes", "no"]}``,
+  ``{"constraint_json_schema": "<schema as a JSON string>"}`` (flat HTTP form)
+* ``{"constraint": {"machine": "name", "args": {...}}}``: a registered custom machine
+  (``llmserve.constraints.machine.register_machine`` or the ``llmserve.constraint_machines`` entry points)
+
+For example::
+
+    curl localhost:8000/v1/completions -d '{"model": "m", "prompt": "Date: ",
+         "vllm_xargs": {"constraint_regex": "[0-9]{4}-[0-9]{2}-[0-9]{2}"}}'
+
+An invalid constraint raises ``ConstraintError`` (a ``ValueError``) from ``validate_params``: vLLM
+answers HTTP 400. Requests without these keys are not touched.
+
+How state survives batch changes
+--------------------------------
+Each row holds a reference to the engine's running output-token list (handed over in
+``BatchUpdate.added``) and its state is derived from that list: before every ``apply`` the core
+compares the list with what it consumed (length and last token). New tokens advance the state; a
+shorter or diverging history (preemption: a request comes back as a plain ``added`` with output
+tokens) rebuilds the state from the start. Rows in partial prefill have no new output tokens, so
+they never advance. ``removed``, then ``added``, then ``moved`` are applied in that order; a
+finished request overwritten by a move simply loses its row. After the end of the constraint only
+end-of-sequence is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from llmserve.constraints import reference
+from llmserve.constraints.compiled import (
+    ConstraintSpec,
+    compile_constraint,
+    compile_dfa,
+    native_vocab,
+    require_native,
+    spec_from_request,
+)
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.machine import (
+    ByteAutomaton,
+    PythonRow,
+    TokenStateMachine,
+    automaton_to_dfa,
+    make_machine,
+)
+from llmserve.constraints.vocab import Vocab
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+PROCESSOR_PATH = "llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"
+# Model Runner V2 has its own processor interface and rejects V1 processors. Until the V2 adapter
+# exists, the engine must run the V1 model runner; the lock pins this and check-compat verifies it.
+V2_MODEL_RUNNER_SUPPORTED = False
+REQUIRED_ENGINE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+FLAT_KEYS = {"constraint_regex": "regex", "constraint_choice": "choice", "constraint_json_schema": "json_schema"}
+
+
+def check_engine_env(environ=None) -> list[str]:
+    """Problems with the environment for this processor (empty when fine)."""
+    env = os.environ if environ is None else environ
+    problems = []
+    for k, v in REQUIRED_ENGINE_ENV.items():
+        if env.get(k) != v:
+            problems.append(f"{k}={v} is required by the constraint processor (V1 logits-processor "
+                            f"interface); it is {env.get(k)!r}")
+    return problems
+
+
+def request_constraint(extra_args: dict | None):
+    """The constraint object in a request's extra args, or None. Raises ConstraintError when malformed."""
+    if not extra_args:
+        return None
+    found = [k for k in ("constraint", *FLAT_KEYS) if k in extra_args]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ConstraintError(f"give one constraint per request, got {found}")
+    key = found[0]
+    value = extra_args[key]
+    if key == "constraint":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConstraintError("constraint must be an object, e.g. {\"regex\": \"[0-9]+\"}")
+        return value
+    return {FLAT_KEYS[key]: value}
+
+
+@lru_cache(maxsize=1024)
+def _validate_canonical(canonical: str) -> None:
+    obj = json.loads(canonical)
+    ConstraintSpec(obj["kind"], obj["value"]).to_dfa()
+
+
+def validate_constraint(obj) -> None:
+    if "machine" in obj:
+        if not isinstance(obj["machine"], str) or not isinstance(obj.get("args", {}), dict) \
+                or set(obj) - {"machine", "args"}:
+            raise ConstraintError("a machine constraint is {\"machine\": name, \"args\": {...}}")
+        from llmserve.constraints.machine import registered_machines
+
+        if obj["machine"] not in registered_machines():
+            raise ConstraintError(f"unknown constraint machine {obj['machine']!r}")
+        return
+    _validate_canonical(spec_from_request(obj).canonical)
+
+
+def vocab_for_model(vllm_config) -> Vocab:
+    from transformers import AutoTokenizer
+
+    mc = vllm_config.model_config
+    tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code,
+                                        revision=getattr(mc, "tokenizer_revision", None))
+    eos = set()
+    if tok.eos_token_id is not None:
+        eos.add(int(tok.eos_token_id))
+    cfg_eos = getattr(mc.hf_config, "eos_token_id", None)
+    if isinstance(cfg_eos, int):
+        eos.add(cfg_eos)
+    elif isinstance(cfg_eos, (list, tuple)):
+        eos.update(int(e) for e in cfg_eos)
+    return Vocab.from_hf_tokenizer(tok, size=mc.get_vocab_size(), eos_ids=sorted(eos))
+
+
+class ConstraintLogitsProcessor(LogitsProcessor):
+    """Batch-level constraint processor (vLLM V1 interface)."""
+
+    instances: list = []  # weak references to live processors (in-process engines: tests, metrics)
+
+    @classmethod
+    def validate_params(cls, sampling_params: "SamplingParams"):
+        obj = request_constraint(sampling_params.extra_args)
+        if obj is not None:
+            validate_constraint(obj)
+
+    def __init__(self, vllm_config: "VllmConfig", device: torch.device, is_pin_memory: bool):
+        if getattr(vllm_config, "use_v2_model_runner", False):
+            raise RuntimeError("the llmserve constraint processor needs the V1 model runner: "
+                               "set VLLM_USE_V2_MODEL_RUNNER=0")
+        self.device = device
+        self.vocab = vocab_for_model(vllm_config)
+        self.backend = os.environ.get("LLMSERVE_CONSTRAINT_BACKEND", "native")
+        if self.backend == "python":
+            self.batch = reference.ReferenceBatch(self.vocab)
+        else:
+            self.batch = require_native().Batch(native_vocab(self.vocab))
+        self.constrained: set[int] = set()  # rows handled by self.batch
+        self.python_rows: dict[int, PythonRow] = {}  # TokenStateMachine rows
+        # counters, for tests and debugging: readded = an added request that already had output
+        # tokens (a preempted request coming back); rebuilt = rows whose state was rebuilt from history
+        self.stats = {"added": 0, "readded": 0, "removed": 0, "moved": 0, "swapped": 0, "rebuilt": 0,
+                      "applied": 0}
+        self._bitmask = None
+        ConstraintLogitsProcessor.instances.append(weakref.ref(self))
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ membership
+
+    def _compile(self, obj):
+        if "machine" in obj:
+            machine = make_machine(obj["machine"], self.vocab, obj.get("args"))
+            if isinstance(machine, ByteAutomaton):
+                return compile_dfa(automaton_to_dfa(machine), self.vocab,
+                                   backend="python" if self.backend == "python" else "native")
+            return machine
+        return compile_constraint(obj, self.vocab, backend="python" if self.backend == "python" else "native")
+
+    def _clear(self, i: int) -> None:
+        self.batch.clear_row(i)
+        self.constrained.discard(i)
+        self.python_rows.pop(i, None)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        st = self.stats
+        st["removed"] += len(batch_update.removed)
+        for i in batch_update.removed:
+            self._clear(i)
+        for i, params, _prompt, output_tokens in batch_update.added:
+            self._clear(i)
+            obj = request_constraint(params.extra_args if params is not None else None)
+            if obj is None:
+                continue
+            st["added"] += 1
+            st["readded"] += 1 if output_tokens else 0
+            compiled = self._compile(obj)
+            if isinstance(compiled, TokenStateMachine):
+                self.python_rows[i] = PythonRow(compiled, output_tokens, self.vocab.size)
+            else:
+                self.batch.set_row(i, compiled if self.backend == "python" else compiled.native, output_tokens)
+                self.constrained.add(i)
+        for a, b, direction in batch_update.moved:
+            if direction == MoveDirectionality.SWAP:
+                st["swapped"] += 1
+                self.batch.swap(a, b)
+                ca, cb = a in self.constrained, b in self.constrained
+                self.constrained.discard(a)
+                self.constrained.discard(b)
+                if ca:
+                    self.constrained.add(b)
+                if cb:
+                    self.constrained.add(a)
+                pa, pb = self.python_rows.pop(a, None), self.python_rows.pop(b, None)
+                if pa is not None:
+                    self.python_rows[b] = pa
+                if pb is not None:
+                    self.python_rows[a] = pb
+            else:  # a -> b; whatever was at b (possibly a finished request) is overwritten
+                st["moved"] += 1
+                self.batch.move(a, b)
+                self.constrained.discard(b)
+                if a in self.constrained:
+                    self.constrained.discard(a)
+                    self.constrained.add(b)
+                self.python_rows.pop(b, None)
+                pa = self.python_rows.pop(a, None)
+                if pa is not None:
+                    self.python_rows[b] = pa
+
+    # ------------------------------------------------------------------ masks
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.constrained and not self.python_rows:
+            return logits
+        B = logits.shape[0]
+        self.stats["applied"] += 1
+        if self.constrained:
+            self.stats["rebuilt"] += self.batch.sync(B)
+            if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(-1) == 1:
+                self.batch.fill_apply(logits.detach().numpy())
+            else:
+                self._apply_via_bitmask(logits, B)
+        for i, row in self.python_rows.items():
+            if i >= B:
+                continue
+            row.sync()
+            allowed = torch.from_numpy(row.allowed_mask(self.vocab.eos_ids)).to(logits.device)
+            n = min(allowed.shape[0], logits.shape[1])
+            logits[i, :n].masked_fill_(~allowed[:n], float("-inf"))
+            if logits.shape[1] > n:
+                logits[i, n:] = float("-inf")
+        return logits
+
+    def _apply_via_bitmask(self, logits: torch.Tensor, B: int) -> None:
+        """Other dtypes or devices: fill the packed bitmask natively, apply it with torch."""
+        V = logits.shape[1]
+        W = (V + 31) // 32
+        if self._bitmask is None or self._bitmask.shape[0] < B or self._bitmask.shape[1] != W:
+            self._bitmask = np.empty((max(B, 8), W), dtype=np.uint32)
+        bm = self._bitmask[:B]
+        active = np.zeros(B, dtype=np.uint8)
+        self.batch.fill(bm, active, B)
+        apply_bitmask_torch(logits, torch.from_numpy(bm), torch.from_numpy(active.astype(bool)))
+
+
+_SHIFTS = torch.arange(32, dtype=torch.int64)
+
+
+def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, active: torch.Tensor | None = None) -> None:
+    """In place: logits[r, t] = -inf where bit t of row r is clear (rows with active False untouched)."""
+    B, V = logits.shape
+    bits = bitmask.to(logits.device, non_blocking=True).to(torch.int64)
+    allowed = ((bits.unsqueeze(-1) >> _SHIFTS.to(logits.device)) & 1).bool().reshape(B, -1)[:, :V]
+    if active is not None:
+        allowed |= ~active.to(logits.device).unsqueeze(1)
+    logits.masked_fill_(~allowed, float("-inf"))
+
+
+def describe() -> dict[str, Any]:
+    """What the serving/compat layers need to know about this processor."""
+    return {
+        "processor": PROCESSOR_PATH,
+        "interface": "vllm-v1-logits-processor",
+        "v2_model_runner_supported": V2_MODEL_RUNNER_SUPPORTED,
+        "required_env": dict(REQUIRED_ENGINE_ENV),
+        "request_keys": ["constraint", *FLAT_KEYS],
+    }
