@@ -17,6 +17,28 @@ class Strategy(str, Enum):
     versioned = "versioned"
 
 
+class Target(str, Enum):
+    local = "local"
+    kubernetes = "kubernetes"
+
+
+TARGET_HELP = ("local: `llmserve serve` processes behind a gateway on this machine, state in SQLite. "
+               "kubernetes: Deployments and Services in a cluster (kubeconfig, context and namespace from the usual "
+               "places), state in a ConfigMap there.")
+NAMESPACE_HELP = "kubernetes: namespace. Default: the kubeconfig context's namespace, else 'default'."
+CONTEXT_HELP = "kubernetes: kubeconfig context. Default: the current context."
+KUBECONFIG_HELP = "kubernetes: kubeconfig file. Default: $KUBECONFIG, else ~/.kube/config, else in-cluster."
+
+
+def kube_deployer(report, namespace: str | None, context: str | None, kubeconfig: Path | None, pod_spec=None,
+                  replicas: int | None = None):
+    """The Kubernetes target's deployer, connected the usual way (imports the client only here)."""
+    from llmserve.deploy.kubernetes import KubernetesDeployer, connect
+
+    cluster = connect(namespace, context, str(kubeconfig) if kubeconfig else None)
+    return KubernetesDeployer(cluster, report, pod_spec, replicas)
+
+
 class _DefaultUp(TyperGroup):
     """`llmserve deploy PKG ...` means `llmserve deploy up PKG ...`."""
 
@@ -28,9 +50,11 @@ class _DefaultUp(TyperGroup):
 
 deploy_app = typer.Typer(
     cls=_DefaultUp, no_args_is_help=True, rich_markup_mode="rich",
-    help="""Deploy packages on the local target with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`.
+    help="""Deploy packages with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`.
 
-Every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...). State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
+--target local (default): every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...). State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
+
+--target kubernetes: red-black scales two Deployments (colors) in ratio behind one Service; versioned keeps a Deployment and a Service per version. State and history live in a ConfigMap in the namespace; a Lease guards changes.
 
 Exit codes: 0 done, 3 bad input, 5 unknown deployment, 6 interface changed (red-black refused), 7 rollout failed and rolled back, 8 deployment busy or gateway unavailable.
 
@@ -43,6 +67,8 @@ Examples:
     llmserve deploy dist/tiny-chat-3.llmpkg --strategy versioned --idle-timeout 3600
 
     llmserve deploy down tiny-chat
+
+    llmserve deploy dist/tiny-chat-2.llmpkg --target kubernetes --replicas 4 --image registry/llmserve:0.1 --gpus 1
 """)
 
 STATE_HELP = "State folder (SQLite, logs, pid files). Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."
@@ -76,6 +102,20 @@ def up(
                                  "version to this version. Default: only for the first version."),
     kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="Passed to each `llmserve serve`."),
     state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
+    target: Target = typer.Option(Target.local, "--target", "-t", help=TARGET_HELP),
+    namespace: str = typer.Option(None, "--namespace", "-n", help=NAMESPACE_HELP),
+    context: str = typer.Option(None, "--context", help=CONTEXT_HELP),
+    kubeconfig: Path = typer.Option(None, "--kubeconfig", help=KUBECONFIG_HELP),
+    replicas: int = typer.Option(None, "--replicas", min=1, help="kubernetes: pods per version. Default: the live "
+                                 "version's count (red-black), else 1."),
+    image: str = typer.Option("llmserve:latest", "--image", help="kubernetes: server image (see `llmserve build`)."),
+    package_uri: str = typer.Option(None, "--package-uri", help="kubernetes: where the pods find the package. "
+                                    "Default: /models/<package file name>."),
+    models_pvc: str = typer.Option(None, "--models-pvc", help="kubernetes: PersistentVolumeClaim mounted read-only at /models."),
+    cpu: str = typer.Option("1", "--cpu", help="kubernetes: CPU request per pod."),
+    memory: str = typer.Option("4Gi", "--memory", help="kubernetes: memory request per pod."),
+    gpus: int = typer.Option(0, "--gpus", min=0, help="kubernetes: nvidia.com/gpu per pod (request = limit)."),
+    service_type: str = typer.Option("ClusterIP", "--service-type", help="kubernetes: ClusterIP, NodePort or LoadBalancer."),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json (the result; progress goes to stderr)."),
 ) -> None:
     """Roll out PKG. red-black (default): start it beside the live version, wait for /health, shift traffic
@@ -100,7 +140,14 @@ def up(
                          health_timeout_s=health_timeout, drain_timeout_s=drain_timeout, host=host, port=port,
                          idle_timeout_s=idle_timeout, promote=promote, max_step_errors=max_step_errors,
                          serve_args=serve_args)
-    result = Deployer(StateStore(state_dir), _reporter(output)).deploy(opts)
+    if target is Target.kubernetes:
+        from llmserve.deploy.kubernetes import PodSpec
+
+        spec = PodSpec(image=image, package_uri=package_uri, models_pvc=models_pvc, cpu=cpu, memory=memory, gpus=gpus,
+                       service_type=service_type, serve_args=serve_args)
+        result = kube_deployer(_reporter(output), namespace, context, kubeconfig, spec, replicas).deploy(opts)
+    else:
+        result = Deployer(StateStore(state_dir), _reporter(output)).deploy(opts)
     _render(result, output)
 
 
@@ -109,6 +156,10 @@ def down(
     name: str = typer.Argument(..., help="Deployment to tear down."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get."),
     state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
+    target: Target = typer.Option(Target.local, "--target", "-t", help=TARGET_HELP),
+    namespace: str = typer.Option(None, "--namespace", "-n", help=NAMESPACE_HELP),
+    context: str = typer.Option(None, "--context", help=CONTEXT_HELP),
+    kubeconfig: Path = typer.Option(None, "--kubeconfig", help=KUBECONFIG_HELP),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
 ) -> None:
     """Stop routing, drain and stop every server of NAME and its gateway; the history stays in the state.
@@ -119,7 +170,10 @@ def down(
     """
     from llmserve.deploy import Deployer, StateStore
 
-    result = Deployer(StateStore(state_dir), _reporter(output)).down(name, drain_timeout)
+    if target is Target.kubernetes:
+        result = kube_deployer(_reporter(output), namespace, context, kubeconfig).down(name, drain_timeout)
+    else:
+        result = Deployer(StateStore(state_dir), _reporter(output)).down(name, drain_timeout)
     if output is OutputFormat.json:
         print_json(result)
     else:
@@ -130,9 +184,9 @@ def _render(result: dict, output: OutputFormat) -> None:
     if output is OutputFormat.json:
         print_json(result)
         return
-    from llmserve.cli.status_cmd import render_status
+    from llmserve.cli.status_cmd import render_k8s_status, render_status
 
-    render_status(result)
+    (render_k8s_status if result.get("target") == "kubernetes" else render_status)(result)
 
 
 def register(app: typer.Typer) -> None:
