@@ -1,0 +1,32 @@
+"""KServe v2 inference protocol frontends (gRPC and HTTP, with Triton's generate extension) on the
+shared vLLM engine, so tritonclient and any KServe v2 client call the model the OpenAI API serves.
+
+Public surface:
+    KServeGrpcFrontend(host, port, *, model_version, api_key, max_message_bytes)   a Frontend
+    KServeHttpFrontend(host, port, *, model_version, api_key, max_body_bytes)      a Frontend
+    build_router(readiness, *, model_version)    the HTTP routes, to mount on the OpenAI app
+Tensor names and types: llmserve.spec.tensors.LLM_TEXT_CONTRACT (see protocol.py for semantics);
+sampling settings: sampling.py (the mapping table). Importing this package does not import vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmserve.serve.kserve.grpc_frontend import KServeGrpcFrontend
+    from llmserve.serve.kserve.http_frontend import KServeHttpFrontend, build_router
+
+__all__ = ["KServeGrpcFrontend", "KServeHttpFrontend", "build_router"]
+
+
+def __getattr__(name: str) -> Any:  # lazy: grpc/fastapi load only when a frontend is used
+    if name == "KServeGrpcFrontend":
+        from llmserve.serve.kserve.grpc_frontend import KServeGrpcFrontend
+
+        return KServeGrpcFrontend
+    if name in ("KServeHttpFrontend", "build_router"):
+        from llmserve.serve.kserve import http_frontend
+
+        return getattr(http_frontend, name)
+    raise AttributeError(name)

@@ -1,0 +1,56 @@
+"""One error type for both KServe v2 transports: a kind that maps to a gRPC status and an HTTP status.
+
+The message is what the client reads; it names the offending tensor, parameter or key and what is
+accepted instead. The HTTP body is the KServe v2 error object: {"error": "<message>"}.
+"""
+
+from __future__ import annotations
+
+INVALID = "invalid"
+NOT_FOUND = "not-found"
+UNAVAILABLE = "unavailable"
+UNIMPLEMENTED = "unimplemented"
+UNAUTHENTICATED = "unauthenticated"
+INTERNAL = "internal"
+
+HTTP_STATUS = {INVALID: 400, NOT_FOUND: 404, UNAVAILABLE: 503, UNIMPLEMENTED: 501, UNAUTHENTICATED: 401,
+               INTERNAL: 500}
+GRPC_STATUS_NAME = {INVALID: "INVALID_ARGUMENT", NOT_FOUND: "NOT_FOUND", UNAVAILABLE: "UNAVAILABLE",
+                    UNIMPLEMENTED: "UNIMPLEMENTED", UNAUTHENTICATED: "UNAUTHENTICATED", INTERNAL: "INTERNAL"}
+
+
+class KServeError(Exception):
+    """A request the KServe v2 frontends refuse or could not serve."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.kind]
+
+    @property
+    def grpc_status(self):
+        import grpc
+
+        return getattr(grpc.StatusCode, GRPC_STATUS_NAME[self.kind])
+
+    def body(self) -> dict:
+        return {"error": self.message}
+
+
+def invalid(message: str) -> KServeError:
+    return KServeError(INVALID, message)
+
+
+def not_found(message: str) -> KServeError:
+    return KServeError(NOT_FOUND, message)
+
+
+NOT_READY_MESSAGE = "the server is not ready: the engine is starting or the server is draining; retry later"
+
+
+def not_ready() -> KServeError:
+    return KServeError(UNAVAILABLE, NOT_READY_MESSAGE)

@@ -1,0 +1,323 @@
+"""KServe v2 / Triton GRPCInferenceService on grpc.aio, over the shared engine.
+
+Implemented: ServerLive, ServerReady (false until the engine is ready and while draining),
+ModelReady, ServerMetadata, ModelMetadata, ModelConfig (decoupled transaction policy), ModelInfer
+(one response with the full text) and ModelStreamInfer (decoupled: with stream=true one response per
+text delta; every response carries the `triton_final_response` parameter, true on the last one, as
+Triton does for decoupled models). Requests on one stream run concurrently; responses carry the
+request's `id`. A bad request on a stream gets an error_message response and the stream stays open.
+Every other RPC answers UNIMPLEMENTED naming the RPC. Inference before ready (or while draining):
+UNAVAILABLE; on a stream, the stream ends with that status when such a request arrives.
+
+Messages and the servicer base come from tritonclient's generated modules (no code generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from llmserve.serve.kserve.errors import KServeError, invalid, not_ready
+from llmserve.serve.kserve.generation import generate_deltas, generate_text
+from llmserve.serve.kserve.protocol import (
+    OUTPUT_NAME, OUTPUT_SHAPE, DecodedTensor, ModelResolver, build_generation, decode_raw, encode_bytes,
+    model_config, model_metadata, server_metadata,
+)
+
+log = logging.getLogger("llmserve.serve.kserve")
+
+FINAL_PARAM = "triton_final_response"
+IMPLEMENTED = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+               "ModelInfer", "ModelStreamInfer"}
+OPEN_RPCS = {"ServerLive", "ServerReady", "ModelReady"}  # answered without an API key (health probes)
+UNIMPLEMENTED_WHY = {
+    "ModelStatistics": "per-model statistics are exported as Prometheus metrics on /metrics instead",
+    "RepositoryIndex": "this server serves one model from its package; there is no model repository",
+    "RepositoryModelLoad": "the model is fixed at startup; deploy another package version to change it",
+    "RepositoryModelUnload": "the model is fixed at startup; deploy another package version to change it",
+    "SystemSharedMemoryStatus": "shared-memory tensors are not supported; send tensors in the request",
+    "SystemSharedMemoryRegister": "shared-memory tensors are not supported; send tensors in the request",
+    "SystemSharedMemoryUnregister": "shared-memory tensors are not supported; send tensors in the request",
+    "CudaSharedMemoryStatus": "CUDA shared-memory tensors are not supported; send tensors in the request",
+    "CudaSharedMemoryRegister": "CUDA shared-memory tensors are not supported; send tensors in the request",
+    "CudaSharedMemoryUnregister": "CUDA shared-memory tensors are not supported; send tensors in the request",
+    "TraceSetting": "tracing settings are not supported",
+    "LogSettings": "log settings are set at startup (LLMSERVE_DEBUG), not over the API",
+}
+
+
+def _param_value(p: pb.InferParameter) -> Any:
+    which = p.WhichOneof("parameter_choice")
+    return None if which is None else getattr(p, which)
+
+
+def _params(m) -> dict[str, Any]:
+    return {k: _param_value(v) for k, v in m.items()}
+
+
+def decode_request(request: pb.ModelInferRequest) -> tuple[list[DecodedTensor], dict[str, Any]]:
+    """Input tensors (from raw_input_contents or typed contents) and request parameters."""
+    from llmserve.serve.kserve.protocol import check_tensor_header
+
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise invalid(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+                      "send every input's data raw, or none")
+    tensors = []
+    for i, t in enumerate(request.inputs):
+        shape = list(t.shape)
+        check_tensor_header(t.name, t.datatype, shape)
+        if t.parameters:
+            raise invalid(f"input '{t.name}': tensor parameters ({', '.join(t.parameters)}) are not supported")
+        if raw:
+            if t.HasField("contents"):
+                raise invalid(f"input '{t.name}': data given both raw and in contents")
+            values = decode_raw(t.name, t.datatype, raw[i])
+        elif t.datatype == "BYTES":
+            values = list(t.contents.bytes_contents)
+        else:
+            values = list(t.contents.bool_contents)
+        tensors.append(DecodedTensor(t.name, t.datatype, shape, values))
+    for o in request.outputs:
+        if o.name != OUTPUT_NAME:
+            raise invalid(f"unknown output '{o.name}'; this model produces: {OUTPUT_NAME}")
+        if o.parameters:
+            raise invalid(f"output '{o.name}': output parameters ({', '.join(o.parameters)}) are not supported")
+    return tensors, _params(request.parameters)
+
+
+def infer_response(name: str, version: str, request_id: str, text: str, final: bool | None) -> pb.ModelInferResponse:
+    resp = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id)
+    out = resp.outputs.add()
+    out.name, out.datatype = OUTPUT_NAME, "BYTES"
+    out.shape.extend(OUTPUT_SHAPE)
+    resp.raw_output_contents.append(encode_bytes([text]))
+    if final is not None:
+        resp.parameters[FINAL_PARAM].bool_param = final
+    return resp
+
+
+def _config_proto(d: dict) -> mc.ModelConfig:
+    from google.protobuf import json_format
+
+    return json_format.ParseDict(d, mc.ModelConfig())
+
+
+class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, resolver: ModelResolver):
+        self.r = resolver
+
+    async def _abort(self, context: grpc.aio.ServicerContext, err: KServeError):
+        await context.abort(err.grpc_status, err.message)
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.r.server_ready())
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.r.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        m = server_metadata()
+        return pb.ServerMetadataResponse(name=m["name"], version=m["version"], extensions=m["extensions"])
+
+    async def ModelMetadata(self, request, context):
+        try:
+            served = self.r.resolve(request.name, request.version, for_inference=False)
+        except KServeError as err:
+            await self._abort(context, err)
+        m = model_metadata(served)
+        resp = pb.ModelMetadataResponse(name=m["name"], versions=m["versions"], platform=m["platform"])
+        for kind in ("inputs", "outputs"):
+            for t in m[kind]:
+                getattr(resp, kind).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        return resp
+
+    async def ModelConfig(self, request, context):
+        try:
+            served = self.r.resolve(request.name, request.version, for_inference=False)
+        except KServeError as err:
+            await self._abort(context, err)
+        return pb.ModelConfigResponse(config=_config_proto(model_config(served)))
+
+    async def ModelInfer(self, request, context):
+        try:
+            served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
+            tensors, params = decode_request(request)
+            req = build_generation(tensors, params, transport="grpc", streaming_transport=False)
+            text = await generate_text(served.handle, req, request.id)
+        except KServeError as err:
+            await self._abort(context, err)
+        return infer_response(served.name, served.version, request.id, text, None)
+
+    async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+        done = object()  # each producer (the reader, each request) puts it once when finished
+        active = 1
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
+                tensors, params = decode_request(request)
+                req = build_generation(tensors, params, transport="grpc", streaming_transport=True)
+                async for d in generate_deltas(served.handle, req, request.id):
+                    await queue.put(pb.ModelStreamInferResponse(
+                        infer_response=infer_response(served.name, served.version, request.id, d.text, d.final)))
+            except KServeError as err:
+                await queue.put(pb.ModelStreamInferResponse(error_message=err.message))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the stream
+                log.exception("stream request %s failed", request.id)
+                await queue.put(pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}"))
+            finally:
+                queue.put_nowait(done)
+
+        async def reader() -> None:
+            nonlocal active
+            try:
+                async for request in request_iterator:
+                    if not self.r.server_ready():
+                        # not ready (starting or draining): end the stream with UNAVAILABLE so the
+                        # client sees the status code, as unary ModelInfer does
+                        queue.put_nowait(not_ready())
+                        break
+                    active += 1
+                    task = asyncio.create_task(one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            finally:
+                queue.put_nowait(done)
+
+        read_task = asyncio.create_task(reader())
+        try:
+            while active:
+                item = await queue.get()
+                if item is done:
+                    active -= 1
+                    continue
+                if isinstance(item, KServeError):
+                    await self._abort(context, item)
+                yield item
+        finally:
+            read_task.cancel()
+            for t in list(tasks):
+                t.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(read_task, *tasks, return_exceptions=True)
+
+
+def _unimplemented(name: str):
+    why = UNIMPLEMENTED_WHY.get(name, "not part of this server's KServe v2 API")
+
+    async def rpc(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by llmserve: {why}")
+
+    rpc.__name__ = name
+    return rpc
+
+
+for _m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+    if _m.name not in IMPLEMENTED and not _m.client_streaming:
+        setattr(KServeServicer, _m.name, _unimplemented(_m.name))
+
+
+class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <key>` (or `x-api-key`) on every RPC but the health ones."""
+
+    def __init__(self, key: str):
+        self._key = key.encode()
+
+    async def intercept_service(self, continuation, details):
+        method = details.method.rsplit("/", 1)[-1]
+        if method in OPEN_RPCS:
+            return await continuation(details)
+        md = {k.lower(): v for k, v in (details.invocation_metadata or ())}
+        auth = md.get("authorization", "")
+        presented = auth[7:].strip() if auth[:7].lower() == "bearer " else md.get("x-api-key", "")
+        if isinstance(presented, str):
+            presented = presented.encode()
+        if presented and hmac.compare_digest(presented, self._key):
+            return await continuation(details)
+        handler = await continuation(details)
+        return _deny(handler)
+
+
+def _deny(handler):
+    msg = "missing or invalid API key: send metadata 'authorization: Bearer <key>'"
+
+    async def unary(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, msg)
+
+    async def stream(request_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, msg)
+        yield  # pragma: no cover
+
+    if handler is None:
+        return None
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(stream, handler.request_deserializer, handler.response_serializer)
+    return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
+
+
+class KServeGrpcFrontend:
+    """The Frontend (llmserve.serve.frontend) for KServe v2 over gRPC."""
+
+    name = "kserve-grpc"
+
+    def __init__(self, host: str, port: int, *, model_version: str | int | None = None, api_key: str | None = None,
+                 max_message_bytes: int = 8 * 1024 * 1024):
+        self.host, self.port = host, port
+        self.model_version = model_version
+        self._api_key = api_key
+        self.max_message_bytes = max_message_bytes
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"grpc://{host}:{self.port}"
+
+    async def start(self, readiness: Any) -> None:
+        from llmserve.serve.errors import StartupError
+
+        interceptors = [_ApiKeyInterceptor(self._api_key)] if self._api_key else []
+        server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ])
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(ModelResolver(readiness, self.model_version)),
+                                                           server)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        try:
+            port = server.add_insecure_port(f"{host}:{self.port}")
+        except RuntimeError as exc:
+            port = 0
+            cause = exc
+        else:
+            cause = None
+        if not port:
+            raise StartupError(f"cannot listen for gRPC on {self.host}:{self.port}" + (f": {cause}" if cause else ""),
+                               hint="Choose another --grpc-port, or stop the process that holds this one.")
+        self.port = port
+        await server.start()
+        self._server = server
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new RPCs, let in-flight ones finish within timeout_s, then cancel the rest."""
+        if self._server is None:
+            return
+        await self._server.stop(grace=timeout_s)
+        self._server = None

@@ -1,0 +1,330 @@
+"""Sampling settings for KServe v2 generation: every key is mapped to vLLM or rejected by name.
+
+A request carries settings in two places, and both go through this one table:
+  - the `sampling_parameters` input tensor: one JSON object (the Triton vLLM backend's convention);
+  - the request's `parameters` map (gRPC InferParameter / HTTP JSON `parameters`, and the generate
+    extension's `parameters` object).
+A key set in both places is refused (which one should win would be a guess). Values may be JSON
+typed or strings (Triton's own samples send "0.1" for temperature; gRPC parameters of list or
+object type arrive as JSON strings); they are converted and checked here.
+
+Mapping table (key -> vLLM 0.32 SamplingParams field):
+
+    temperature, top_p, top_k, min_p              -> same name        (number)
+    presence_penalty, frequency_penalty,
+    repetition_penalty                            -> same name        (number)
+    max_tokens, min_tokens, seed                  -> same name        (integer; max_tokens default 16)
+    stop                                          -> stop             (string or list of strings)
+    stop_token_ids, allowed_token_ids             -> same name        (list of integers)
+    bad_words                                     -> bad_words        (list of strings)
+    logit_bias                                    -> logit_bias       (object: token id -> bias)
+    ignore_eos, include_stop_str_in_output,
+    skip_special_tokens,
+    spaces_between_special_tokens                 -> same name        (boolean)
+    n                                             -> n, only 1        (text_output carries one text)
+    structured_outputs                            -> structured_outputs=StructuredOutputsParams(...)
+        an object with exactly one of: json (JSON schema, object or string), json_object (true),
+        regex, choice (list of strings), grammar (EBNF/Lark), structural_tag; plus the options
+        disable_additional_properties, disable_any_whitespace, whitespace_pattern.
+        This is the same guarantee the OpenAI API's `response_format` gives.
+
+Request-level keys that are not sampling settings (Triton reserved parameters):
+
+    priority                         -> AsyncLLM.generate(priority=...); refused unless the engine's
+                                        scheduling_policy is "priority" (fcfs would ignore it)
+    triton_enable_empty_final_response  accepted: the final response is always sent, flagged with
+                                        triton_final_response=true (see grpc_frontend.py)
+    binary_data_output               -> HTTP only: outputs in the binary tensor extension
+    sequence_id/_start/_end, timeout    refused with the reason (no sequence batching; use a client
+                                        deadline, which aborts the request in the engine)
+
+Refused with a pointer to the right key: logprobs and prompt_logprobs (text_output carries text
+only; /v1/completions returns them), best_of/use_beam_search, guided_* (use structured_outputs),
+response_format (OpenAI's name), stream / exclude_input_in_output (these are input tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from llmserve.serve.kserve.errors import invalid
+
+
+def _where(key: str, origin: str) -> str:
+    return f"{origin} key '{key}'"
+
+
+def _number(key: str, value: Any, origin: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise invalid(f"{_where(key, origin)}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid(f"{_where(key, origin)}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _integer(key: str, value: Any, origin: str) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise invalid(f"{_where(key, origin)}: expected an integer, got {value!r}") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"{_where(key, origin)}: expected an integer, got {value!r}")
+    return value
+
+
+def _boolean(key: str, value: Any, origin: str) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise invalid(f"{_where(key, origin)}: expected true or false, got {value!r}")
+    return value
+
+
+def _json_value(key: str, value: Any, origin: str) -> Any:
+    """Lists and objects may arrive as JSON text (gRPC string parameters, Triton samples)."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in ("[", "{"):
+            try:
+                return json.loads(stripped)
+            except ValueError as exc:
+                raise invalid(f"{_where(key, origin)}: not valid JSON: {exc}") from None
+    return value
+
+
+def _int_list(key: str, value: Any, origin: str) -> list[int]:
+    value = _json_value(key, value, origin)
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise invalid(f"{_where(key, origin)}: expected a list of integers, got {value!r}")
+    return value
+
+
+def _str_list(key: str, value: Any, origin: str) -> list[str]:
+    value = _json_value(key, value, origin)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise invalid(f"{_where(key, origin)}: expected a list of strings, got {value!r}")
+    return value
+
+
+def _stop(key: str, value: Any, origin: str) -> str | list[str]:
+    value = _json_value(key, value, origin)
+    if isinstance(value, str):
+        return value
+    return _str_list(key, value, origin)
+
+
+def _logit_bias(key: str, value: Any, origin: str) -> dict[int, float]:
+    value = _json_value(key, value, origin)
+    if not isinstance(value, dict):
+        raise invalid(f"{_where(key, origin)}: expected an object of token id -> bias, got {value!r}")
+    out: dict[int, float] = {}
+    for tok, bias in value.items():
+        out[_integer(f"{key}.{tok}", tok, origin)] = _number(f"{key}.{tok}", bias, origin)
+    return out
+
+
+def _n(key: str, value: Any, origin: str) -> int:
+    n = _integer(key, value, origin)
+    if n != 1:
+        raise invalid(f"{_where(key, origin)}: only n=1 is supported (text_output carries one generated text); "
+                      "send n separate requests instead")
+    return n
+
+
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+STRUCTURED_OPTIONS = {"disable_additional_properties": _boolean, "disable_any_whitespace": _boolean,
+                      "whitespace_pattern": None}
+
+
+def _structured(key: str, value: Any, origin: str) -> Any:
+    from vllm.sampling_params import StructuredOutputsParams
+
+    value = _json_value(key, value, origin)
+    if not isinstance(value, dict):
+        raise invalid(f"{_where(key, origin)}: expected an object with one of {', '.join(STRUCTURED_KINDS)}, "
+                      f"e.g. {{\"json\": {{\"type\": \"object\"}}}}")
+    unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(STRUCTURED_OPTIONS))
+    if unknown:
+        raise invalid(f"{_where(key, origin)}: unknown key(s) {', '.join(unknown)}; accepted: "
+                      f"{', '.join(STRUCTURED_KINDS + tuple(STRUCTURED_OPTIONS))}")
+    kinds = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
+    if len(kinds) != 1:
+        raise invalid(f"{_where(key, origin)}: give exactly one of {', '.join(STRUCTURED_KINDS)} "
+                      f"(got {', '.join(kinds) if kinds else 'none'})")
+    kind = kinds[0]
+    spec = value[kind]
+    args: dict[str, Any] = {}
+    if kind == "json":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except ValueError as exc:
+                raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema document: {exc}") from None
+        if not isinstance(spec, dict):
+            raise invalid(f"{_where(key, origin)}: 'json' must be a JSON schema object")
+        _check_schema(key, spec, origin)
+        args["json"] = spec
+    elif kind == "json_object":
+        if _boolean(f"{key}.json_object", spec, origin) is not True:
+            raise invalid(f"{_where(key, origin)}: 'json_object' must be true when given")
+        args["json_object"] = True
+    elif kind == "choice":
+        args["choice"] = _str_list(f"{key}.choice", spec, origin)
+    elif kind == "structural_tag":
+        args["structural_tag"] = spec if isinstance(spec, str) else json.dumps(spec)
+    else:
+        if not isinstance(spec, str):
+            raise invalid(f"{_where(key, origin)}: '{kind}' must be a string")
+        args[kind] = spec
+    for opt, conv in STRUCTURED_OPTIONS.items():
+        if value.get(opt) is not None:
+            if conv is None:
+                if not isinstance(value[opt], str):
+                    raise invalid(f"{_where(key, origin)}: '{opt}' must be a string")
+                args[opt] = value[opt]
+            else:
+                args[opt] = conv(f"{key}.{opt}", value[opt], origin)
+    try:
+        return StructuredOutputsParams(**args)
+    except (ValueError, TypeError) as exc:
+        raise invalid(f"{_where(key, origin)}: {exc}") from None
+
+
+def _check_schema(key: str, schema: dict, origin: str) -> None:
+    try:
+        import jsonschema
+    except ImportError:  # vLLM's structured-output backend validates it at admission instead
+        return
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema: {exc.message}") from None
+
+
+Converter = Callable[[str, Any, str], Any]
+
+# Key -> (SamplingParams field, converter). The documented table above, in code.
+SAMPLING_KEYS: dict[str, tuple[str, Converter]] = {
+    "temperature": ("temperature", _number),
+    "top_p": ("top_p", _number),
+    "top_k": ("top_k", _integer),
+    "min_p": ("min_p", _number),
+    "presence_penalty": ("presence_penalty", _number),
+    "frequency_penalty": ("frequency_penalty", _number),
+    "repetition_penalty": ("repetition_penalty", _number),
+    "max_tokens": ("max_tokens", _integer),
+    "min_tokens": ("min_tokens", _integer),
+    "seed": ("seed", _integer),
+    "stop": ("stop", _stop),
+    "stop_token_ids": ("stop_token_ids", _int_list),
+    "allowed_token_ids": ("allowed_token_ids", _int_list),
+    "bad_words": ("bad_words", _str_list),
+    "logit_bias": ("logit_bias", _logit_bias),
+    "ignore_eos": ("ignore_eos", _boolean),
+    "include_stop_str_in_output": ("include_stop_str_in_output", _boolean),
+    "skip_special_tokens": ("skip_special_tokens", _boolean),
+    "spaces_between_special_tokens": ("spaces_between_special_tokens", _boolean),
+    "n": ("n", _n),
+    "structured_outputs": ("structured_outputs", _structured),
+}
+
+# Keys a client may reasonably send that this frontend does not take, with where to go instead.
+REFUSED_KEYS: dict[str, str] = {
+    "logprobs": "text_output carries text only; use /v1/completions with logprobs",
+    "prompt_logprobs": "text_output carries text only; use /v1/completions with prompt_logprobs",
+    "best_of": "beam search / best_of is not supported; send n=1",
+    "use_beam_search": "beam search is not supported by this engine API",
+    "guided_json": "use structured_outputs: {\"json\": <schema>}",
+    "guided_regex": "use structured_outputs: {\"regex\": <pattern>}",
+    "guided_choice": "use structured_outputs: {\"choice\": [...]}",
+    "guided_grammar": "use structured_outputs: {\"grammar\": <grammar>}",
+    "guided_decoding": "use structured_outputs: {\"json\": <schema>} (vLLM 0.32 name)",
+    "response_format": "that is the OpenAI API's name; use structured_outputs: {\"json\": <schema>}",
+    "stream": "stream is an input tensor (BOOL [1]), not a sampling setting",
+    "exclude_input_in_output": "exclude_input_in_output is an input tensor (BOOL [1]), not a sampling setting",
+    "detokenize": "text_output needs detokenized text",
+    "output_kind": "the frontend chooses the output kind (deltas for streams)",
+}
+
+# Request-level parameters (not sampling settings).
+REQUEST_KEYS = ("priority", "triton_enable_empty_final_response", "binary_data_output")
+REFUSED_REQUEST_KEYS: dict[str, str] = {
+    "sequence_id": "sequence batching is not supported: an LLM's state is its prompt; send the whole text",
+    "sequence_start": "sequence batching is not supported: an LLM's state is its prompt; send the whole text",
+    "sequence_end": "sequence batching is not supported: an LLM's state is its prompt; send the whole text",
+    "timeout": "server-side request timeouts are not supported; set a client deadline (gRPC) or timeout (HTTP): "
+               "a cancelled request is aborted in the engine",
+}
+
+
+@dataclass
+class Settings:
+    """Sampling keyword arguments for SamplingParams plus the request-level settings."""
+
+    sampling: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    empty_final_response: bool = False
+    binary_data_output: bool | None = None
+
+
+def sampling_kwargs(values: dict[str, Any], origin: str, into: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if key in REFUSED_KEYS:
+            raise invalid(f"{_where(key, origin)} is not supported: {REFUSED_KEYS[key]}")
+        if key not in SAMPLING_KEYS:
+            raise invalid(f"{_where(key, origin)} is not a known sampling setting; accepted: "
+                          f"{', '.join(sorted(SAMPLING_KEYS))}")
+        target, convert = SAMPLING_KEYS[key]
+        if target in into:
+            raise invalid(f"{_where(key, origin)}: '{key}' is set both in the sampling_parameters tensor and in "
+                          "the request parameters; set it in one place")
+        if value is None:
+            continue
+        into[target] = convert(key, value, origin)
+
+
+def parse_sampling_tensor(text: str) -> dict[str, Any]:
+    try:
+        values = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise invalid(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise invalid("input 'sampling_parameters' must be a JSON object of sampling settings, "
+                      f"e.g. {{\"temperature\": 0, \"max_tokens\": 32}}; got {type(values).__name__}")
+    return values
+
+
+def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[str, Any], *,
+                   transport: str) -> Settings:
+    """Map the sampling_parameters tensor and the request parameters; refuse anything unknown."""
+    settings = Settings()
+    if tensor_values:
+        sampling_kwargs(tensor_values, "sampling_parameters", settings.sampling)
+    rest: dict[str, Any] = {}
+    for key, value in request_params.items():
+        if key in REFUSED_REQUEST_KEYS:
+            raise invalid(f"request parameter '{key}' is not supported: {REFUSED_REQUEST_KEYS[key]}")
+        if key == "priority":
+            settings.priority = _integer(key, value, "request parameter")
+        elif key == "triton_enable_empty_final_response":
+            settings.empty_final_response = _boolean(key, value, "request parameter")
+        elif key == "binary_data_output":
+            if transport != "http":
+                raise invalid("request parameter 'binary_data_output' belongs to the HTTP binary tensor extension; "
+                              "gRPC outputs are always raw")
+            settings.binary_data_output = _boolean(key, value, "request parameter")
+        elif key.startswith("triton_"):
+            raise invalid(f"request parameter '{key}' is a Triton-reserved parameter this server does not support")
+        else:
+            rest[key] = value
+    sampling_kwargs(rest, "request parameter", settings.sampling)
+    return settings
