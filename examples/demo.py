@@ -94,7 +94,7 @@ def main() -> int:
     step("serving it with the OpenAI API on the real vLLM engine (CPU)")
     port = free_port()
     log = open(WORK / "server.log", "w")
-    cmd = [LLMSERVE, "serve", built["path"], "--openai", "--port", str(port)]
+    cmd = [LLMSERVE, "serve", built["path"], "--openai", "--port", str(port), "--grpc-port", str(free_port())]
     print("$ " + " ".join(cmd[0:1]).replace(LLMSERVE, "llmserve") + " " + " ".join(cmd[1:]), flush=True)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:

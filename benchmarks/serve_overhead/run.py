@@ -113,7 +113,7 @@ def main() -> None:
     ports = {"llmserve": free_port(), "vllm": free_port()}
     so = json.dumps({"backend": "guidance", "disable_any_whitespace": True})
     cmds = {
-        "llmserve": [sys.executable, "-m", "llmserve.cli.app", "serve", str(src), "--openai", "--port", str(ports["llmserve"])],
+        "llmserve": [sys.executable, "-m", "llmserve.cli.app", "serve", str(src), "--openai", "--port", str(ports["llmserve"]), "--grpc-port", "0"],
         "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(src / "model"),
                  "--served-model-name", MODEL, "--port", str(ports["vllm"]), "--host", "127.0.0.1",
                  "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--structured-outputs-config", so],

@@ -15,7 +15,8 @@ def serve(
     package: Path = typer.Argument(..., help="A .llmpkg, an unpacked package folder or a source folder with llmserve.yaml."),
     openai: bool = typer.Option(False, "--openai", help="Serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. Default: loopback only."),
-    port: int = typer.Option(8000, "--port", help="HTTP port of the OpenAI frontend (0: any free port)."),
+    port: int = typer.Option(8000, "--port", help="HTTP port: OpenAI API and KServe v2 HTTP with --openai, KServe v2 HTTP alone without (0: any free port)."),
+    grpc_port: int = typer.Option(8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port)."),
     api_key: str = typer.Option(None, "--api-key", envvar=API_KEY_ENV, show_envvar=True,
                                 help="Require 'Authorization: Bearer KEY' on every route but /health."),
     served_model_name: str = typer.Option(None, "--served-model-name", help="Model id clients send. Default: the manifest's modelId."),
@@ -26,13 +27,18 @@ def serve(
     max_prompt_chars: int = typer.Option(200_000, "--max-prompt-chars", help="Longest prompt accepted, in characters (400 above)."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM/SIGINT."),
     metrics_dir: Path = typer.Option(None, "--metrics-dir", help="PROMETHEUS_MULTIPROC_DIR to wipe and use. Default: under the llmserve cache."),
+    constraints: bool = typer.Option(True, "--constraints/--no-constraints",
+                                     help="Load llmserve's constraint processor (per-request regex, choice or JSON Schema in "
+                                          "`vllm_xargs`, enforced in the decode loop). On by default for generating models; "
+                                          "without it a request carrying a constraint gets HTTP 400."),
 ) -> None:
-    """Serve a package: one process, one vLLM engine, OpenAI-compatible HTTP on --port.
+    """Serve a package: one process, one vLLM engine, OpenAI-compatible HTTP and KServe v2 HTTP/gRPC.
 
     The engine arguments come from the package's llmserve.yaml; the flags below override operational
     settings only. Startup steps are logged with their durations; /health answers 503 until the
     engine is ready, then 200. SIGTERM/SIGINT drain in-flight requests and exit 0.
-    The KServe v2 frontends are not in this build: --openai is required.
+    With --openai, --port serves the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...); without it,
+    --port serves KServe v2 HTTP only. KServe v2 gRPC (tritonclient.grpc) is on --grpc-port.
 
     Example:
 
@@ -49,10 +55,11 @@ def serve(
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     options = ServeOptions(
-        package=package, openai=openai, host=host, port=port, api_key=api_key or None,
+        package=package, openai=openai, host=host, port=port, grpc_port=grpc_port, api_key=api_key or None,
         served_model_name=served_model_name, kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_body_bytes=max_body_bytes,
         max_prompt_chars=max_prompt_chars, drain_timeout_s=drain_timeout, metrics_dir=metrics_dir,
+        constraints=constraints,
     )
     code = run_server(options)
     raise typer.Exit(code)

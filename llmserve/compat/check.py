@@ -7,7 +7,6 @@ fails; every failing row says what to do.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import platform
 from dataclasses import asdict, dataclass, field

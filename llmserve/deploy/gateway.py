@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from llmserve.deploy.state import SERVING, STOPPED, DeploymentLock, Member, Routes, StateStore
+from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, StateStore
 
 log = logging.getLogger("llmserve.gateway")
 

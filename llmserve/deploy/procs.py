@@ -115,4 +115,4 @@ def log_tail(path: str | Path | None, lines: int = 15) -> str:
 def serve_argv(package: str, port: int, drain_timeout: float, extra: list[str] | None = None) -> list[str]:
     """The real server: `llmserve serve PKG --openai --host 127.0.0.1 --port N`."""
     return [sys.executable, "-m", "llmserve.cli.app", "serve", package, "--openai", "--host", "127.0.0.1",
-            "--port", str(port), "--drain-timeout", f"{drain_timeout:g}", *(extra or [])]
+            "--port", str(port), "--grpc-port", "0", "--drain-timeout", f"{drain_timeout:g}", *(extra or [])]

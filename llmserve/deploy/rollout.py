@@ -16,7 +16,7 @@ from llmserve.deploy import procs
 from llmserve.deploy.errors import (DeployInputError, HealthCheckFailedError, InterfaceChangedError,
                                     RolloutFailedError)
 from llmserve.deploy.local import LocalTarget, without
-from llmserve.deploy.state import (DONE, FAILED, ROLLED_BACK, SERVING, STARTING, STOPPED, Deployment, DeploymentLock,
+from llmserve.deploy.state import (DONE, FAILED, ROLLED_BACK, SERVING, STARTING, Deployment, DeploymentLock,
                                    Member, Routes, Rollout, StateStore)
 
 RED_BLACK, VERSIONED = "red-black", "versioned"

@@ -22,7 +22,7 @@ from llmserve.errors import InvalidInputError, ManifestError, NotFoundError
 import os
 
 from llmserve.packaging.archive import PackageIndex, Source, write_archive
-from llmserve.spec.manifest import MANIFEST_NAME, Manifest, dump_manifest, load_manifest
+from llmserve.spec.manifest import MANIFEST_NAME, Manifest, dump_manifest
 from llmserve.spec.tensors import TRITON_DATA_TYPE, check_against_contract
 from llmserve.templating import render
 

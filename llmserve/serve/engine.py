@@ -16,7 +16,11 @@ from typing import Any
 
 from llmserve.packaging.local import OpenedPackage
 from llmserve.serve.errors import EngineArgsError, StartupError
-from llmserve.serve.options import OVERRIDABLE_ENGINE_ARGS
+from llmserve.serve.options import (
+    ADDITIVE_ENGINE_ARGS,
+    CONSTRAINT_PROCESSOR,
+    OVERRIDABLE_ENGINE_ARGS,
+)
 
 log = logging.getLogger("llmserve.serve")
 
@@ -37,6 +41,7 @@ class EngineHandle:
     supported_tasks: tuple[str, ...]
     max_model_len: int
     engine_args: dict[str, Any] = field(default_factory=dict)
+    constraints: bool = False  # llmserve's constraint processor runs in this engine
 
     @property
     def generates(self) -> bool:
@@ -55,11 +60,16 @@ class EngineHandle:
 
 
 def merged_engine_args(manifest_engine: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    overrides = dict(overrides)
+    added = {k: overrides.pop(k) for k in ADDITIVE_ENGINE_ARGS if k in overrides}
     bad = sorted(set(overrides) - set(OVERRIDABLE_ENGINE_ARGS))
     if bad:
         raise EngineArgsError(f"engine setting(s) {', '.join(bad)} cannot be overridden at serve time; "
                               f"overridable: {', '.join(OVERRIDABLE_ENGINE_ARGS)}")
     args = {**ENGINE_DEFAULTS, **manifest_engine, **overrides}
+    for key, extra in added.items():  # appended to the package's own list, never replacing it
+        own = list(args.get(key) or [])
+        args[key] = own + [x for x in extra if x not in own]
     so = dict(STRUCTURED_OUTPUTS_DEFAULT)
     so.update(args.get("structured_outputs_config") or {})
     args["structured_outputs_config"] = so
@@ -86,6 +96,66 @@ def _vllm_namespace(package: OpenedPackage, model_name: str, engine_args: dict[s
     return ns
 
 
+def _processor_plugin_installed() -> bool:
+    """The constraint processor is registered in the `vllm.logits_processors` entry-point group
+    (a package plugin): vLLM loads it from there, so it must not be given a second time."""
+    from importlib import metadata
+
+    return any(ep.value.replace(" ", "") == CONSTRAINT_PROCESSOR
+               for ep in metadata.entry_points(group="vllm.logits_processors"))
+
+
+def _settle_constraint_processor(eargs) -> None:
+    """Keep the constraint processor in the engine's logits processors only where vLLM can run it.
+
+    Pooling models and speculative decoding reject custom logits processors: the processor is left
+    out there (logged; a request carrying a constraint then gets a 400 saying why). With the V2
+    model runner forced on, starting would fail inside vLLM: refuse here with the way out.
+    """
+    procs = list(eargs.logits_processors or [])
+    if CONSTRAINT_PROCESSOR not in procs:
+        return
+    procs.remove(CONSTRAINT_PROCESSOR)
+    if _processor_plugin_installed():
+        eargs.logits_processors = procs or None
+        return
+    why = None
+    if eargs.speculative_config:
+        why = "speculative decoding is on, and vLLM runs no custom logits processors with it"
+    else:
+        try:
+            if eargs.create_model_config().runner_type == "pooling":
+                why = "a pooling model: vLLM runs no logits processors on it"
+        except Exception as exc:  # noqa: BLE001 - the engine build below reports a bad model config
+            log.debug("model config not readable before the engine build: %s", exc)
+    if why:
+        log.info("startup: engine      constraint processor left out: %s", why)
+        eargs.logits_processors = procs or None
+        return
+    from llmserve.constraints.vllm_processor import check_engine_env
+
+    problems = check_engine_env()
+    if problems:
+        raise EngineArgsError("; ".join(problems),
+                              hint="Unset VLLM_USE_V2_MODEL_RUNNER, or serve with --no-constraints.")
+
+
+def constraint_status(engine) -> tuple[bool, str]:
+    """(loaded, why not) for the constraint processor, read from the engine's own configuration."""
+    mc = engine.model_config
+    if mc.runner_type == "pooling":
+        return False, "this is a pooling model"
+    if getattr(engine.vllm_config, "speculative_config", None):
+        return False, "speculative decoding is on"
+    for proc in mc.logits_processors or []:
+        path = proc if isinstance(proc, str) else f"{proc.__module__}:{proc.__qualname__}"
+        if path == CONSTRAINT_PROCESSOR:
+            return True, ""
+    if _processor_plugin_installed():
+        return True, ""
+    return False, "the server was started with --no-constraints"
+
+
 def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]):
     """Construct AsyncLLM (blocking: loads weights, profiles, allocates the KV cache)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -95,6 +165,10 @@ def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str,
     ns = _vllm_namespace(package, model_name, engine_args)
     try:
         eargs = AsyncEngineArgs.from_cli_args(ns)
+    except (ValueError, TypeError) as exc:
+        raise EngineArgsError(f"vLLM refused the engine arguments: {exc}") from exc
+    _settle_constraint_processor(eargs)
+    try:
         engine = AsyncLLM.from_engine_args(eargs, usage_context=UsageContext.OPENAI_API_SERVER)
     except (ValueError, TypeError) as exc:
         raise EngineArgsError(f"vLLM refused the engine arguments: {exc}") from exc
@@ -108,11 +182,22 @@ async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any
     from starlette.datastructures import State
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
+    from llmserve.serve.openai.fields import set_constraint_support
+
     tasks = tuple(await engine.get_supported_tasks())
     state = State()
     await init_app_state(engine, state, ns, tasks)
+    constraints, why_not = constraint_status(engine)
+    set_constraint_support(constraints, why_not)
+    if constraints:
+        log.info("startup: engine      constraint processor loaded (%s): requests may carry "
+                 "vllm_xargs constraint keys", CONSTRAINT_PROCESSOR)
+    else:
+        log.info("startup: engine      constraint processor not loaded: %s; a request carrying a "
+                 "constraint gets HTTP 400", why_not)
     return EngineHandle(engine=engine, state=state, model_name=model_name, supported_tasks=tasks,
-                        max_model_len=engine.model_config.max_model_len, engine_args=engine_args)
+                        max_model_len=engine.model_config.max_model_len, engine_args=engine_args,
+                        constraints=constraints)
 
 
 async def start_engine(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]) -> EngineHandle:

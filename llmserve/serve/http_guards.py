@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from llmserve.serve.openai.errors import error_body
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
-OPEN_PATHS = frozenset({"/health"})
+# Health probes stay open when an API key is set (load balancers and Kubernetes probe without one).
+OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})
 
 
 class BodyTooLarge(Exception):
@@ -27,6 +28,14 @@ async def _send_json(send: Callable, status: int, body: dict, headers: list | No
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                             *(headers or [])]})
     await send({"type": "http.response.body", "body": data})
+
+
+def _guard_error(path: str, status: int, message: str, code: str) -> dict:
+    # Each protocol's clients parse their own error shape: KServe v2 (tritonclient) expects
+    # {"error": "<message>"}, OpenAI clients {"error": {"message": ..., "type": ..., "code": ...}}.
+    if path == "/v2" or path.startswith("/v2/"):
+        return {"error": message}
+    return error_body(status, message, None, code)
 
 
 def _presented_key(headers: dict[bytes, bytes]) -> bytes | None:
@@ -53,13 +62,13 @@ class Guards:
         if self._key is not None and scope.get("path") not in OPEN_PATHS:
             presented = _presented_key(headers)
             if presented is None or not hmac.compare_digest(presented, self._key):
-                await _send_json(send, 401, error_body(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                                       None, "invalid_api_key"),
+                await _send_json(send, 401, _guard_error(scope.get("path", ""), 401, "missing or invalid API key: send "
+                                                         "'Authorization: Bearer <key>'", "invalid_api_key"),
                                  [(b"www-authenticate", b"Bearer")])
                 return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._too_large(send)
+            await self._too_large(send, scope.get("path", ""))
             return
         seen = 0
         started = False
@@ -83,8 +92,8 @@ class Guards:
             await self.app(scope, counted_receive, tracked_send)
         except BodyTooLarge:
             if not started:
-                await self._too_large(send)
+                await self._too_large(send, scope.get("path", ""))
 
-    async def _too_large(self, send: Callable) -> None:
-        await _send_json(send, 413, error_body(413, f"the request body exceeds this server's limit of "
-                                               f"{self.max_body_bytes} bytes (--max-body-bytes)", None, "request_too_large"))
+    async def _too_large(self, send: Callable, path: str) -> None:
+        await _send_json(send, 413, _guard_error(path, 413, f"the request body exceeds this server's limit of "
+                                                 f"{self.max_body_bytes} bytes (--max-body-bytes)", "request_too_large"))

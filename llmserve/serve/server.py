@@ -23,38 +23,35 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from llmserve.serve.errors import FrontendUnavailableError
 from llmserve.serve.options import ServeOptions
 
 log = logging.getLogger("llmserve.serve")
 
-KSERVE_MISSING = ("the KServe v2 frontends (HTTP and gRPC) are not in this build; only the OpenAI-compatible "
-                  "frontend is available")
-
-
 def frontend_factories() -> dict[str, Callable]:
-    """Frontends this build contains, by name. A new frontend registers its factory here."""
+    """Frontends this build contains, by name: factory(options, metrics, package) -> Frontend."""
+    from llmserve.serve.kserve import KServeGrpcFrontend, KServeHttpFrontend
     from llmserve.serve.openai.frontend import OpenAIFrontend
 
-    def openai(options: ServeOptions, metrics) -> OpenAIFrontend:
+    def openai(options: ServeOptions, metrics, package) -> OpenAIFrontend:
+        # The KServe v2 HTTP routes share the OpenAI app's port.
         return OpenAIFrontend(options.host, options.port, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                              max_prompt_chars=options.max_prompt_chars, metrics=metrics)
+                              max_prompt_chars=options.max_prompt_chars, metrics=metrics,
+                              kserve_model_version=package.manifest.modelVersion)
 
-    return {"openai": openai}
+    def kserve_http(options: ServeOptions, metrics, package) -> KServeHttpFrontend:
+        return KServeHttpFrontend(options.host, options.port, model_version=package.manifest.modelVersion,
+                                  api_key=options.api_key, max_body_bytes=options.max_body_bytes)
+
+    def kserve_grpc(options: ServeOptions, metrics, package) -> KServeGrpcFrontend:
+        return KServeGrpcFrontend(options.host, options.grpc_port, model_version=package.manifest.modelVersion,
+                                  api_key=options.api_key, max_message_bytes=options.max_body_bytes)
+
+    return {"openai": openai, "kserve-http": kserve_http, "kserve-grpc": kserve_grpc}
 
 
 def requested_frontends(options: ServeOptions) -> list[str]:
-    available = frontend_factories()
-    if not options.openai:
-        raise FrontendUnavailableError(
-            KSERVE_MISSING + ", and it is started with --openai",
-            hint=f"Run `llmserve serve {options.package} --openai`.")
-    names = ["openai"]
-    if options.kserve and "kserve" in available:
-        names.append("kserve")
-    elif options.kserve:
-        log.warning("%s; serving OpenAI only", KSERVE_MISSING)
-    return names
+    """With --openai: OpenAI + KServe v2 HTTP on one port, KServe v2 gRPC on another; else KServe v2 only."""
+    return ["openai", "kserve-grpc"] if options.openai else ["kserve-http", "kserve-grpc"]
 
 
 class StepLog:
@@ -108,7 +105,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
         with steps.step("listen", ", ".join(names)):
             factories = frontend_factories()
             for name in names:
-                frontend = factories[name](options, metrics)
+                frontend = factories[name](options, metrics, package)
                 await frontend.start(readiness)
                 started.append(frontend)
                 log.info("startup: listen      %s frontend on %s (not ready)", name, frontend.address)

@@ -3,25 +3,13 @@ and small plugin and package sources written per test."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-GOLDEN = HERE / "golden"
-DATA = HERE / "data"
-LLMSERVE = str(Path(sys.executable).parent / "llmserve")
-
-# A vLLM release that still has vllm.engine.metrics: the one Triton 25.09's image ships.
-OLD_VLLM = "0.10.1.1"
-
-
-def wheel_cache() -> Path:
-    return Path(os.environ.get("LLMSERVE_TEST_WHEELS") or Path.home() / ".cache" / "llmserve-test-wheels")
+from compat_helpers import OLD_VLLM, wheel_cache  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -41,32 +29,3 @@ def old_vllm_wheel() -> Path:
     return found[0]
 
 
-def run_cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "COLUMNS": "250", **(env or {})}
-    return subprocess.run([LLMSERVE, *map(str, args)], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("LLMSERVE_UPDATE_GOLDEN") == "1":
-        path.write_text(text, encoding="utf-8")
-    assert path.read_text(encoding="utf-8") == text, f"{name} differs from the golden file (LLMSERVE_UPDATE_GOLDEN=1 to accept)"
-
-
-def write_source(root: Path, *, plugins: dict[str, dict[str, str]] | None = None, group: str = "vllm.logits_processors",
-                 entry: str = "proc_plugin.processor:Proc", extra: str = "", backend: str = "vllm") -> Path:
-    """A package source folder (fake weights: check-compat never reads them) with plugin code."""
-    (root / "model").mkdir(parents=True, exist_ok=True)
-    (root / "model" / "config.json").write_text("{}")
-    (root / "model" / "model.safetensors").write_bytes(b"\0" * 16)
-    text = f"modelId: demo\nmodelVersion: 1\nbackend: {backend}\n"
-    for name, files in (plugins or {}).items():
-        for rel, body in files.items():
-            p = root / "plugins" / name / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(textwrap.dedent(body))
-    if plugins:
-        text += "plugins:\n" + "".join(
-            f"  - name: {name}\n    source: plugins/{name}\n    entryPoint: {entry}\n    group: {group}\n" for name in plugins)
-    (root / "llmserve.yaml").write_text(text + extra)
-    return root

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, run_cli, write_source
+from compat_helpers import DATA, run_cli, write_source
 from llmserve.compat import run_checks
 from llmserve.compat.resolve import resolve_lock
 

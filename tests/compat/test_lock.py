@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import DATA, check_golden, run_cli
+from compat_helpers import DATA, check_golden, run_cli
 from llmserve.compat.resolve import export_requirements, read_requirements, resolve_lock
 from llmserve.spec.lock import load_lock, parse_lock
 

@@ -15,7 +15,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import engine_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")

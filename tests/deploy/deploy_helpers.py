@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pytest
 
 
 def _root_conftest():

@@ -52,9 +52,11 @@ def free_port() -> int:
 
 
 class RunningServer:
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path, api_key: str | None):
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path, api_key: str | None, grpc_port: int | None = None):
         self.proc, self.port, self.log, self.api_key = proc, port, log, api_key
         self.base_url = f"http://127.0.0.1:{port}"
+        self.grpc_port = grpc_port
+        self.grpc_url = f"127.0.0.1:{grpc_port}"
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -64,16 +66,17 @@ class RunningServer:
 
 
 def start_server(package: Path, log: Path, *, api_key: str | None, env_extra: dict | None = None,
-                 args: tuple[str, ...] = (), ready_timeout: float = 240) -> RunningServer:
-    port = free_port()
+                 args: tuple[str, ...] = (), ready_timeout: float = 240, openai: bool = True) -> RunningServer:
+    port, grpc_port = free_port(), free_port()
     env = {**os.environ, **(env_extra or {})}
     env.pop("LLMSERVE_API_KEY", None)
     if api_key:
         env["LLMSERVE_API_KEY"] = api_key  # through the environment, so it never shows in `ps`
-    cmd = [sys.executable, "-m", "llmserve.cli.app", "serve", str(package), "--openai", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "llmserve.cli.app", "serve", str(package), *(["--openai"] if openai else []),
+           "--port", str(port), "--grpc-port", str(grpc_port), *args]
     fh = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    server = RunningServer(proc, port, log, api_key)
+    server = RunningServer(proc, port, log, api_key, grpc_port)
     seen_503 = False
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:

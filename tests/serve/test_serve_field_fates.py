@@ -5,7 +5,6 @@ Honoured fields take effect (checked where cheap); rejected fields give 400 nami
 
 from __future__ import annotations
 
-import typing
 
 import pytest
 from openai.types import completion_create_params, embedding_create_params

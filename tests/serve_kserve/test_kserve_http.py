@@ -227,7 +227,6 @@ def test_generate_malformed_json_and_unknown_model(http, kserve_server):
 
 def test_router_mounts_on_another_app(kserve_server):
     """The same routes on a host app (as the OpenAI app mounts them), in-process via ASGI."""
-    import asyncio
 
     import httpx
     from fastapi import FastAPI

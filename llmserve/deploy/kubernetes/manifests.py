@@ -19,6 +19,7 @@ A_MODEL_ID = f"{LABEL_PREFIX}/model-id"
 A_SUPERSEDED = f"{LABEL_PREFIX}/superseded-at"
 
 SERVER_PORT = 8000
+GRPC_PORT = 8001  # KServe v2 gRPC (tritonclient.grpc), Triton's default
 
 
 @dataclass
@@ -53,7 +54,7 @@ def deployment(*, namespace: str, object_name: str, name: str, strategy: str, ve
         labels[L_COLOR] = color
     selector = {L_DEPLOYMENT: name, L_STRATEGY: strategy, L_VERSION: str(version)} | ({L_COLOR: color} if color else {})
     package_uri = spec.package_uri or f"/models/{package.rsplit('/', 1)[-1]}"
-    args = ["serve", package_uri, "--host", "0.0.0.0", "--port", str(SERVER_PORT),
+    args = ["serve", package_uri, "--host", "0.0.0.0", "--port", str(SERVER_PORT), "--grpc-port", str(GRPC_PORT),
             "--drain-timeout", f"{drain_timeout_s:g}", *spec.serve_args]
     requests = {"cpu": spec.cpu, "memory": spec.memory}
     limits = {}
@@ -68,7 +69,7 @@ def deployment(*, namespace: str, object_name: str, name: str, strategy: str, ve
                   service_account=spec.service_account, node_selector=spec.node_selector, gpus=spec.gpus,
                   image=spec.image, args=args, env=[{"name": "LLMSERVE_DEPLOYMENT", "value": name},
                                                     {"name": "HF_HUB_OFFLINE", "value": "1"}],
-                  port=SERVER_PORT, probe_period_s=5, startup_failures=max(1, int(health_timeout_s // 5)),
+                  port=SERVER_PORT, grpc_port=GRPC_PORT, probe_period_s=5, startup_failures=max(1, int(health_timeout_s // 5)),
                   requests=requests, limits=limits, models_pvc=spec.models_pvc)
     return yaml.safe_load(text)
 

@@ -35,6 +35,10 @@ def state_name(name: str) -> str:
     return f"{name}-llmserve"
 
 
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
 class ClusterState:
     def __init__(self, cluster: Cluster, name: str):
         self.c = cluster
@@ -92,7 +96,7 @@ class ClusterState:
                 return st
             except ApiException as exc:
                 if exc.status != 409:
-                    api_call("write the deployment state", lambda: (_ for _ in ()).throw(exc))
+                    api_call("write the deployment state", _raise, exc)  # translated into KubernetesAPIError
             time.sleep(0.05)
         raise KubernetesAPIError(f"could not write ConfigMap {self.cm_name}: conflicting writers")
 
@@ -208,7 +212,7 @@ class LeaseLock:
                     return True
             except ApiException as exc:
                 if exc.status not in (409, 422):
-                    api_call("take the deployment lease", lambda: (_ for _ in ()).throw(exc))
+                    api_call("take the deployment lease", _raise, exc)  # translated into KubernetesAPIError
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.5)

@@ -19,18 +19,16 @@ Errors are {"error": "<message>"} with 400 (bad request), 404 (unknown model/ver
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gzip
 import json
 import logging
-import socket
 import zlib
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.kserve.errors import UNIMPLEMENTED, KServeError, invalid, not_found
 from llmserve.serve.kserve.generation import Delta, generate_deltas, generate_text
 from llmserve.serve.kserve.protocol import (
@@ -357,69 +355,20 @@ def build_app(readiness: Any, *, model_version: str | int | None = None) -> Fast
     return app
 
 
-class KServeHttpFrontend:
+class KServeHttpFrontend(UvicornFrontend):
     """The Frontend (llmserve.serve.frontend) for KServe v2 over HTTP, on its own port."""
 
     name = "kserve-http"
 
     def __init__(self, host: str, port: int, *, model_version: str | int | None = None, api_key: str | None = None,
                  max_body_bytes: int = 8 * 1024 * 1024):
-        self.host, self.port = host, port
+        super().__init__(host, port)
         self.model_version = model_version
         self._api_key = api_key
         self.max_body_bytes = max_body_bytes
-        self._server = None
-        self._task: asyncio.Task | None = None
 
-    @property
-    def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    async def start(self, readiness: Any) -> None:
-        import uvicorn
-
-        from llmserve.serve.errors import StartupError
+    def build(self, readiness: Any) -> Any:
         from llmserve.serve.http_guards import Guards
 
-        app = Guards(build_app(readiness, model_version=self.model_version), api_key=self._api_key,
-                     max_body_bytes=self.max_body_bytes)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise StartupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
-                               hint="Choose another --http-port, or stop the process that holds this one.") from exc
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=5)
-
-        class _Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):  # the server process owns SIGTERM/SIGINT
-                yield
-
-        server = _Server(config)
-        self._server = server
-        self._task = asyncio.create_task(server.serve(sockets=[sock]), name="kserve-http-frontend")
-        while not server.started:
-            if self._task.done():
-                self._task.result()
-                raise StartupError("the KServe v2 HTTP frontend stopped while starting")
-            await asyncio.sleep(0.01)
-
-    async def drain(self, timeout_s: float) -> None:
-        if self._server is None or self._task is None:
-            return
-        self._server.config.timeout_graceful_shutdown = timeout_s
-        self._server.should_exit = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout_s + 5)
-        except asyncio.TimeoutError:
-            log.warning("kserve http frontend: in-flight requests still open after %.0f s; closing them", timeout_s)
-            self._server.force_exit = True
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        return Guards(build_app(readiness, model_version=self.model_version), api_key=self._api_key,
+                      max_body_bytes=self.max_body_bytes)
