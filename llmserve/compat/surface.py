@@ -38,13 +38,13 @@ class VllmSource:
     name: str
     version: str
 
-    def read(self, relpath: str) -> str | None:  # pragma: no cover - interface
+    def read(self, relpath: str) -> str | None:  # pragma: no cover - abstract: each source reads its own way
         raise NotImplementedError
 
     def exists(self, relpath: str) -> bool:
         return self.read(relpath) is not None
 
-    def is_dir(self, relpath: str) -> bool:  # pragma: no cover - interface
+    def is_dir(self, relpath: str) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def describe(self) -> str:

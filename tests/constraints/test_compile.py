@@ -158,7 +158,6 @@ def test_regex_dfa_is_minimal_for_simple_patterns():
 
 
 def test_request_forms(monkeypatch):
-    pytest.importorskip("vllm")
     from vllm import SamplingParams
 
     from llmserve.constraints.vllm_processor import ConstraintLogitsProcessor, request_constraint
