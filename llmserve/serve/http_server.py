@@ -8,6 +8,7 @@ shutdown bounded by the drain timeout.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -19,7 +20,7 @@ from llmserve.serve.errors import StartupError
 log = logging.getLogger("llmserve.serve")
 
 
-class UvicornFrontend:
+class UvicornFrontend(abc.ABC):
     name = "http"
     port_flag = "--port"
 
@@ -33,9 +34,9 @@ class UvicornFrontend:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @abc.abstractmethod
     def build(self, readiness: Any) -> Any:
         """The ASGI app to serve (with its guards)."""
-        raise NotImplementedError  # abstract: each frontend builds its own app
 
     async def start(self, readiness: Any) -> None:
         import uvicorn
