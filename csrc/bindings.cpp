@@ -6,9 +6,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <stdexcept>
 
 #include "core.h"
+#include "dfa.h"
 
 namespace py = pybind11;
 using namespace llmserve;
@@ -21,7 +23,7 @@ T* buffer_of(py::array& a, int ndim, const char* what, bool writable) {
       a.itemsize() != sizeof(T))
     throw std::invalid_argument(std::string(what) + ": wrong dtype");
   if (a.ndim() != ndim) throw std::invalid_argument(std::string(what) + ": wrong number of dimensions");
-  if (a.strides(ndim - 1) != static_cast<py::ssize_t>(sizeof(T)))
+  if (a.size() > 0 && a.strides(ndim - 1) != static_cast<py::ssize_t>(sizeof(T)))
     throw std::invalid_argument(std::string(what) + ": last dimension must be contiguous");
   if (writable && !a.writeable()) throw std::invalid_argument(std::string(what) + ": read-only");
   return static_cast<T*>(writable ? a.mutable_data() : const_cast<void*>(a.data()));
@@ -215,13 +217,15 @@ PYBIND11_MODULE(_core, m) {
       py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("nthreads") = 0);
 
   py::class_<PyGrammar>(m, "Grammar")
-      .def(py::init([](const PyVocab& v, py::array table, py::array accept, py::array masks, int32_t start) {
+      .def(py::init([](const PyVocab& v, py::array table, py::array accept, py::array masks, int32_t start,
+                       bool ready) {
              PyGrammar g;
              g.g = std::make_shared<Grammar>();
              g.g->vocab = v.v;
              g.g->table = buffer_of<int32_t>(table, 2, "table", false);
              g.g->accept = buffer_of<uint8_t>(accept, 1, "accept", false);
-             g.g->masks = buffer_of<uint32_t>(masks, 2, "masks", false);
+             // a lazy grammar writes its rows as they are first needed
+             g.g->masks = buffer_of<uint32_t>(masks, 2, "masks", !ready);
              g.g->S = table.shape(0);
              g.g->start = start;
              if (table.shape(1) != 256 || accept.shape(0) != g.g->S || masks.shape(0) != g.g->S + 1 ||
@@ -231,12 +235,31 @@ PYBIND11_MODULE(_core, m) {
              const int32_t* t = g.g->table;
              for (int64_t i = 0; i < g.g->S * 256; ++i)
                if (t[i] < -1 || t[i] >= g.g->S) throw std::invalid_argument("table entry out of range");
+             g.g->init(ready);
              g.table = table;
              g.accept = accept;
              g.masks = masks;
              return g;
            }),
-           py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0)
+           py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0,
+           py::arg("ready") = true)
+      .def(
+          "ensure",
+          [](const PyGrammar& g, int64_t state) {
+            const int64_t r = state < 0 ? g.g->S : state;
+            if (r > g.g->S) throw std::out_of_range("state");
+            py::gil_scoped_release nogil;
+            g.g->ensure(r);
+          },
+          py::arg("state"), "Compute the mask row of `state` (-1: the dead row) if it is not ready yet.")
+      .def(
+          "complete",
+          [](const PyGrammar& g, int nthreads) {
+            py::gil_scoped_release nogil;
+            g.g->complete(nthreads);
+          },
+          py::arg("nthreads") = 0, "Compute every missing mask row (nthreads=1: on this thread only).")
+      .def_property_readonly("ready_rows", [](const PyGrammar& g) { return g.g->ready_rows(); })
       .def("step", [](const PyGrammar& g, int32_t state, int64_t token) { return g.g->step(state, token); })
       .def("walk",
            [](const PyGrammar& g, int32_t state, const std::vector<int64_t>& tokens) {
@@ -259,6 +282,45 @@ PYBIND11_MODULE(_core, m) {
            py::arg("nthreads") = 0)
       .def("row", &PyBatch::row)
       .def_property_readonly("capacity", &PyBatch::size);
+
+  m.def(
+      "build_dfa",
+      [](py::array eps_off, py::array eps, py::array edge_off, py::array edges, int32_t start, int32_t final_state,
+         int64_t max_states) {
+        NfaView nfa;
+        nfa.n = eps_off.shape(0) - 1;
+        nfa.eps_off = buffer_of<int64_t>(eps_off, 1, "eps_off", false);
+        nfa.eps = buffer_of<int32_t>(eps, 1, "eps", false);
+        nfa.edge_off = buffer_of<int64_t>(edge_off, 1, "edge_off", false);
+        nfa.edges = buffer_of<int32_t>(edges, 1, "edges", false);
+        nfa.start = start;
+        nfa.final_state = final_state;
+        if (nfa.n <= 0 || edge_off.shape(0) != nfa.n + 1 || start < 0 || start >= nfa.n || final_state < 0 ||
+            final_state >= nfa.n || nfa.eps_off[nfa.n] > eps.shape(0) || nfa.edge_off[nfa.n] * 3 > edges.shape(0))
+          throw std::invalid_argument("malformed NFA arrays");
+        for (int64_t k = 0; k < nfa.eps_off[nfa.n]; ++k)
+          if (nfa.eps[k] < 0 || nfa.eps[k] >= nfa.n) throw std::invalid_argument("NFA epsilon target out of range");
+        for (int64_t k = 0; k < nfa.edge_off[nfa.n]; ++k) {
+          const int32_t lo = nfa.edges[3 * k], hi = nfa.edges[3 * k + 1], to = nfa.edges[3 * k + 2];
+          if (lo < 0 || hi > 255 || lo > hi || to < 0 || to >= nfa.n) throw std::invalid_argument("NFA edge out of range");
+        }
+        Dfa d;
+        try {
+          py::gil_scoped_release nogil;
+          Dfa raw = determinize(nfa, max_states);
+          d = minimize(raw.table.data(), raw.accept.data(), raw.states());
+        } catch (const DfaError& e) {
+          throw py::value_error(e.message);
+        }
+        py::array_t<int32_t> table({static_cast<py::ssize_t>(d.states()), static_cast<py::ssize_t>(256)});
+        std::memcpy(table.mutable_data(), d.table.data(), d.table.size() * sizeof(int32_t));
+        py::array_t<uint8_t> accept(static_cast<py::ssize_t>(d.states()));
+        std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
+        return py::make_tuple(table, accept);
+      },
+      py::arg("eps_off"), py::arg("eps"), py::arg("edge_off"), py::arg("edges"), py::arg("start"),
+      py::arg("final"), py::arg("max_states"),
+      "Subset construction, trimming and minimisation of a byte NFA; (table int32[S,256], accept uint8[S]).");
 
   m.def(
       "apply_bitmask",

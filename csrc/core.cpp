@@ -126,61 +126,123 @@ Vocab::Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vecto
   }
   max_len_ = 0;
   for (int64_t i = 0; i < size_; ++i) max_len_ = std::max(max_len_, len(i));
+  build_trie();
+}
+
+void Vocab::build_trie() {
+  // order_ is sorted by bytes, which is the trie's preorder: each token opens nodes for its bytes
+  // past the prefix it shares with the previous token, closing the deeper nodes of that one.
+  std::vector<int32_t> path;  // path[d] = open node at depth d + 1
+  std::vector<int32_t> tok_node;
+  for (size_t k = 0; k < order_.size(); ++k) {
+    const int32_t t = order_[k];
+    const int64_t n = len(t), l = k ? lcp_[k] : 0;
+    while (static_cast<int64_t>(path.size()) > l) {
+      trie_end_[path.back()] = static_cast<int32_t>(trie_byte_.size());
+      path.pop_back();
+    }
+    const uint8_t* p = ptr(t);
+    for (int64_t d = l; d < n; ++d) {
+      path.push_back(static_cast<int32_t>(trie_byte_.size()));
+      trie_byte_.push_back(p[d]);
+      trie_depth_.push_back(static_cast<int32_t>(d + 1));
+      trie_end_.push_back(0);
+    }
+    tok_node.push_back(path.back());  // l == n only for a duplicate of the previous token's bytes
+    trie_tok_.push_back(t);
+  }
+  while (!path.empty()) {
+    trie_end_[path.back()] = static_cast<int32_t>(trie_byte_.size());
+    path.pop_back();
+  }
+  trie_tok_off_.assign(trie_byte_.size() + 1, 0);
+  for (int32_t node : tok_node) ++trie_tok_off_[node + 1];
+  for (size_t i = 0; i < trie_byte_.size(); ++i) trie_tok_off_[i + 1] += trie_tok_off_[i];
+}
+
+void Vocab::state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const {
+  std::memset(out, 0, words_ * sizeof(uint32_t));
+  stack[0] = s;
+  const int32_t n = static_cast<int32_t>(trie_byte_.size());
+  const uint8_t* byte = trie_byte_.data();
+  const int32_t* depth = trie_depth_.data();
+  const int32_t* end = trie_end_.data();
+  const int32_t* off = trie_tok_off_.data();
+  const int32_t* tok = trie_tok_.data();
+  for (int32_t i = 0; i < n;) {
+    const int32_t d = depth[i];
+    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + byte[i]];
+    if (cur < 0) {
+      i = end[i];
+      continue;
+    }
+    stack[d] = cur;
+    for (int32_t k = off[i]; k < off[i + 1]; ++k) out[tok[k] >> 5] |= 1u << (tok[k] & 31);
+    ++i;
+  }
 }
 
 // ------------------------------------------------------------------------------------------ compile
 
-void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,
-                   int nthreads) {
+namespace {
+int32_t* stack_for(const Vocab& v) {
+  thread_local std::vector<int32_t> st;
+  if (st.size() < static_cast<size_t>(v.max_len() + 2)) st.resize(v.max_len() + 2);
+  return st.data();
+}
+
+void state_row(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, int64_t s, uint32_t* m) {
   const int64_t W = v.words();
-  auto one_state = [&](int64_t s, std::vector<int32_t>& st) {
-    uint32_t* m = out + s * W;
+  if (s == S) {  // the dead row: end of sequence only
     std::memset(m, 0, W * sizeof(uint32_t));
-    const auto& order = v.order();
-    const auto& lcp = v.lcp();
-    int64_t depth_ok = 0;  // st[0..depth_ok] hold live states along the previous token's bytes
-    bool dead = false;     // the previous token died at byte depth_ok
-    st[0] = static_cast<int32_t>(s);
-    for (size_t k = 0; k < order.size(); ++k) {
-      const int32_t t = order[k];
-      const int64_t l = lcp[k];
-      if (dead && l > depth_ok) continue;  // shares the dead prefix
-      int64_t d = std::min<int64_t>(l, depth_ok);
-      const uint8_t* p = v.ptr(t);
-      const int64_t n = v.len(t);
-      dead = false;
-      int32_t cur = st[d];
-      for (; d < n; ++d) {
-        cur = table[static_cast<int64_t>(cur) * 256 + p[d]];
-        if (cur < 0) break;
-        st[d + 1] = cur;
-      }
-      if (d < n) {
-        depth_ok = d;
-        dead = true;
-      } else {
-        depth_ok = n;
-        m[t >> 5] |= 1u << (t & 31);
-      }
-    }
+  } else {
+    v.state_mask(table, static_cast<int32_t>(s), m, stack_for(v));
     bool any = false;
     for (int64_t w = 0; w < W && !any; ++w) any = m[w] != 0;
-    if (accept[s] || !any)
-      for (int32_t e : v.eos()) m[e >> 5] |= 1u << (e & 31);
-  };
-  auto& pool = ThreadPool::global();
-  pool.parallel_for(
-      S,
-      [&](int64_t s) {
-        thread_local std::vector<int32_t> st;
-        if (st.size() < static_cast<size_t>(v.max_len() + 2)) st.resize(v.max_len() + 2);
-        one_state(s, st);
-      },
-      nthreads);
-  // dead row: end of sequence only
-  uint32_t* m = out + S * W;
-  std::memset(m, 0, W * sizeof(uint32_t));
+    if (accept[s] == 0 && any) return;
+  }
   for (int32_t e : v.eos()) m[e >> 5] |= 1u << (e & 31);
+}
+}  // namespace
+
+void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,
+                   int nthreads) {
+  ThreadPool::global().parallel_for(
+      S + 1, [&](int64_t s) { state_row(v, table, accept, S, s, out + s * v.words()); }, nthreads);
+}
+
+void Grammar::init(bool ready) {
+  status.reset(new std::atomic<uint8_t>[S + 1]);
+  for (int64_t r = 0; r <= S; ++r) status[r].store(ready ? 2 : 0, std::memory_order_relaxed);
+  if (!ready) ensure(S);
+}
+
+void Grammar::compute(int64_t r) const { state_row(*vocab, table, accept, S, r, masks + r * vocab->words()); }
+
+void Grammar::ensure(int64_t r) const {
+  std::atomic<uint8_t>& st = status[r];
+  if (st.load(std::memory_order_acquire) == 2) return;
+  uint8_t expected = 0;
+  if (st.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    compute(r);
+    st.store(2, std::memory_order_release);
+    return;
+  }
+  while (st.load(std::memory_order_acquire) != 2) std::this_thread::yield();  // another thread computes it
+}
+
+void Grammar::complete(int nthreads) const {
+  if (nthreads == 1) {
+    for (int64_t r = 0; r <= S; ++r) ensure(r);
+    return;
+  }
+  ThreadPool::global().parallel_for(S + 1, [&](int64_t r) { ensure(r); }, nthreads);
+}
+
+int64_t Grammar::ready_rows() const {
+  int64_t n = 0;
+  for (int64_t r = 0; r <= S; ++r) n += ready(r);
+  return n;
 }
 
 int32_t Grammar::step(int32_t state, int64_t token) const {
@@ -199,21 +261,23 @@ int32_t Grammar::step(int32_t state, int64_t token) const {
 namespace {
 constexpr int64_t kChunkWords = 1024;  // 32k tokens per task
 
+// Branch-free per 32-token word so that the compiler vectorises the select (a blend per lane):
+// the cost is then one pass over the logits whatever the mask looks like.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void apply_words(float* row, const uint32_t* m,
                                                                               int64_t w0, int64_t w1, int64_t V) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t w = w0; w < w1; ++w) {
+  const int64_t full = std::min(w1, V / 32);
+  for (int64_t w = w0; w < full; ++w) {
     const uint32_t bits = m[w];
     if (bits == 0xFFFFFFFFu) continue;
     float* p = row + w * 32;
-    const int64_t lim = std::min<int64_t>(32, V - w * 32);
-    if (lim == 32) {
-      for (int j = 0; j < 32; ++j)
-        if (!((bits >> j) & 1u)) p[j] = ninf;
-    } else {
-      for (int64_t j = 0; j < lim; ++j)
-        if (!((bits >> j) & 1u)) p[j] = ninf;
-    }
+    for (int j = 0; j < 32; ++j) p[j] = ((bits >> j) & 1u) ? p[j] : ninf;
+  }
+  for (int64_t w = std::max(w0, full); w < w1; ++w) {  // the last, partial word
+    const uint32_t bits = m[w];
+    float* p = row + w * 32;
+    for (int64_t j = 0; j < V - w * 32; ++j)
+      if (!((bits >> j) & 1u)) p[j] = ninf;
   }
 }
 }  // namespace
@@ -240,7 +304,24 @@ void BatchState::ensure(int64_t n) {
   if (static_cast<int64_t>(rows_.size()) < n) rows_.resize(n);
 }
 
+void BatchState::prepare(int64_t B, int nthreads) const {
+  std::vector<std::pair<const Grammar*, int64_t>> todo;
+  const int64_t n = std::min<int64_t>(B, rows_.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const Grammar* g = rows_[r].grammar.get();
+    if (!g) continue;
+    const int64_t s = rows_[r].state < 0 ? g->S : rows_[r].state;
+    if (!g->ready(s)) todo.emplace_back(g, s);
+  }
+  if (todo.empty()) return;
+  std::sort(todo.begin(), todo.end());
+  todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
+  ThreadPool::global().parallel_for(
+      static_cast<int64_t>(todo.size()), [&](int64_t i) { todo[i].first->ensure(todo[i].second); }, nthreads);
+}
+
 void BatchState::fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int nthreads) const {
+  prepare(B, nthreads);
   const int64_t vw = vocab_->words();
   auto& pool = ThreadPool::global();
   const int64_t per = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, vw));  // rows per task (~32 KiB)
@@ -258,7 +339,7 @@ void BatchState::fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int 
           }
           const Grammar& g = *row->grammar;
           const int64_t s = row->state < 0 ? g.S : row->state;
-          std::memcpy(dst, g.masks + s * vw, std::min(W, vw) * sizeof(uint32_t));
+          std::memcpy(dst, g.row(s), std::min(W, vw) * sizeof(uint32_t));
           if (W > vw) std::memset(dst + vw, 0, (W - vw) * sizeof(uint32_t));
           if (active) active[r] = 1;
         }
@@ -268,6 +349,7 @@ void BatchState::fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int 
 
 void BatchState::fill_apply(float* logits, int64_t B, int64_t V, int64_t stride, uint32_t* out, int64_t W,
                             int nthreads) const {
+  prepare(B, nthreads);
   const int64_t vw = vocab_->words();
   const int64_t lw = std::min<int64_t>((V + 31) / 32, W);
   const int64_t chunks = (lw + kChunkWords - 1) / kChunkWords;
@@ -288,7 +370,7 @@ void BatchState::fill_apply(float* logits, int64_t B, int64_t V, int64_t stride,
         }
         const Grammar& g = *row->grammar;
         const int64_t s = row->state < 0 ? g.S : row->state;
-        const uint32_t* src = g.masks + s * vw;
+        const uint32_t* src = g.row(s);
         if (dst) {
           const int64_t cw = std::max<int64_t>(0, std::min(w1, vw) - w0);
           std::memcpy(dst + w0, src + w0, cw * sizeof(uint32_t));

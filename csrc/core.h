@@ -53,7 +53,15 @@ class Vocab {
   const std::vector<int32_t>& lcp() const { return lcp_; }
   int64_t max_len() const { return max_len_; }
 
+  // Row of the token mask for DFA state s (without the end-of-sequence rule): the tokens whose
+  // bytes walk the DFA from s without dying. A depth-first walk over the token trie that skips
+  // a whole subtree as soon as its prefix dies, so a state that allows few bytes costs little.
+  // `stack` must hold max_len() + 1 entries.
+  void state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const;
+  int64_t trie_nodes() const { return static_cast<int64_t>(trie_byte_.size()); }
+
  private:
+  void build_trie();
   std::vector<int64_t> offsets_;
   std::vector<uint8_t> data_;
   std::vector<int32_t> eos_;
@@ -61,6 +69,11 @@ class Vocab {
   std::vector<int32_t> order_;  // token ids with bytes, sorted by their bytes
   std::vector<int32_t> lcp_;    // common prefix length with the previous id in order_
   int64_t size_, words_, max_len_;
+  // token trie, nodes in preorder: node i is entered by byte trie_byte_[i] from its parent, the
+  // last node of depth trie_depth_[i] - 1 before it; trie_end_[i] is one past its subtree; the
+  // tokens whose bytes end at node i are trie_tok_[trie_tok_off_[i] .. trie_tok_off_[i + 1]).
+  std::vector<uint8_t> trie_byte_;
+  std::vector<int32_t> trie_depth_, trie_end_, trie_tok_off_, trie_tok_;
 };
 
 // Fill out[S+1, W]: row s = tokens whose bytes walk the DFA from s without dying (+ end of sequence
@@ -69,14 +82,30 @@ void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, 
                    int nthreads);
 
 // A compiled constraint. Raw pointers into buffers owned by the Python object (numpy, possibly mmap).
+// Mask rows may be computed lazily: `status` says per row whether it is ready; `ensure` computes a
+// missing row on the calling thread (one thread computes, others wait), so a new constraint is
+// usable as soon as its DFA and start row exist, and the rest fill in on first use or in the
+// background (`complete`).
 struct Grammar {
   std::shared_ptr<Vocab> vocab;
   const int32_t* table = nullptr;
   const uint8_t* accept = nullptr;
-  const uint32_t* masks = nullptr;
+  uint32_t* masks = nullptr;  // written only for rows that are not ready yet
   int64_t S = 0;
   int32_t start = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> status;  // per mask row: 0 missing, 1 being computed, 2 ready
+
+  // all rows ready (`masks` complete, may be read-only) or only the dead row (`masks` writable)
+  void init(bool ready);
   int32_t step(int32_t state, int64_t token) const;
+  bool ready(int64_t row) const { return status[row].load(std::memory_order_acquire) == 2; }
+  void ensure(int64_t row) const;
+  void complete(int nthreads) const;
+  int64_t ready_rows() const;
+  const uint32_t* row(int64_t r) const { return masks + r * vocab->words(); }
+
+ private:
+  void compute(int64_t row) const;
 };
 
 void apply_bitmask(float* logits, int64_t B, int64_t V, int64_t stride, const uint32_t* bitmask, int64_t W,
@@ -94,6 +123,8 @@ class BatchState {
   void ensure(int64_t n);
   std::vector<RowCore>& rows() { return rows_; }
   const std::vector<RowCore>& rows() const { return rows_; }
+  // compute the mask rows the first B rows need that are not ready yet (lazy grammars)
+  void prepare(int64_t B, int nthreads) const;
   void fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int nthreads) const;
   void fill_apply(float* logits, int64_t B, int64_t V, int64_t stride, uint32_t* out, int64_t W,
                   int nthreads) const;

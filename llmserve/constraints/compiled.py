@@ -1,24 +1,31 @@
 """Constraint specs, compilation against a vocabulary, and the on-disk cache of compiled forms.
 
 A constraint compiles in two stages: the spec becomes a byte-level DFA (``regex.py``,
-``jsonschema.py``), then the DFA is compiled against the tokenizer's vocabulary into one packed
-bitmask row per DFA state (``masks[s]``: the tokens allowed in state s). At decode time a row's
-state advances by walking the sampled token's bytes through the DFA, and the mask fill is one
-copy of ``masks[state]``: cost per row is flat, whatever the constraint.
+``jsonschema.py``; built by the C++ core), then the DFA is compiled against the tokenizer's
+vocabulary into one packed bitmask row per DFA state (``masks[s]``: the tokens allowed in state s).
+At decode time a row's state advances by walking the sampled token's bytes through the DFA, and the
+mask fill is one copy of ``masks[state]``: cost per row is flat, whatever the constraint.
+
+Mask rows are computed lazily: ``compile_constraint`` returns once the DFA and the start state's
+row exist (a new constraint is usable within about a millisecond), a row is computed the first time
+a batch row needs it, and a background thread computes the rest and then writes the disk cache.
+``CompiledConstraint.complete()`` waits for all of it.
 
 Compiled forms are cached on disk under ``<cache>/constraints/<digest>.bin`` where the digest is
-sha256 over (format version, canonical constraint, vocabulary digest). A cache hit memory-maps the
-file (no parsing, no copy).
+sha256 over (format version, canonical constraint, vocabulary digest). Only complete forms are
+written. A cache hit memory-maps the file (no parsing, no copy).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import re as _re
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,8 @@ from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.jsonschema import schema_to_ast
 from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
 from llmserve.constraints.vocab import Vocab
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 KINDS = ("regex", "choice", "json_schema", "automaton")
@@ -92,8 +101,8 @@ class ConstraintSpec:
             return ("alt", [literal(c) for c in self.value])
         return schema_to_ast(self.value)
 
-    def to_dfa(self) -> ByteDFA:
-        return compile_ast(self.to_ast())
+    def to_dfa(self, backend: str = "native") -> ByteDFA:
+        return compile_ast(self.to_ast(), backend)
 
 
 def spec_from_request(obj) -> ConstraintSpec:
@@ -119,17 +128,34 @@ def spec_from_request(obj) -> ConstraintSpec:
 
 class CompiledConstraint:
     """A DFA compiled against one vocabulary: ``table`` int32[S,256], ``accept`` uint8[S],
-    ``masks`` uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0."""
+    ``masks`` uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0.
+
+    ``ready=False``: the mask rows are filled in lazily by the native core (see the module doc);
+    ``masks`` then waits for all of them, ``allowed(s)`` computes just row s.
+    """
 
     def __init__(self, vocab: Vocab, table: np.ndarray, accept: np.ndarray, masks: np.ndarray,
-                 start: int = 0, key: str = ""):
+                 start: int = 0, key: str = "", ready: bool = True):
         self.vocab = vocab
         self.table = table
         self.accept = accept
-        self.masks = masks
+        self._masks = masks
         self.start = int(start)
         self.key = key
+        self._ready = ready
         self._native = None
+        self._finisher: threading.Thread | None = None
+
+    @classmethod
+    def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> "CompiledConstraint":
+        """Only the start state's and the dead row are computed now."""
+        table = np.ascontiguousarray(dfa.table, dtype=np.int32)
+        accept = np.ascontiguousarray(dfa.accept, dtype=np.uint8)
+        # np.zeros maps fresh zero pages: rows that are never reached cost no memory
+        masks = np.zeros((table.shape[0] + 1, vocab.words), dtype=np.uint32)
+        c = cls(vocab, table, accept, masks, dfa.start, key, ready=False)
+        c.native.ensure(c.start)
+        return c
 
     @property
     def num_states(self) -> int:
@@ -140,8 +166,25 @@ class CompiledConstraint:
         """The ``_core.Grammar`` over the same buffers (built once)."""
         if self._native is None:
             core = require_native()
-            self._native = core.Grammar(native_vocab(self.vocab), self.table, self.accept, self.masks, self.start)
+            self._native = core.Grammar(native_vocab(self.vocab), self.table, self.accept, self._masks, self.start,
+                                        self._ready)
         return self._native
+
+    @property
+    def masks(self) -> np.ndarray:
+        """Every state's mask row (waits for lazily computed rows)."""
+        self.complete()
+        return self._masks
+
+    def complete(self) -> "CompiledConstraint":
+        """Compute every mask row not computed yet; wait for the background cache writer if any."""
+        finisher = self._finisher
+        if finisher is not None and finisher is not threading.current_thread():
+            finisher.join()
+        if not self._ready:
+            self.native.complete()
+            self._ready = True
+        return self
 
     def step(self, state: int, token: int) -> int:
         """Next state after ``token`` (-1: the token was not allowed)."""
@@ -155,7 +198,9 @@ class CompiledConstraint:
 
     def allowed(self, state: int) -> np.ndarray:
         """Boolean [vocab.size] of the tokens allowed in ``state``."""
-        row = self.masks[state if state >= 0 else self.num_states]
+        if not self._ready:
+            self.native.ensure(state)
+        row = self._masks[state if state >= 0 else self.num_states]
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")
         return bits[: self.vocab.size].astype(bool)
 
@@ -206,7 +251,7 @@ def cache_key(spec: ConstraintSpec, vocab: Vocab) -> str:
 
 
 def _write_cache(path: Path, c: CompiledConstraint) -> None:
-    arrays = [("table", c.table), ("accept", c.accept), ("masks", c.masks)]
+    arrays = [("table", c.table), ("accept", c.accept), ("masks", c._masks)]  # complete: see the callers
     header = {"start": c.start, "key": c.key, "arrays": {}}
     offset = 0
     for name, a in arrays:
@@ -268,6 +313,8 @@ def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | boo
     ``cache_dir``: None for the default (``$LLMSERVE_CACHE/constraints``), a path, or False to skip
     the disk cache. Results are also memoised in memory per (digest, vocab object).
     """
+    if backend not in ("native", "python"):
+        raise ValueError(f"backend must be native or python, not {backend!r}")
     spec = spec_from_request(spec)
     key = cache_key(spec, vocab)
     path = None if cache_dir is False else Path(cache_dir or default_cache_dir()) / f"{key}.bin"
@@ -280,16 +327,42 @@ def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | boo
         if hit is not None:
             _MEMORY[memo] = hit
             return hit
-    compiled = compile_dfa(spec.to_dfa(), vocab, backend=backend, key=key)
-    if path is not None:
-        try:
-            _write_cache(path, compiled)
-        except OSError:
-            pass  # a read-only cache never fails a request
+    if backend == "python":
+        compiled = compile_dfa(spec.to_dfa("python"), vocab, backend="python", key=key)
+        if path is not None:
+            _try_write_cache(path, compiled)
+    else:
+        compiled = CompiledConstraint.lazy(vocab, spec.to_dfa(), key)
+        if path is not None:
+            _finish_in_background(compiled, path)
     _MEMORY[memo] = compiled
     while len(_MEMORY) > 256:
         _MEMORY.pop(next(iter(_MEMORY)))
     return compiled
+
+
+def _try_write_cache(path: Path, compiled: CompiledConstraint) -> None:
+    try:
+        _write_cache(path, compiled)
+    except OSError as exc:  # a read-only or full cache never fails a request
+        log.warning("constraint cache not written (%s): %s", path, exc)
+
+
+def _finish_in_background(compiled: CompiledConstraint, path: Path) -> None:
+    """Compute the remaining mask rows on one native thread (the GIL is released, and the pool stays
+    free for batch fills), then write the cache. Not a daemon: a process that exits right after
+    compiling still leaves a complete cache file rather than a temporary one."""
+
+    def finish():
+        try:
+            compiled.native.complete(1)
+            compiled._ready = True
+            _try_write_cache(path, compiled)
+        except Exception:  # noqa: BLE001 - a background thread has nobody else to tell
+            log.exception("completing constraint %s failed; rows are still computed on first use", compiled.key)
+
+    compiled._finisher = threading.Thread(target=finish, name="llmserve-constraint-cache")
+    compiled._finisher.start()
 
 
 def load_cached(spec, vocab: Vocab, cache_dir: Path | str | None = None) -> CompiledConstraint | None:

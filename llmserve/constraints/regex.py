@@ -528,13 +528,35 @@ def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
     return ByteDFA(out, out_acc, 0)
 
 
-def compile_ast(node) -> ByteDFA:
+def _native_dfa(nfa: _NFA, start: int, final: int) -> ByteDFA:
+    from llmserve.constraints.compiled import require_native  # compiled imports this module
+
+    core = require_native()
+    eps_off = np.zeros(len(nfa.eps) + 1, dtype=np.int64)
+    eps_off[1:] = np.cumsum([len(e) for e in nfa.eps])
+    edge_off = np.zeros(len(nfa.edges) + 1, dtype=np.int64)
+    edge_off[1:] = np.cumsum([len(e) for e in nfa.edges])
+    eps = np.fromiter((y for ys in nfa.eps for y in ys), dtype=np.int32, count=int(eps_off[-1]))
+    edges = np.fromiter((x for es in nfa.edges for e in es for x in e), dtype=np.int32, count=3 * int(edge_off[-1]))
+    try:
+        table, accept = core.build_dfa(eps_off, eps, edge_off, edges, start, final, MAX_DFA_STATES)
+    except ValueError as exc:
+        raise ConstraintError(str(exc)) from None
+    return ByteDFA(table, accept, 0)
+
+
+def compile_ast(node, backend: str = "native") -> ByteDFA:
+    """``backend``: "native" (the C++ core) or "python" (the reference; same table, tests compare)."""
     nfa = _NFA()
     s, e = nfa.build(node)
+    if backend == "native":
+        return _native_dfa(nfa, s, e)
+    if backend != "python":
+        raise ValueError(f"backend must be native or python, not {backend!r}")
     table, accept = _determinize(nfa, s, e)
     return _trim_and_minimize(table, accept)
 
 
-def compile_regex(pattern: str) -> ByteDFA:
+def compile_regex(pattern: str, backend: str = "native") -> ByteDFA:
     """Compile ``pattern`` (full-match semantics) to a trimmed, minimal byte DFA."""
-    return compile_ast(parse(pattern))
+    return compile_ast(parse(pattern), backend)

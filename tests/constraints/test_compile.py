@@ -104,9 +104,10 @@ def test_tokens_splitting_utf8_are_allowed_mid_character(vocab):
 
 def test_disk_cache_hit_is_memory_mapped_and_equal(vocab, tmp_path):
     spec = {"json_schema": SCHEMA}
-    first = compile_constraint(spec, vocab, cache_dir=tmp_path)
+    first = compile_constraint(spec, vocab, cache_dir=tmp_path).complete()  # the writer runs in the background
     files = list(tmp_path.glob("*.bin"))
     assert len(files) == 1 and files[0].stem == first.key
+    assert not list(tmp_path.glob(".tmp-*"))
     again = load_cached(spec, vocab, tmp_path)
     assert again is not None and not again.masks.flags.owndata  # a view over the mapped file
     np.testing.assert_array_equal(again.masks, first.masks)
@@ -150,6 +151,47 @@ def test_custom_byte_automaton_compiles_to_the_native_path(vocab):
     for _ in range(10):
         ids = sample(c, rng)
         assert re.fullmatch(r"[0-9]{3}", b"".join(vocab.tokens[i] for i in ids).decode())
+
+
+def test_compile_is_lazy_and_completes_to_the_eager_masks(vocab, tokenizer):
+    spec = spec_from_request({"json_schema": SCHEMA})
+    lazy = compile_constraint(spec, vocab, cache_dir=False)
+    assert lazy.native.ready_rows == 2  # the start state's row and the dead row
+    eager = compile_dfa(spec.to_dfa(), vocab)
+    # a row computed on demand equals the eager one, before anything else is computed
+    state = lazy.native.walk(lazy.start, tokenizer.encode('{"kind":"a","n":1', add_special_tokens=False))
+    assert state >= 0
+    np.testing.assert_array_equal(lazy.allowed(state), eager.allowed(state))
+    assert lazy.native.ready_rows == 3
+    np.testing.assert_array_equal(lazy.masks, eager.masks)  # .masks waits for every row
+    assert lazy.native.ready_rows == lazy.num_states + 1
+
+
+def test_batch_fill_computes_missing_rows(vocab, tokenizer):
+    from llmserve.constraints.compiled import native, native_vocab
+
+    spec = spec_from_request({"regex": "[a-z]{2,8}@[a-z]+[.](com|org)"})
+    lazy = compile_constraint(spec, vocab, cache_dir=False)
+    eager = compile_dfa(spec.to_dfa(), vocab)
+    histories = [tokenizer.encode(p, add_special_tokens=False) for p in ("", "ab", "abc@", "abc@xy.", "abc@xy.co")]
+    batch = native.Batch(native_vocab(vocab))
+    for i, h in enumerate(histories):
+        batch.set_row(i, lazy.native, list(h))
+    batch.sync(len(histories))
+    out = np.zeros((len(histories), vocab.words), np.uint32)
+    batch.fill(out)
+    for i, h in enumerate(histories):
+        state = eager.walk(h)
+        assert state >= 0
+        np.testing.assert_array_equal(out[i], eager.masks[state])
+
+
+def test_unwritable_cache_does_not_fail_compilation(vocab, tmp_path):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("x")  # the cache folder cannot be created (chmod would not stop root)
+    c = compile_constraint({"regex": "[0-9]+"}, vocab, cache_dir=blocked).complete()
+    assert c.allowed(c.start).any()
+    assert blocked.read_text() == "x"
 
 
 def test_regex_dfa_is_minimal_for_simple_patterns():

@@ -1,0 +1,40 @@
+// Byte-level DFA construction for the constraint core: subset construction over a Thompson NFA,
+// trimming of dead ends and minimisation, with states numbered canonically (breadth-first from the
+// start state, bytes in increasing order). Python's reference (llmserve/constraints/regex.py) gives
+// the same table for the same NFA; tests compare them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmserve {
+
+struct Dfa {
+  std::vector<int32_t> table;  // [S * 256], -1 dead
+  std::vector<uint8_t> accept;  // [S]
+  int64_t states() const { return static_cast<int64_t>(accept.size()); }
+};
+
+// NFA in compressed rows: state q has epsilon targets eps[eps_off[q] .. eps_off[q+1]) and byte-range
+// edges edges[3k .. 3k+2] = (lo, hi, target) for k in [edge_off[q], edge_off[q+1]).
+struct NfaView {
+  int64_t n = 0;
+  const int64_t* eps_off = nullptr;
+  const int32_t* eps = nullptr;
+  const int64_t* edge_off = nullptr;
+  const int32_t* edges = nullptr;
+  int32_t start = 0;
+  int32_t final_state = 0;
+};
+
+// Thrown with a message fit for the user (too many states, empty language).
+struct DfaError {
+  std::string message;
+};
+
+Dfa determinize(const NfaView& nfa, int64_t max_states);
+// Trim states that cannot reach acceptance, merge equivalent states, renumber canonically (start 0).
+Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n);
+
+}  // namespace llmserve
