@@ -2,10 +2,25 @@
 js-tiktoken, MIT, fetched with `npm pack` into a cache outside the repository).
 
 Measures, side by side in one run, for a 5-field JSON schema, an ISO-date regex, an e-mail regex and
-a 5-way choice: compile time (cold, and from the on-disk cache), per-step mask fill for
-B = 1, 8, 32, 128, 256 rows at different states, and fill+apply on a [B, V] float32 logits tensor;
-for llmserve (C++ core), xgrammar (BatchGrammarMatcher), llguidance (fill_next_token_bitmask_par)
-and a pure-Python per-request loop; plus the memory floor (one read + one write of [B, V] float32).
+a 5-way choice:
+
+* compile time: median of several cold compiles (fresh disk-cache directory, in-memory memo
+  cleared), each engine measured up to its first mask of one row at the start state, so lazy
+  engines are comparable (``llmserve``: ``compile_constraint`` + first fill; ``llmserve_full``:
+  ``compile_constraint`` + ``complete()``, i.e. every state's mask and the disk cache written;
+  ``xgrammar``: fresh compiler without cache + matcher + first mask; ``llguidance``: matcher
+  construction + first mask), and from llmserve's on-disk cache;
+* per-step mask fill for B = 1, 8, 32, 128, 256 rows at different states, and fill+apply on a
+  [B, V] float32 logits tensor, for llmserve (C++ core), xgrammar (BatchGrammarMatcher),
+  llguidance (fill_next_token_bitmask_par) and two pure-Python per-request baselines:
+  ``python_loop`` (the classic outlines-style design: index state -> allowed token ids built ahead of
+  time, then per request a Python DFA step and a bitmask built from the ids with numpy) and
+  ``python_row_copy`` (our own precomputed packed rows, copied per request from Python);
+  plus the memory floor (one read + one write of [B, V] float32);
+* mask agreement: every filled row of ours against xgrammar's and llguidance's row for the same
+  prefix, with the tokens only one side allows.
+
+It is a by-hand benchmark: nothing here asserts on timings.
 
     python benchmarks/constraints/bench.py [--out results.json] [--quick]
 """
@@ -15,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,12 +42,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmserve.constraints import Vocab, compile_constraint, load_cached
+from llmserve.constraints import Vocab, compile_constraint
+from llmserve.constraints import compiled as compiled_mod
 from llmserve.constraints.compiled import ConstraintSpec, native, native_vocab
 
 CACHE = Path(os.environ.get("LLMSERVE_BENCH_CACHE", Path.home() / ".cache" / "llmserve-bench"))
 JS_TIKTOKEN = "js-tiktoken@1.0.21"
 SIZES = (1, 8, 32, 128, 256)
+QUICK_SIZES = (1, 8, 256)
+BIG = 256
+SMALL = 8
 
 SCHEMA = {
     "type": "object",
@@ -55,6 +75,23 @@ CASES = {
     "email": ({"regex": EMAIL}, "john.doe@example.com"),
     "choice5": ({"choice": CHOICES}, "neutral"),
 }
+OTHERS = ("xgrammar", "llguidance")
+# shown next to the targets, no target of their own
+INFO = (
+    ("python_row_copy_over_llmserve_fill_B256", "python_row_copy / ours fill B256 (info)"),
+    ("compile_full_over_fastest", "compile+complete / fastest other (info)"),
+)
+
+# the issue's targets: (ratio key, description, predicate)
+TARGETS = (
+    ("fill_apply_B256_over_floor", "fill+apply B256 / floor (<=1.5)", lambda v: v <= 1.5),
+    ("fill_apply_B256_vs_best_other", "fill+apply B256 / best other (<1)", lambda v: v < 1.0),
+    ("fill_B256_vs_best_other", "fill B256 / best other (<1)", lambda v: v < 1.0),
+    ("per_row_fill_B256_over_B8", "per-row fill B256/B8 (<=1.2)", lambda v: v <= 1.2),
+    ("python_loop_over_llmserve_fill_B256", "python_loop / ours fill B256 (>=10)", lambda v: v >= 10),
+    ("compile_over_fastest", "compile / fastest other (<=2)", lambda v: v <= 2.0),
+    ("disk_cache_compile_ms", "disk cache ms (<1)", lambda v: v < 1.0),
+)
 
 
 def cl100k_vocab() -> Vocab:
@@ -92,6 +129,292 @@ def byte_token_ids(vocab: Vocab) -> dict[int, int]:
     return out
 
 
+def complete(ours) -> None:
+    """Blocks until every state's mask is computed (and the disk cache written), where the core is lazy."""
+    fn = getattr(ours, "complete", None)
+    if fn is not None:
+        fn()
+
+
+def clear_memo() -> None:
+    memo = getattr(compiled_mod, "_MEMORY", None)
+    if memo is not None:
+        memo.clear()
+
+
+def bits_of(bitmask: np.ndarray, V: int) -> np.ndarray:
+    """Bool [B, V] from a packed [B, W] 32-bit bitmask (any 32-bit dtype, little-endian bit order)."""
+    return np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")[:, :V].astype(bool)
+
+
+def prefix_text(ids, vocab: Vocab) -> str:
+    return b"".join(vocab.token_bytes(t) or b"" for t in ids).decode("utf-8", "backslashreplace")
+
+
+def token_label(vocab: Vocab, tok: int) -> str:
+    if tok in vocab.eos_ids:
+        return "<eos>"
+    data = vocab.token_bytes(tok)
+    return f"<special {tok}>" if data is None else repr(data)[1:]
+
+
+WS = frozenset(b" \t\n\r")
+
+
+def examples(vocab: Vocab, ids: np.ndarray, k: int = 6) -> list[str]:
+    """A few of ``ids``, shortest byte strings first (the most telling)."""
+    keyed = sorted(ids.tolist(), key=lambda t: (len(vocab.token_bytes(t) or b""), t))
+    return [token_label(vocab, t) for t in keyed[:k]]
+
+
+# ------------------------------------------------------------------------------ pure-Python loop
+
+class PythonLoop:
+    """The per-request design a Python developer would write (outlines-style). Built once per
+    constraint (not timed): state -> numpy array of the allowed token ids, the DFA as lists. Per step
+    and per request: a Python DFA step by the newest token, then that row's packed bitmask built from
+    the allowed ids with numpy (and, for fill+apply, that row of the logits masked)."""
+
+    def __init__(self, ours):
+        t = time.perf_counter()
+        self.vocab = ours.vocab
+        self.table = ours.table.tolist()
+        self.accept = [bool(a) for a in ours.accept]
+        self.eos = frozenset(ours.vocab.eos_ids)
+        S = ours.num_states
+        self.allowed_ids = [np.flatnonzero(ours.allowed(s)) for s in range(S)]
+        self.dead_ids = np.flatnonzero(ours.allowed(-1))
+        self.V = ours.vocab.size
+        self.nbits = ours.vocab.words * 32
+        self.build_s = time.perf_counter() - t
+
+    def step(self, state: int, token: int) -> int:
+        if state < 0:
+            return -1
+        if token in self.eos:
+            return state if self.accept[state] else -1
+        data = self.vocab.token_bytes(token)
+        if not data:
+            return -1
+        table = self.table
+        for b in data:
+            state = table[state][b]
+            if state < 0:
+                return -1
+        return state
+
+    def row_bits(self, state: int) -> np.ndarray:
+        bits = np.zeros(self.nbits, dtype=bool)
+        bits[self.allowed_ids[state] if state >= 0 else self.dead_ids] = True
+        return bits
+
+    def fill(self, states, newest, out):
+        for r in range(len(states)):
+            s = self.step(states[r], newest[r]) if newest[r] >= 0 else states[r]
+            bits = self.row_bits(s)
+            out[r] = np.packbits(bits, bitorder="little").view(np.uint32)
+
+    def fill_apply(self, states, newest, out, logits):
+        neg = float("-inf")
+        V = self.V
+        for r in range(len(states)):
+            s = self.step(states[r], newest[r]) if newest[r] >= 0 else states[r]
+            bits = self.row_bits(s)
+            out[r] = np.packbits(bits, bitorder="little").view(np.uint32)
+            logits[r][~bits[:V]] = neg
+
+
+# ------------------------------------------------------------------------------------- compile
+
+def xgr_compile(compiler, spec):
+    """The same language as ours: compact JSON (no whitespace, "," and ":" separators; xgrammar's
+    default separators with any_whitespace=False are ", " and ": "), additional properties off
+    (strict_mode, the default)."""
+    if spec.kind == "json_schema":
+        return compiler.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False, separators=(",", ":"))
+    if spec.kind == "regex":
+        return compiler.compile_regex(spec.value)
+    return compiler.compile_regex("(" + "|".join(CHOICES) + ")")
+
+
+def llg_grammar(spec):
+    """Compact JSON (whitespace_flexible off: "," and ":" separators). llguidance keeps the JSON
+    Schema default additionalProperties: true, ours and xgrammar's strict mode do not: the mask
+    check shows where that matters."""
+    import llguidance as llg
+    if spec.kind == "json_schema":
+        return llg.grammar_from("json_schema", json.dumps({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}))
+    if spec.kind == "regex":
+        return llg.grammar_from("regex", spec.value)
+    return llg.grammar_from("regex", "(" + "|".join(CHOICES) + ")")
+
+
+def median_compile(fn, runs):
+    ts = []
+    for _ in range(runs):
+        ts.append(fn())
+    return statistics.median(ts), ts
+
+
+def measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, runs, cache_root: Path):
+    V, W = vocab.size, vocab.words
+    out: dict[str, float] = {}
+    raw: dict[str, list[float]] = {}
+    one = np.zeros((1, W), np.uint32)
+    batch1 = native.Batch(nv)
+    counter = [0]
+
+    def fresh_dir() -> Path:
+        counter[0] += 1
+        return cache_root / f"cold-{spec.kind}-{counter[0]}"
+
+    def ours_ready():
+        d = fresh_dir()
+        clear_memo()
+        t = time.perf_counter()
+        c = compile_constraint(spec, vocab, cache_dir=d)
+        batch1.set_row(0, c.native, [])
+        batch1.sync(1)
+        batch1.fill(one)
+        dt = time.perf_counter() - t
+        complete(c)  # let any background work finish outside the timed region
+        batch1.clear_row(0)
+        return dt
+
+    def ours_full():
+        d = fresh_dir()
+        clear_memo()
+        t = time.perf_counter()
+        c = compile_constraint(spec, vocab, cache_dir=d)
+        complete(c)
+        return time.perf_counter() - t
+
+    def xgr_ready():
+        import xgrammar as xgr
+        xb = xgr.allocate_token_bitmask(1, V)
+        t = time.perf_counter()
+        g = xgr_compile(xgr.GrammarCompiler(xinfo, max_threads=native.pool_size(), cache_enabled=False), spec)
+        xgr.GrammarMatcher(g).fill_next_token_bitmask(xb, 0)
+        return time.perf_counter() - t
+
+    def llg_ready():
+        import llguidance as llg
+        import llguidance.numpy as lnp
+        lb = np.zeros((1, W), np.int32)
+        t = time.perf_counter()
+        m = llg.LLMatcher(lltok, lgram)
+        lnp.fill_next_token_bitmask_par(executor, [(m, 0)], lb)  # llguidance is lazy: first mask included
+        return time.perf_counter() - t
+
+    for name, fn in (("llmserve", ours_ready), ("llmserve_full", ours_full), ("xgrammar", xgr_ready),
+                     ("llguidance", llg_ready)):
+        fn()  # warm-up (imports, first-touch allocations); not counted
+        out[name], raw[name] = median_compile(fn, runs)
+
+    # the on-disk cache: populated by a completed compile, then read back with the memo cleared
+    warm_dir = fresh_dir()
+    clear_memo()
+    complete(compile_constraint(spec, vocab, cache_dir=warm_dir))
+
+    def disk():
+        clear_memo()
+        t = time.perf_counter()
+        compile_constraint(spec, vocab, cache_dir=warm_dir)
+        return time.perf_counter() - t
+
+    def disk_first_fill():
+        clear_memo()
+        t = time.perf_counter()
+        c = compile_constraint(spec, vocab, cache_dir=warm_dir)
+        batch1.set_row(0, c.native, [])
+        batch1.sync(1)
+        batch1.fill(one)
+        dt = time.perf_counter() - t
+        batch1.clear_row(0)
+        return dt
+
+    disk()
+    out["llmserve_disk_cache"], raw["llmserve_disk_cache"] = median_compile(disk, 20)
+    out["llmserve_disk_cache_first_fill"], raw["llmserve_disk_cache_first_fill"] = median_compile(disk_first_fill, 20)
+    clear_memo()
+    return out, raw
+
+
+# ------------------------------------------------------------------------------------ agreement
+
+def compare(vocab, ours_bm, other_bm, prefixes, rejected, details, seen):
+    """Rows of ``ours_bm`` against ``other_bm``; distinct disagreeing prefixes go to ``details``."""
+    V = vocab.size
+    a, b = bits_of(ours_bm, V), bits_of(other_bm, V)
+    only_ours, only_theirs = a & ~b, b & ~a
+    n_o, n_t = only_ours.sum(axis=1), only_theirs.sum(axis=1)
+    agree = int(((n_o == 0) & (n_t == 0)).sum())
+    for r in np.flatnonzero((n_o > 0) | (n_t > 0)).tolist():
+        plen = len(prefixes[r])
+        if plen in seen:
+            continue
+        seen.add(plen)
+        oo, ot = np.flatnonzero(only_ours[r]), np.flatnonzero(only_theirs[r])
+        details.append({
+            "prefix_len": plen,
+            "prefix": prefix_text(prefixes[r], vocab),
+            "engine_rejected_prefix": plen in rejected,
+            "ours_allowed": int(a[r].sum()), "theirs_allowed": int(b[r].sum()),
+            "ours_only": int(n_o[r]), "theirs_only": int(n_t[r]),
+            "ours_only_ws": int(sum(1 for t in oo.tolist() if WS & set(vocab.token_bytes(t) or b""))),
+            "theirs_only_ws": int(sum(1 for t in ot.tolist() if WS & set(vocab.token_bytes(t) or b""))),
+            "eos_differs": bool(any(e in oo or e in ot for e in vocab.eos_ids)),
+            "ours_only_examples": examples(vocab, oo),
+            "theirs_only_examples": examples(vocab, ot),
+            "theirs_allowed_examples": examples(vocab, np.flatnonzero(b[r])) if b[r].sum() <= 4 else [],
+        })
+        details[-1]["kind"] = kind_of(details[-1])
+    rej_rows = sum(1 for p in prefixes if len(p) in rejected)
+    return {"rows": len(prefixes), "agree": agree, "rows_on_rejected_prefix": rej_rows}
+
+
+def kind_of(d) -> str:
+    if d["engine_rejected_prefix"]:
+        return "engine rejected the prefix"
+    if d["theirs_only"] == 0 and d["theirs_allowed"] == 1:
+        return "engine allows a single token, ours more (forced bytes)"
+    if d["theirs_only"] == 0:
+        return "ours allows more"
+    if d["ours_only"] == 0:
+        return "engine allows more"
+    return "both ways"
+
+
+def print_disagreements(eng, details, per_kind=2):
+    """Compact: the distinct disagreeing prefixes by kind, a few examples of each (all in the JSON)."""
+    if not details:
+        return
+    kinds: dict[str, list] = {}
+    for d in details:
+        kinds.setdefault(kind_of(d), []).append(d)
+    eos = sum(1 for d in details if d["eos_differs"])
+    print(f"  {eng}: {len(details)} distinct prefixes differ (EOS differs in {eos}): "
+          + "; ".join(f"{k}: {len(v)}" for k, v in kinds.items()))
+    for k, ds in kinds.items():
+        groups: dict = {}  # distinct (ours-only, theirs-only) patterns, most frequent first
+        for d in ds:
+            groups.setdefault((tuple(d["ours_only_examples"]), tuple(d["theirs_only_examples"])), []).append(d)
+        for g in sorted(groups.values(), key=len, reverse=True)[:per_kind]:
+            d = g[0]
+            print(f"    [{k}] after {d['prefix'][-40:]!r}" + (f" (+{len(g) - 1} prefixes)" if len(g) > 1 else "")
+                  + f": ours-only {d['ours_only']}" + (f" e.g. {d['ours_only_examples']}" if d["ours_only"] else "")
+                  + f"; {eng}-only {d['theirs_only']}"
+                  + (f" e.g. {d['theirs_only_examples']}" if d["theirs_only"] else "")
+                  + (f"; {eng} allows {d['theirs_allowed_examples']}" if d.get("theirs_allowed_examples") else "")
+                  + ("; EOS differs" if d["eos_differs"] else ""))
+
+
+# ------------------------------------------------------------------------------------------ main
+
+def fmt_ratio(key, v):
+    return f"{v:.3f}" if key != "disk_cache_compile_ms" else f"{v:.3f} ms"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -101,14 +424,18 @@ def main():
     import llguidance.numpy as lnp
     import xgrammar as xgr
 
+    t0 = time.perf_counter()
     t = time.perf_counter()
     vocab = cl100k_vocab()
     V = vocab.size
+    W = vocab.words
     nv = native_vocab(vocab)
     prep = time.perf_counter() - t
     byte_ids = byte_token_ids(vocab)
     eos = vocab.eos_ids[0]
-    print(f"vocabulary cl100k_base: {V} tokens, eos {eos}; preparation {prep:.2f}s; threads {native.pool_size()}")
+    lazy = hasattr(compiled_mod.CompiledConstraint, "complete")
+    print(f"vocabulary cl100k_base: {V} tokens, eos {eos}; preparation {prep:.2f}s; threads {native.pool_size()}; "
+          f"lazy masks (complete()): {lazy}")
 
     tokens_bytes = [t if t is not None else b"" for t in vocab.tokens]
     xinfo = xgr.TokenizerInfo(tokens_bytes, xgr.VocabType.RAW, vocab_size=V, stop_token_ids=[eos])
@@ -125,151 +452,233 @@ def main():
 
     lltok = llg.LLTokenizer(llg.TokenizerWrapper(_G()))
     executor = lnp.LLExecutor()
-    cache_dir = Path(tempfile.mkdtemp(prefix="llmserve-bench-cache-"))
+    cache_root = Path(tempfile.mkdtemp(prefix="llmserve-bench-cache-"))
+    sizes = QUICK_SIZES if args.quick else SIZES
     reps_small, reps_big = (5, 3) if args.quick else (30, 10)
-    results = {"vocab": V, "threads": native.pool_size(), "cases": {}}
+    compile_runs = 3 if args.quick else 5
+    results = {"vocab": V, "threads": native.pool_size(), "quick": args.quick, "lazy_masks": lazy,
+               "sizes": list(sizes), "cases": {}}
 
-    for name, (spec_obj, sample) in CASES.items():
-        print(f"\n== {name}")
-        spec = ConstraintSpec(*next(iter(spec_obj.items())))
-        res = results["cases"][name] = {"compile_s": {}, "fill_s": {}, "fill_apply_s": {}, "floor_s": {}}
-        # ---- compile
-        t = time.perf_counter()
-        ours = compile_constraint(spec, vocab, cache_dir=cache_dir)
-        res["compile_s"]["llmserve"] = time.perf_counter() - t
-        res["compile_s"]["llmserve_disk_cache"] = timeit(lambda: load_cached(spec, vocab, cache_dir), 20)
-        xcomp = xgr.GrammarCompiler(xinfo, max_threads=native.pool_size(), cache_enabled=False)
-        t = time.perf_counter()
-        if spec.kind == "json_schema":
-            xg = xcomp.compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
-        elif spec.kind == "regex":
-            xg = xcomp.compile_regex(spec.value)
-        else:
-            xg = xcomp.compile_regex("(" + "|".join(CHOICES) + ")")
-        res["compile_s"]["xgrammar"] = time.perf_counter() - t
-        if spec.kind == "json_schema":
-            lgram = llg.grammar_from("json_schema", json.dumps({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}))
-        elif spec.kind == "regex":
-            lgram = llg.grammar_from("regex", spec.value)
-        else:
-            lgram = llg.grammar_from("regex", "(" + "|".join(CHOICES) + ")")
-        t = time.perf_counter()
-        lm0 = llg.LLMatcher(lltok, lgram)
-        lm0_mask = np.zeros((1, (V + 31) // 32), np.int32)
-        lnp.fill_next_token_bitmask_par(executor, [(lm0, 0)], lm0_mask)  # first mask: llguidance is lazy
-        res["compile_s"]["llguidance"] = time.perf_counter() - t
-        print("compile ms:", {k: round(v * 1e3, 3) for k, v in res["compile_s"].items()})
+    try:
+        for name, (spec_obj, sample) in CASES.items():
+            print(f"\n== {name}")
+            spec = ConstraintSpec(*next(iter(spec_obj.items())))
+            res = results["cases"][name] = {"compile_s": {}, "fill_s": {}, "fill_apply_s": {}, "floor_s": {}}
+            lgram = llg_grammar(spec)
 
-        sample_ids = [byte_ids[b] for b in sample.encode()]
-        for B in SIZES if not args.quick else (1, 8, 256):
-            prefixes = [sample_ids[: (r * 7) % len(sample_ids)] for r in range(B)]
-            reps = reps_small if B <= 32 else reps_big
-            # ours: rows at different states
-            batch = native.Batch(nv)
-            lists = [list(p) for p in prefixes]
-            for r in range(B):
-                batch.set_row(r, ours.native, lists[r])
-            batch.sync(B)
-            W = (V + 31) // 32
-            bm = np.zeros((B, W), np.uint32)
-            logits0 = torch.randn(B, V)
-            logits = logits0.clone()
-            lnp_ = logits.numpy()
+            # ---- compile (median of cold runs), then the instance used below
+            comp, raw = measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, compile_runs, cache_root)
+            res["compile_s"], res["compile_runs_s"] = comp, raw
+            print("compile ms (median of %d):" % compile_runs,
+                  {k: round(v * 1e3, 3) for k, v in comp.items()})
+            clear_memo()
+            ours = compile_constraint(spec, vocab, cache_dir=cache_root / f"main-{name}")
+            complete(ours)
+            xg = xgr_compile(xgr.GrammarCompiler(xinfo, max_threads=native.pool_size(), cache_enabled=False), spec)
+            pyloop = PythonLoop(ours)
+            res["python_loop_index_build_s"] = pyloop.build_s
+            res["num_states"] = ours.num_states
 
-            def ours_fill():
-                batch.sync(B)
-                batch.fill(bm)
-
-            def ours_fill_apply():
-                batch.sync(B)
-                batch.fill_apply(lnp_)
-
-            # xgrammar
-            xms = []
-            for p in prefixes:
-                m = xgr.GrammarMatcher(xg)
-                for tok in p:
-                    if not m.accept_token(tok):  # xgrammar disagrees with the byte walk: stay here
-                        break
-                xms.append(m)
-            xbm = xgr.allocate_token_bitmask(B, V)
-            xbatch = xgr.BatchGrammarMatcher(max_threads=native.pool_size())
-
-            def x_fill():
-                xbatch.batch_fill_next_token_bitmask(xms, xbm)
-
-            def x_fill_apply():
-                xbatch.batch_fill_next_token_bitmask(xms, xbm)
-                xgr.apply_token_bitmask_inplace(logits, xbm)
-
-            # llguidance
-            lms = []
-            for p in prefixes:
-                m = llg.LLMatcher(lltok, lgram)
-                for tok in p:
-                    if not m.consume_token(tok):
-                        break
-                lms.append(m)
-            lbm = np.zeros((B, W), np.int32)
-            pairs = [(m, i) for i, m in enumerate(lms)]
-
-            def l_fill():
-                lnp.fill_next_token_bitmask_par(executor, pairs, lbm)
-
-            def l_fill_apply():
-                lnp.fill_next_token_bitmask_par(executor, pairs, lbm)
-                lnp.apply_token_bitmask_inplace(lnp_, lbm)
-
-            # pure-Python per-request loop (same compiled masks; Python walks the DFA per request)
-            # (one step per request: advance by the newest token in Python, copy that state's mask row)
-            masks = ours.masks
-            base = [ours.walk(lst[:-1]) for lst in lists]
-
-            def py_fill():
+            sample_ids = [byte_ids[b] for b in sample.encode()]
+            agreement = res["agreement"] = {e: {"by_B": {}, "disagreements": [], "rejections": []} for e in OTHERS}
+            seen = {e: set() for e in OTHERS}
+            rejected = {e: {} for e in OTHERS}  # prefix length -> rejection record
+            for B in sizes:
+                prefixes = [sample_ids[: (r * 7) % len(sample_ids)] for r in range(B)]
+                reps = reps_small if B <= 32 else reps_big
+                py_reps = max(3, reps // 5)
+                # ours: rows at different states
+                batch = native.Batch(nv)
+                lists = [list(p) for p in prefixes]
                 for r in range(B):
-                    s = ours.step(base[r], lists[r][-1]) if lists[r] else base[r]
-                    bm[r] = masks[s if s >= 0 else ours.num_states]
+                    batch.set_row(r, ours.native, lists[r])
+                batch.sync(B)
+                bm = np.zeros((B, W), np.uint32)
+                logits = torch.randn(B, V)
+                lnp_ = logits.numpy()
 
-            neg = float("-inf")
+                def ours_fill():
+                    batch.sync(B)
+                    batch.fill(bm)
 
-            def py_fill_apply():
-                py_fill()
-                bits = np.unpackbits(bm.view(np.uint8), axis=1, bitorder="little")[:, :V]
-                for r in range(B):
-                    lnp_[r][bits[r] == 0] = neg
+                def ours_fill_apply():
+                    batch.sync(B)
+                    batch.fill_apply(lnp_)
 
-            def floor():
-                np.multiply(lnp_, 1.0, out=lnp_)
+                # xgrammar
+                xms = []
+                for p in prefixes:
+                    m = xgr.GrammarMatcher(xg)
+                    for i, tok in enumerate(p):
+                        if not m.accept_token(tok):  # xgrammar disagrees with the sample: stay here
+                            rejected["xgrammar"].setdefault(len(p), {
+                                "prefix_len": len(p), "at": i, "accepted_prefix": prefix_text(p[:i], vocab),
+                                "token": token_label(vocab, tok)})
+                            break
+                    xms.append(m)
+                xbm = xgr.allocate_token_bitmask(B, V)
+                xbatch = xgr.BatchGrammarMatcher(max_threads=native.pool_size())
 
-            def floor_torch():
-                logits.mul_(1.0)
+                def x_fill():
+                    xbatch.batch_fill_next_token_bitmask(xms, xbm)
 
-            fill = {"llmserve": timeit(ours_fill, reps), "xgrammar": timeit(x_fill, reps),
-                    "llguidance": timeit(l_fill, reps), "python_loop": timeit(py_fill, max(1, reps // 3), 1)}
-            fa = {"llmserve": timeit(ours_fill_apply, reps), "xgrammar": timeit(x_fill_apply, reps),
-                  "llguidance": timeit(l_fill_apply, reps),
-                  "python_loop": timeit(py_fill_apply, max(1, reps // 3), 1)}
-            fl = min(timeit(floor, reps), timeit(floor_torch, reps))
-            res["fill_s"][B], res["fill_apply_s"][B], res["floor_s"][B] = fill, fa, fl
-            # correctness spot check: our mask equals xgrammar's on allowed tokens of row 0's state
-            print(f"B={B:4d} fill us: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fill.items())
-                  + " | fill+apply us: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fa.items())
-                  + f" | floor={fl * 1e6:.0f}")
-        # ratios vs the issue's targets
-        big = 256
-        fa256 = res["fill_apply_s"][big]
-        res["ratios"] = {
-            "fill_apply_B256_over_floor": fa256["llmserve"] / res["floor_s"][big],
-            "fill_apply_B256_vs_best_other": fa256["llmserve"] / min(v for k, v in fa256.items() if k != "llmserve"),
-            "per_row_fill_B256_over_B8": (res["fill_s"][256]["llmserve"] / 256) / (res["fill_s"][8]["llmserve"] / 8),
-            "python_loop_over_llmserve_fill_B256": res["fill_s"][256]["python_loop"] / res["fill_s"][256]["llmserve"],
-            "compile_over_fastest": res["compile_s"]["llmserve"] / min(
-                res["compile_s"]["xgrammar"], res["compile_s"]["llguidance"], res["compile_s"]["llmserve"]),
-            "disk_cache_compile_ms": res["compile_s"]["llmserve_disk_cache"] * 1e3,
-        }
-        print("ratios:", {k: round(v, 3) for k, v in res["ratios"].items()})
+                def x_fill_apply():
+                    xbatch.batch_fill_next_token_bitmask(xms, xbm)
+                    xgr.apply_token_bitmask_inplace(logits, xbm)
+
+                # llguidance (a rejected token would put the matcher in its error state: validate first)
+                lms = []
+                for p in prefixes:
+                    m = llg.LLMatcher(lltok, lgram)
+                    for i, tok in enumerate(p):
+                        if m.validate_tokens([tok]) != 1 or not m.consume_token(tok):
+                            rejected["llguidance"].setdefault(len(p), {
+                                "prefix_len": len(p), "at": i, "accepted_prefix": prefix_text(p[:i], vocab),
+                                "token": token_label(vocab, tok), "error": m.get_error() or ""})
+                            break
+                    lms.append(m)
+                lbm = np.zeros((B, W), np.int32)
+                pairs = [(m, i) for i, m in enumerate(lms)]
+
+                def l_fill():
+                    lnp.fill_next_token_bitmask_par(executor, pairs, lbm)
+
+                def l_fill_apply():
+                    lnp.fill_next_token_bitmask_par(executor, pairs, lbm)
+                    lnp.apply_token_bitmask_inplace(lnp_, lbm)
+
+                # pure-Python baselines: one step per request (advance by the newest token, then the row)
+                base = [ours.walk(lst[:-1]) for lst in lists]
+                newest = [lst[-1] if lst else -1 for lst in lists]
+                pbm = np.zeros((B, W), np.uint32)
+
+                def pyloop_fill():
+                    pyloop.fill(base, newest, pbm)
+
+                def pyloop_fill_apply():
+                    pyloop.fill_apply(base, newest, pbm, lnp_)
+
+                masks = ours.masks
+                cbm = np.zeros((B, W), np.uint32)
+
+                def rowcopy_fill():
+                    for r in range(B):
+                        s = ours.step(base[r], newest[r]) if newest[r] >= 0 else base[r]
+                        cbm[r] = masks[s if s >= 0 else ours.num_states]
+
+                neg = float("-inf")
+
+                def rowcopy_fill_apply():
+                    rowcopy_fill()
+                    bits = np.unpackbits(cbm.view(np.uint8), axis=1, bitorder="little")[:, :V]
+                    for r in range(B):
+                        lnp_[r][bits[r] == 0] = neg
+
+                def floor():
+                    np.multiply(lnp_, 1.0, out=lnp_)
+
+                def floor_torch():
+                    logits.mul_(1.0)
+
+                fill = {"llmserve": timeit(ours_fill, reps), "xgrammar": timeit(x_fill, reps),
+                        "llguidance": timeit(l_fill, reps),
+                        "python_loop": timeit(pyloop_fill, py_reps, 1),
+                        "python_row_copy": timeit(rowcopy_fill, py_reps, 1)}
+                # the masks each engine filled, for the agreement check below
+                ours_fill(), x_fill(), l_fill(), pyloop_fill(), rowcopy_fill()
+                bm_ours, bm_x, bm_l = bm.copy(), xbm.numpy().copy(), lbm.copy()
+                fa = {"llmserve": timeit(ours_fill_apply, reps), "xgrammar": timeit(x_fill_apply, reps),
+                      "llguidance": timeit(l_fill_apply, reps),
+                      "python_loop": timeit(pyloop_fill_apply, py_reps, 1),
+                      "python_row_copy": timeit(rowcopy_fill_apply, py_reps, 1)}
+                fl = min(timeit(floor, 3 * reps), timeit(floor_torch, 3 * reps))  # cheap: more reps, less noise
+                res["fill_s"][B], res["fill_apply_s"][B], res["floor_s"][B] = fill, fa, fl
+                print(f"B={B:4d} fill us: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fill.items())
+                      + " | fill+apply us: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fa.items())
+                      + f" | floor={fl * 1e6:.0f}")
+
+                # ---- mask agreement, row by row, for the same prefix
+                if not (np.array_equal(pbm, bm_ours) and np.array_equal(cbm, bm_ours)):
+                    print(f"  !! python baselines disagree with llmserve's fill at B={B} (harness bug)")
+                    res.setdefault("harness_mismatch", []).append(B)
+                line = []
+                for eng, obm in (("xgrammar", bm_x), ("llguidance", bm_l)):
+                    a = agreement[eng]
+                    a["by_B"][B] = compare(vocab, bm_ours, obm, prefixes, rejected[eng], a["disagreements"],
+                                           seen[eng])
+                    s = a["by_B"][B]
+                    line.append(f"{eng} {s['agree']}/{s['rows']} rows agree"
+                                + (f" ({s['rows_on_rejected_prefix']} rows on a prefix it rejected)"
+                                   if s["rows_on_rejected_prefix"] else ""))
+                print("  agreement: " + "; ".join(line))
+
+            for eng in OTHERS:
+                a = agreement[eng]
+                a["rejections"] = sorted(rejected[eng].values(), key=lambda d: d["prefix_len"])
+                a["disagreements"].sort(key=lambda d: d["prefix_len"])
+                for rj in a["rejections"]:
+                    print(f"  !! {eng} rejected token {rj['token']} after {rj['accepted_prefix']!r} "
+                          f"(sample prefix of {rj['prefix_len']} bytes){': ' + rj['error'] if rj.get('error') else ''}")
+                print_disagreements(eng, a["disagreements"])
+
+            # ratios vs the issue's targets
+            fa_b, f_b = res["fill_apply_s"][BIG], res["fill_s"][BIG]
+            others_c = min(res["compile_s"][e] for e in OTHERS)
+            res["ratios"] = {
+                "fill_apply_B256_over_floor": fa_b["llmserve"] / res["floor_s"][BIG],
+                "fill_apply_B256_vs_best_other": fa_b["llmserve"] / min(v for k, v in fa_b.items() if k != "llmserve"),
+                "fill_B256_vs_best_other": f_b["llmserve"] / min(v for k, v in f_b.items() if k != "llmserve"),
+                "per_row_fill_B256_over_B8": (f_b["llmserve"] / BIG) / (res["fill_s"][SMALL]["llmserve"] / SMALL),
+                "python_loop_over_llmserve_fill_B256": f_b["python_loop"] / f_b["llmserve"],
+                "python_row_copy_over_llmserve_fill_B256": f_b["python_row_copy"] / f_b["llmserve"],
+                "python_loop_over_llmserve_fill_apply_B256": fa_b["python_loop"] / fa_b["llmserve"],
+                "compile_over_fastest": res["compile_s"]["llmserve"] / others_c,
+                "compile_full_over_fastest": res["compile_s"]["llmserve_full"] / others_c,
+                "disk_cache_compile_ms": res["compile_s"]["llmserve_disk_cache_first_fill"] * 1e3,
+            }
+            res["targets_met"] = {k: bool(pred(res["ratios"][k])) for k, _, pred in TARGETS}
+            print("ratios:", {k: round(v, 3) for k, v in res["ratios"].items()})
+    finally:
+        shutil.rmtree(cache_root, ignore_errors=True)
+
+    # ---- summaries
+    print("\n## Targets (llmserve; quick run)" if args.quick else "\n## Targets (llmserve)")
+    print("| case | " + " | ".join(desc for _, desc, _ in TARGETS) + " | met | "
+          + " | ".join(desc for _, desc in INFO) + " |")
+    print("|---|" + "---|" * (len(TARGETS) + 1 + len(INFO)))
+    for name, res in results["cases"].items():
+        cells = [f"{fmt_ratio(k, res['ratios'][k])} {'✓' if res['targets_met'][k] else '✗'}" for k, _, _ in TARGETS]
+        met = sum(res["targets_met"].values())
+        print(f"| {name} | " + " | ".join(cells) + f" | {met}/{len(TARGETS)} | "
+              + " | ".join(fmt_ratio(k, res["ratios"][k]) for k, _ in INFO) + " |")
+
+    print("\n## Compile (median ms) and B=256 timings (us)")
+    print("| case | llmserve | llmserve_full | xgrammar | llguidance | disk cache | fill ours/xgr/llg/py_loop/py_copy "
+          "| fill+apply ours/xgr/llg/py_loop/py_copy | floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    engines = ("llmserve", "xgrammar", "llguidance", "python_loop", "python_row_copy")
+    for name, res in results["cases"].items():
+        c = res["compile_s"]
+        f, fa = res["fill_s"][BIG], res["fill_apply_s"][BIG]
+        print(f"| {name} | {c['llmserve'] * 1e3:.2f} | {c['llmserve_full'] * 1e3:.2f} | {c['xgrammar'] * 1e3:.2f} "
+              f"| {c['llguidance'] * 1e3:.2f} | {c['llmserve_disk_cache_first_fill'] * 1e3:.3f} "
+              f"| {' / '.join(f'{f[e] * 1e6:.0f}' for e in engines)} "
+              f"| {' / '.join(f'{fa[e] * 1e6:.0f}' for e in engines)} | {res['floor_s'][BIG] * 1e6:.0f} |")
+
+    print(f"\n## Mask agreement with llmserve (rows identical at B={BIG}; distinct disagreeing prefixes; "
+          "prefixes the engine rejected)")
+    print("| case | engine | rows agree | disagreeing prefixes | rejected prefixes |")
+    print("|---|---|---|---|---|")
+    for name, res in results["cases"].items():
+        for eng in OTHERS:
+            a = res["agreement"][eng]
+            s = a["by_B"][BIG]
+            print(f"| {name} | {eng} | {s['agree']}/{s['rows']} | {len(a['disagreements'])} "
+                  f"| {len(a['rejections'])} |")
+    results["total_s"] = time.perf_counter() - t0
+    print(f"\ntotal {results['total_s']:.1f}s")
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        Path(args.out).write_text(json.dumps(results, indent=1, ensure_ascii=False))
 
 
 if __name__ == "__main__":
