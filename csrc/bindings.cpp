@@ -285,29 +285,14 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "build_dfa",
-      [](py::array eps_off, py::array eps, py::array edge_off, py::array edges, int32_t start, int32_t final_state,
-         int64_t max_states) {
-        NfaView nfa;
-        nfa.n = eps_off.shape(0) - 1;
-        nfa.eps_off = buffer_of<int64_t>(eps_off, 1, "eps_off", false);
-        nfa.eps = buffer_of<int32_t>(eps, 1, "eps", false);
-        nfa.edge_off = buffer_of<int64_t>(edge_off, 1, "edge_off", false);
-        nfa.edges = buffer_of<int32_t>(edges, 1, "edges", false);
-        nfa.start = start;
-        nfa.final_state = final_state;
-        if (nfa.n <= 0 || edge_off.shape(0) != nfa.n + 1 || start < 0 || start >= nfa.n || final_state < 0 ||
-            final_state >= nfa.n || nfa.eps_off[nfa.n] > eps.shape(0) || nfa.edge_off[nfa.n] * 3 > edges.shape(0))
-          throw std::invalid_argument("malformed NFA arrays");
-        for (int64_t k = 0; k < nfa.eps_off[nfa.n]; ++k)
-          if (nfa.eps[k] < 0 || nfa.eps[k] >= nfa.n) throw std::invalid_argument("NFA epsilon target out of range");
-        for (int64_t k = 0; k < nfa.edge_off[nfa.n]; ++k) {
-          const int32_t lo = nfa.edges[3 * k], hi = nfa.edges[3 * k + 1], to = nfa.edges[3 * k + 2];
-          if (lo < 0 || hi > 255 || lo > hi || to < 0 || to >= nfa.n) throw std::invalid_argument("NFA edge out of range");
-        }
+      [](py::array ast, int64_t max_states, int64_t max_nfa_states) {
+        const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
+        const int64_t n = ast.shape(0);
         Dfa d;
         try {
           py::gil_scoped_release nogil;
-          Dfa raw = determinize(nfa, max_states);
+          Nfa nfa = build_nfa(a, n, max_nfa_states);
+          Dfa raw = determinize(nfa.view(), max_states);
           d = minimize(raw.table.data(), raw.accept.data(), raw.states());
         } catch (const DfaError& e) {
           throw py::value_error(e.message);
@@ -318,9 +303,8 @@ PYBIND11_MODULE(_core, m) {
         std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
         return py::make_tuple(table, accept);
       },
-      py::arg("eps_off"), py::arg("eps"), py::arg("edge_off"), py::arg("edges"), py::arg("start"),
-      py::arg("final"), py::arg("max_states"),
-      "Subset construction, trimming and minimisation of a byte NFA; (table int32[S,256], accept uint8[S]).");
+      py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"),
+      "Regular-expression AST (serialised, see dfa.h) -> minimal byte DFA (table int32[S,256], accept uint8[S]).");
 
   m.def(
       "apply_bitmask",

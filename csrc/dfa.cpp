@@ -5,6 +5,10 @@
 #include "dfa.h"
 
 #include <algorithm>
+#include <bitset>
+#include <map>
+#include <stdexcept>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 
@@ -73,7 +77,237 @@ class Subsets {
   uint64_t gen_ = 0, gen1_ = 0;
 };
 
+// UTF-8 byte-range sequences whose concatenations are exactly the encodings of [lo, hi].
+void utf8_sequences(int32_t lo, int32_t hi, std::vector<std::vector<std::pair<int, int>>>& out) {
+  auto encode = [](int32_t c, uint8_t* b) -> int {
+    if (c < 0x80) { b[0] = static_cast<uint8_t>(c); return 1; }
+    if (c < 0x800) { b[0] = 0xC0 | (c >> 6); b[1] = 0x80 | (c & 0x3F); return 2; }
+    if (c < 0x10000) { b[0] = 0xE0 | (c >> 12); b[1] = 0x80 | ((c >> 6) & 0x3F); b[2] = 0x80 | (c & 0x3F); return 3; }
+    b[0] = 0xF0 | (c >> 18); b[1] = 0x80 | ((c >> 12) & 0x3F); b[2] = 0x80 | ((c >> 6) & 0x3F); b[3] = 0x80 | (c & 0x3F);
+    return 4;
+  };
+  std::vector<std::pair<int32_t, int32_t>> stack{{lo, hi}};
+  while (!stack.empty()) {
+    auto [a, b] = stack.back();
+    stack.pop_back();
+    if (a > b) continue;
+    if (a <= 0xDFFF && b >= 0xD800) {  // surrogates are not characters
+      stack.emplace_back(0xE000, b);
+      stack.emplace_back(a, 0xD7FF);
+      continue;
+    }
+    bool split = false;
+    for (int32_t bound : {0x7F, 0x7FF, 0xFFFF})
+      if (a <= bound && bound < b) {
+        stack.emplace_back(bound + 1, b);
+        stack.emplace_back(a, bound);
+        split = true;
+        break;
+      }
+    if (split) continue;
+    if (b <= 0x7F) {
+      out.push_back({{a, b}});
+      continue;
+    }
+    uint8_t ea[4], eb[4];
+    const int n = encode(a, ea);
+    for (int i = 1; i < n && !split; ++i) {
+      const int32_t m = (1 << (6 * i)) - 1;
+      if ((a & ~m) != (b & ~m)) {
+        if (a & m) {
+          stack.emplace_back((a | m) + 1, b);
+          stack.emplace_back(a, a | m);
+          split = true;
+        } else if ((b & m) != m) {
+          stack.emplace_back(b & ~m, b);
+          stack.emplace_back(a, (b & ~m) - 1);
+          split = true;
+        }
+      }
+    }
+    if (split) continue;
+    encode(b, eb);
+    std::vector<std::pair<int, int>> seq;
+    for (int i = 0; i < n; ++i) seq.emplace_back(ea[i], eb[i]);
+    out.push_back(std::move(seq));
+  }
+}
+
+class NfaBuilder {
+ public:
+  NfaBuilder(const int32_t* ast, int64_t n, int64_t limit) : ast_(ast), n_(n), limit_(limit) {}
+
+  Nfa build() {
+    int64_t pos = 0;
+    auto [s, e] = node(pos);
+    if (pos != n_) throw std::invalid_argument("trailing data after the AST");
+    nfa_.start = s;
+    nfa_.final_state = e;
+    return std::move(nfa_);
+  }
+
+ private:
+  int32_t state() {
+    if (static_cast<int64_t>(nfa_.eps.size()) >= limit_)
+      throw DfaError{"constraint too large: more than " + std::to_string(limit_) + " automaton states"};
+    nfa_.eps.emplace_back();
+    nfa_.edges.emplace_back();
+    return static_cast<int32_t>(nfa_.eps.size() - 1);
+  }
+  int32_t at(int64_t i) const {
+    if (i >= n_) throw std::invalid_argument("truncated AST");
+    return ast_[i];
+  }
+  void edge(int32_t from, int lo, int hi, int32_t to) {
+    auto& e = nfa_.edges[from];
+    e.push_back(lo);
+    e.push_back(hi);
+    e.push_back(to);
+  }
+  // the subtree at `pos` (advanced past it) may be built several times (counted repetition)
+  std::pair<int32_t, int32_t> node(int64_t& pos) {
+    const int32_t kind = at(pos++);
+    if (kind == 0) {  // set
+      const int32_t count = at(pos++);
+      const int32_t s = state(), e = state();
+      std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
+      std::vector<std::vector<std::pair<int, int>>> seqs;
+      for (int32_t k = 0; k < count; ++k) {
+        const int32_t lo = at(pos), hi = at(pos + 1);
+        pos += 2;
+        if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
+        seqs.clear();
+        utf8_sequences(lo, hi, seqs);
+        for (const auto& seq : seqs) {
+          int32_t cur = s;
+          for (size_t i = 0; i < seq.size(); ++i) {
+            if (i + 1 == seq.size()) {
+              edge(cur, seq[i].first, seq[i].second, e);
+            } else {
+              auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
+              auto it = shared.find(key);
+              if (it == shared.end()) {
+                const int32_t nxt = state();
+                it = shared.emplace(key, nxt).first;
+                edge(cur, seq[i].first, seq[i].second, nxt);
+              }
+              cur = it->second;
+            }
+          }
+        }
+      }
+      return {s, e};
+    }
+    if (kind == 1) {  // cat
+      const int32_t count = at(pos++);
+      const int32_t s = state();
+      int32_t e = s;
+      for (int32_t k = 0; k < count; ++k) {
+        auto [cs, ce] = node(pos);
+        nfa_.eps[e].push_back(cs);
+        e = ce;
+      }
+      return {s, e};
+    }
+    if (kind == 2) {  // alt
+      const int32_t count = at(pos++);
+      const int32_t s = state(), e = state();
+      for (int32_t k = 0; k < count; ++k) {
+        auto [cs, ce] = node(pos);
+        nfa_.eps[s].push_back(cs);
+        nfa_.eps[ce].push_back(e);
+      }
+      return {s, e};
+    }
+    if (kind == 3) {  // rep
+      const int32_t lo = at(pos), hi = at(pos + 1);
+      pos += 2;
+      if (lo < 0 || (hi >= 0 && hi < lo)) throw std::invalid_argument("repetition bounds");
+      const int64_t child = pos;
+      auto again = [&]() {
+        int64_t p = child;
+        auto r = node(p);
+        pos = p;
+        return r;
+      };
+      const int32_t s = state();
+      int32_t e = s;
+      for (int32_t k = 0; k < lo; ++k) {
+        auto [cs, ce] = again();
+        nfa_.eps[e].push_back(cs);
+        e = ce;
+      }
+      if (hi < 0) {
+        auto [cs, ce] = again();
+        const int32_t loop = state();
+        nfa_.eps[e].push_back(loop);
+        nfa_.eps[loop].push_back(cs);
+        nfa_.eps[ce].push_back(loop);
+        const int32_t end = state();
+        nfa_.eps[loop].push_back(end);
+        return {s, end};
+      }
+      const int32_t end = state();
+      nfa_.eps[e].push_back(end);
+      for (int32_t k = 0; k < hi - lo; ++k) {
+        auto [cs, ce] = again();
+        nfa_.eps[e].push_back(cs);
+        nfa_.eps[ce].push_back(end);
+        e = ce;
+      }
+      if (lo == 0 && hi == 0) skip(pos);  // the child was never built: step over it
+      return {s, end};
+    }
+    throw std::invalid_argument("unknown AST node kind");
+  }
+  void skip(int64_t& pos) {
+    const int32_t kind = at(pos++);
+    if (kind == 0) {
+      pos += 2 * static_cast<int64_t>(at(pos)) + 1;
+    } else if (kind == 1 || kind == 2) {
+      const int32_t count = at(pos++);
+      for (int32_t k = 0; k < count; ++k) skip(pos);
+    } else if (kind == 3) {
+      pos += 2;
+      skip(pos);
+    } else {
+      throw std::invalid_argument("unknown AST node kind");
+    }
+  }
+
+  const int32_t* ast_;
+  int64_t n_, limit_;
+  Nfa nfa_;
+};
+
 }  // namespace
+
+NfaView Nfa::view() {
+  const int64_t n = static_cast<int64_t>(eps.size());
+  eps_off.assign(n + 1, 0);
+  edge_off.assign(n + 1, 0);
+  eps_flat.clear();
+  edges_flat.clear();
+  for (int64_t q = 0; q < n; ++q) {
+    eps_flat.insert(eps_flat.end(), eps[q].begin(), eps[q].end());
+    edges_flat.insert(edges_flat.end(), edges[q].begin(), edges[q].end());
+    eps_off[q + 1] = static_cast<int64_t>(eps_flat.size());
+    edge_off[q + 1] = static_cast<int64_t>(edges_flat.size() / 3);
+  }
+  NfaView v;
+  v.n = n;
+  v.eps_off = eps_off.data();
+  v.eps = eps_flat.data();
+  v.edge_off = edge_off.data();
+  v.edges = edges_flat.data();
+  v.start = start;
+  v.final_state = final_state;
+  return v;
+}
+
+Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states) {
+  return NfaBuilder(ast, n, max_nfa_states).build();
+}
 
 Dfa determinize(const NfaView& nfa, int64_t max_states) {
   Subsets sub(nfa);
@@ -128,26 +362,17 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
   // both trims and minimises; blocks are then numbered canonically.
   const int64_t N = n + 1, sink = n;
   // bytes that every state treats alike form one letter of a smaller alphabet
-  std::vector<int> letters;  // a representative byte per letter
+  // A smaller alphabet: the byte intervals over which no state's row changes (cheaper to find than
+  // full column equivalence, and only ever finer).
+  std::vector<int> letters{0};  // the first byte of each letter
   {
-    std::vector<uint64_t> h(256, 1469598103934665603ull);
-    for (int64_t s = 0; s < n; ++s)
-      for (int b = 0; b < 256; ++b) h[b] = (h[b] ^ static_cast<uint32_t>(table[s * 256 + b])) * 1099511628211ull;
-    auto same_column = [&](int a, int b) {
-      for (int64_t s = 0; s < n; ++s)
-        if (table[s * 256 + a] != table[s * 256 + b]) return false;
-      return true;
-    };
-    std::unordered_map<uint64_t, std::vector<int>> by_hash;  // hash -> representatives
-    for (int b = 0; b < 256; ++b) {
-      auto& reps = by_hash[h[b]];
-      bool found = false;
-      for (int r : reps) found = found || same_column(r, b);
-      if (!found) {
-        reps.push_back(b);
-        letters.push_back(b);
-      }
+    std::vector<uint8_t> cut(256, 0);
+    for (int64_t s = 0; s < n; ++s) {
+      const int32_t* row = table + s * 256;
+      for (int b = 1; b < 256; ++b) cut[b] |= row[b] != row[b - 1];
     }
+    for (int b = 1; b < 256; ++b)
+      if (cut[b]) letters.push_back(b);
   }
   const int64_t L = static_cast<int64_t>(letters.size());
   auto delta = [&](int64_t s, int64_t l) -> int64_t {
@@ -158,9 +383,10 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
   // inverse transitions per letter, compressed rows: inv_off[l * (N + 1) + d] ...
   std::vector<int64_t> inv_off(L * (N + 1) + 1, 0);
   std::vector<int32_t> inv(L * N);
+  std::vector<int64_t> count(N + 1);
   for (int64_t l = 0; l < L; ++l) {
     int64_t* off = inv_off.data() + l * (N + 1);
-    std::vector<int64_t> count(N + 1, 0);
+    std::fill(count.begin(), count.end(), 0);
     for (int64_t s = 0; s < N; ++s) ++count[delta(s, l) + 1];
     for (int64_t d = 0; d < N; ++d) count[d + 1] += count[d];
     for (int64_t d = 0; d <= N; ++d) off[d] = l * N + count[d];
@@ -195,8 +421,22 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
       work.emplace_back(b, static_cast<int32_t>(l));
     }
   };
-  for (int32_t b = 0; b < static_cast<int32_t>(first.size()); ++b)
-    for (int64_t l = 0; l < L; ++l) push(b, l);
+  // letters on which some transition enters each state: a block that nothing enters on a letter
+  // cannot split anything on it, so it is never queued for that letter (most blocks of a
+  // constraint automaton are entered on one or two letters out of dozens)
+  std::vector<std::bitset<256>> enters(N);
+  for (int64_t s = 0; s < N; ++s)
+    for (int64_t l = 0; l < L; ++l) enters[delta(s, l)].set(l);
+  auto block_enters = [&](int32_t b) {
+    std::bitset<256> in;
+    for (int32_t i = first[b]; i < last[b]; ++i) in |= enters[elems[i]];
+    return in;
+  };
+  for (int32_t b = 0; b < static_cast<int32_t>(first.size()); ++b) {
+    const auto in = block_enters(b);
+    for (int64_t l = 0; l < L; ++l)
+      if (in[l]) push(b, l);
+  }
   std::vector<int32_t> splitter, touched;
   while (!work.empty()) {
     auto [a, l] = work.back();
@@ -232,11 +472,13 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
       first[b] += m;
       for (int32_t i = first[nb]; i < last[nb]; ++i) block[elems[i]] = nb;
       const bool new_smaller = (last[nb] - first[nb]) <= (last[b] - first[b]);
+      const auto in_new = block_enters(nb), in_old = block_enters(b);
       for (int64_t ll = 0; ll < L; ++ll) {
-        if (static_cast<int64_t>(in_work.size()) > b * L + ll && in_work[b * L + ll])
-          push(nb, ll);
-        else
+        if (static_cast<int64_t>(in_work.size()) > b * L + ll && in_work[b * L + ll]) {
+          if (in_new[ll]) push(nb, ll);
+        } else if (new_smaller ? in_new[ll] : in_old[ll]) {
           push(new_smaller ? nb : b, ll);
+        }
       }
     }
   }

@@ -28,6 +28,24 @@ struct NfaView {
   int32_t final_state = 0;
 };
 
+// A Thompson NFA that owns its arrays (see NfaView).
+struct Nfa {
+  std::vector<std::vector<int32_t>> eps;
+  std::vector<std::vector<int32_t>> edges;  // flattened (lo, hi, target) triples per state
+  std::vector<int64_t> eps_off, edge_off;
+  std::vector<int32_t> eps_flat, edges_flat;
+  int32_t start = 0, final_state = 0;
+  NfaView view();  // compresses the rows; call once, after building
+};
+
+// Build the NFA of a regular-expression AST over code points, serialised in prefix order as int32:
+//   set: 0, n, lo_1, hi_1, ..., lo_n, hi_n  (inclusive code-point ranges, sorted and merged)
+//   cat: 1, n, child_1 ... child_n          alt: 2, n, child_1 ... child_n
+//   rep: 3, lo, hi (-1: unbounded), child
+// Code-point ranges become UTF-8 byte-range sequences (surrogates excluded), so the automaton runs
+// over bytes. Mirrors the Python reference (regex.py) state for state.
+Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states);
+
 // Thrown with a message fit for the user (too many states, empty language).
 struct DfaError {
   std::string message;

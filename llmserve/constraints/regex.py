@@ -528,18 +528,37 @@ def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
     return ByteDFA(out, out_acc, 0)
 
 
-def _native_dfa(nfa: _NFA, start: int, final: int) -> ByteDFA:
+MAX_NFA_STATES = 2_000_000  # counted repetitions multiply: bound the work before it starts
+_SET, _CAT, _ALT, _REP = 0, 1, 2, 3
+
+
+def serialize_ast(node) -> np.ndarray:
+    """The AST in the prefix int32 form the native builder reads (layout in csrc/dfa.h)."""
+    out: list[int] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        kind = n[0]
+        if kind == "set":
+            out += (_SET, len(n[1]))
+            for lo, hi in n[1]:
+                out += (lo, hi)
+        elif kind == "cat" or kind == "alt":
+            out += (_CAT if kind == "cat" else _ALT, len(n[1]))
+            stack.extend(reversed(n[1]))
+        elif kind == "rep":
+            out += (_REP, n[2], -1 if n[3] is None else n[3])
+            stack.append(n[1])
+        else:
+            raise AssertionError(kind)
+    return np.array(out, dtype=np.int32)
+
+
+def _native_dfa(node) -> ByteDFA:
     from llmserve.constraints.compiled import require_native  # compiled imports this module
 
-    core = require_native()
-    eps_off = np.zeros(len(nfa.eps) + 1, dtype=np.int64)
-    eps_off[1:] = np.cumsum([len(e) for e in nfa.eps])
-    edge_off = np.zeros(len(nfa.edges) + 1, dtype=np.int64)
-    edge_off[1:] = np.cumsum([len(e) for e in nfa.edges])
-    eps = np.fromiter((y for ys in nfa.eps for y in ys), dtype=np.int32, count=int(eps_off[-1]))
-    edges = np.fromiter((x for es in nfa.edges for e in es for x in e), dtype=np.int32, count=3 * int(edge_off[-1]))
     try:
-        table, accept = core.build_dfa(eps_off, eps, edge_off, edges, start, final, MAX_DFA_STATES)
+        table, accept = require_native().build_dfa(serialize_ast(node), MAX_DFA_STATES, MAX_NFA_STATES)
     except ValueError as exc:
         raise ConstraintError(str(exc)) from None
     return ByteDFA(table, accept, 0)
@@ -547,12 +566,12 @@ def _native_dfa(nfa: _NFA, start: int, final: int) -> ByteDFA:
 
 def compile_ast(node, backend: str = "native") -> ByteDFA:
     """``backend``: "native" (the C++ core) or "python" (the reference; same table, tests compare)."""
-    nfa = _NFA()
-    s, e = nfa.build(node)
     if backend == "native":
-        return _native_dfa(nfa, s, e)
+        return _native_dfa(node)
     if backend != "python":
         raise ValueError(f"backend must be native or python, not {backend!r}")
+    nfa = _NFA()
+    s, e = nfa.build(node)
     table, accept = _determinize(nfa, s, e)
     return _trim_and_minimize(table, accept)
 

@@ -194,6 +194,16 @@ def test_unwritable_cache_does_not_fail_compilation(vocab, tmp_path):
     assert blocked.read_text() == "x"
 
 
+@pytest.mark.parametrize("pattern,message", [
+    ("(a|b)*a(a|b){15}", "more than 20000 automaton states"),  # 2^16 subsets
+    ("(?:(?:a{1000}){1000})", "more than 2000000 automaton states"),  # the NFA alone
+    (r"[\ud800-\udfff]", "matches no string at all"),  # surrogates only: not characters
+])
+def test_oversized_constraints_are_refused_before_they_cost_much(pattern, message):
+    with pytest.raises(ConstraintError, match=message):
+        compile_regex(pattern)
+
+
 def test_regex_dfa_is_minimal_for_simple_patterns():
     assert compile_regex("a*").num_states == 1
     assert compile_regex("(a|b)(a|b)").num_states == 3
