@@ -9,6 +9,11 @@ Supported: ``type`` string/number/integer/boolean/null/object/array (or a list o
 ``minLength``/``maxLength``/``pattern``/``format`` (date, date-time, time, email, uuid), ``anyOf``/``oneOf``,
 non-recursive ``$ref`` into ``$defs``/``definitions``, nesting. Anything else that would change the
 accepted language is rejected with a ``ConstraintError`` rather than ignored.
+
+Generated objects hold only the declared properties, whatever ``additionalProperties`` says (as in
+OpenAI's strict mode and xgrammar's default): the language is a subset of what the schema accepts,
+so every output still validates. llguidance, by contrast, follows the JSON Schema default and lets
+a model add undeclared properties when ``additionalProperties`` is absent.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ _FORMATS = {
     "email": r"[a-zA-Z0-9_.+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63}){1,4}",
     "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
 }
-# keywords that only annotate (never change the language)
+# keywords that only annotate (never change the language); additionalProperties only widens it,
+# and generation stays within the declared properties (see the module doc)
 _ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", "$comment",
                 "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "additionalProperties"}
 
