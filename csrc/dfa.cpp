@@ -375,23 +375,28 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
       if (cut[b]) letters.push_back(b);
   }
   const int64_t L = static_cast<int64_t>(letters.size());
-  auto delta = [&](int64_t s, int64_t l) -> int64_t {
-    if (s == sink) return sink;
-    const int32_t d = table[s * 256 + letters[l]];
-    return d < 0 ? sink : d;
-  };
-  // inverse transitions per letter, compressed rows: inv_off[l * (N + 1) + d] ...
+  // transitions over letters, the sink included: next[s * L + l]
+  std::vector<int32_t> next(N * L, static_cast<int32_t>(sink));
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t l = 0; l < L; ++l) {
+      const int32_t d = table[s * 256 + letters[l]];
+      if (d >= 0) next[s * L + l] = d;
+    }
+  // inverse transitions per letter in compressed rows: the predecessors of d on l are
+  // inv[inv_off[l * (N + 1) + d] .. inv_off[l * (N + 1) + d + 1])
   std::vector<int64_t> inv_off(L * (N + 1) + 1, 0);
   std::vector<int32_t> inv(L * N);
-  std::vector<int64_t> count(N + 1);
+  for (int64_t s = 0; s < N; ++s)
+    for (int64_t l = 0; l < L; ++l) ++inv_off[l * (N + 1) + next[s * L + l] + 1];
   for (int64_t l = 0; l < L; ++l) {
     int64_t* off = inv_off.data() + l * (N + 1);
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t s = 0; s < N; ++s) ++count[delta(s, l) + 1];
-    for (int64_t d = 0; d < N; ++d) count[d + 1] += count[d];
-    for (int64_t d = 0; d <= N; ++d) off[d] = l * N + count[d];
-    std::vector<int64_t> fillpos(count.begin(), count.end() - 1);
-    for (int64_t s = 0; s < N; ++s) inv[l * N + fillpos[delta(s, l)]++] = static_cast<int32_t>(s);
+    off[0] = l * N;
+    for (int64_t d = 0; d < N; ++d) off[d + 1] += off[d];
+  }
+  {
+    std::vector<int64_t> fill(inv_off.begin(), inv_off.end());
+    for (int64_t s = 0; s < N; ++s)
+      for (int64_t l = 0; l < L; ++l) inv[fill[l * (N + 1) + next[s * L + l]]++] = static_cast<int32_t>(s);
   }
   // partition: elems holds the states block by block; block b is elems[first[b] .. last[b])
   std::vector<int32_t> elems(N), loc(N), block(N), first, last, marked;
@@ -426,7 +431,7 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
   // constraint automaton are entered on one or two letters out of dozens)
   std::vector<std::bitset<256>> enters(N);
   for (int64_t s = 0; s < N; ++s)
-    for (int64_t l = 0; l < L; ++l) enters[delta(s, l)].set(l);
+    for (int64_t l = 0; l < L; ++l) enters[next[s * L + l]].set(l);
   auto block_enters = [&](int32_t b) {
     std::bitset<256> in;
     for (int32_t i = first[b]; i < last[b]; ++i) in |= enters[elems[i]];
@@ -472,11 +477,16 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
       first[b] += m;
       for (int32_t i = first[nb]; i < last[nb]; ++i) block[elems[i]] = nb;
       const bool new_smaller = (last[nb] - first[nb]) <= (last[b] - first[b]);
-      const auto in_new = block_enters(nb), in_old = block_enters(b);
+      // only the smaller side's letters are needed, except where b was queued already
+      bool b_queued = false;
+      for (int64_t ll = 0; ll < L && !b_queued; ++ll)
+        b_queued = static_cast<int64_t>(in_work.size()) > b * L + ll && in_work[b * L + ll];
+      const auto in_new = (new_smaller || b_queued) ? block_enters(nb) : std::bitset<256>();
+      const auto in_small = new_smaller ? in_new : block_enters(b);
       for (int64_t ll = 0; ll < L; ++ll) {
         if (static_cast<int64_t>(in_work.size()) > b * L + ll && in_work[b * L + ll]) {
           if (in_new[ll]) push(nb, ll);
-        } else if (new_smaller ? in_new[ll] : in_old[ll]) {
+        } else if (in_small[ll]) {
           push(new_smaller ? nb : b, ll);
         }
       }

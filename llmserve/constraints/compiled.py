@@ -18,14 +18,17 @@ written. A cache hit memory-maps the file (no parsing, no copy).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import mmap
 import os
+import queue
 import re as _re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +147,7 @@ class CompiledConstraint:
         self.key = key
         self._ready = ready
         self._native = None
-        self._finisher: threading.Thread | None = None
+        self._finished: threading.Event | None = None  # set by the background finisher
 
     @classmethod
     def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> "CompiledConstraint":
@@ -178,9 +181,8 @@ class CompiledConstraint:
 
     def complete(self) -> "CompiledConstraint":
         """Compute every mask row not computed yet; wait for the background cache writer if any."""
-        finisher = self._finisher
-        if finisher is not None and finisher is not threading.current_thread():
-            finisher.join()
+        if self._finished is not None and threading.current_thread() is not _FINISHER.thread:
+            self._finished.wait()
         if not self._ready:
             self.native.complete()
             self._ready = True
@@ -266,9 +268,9 @@ def _write_cache(path: Path, c: CompiledConstraint) -> None:
             f.write(_MAGIC + head_len.to_bytes(8, "little") + hjson)
             f.write(b"\0" * (head_len - len(_MAGIC) - 8 - len(hjson)))
             for _, a in arrays:
-                data = np.ascontiguousarray(a).tobytes()
-                f.write(data)
-                f.write(b"\0" * ((-len(data)) % _ALIGN))
+                data = np.ascontiguousarray(a)
+                f.write(data.data)  # no copy; the GIL is released during the write itself
+                f.write(b"\0" * ((-data.nbytes) % _ALIGN))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -348,21 +350,58 @@ def _try_write_cache(path: Path, compiled: CompiledConstraint) -> None:
         log.warning("constraint cache not written (%s): %s", path, exc)
 
 
+class _Finisher:
+    """One background thread per process that completes lazily compiled constraints and writes
+    their cache files. A queue rather than a thread per constraint: starting a thread costs more
+    than compiling a small constraint. The remaining rows are computed on that thread alone (the GIL
+    is released, and the pool stays free for batch fills)."""
+
+    EXIT_WAIT_S = 30.0
+
+    def __init__(self):
+        self._jobs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending: set[CompiledConstraint] = set()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, compiled: CompiledConstraint, path: Path) -> None:
+        compiled._finished = threading.Event()
+        with self._lock:
+            self._pending.add(compiled)
+            if self.thread is None or not self.thread.is_alive():  # first use, or a forked child
+                self.thread = threading.Thread(target=self._run, name="llmserve-constraint-cache", daemon=True)
+                self.thread.start()
+        self._jobs.put((compiled, path))
+
+    def _run(self) -> None:
+        while True:
+            compiled, path = self._jobs.get()
+            try:
+                compiled.native.complete(1)
+                compiled._ready = True
+                _try_write_cache(path, compiled)
+            except Exception:  # noqa: BLE001 - a background thread has nobody else to tell
+                log.exception("completing constraint %s failed; rows are still computed on first use", compiled.key)
+            finally:
+                compiled._finished.set()
+                with self._lock:
+                    self._pending.discard(compiled)
+
+    def wait_all(self, timeout: float) -> None:
+        """At exit: let pending cache files be written rather than leave temporary ones behind."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._pending)
+        for c in pending:
+            c._finished.wait(max(0.0, deadline - time.monotonic()))
+
+
+_FINISHER = _Finisher()
+atexit.register(_FINISHER.wait_all, _Finisher.EXIT_WAIT_S)
+
+
 def _finish_in_background(compiled: CompiledConstraint, path: Path) -> None:
-    """Compute the remaining mask rows on one native thread (the GIL is released, and the pool stays
-    free for batch fills), then write the cache. Not a daemon: a process that exits right after
-    compiling still leaves a complete cache file rather than a temporary one."""
-
-    def finish():
-        try:
-            compiled.native.complete(1)
-            compiled._ready = True
-            _try_write_cache(path, compiled)
-        except Exception:  # noqa: BLE001 - a background thread has nobody else to tell
-            log.exception("completing constraint %s failed; rows are still computed on first use", compiled.key)
-
-    compiled._finisher = threading.Thread(target=finish, name="llmserve-constraint-cache")
-    compiled._finisher.start()
+    _FINISHER.submit(compiled, path)
 
 
 def load_cached(spec, vocab: Vocab, cache_dir: Path | str | None = None) -> CompiledConstraint | None:
