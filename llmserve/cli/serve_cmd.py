@@ -29,8 +29,9 @@ def serve(
     metrics_dir: Path = typer.Option(None, "--metrics-dir", help="PROMETHEUS_MULTIPROC_DIR to wipe and use. Default: under the llmserve cache."),
     constraints: bool = typer.Option(True, "--constraints/--no-constraints",
                                      help="Load llmserve's constraint processor (per-request regex, choice or JSON Schema in "
-                                          "`vllm_xargs`, enforced in the decode loop). On by default for generating models; "
-                                          "without it a request carrying a constraint gets HTTP 400."),
+                                          "OpenAI `vllm_xargs` or KServe `sampling_parameters`, enforced in the decode loop). "
+                                          "On by default for generating models; without it a request carrying a constraint "
+                                          "gets HTTP 400 / INVALID_ARGUMENT."),
 ) -> None:
     """Serve a package: one process, one vLLM engine, OpenAI-compatible HTTP and KServe v2 HTTP/gRPC.
 

@@ -191,10 +191,10 @@ async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any
     set_constraint_support(constraints, why_not)
     if constraints:
         log.info("startup: engine      constraint processor loaded (%s): requests may carry "
-                 "vllm_xargs constraint keys", CONSTRAINT_PROCESSOR)
+                 "constraint keys (OpenAI vllm_xargs, KServe sampling_parameters)", CONSTRAINT_PROCESSOR)
     else:
         log.info("startup: engine      constraint processor not loaded: %s; a request carrying a "
-                 "constraint gets HTTP 400", why_not)
+                 "constraint gets HTTP 400 / INVALID_ARGUMENT", why_not)
     return EngineHandle(engine=engine, state=state, model_name=model_name, supported_tasks=tasks,
                         max_model_len=engine.model_config.max_model_len, engine_args=engine_args,
                         constraints=constraints)

@@ -179,6 +179,8 @@ def test_invalid_constraint_is_400(client, model_name, xargs, needle):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model_name, messages=MSG, max_tokens=4, extra_body={"vllm_xargs": xargs})
     assert needle in info.value.message, info.value.message
+    # checked by the frontend, so the error names the field and the key
+    assert info.value.param == "vllm_xargs" and f"key '{next(iter(xargs))}'" in info.value.message, info.value.message
 
 
 def test_unknown_vllm_xargs_key_is_400(http, model_name):

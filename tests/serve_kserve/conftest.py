@@ -1,4 +1,5 @@
-"""One real vLLM engine (tiny model, in-process) behind the KServe v2 gRPC and HTTP frontends.
+"""One real vLLM engine (tiny model, in-process, with llmserve's constraint processor as `llmserve
+serve` loads it by default) behind the KServe v2 gRPC and HTTP frontends.
 
 The frontends and the engine run on one asyncio loop in a background thread, the way
 `llmserve serve` runs them; tests talk to them with real clients (tritonclient gRPC/HTTP, httpx)
@@ -125,8 +126,10 @@ def kserve_server(tiny_vllm_package):
 
     async def start():
         from llmserve.serve.engine import merged_engine_args, start_engine
+        from llmserve.serve.options import ServeOptions
 
-        args = merged_engine_args(package.manifest.engine, {})
+        # what `llmserve serve` adds by default: the constraint processor (test_kserve_constraints.py)
+        args = merged_engine_args(package.manifest.engine, ServeOptions(package=tiny_vllm_package).engine_overrides())
         return await start_engine(package, package.manifest.modelId, args)
 
     async def stop():

@@ -28,6 +28,22 @@ Mapping table (key -> vLLM 0.32 SamplingParams field):
         disable_additional_properties, disable_any_whitespace, whitespace_pattern.
         This is the same guarantee the OpenAI API's `response_format` gives.
 
+Constraint keys of llmserve's constraint processor (llmserve.constraints.vllm_processor), the same
+keys the OpenAI API takes in `vllm_xargs`; at most one per request:
+
+    constraint_regex                              -> extra_args       (string: the whole output matches it)
+    constraint_choice                             -> extra_args       (list of strings, or it as JSON text)
+    constraint_json_schema                        -> extra_args       (JSON Schema object, or it as JSON text)
+    constraint                                    -> extra_args       (object, or it as JSON text:
+        {"regex": ...} | {"choice": [...]} | {"json_schema": {...}} | {"machine": name, "args": {...}})
+    extra_args                                    -> extra_args       (object of the keys above only: the
+        spelling of Triton's vLLM backend, which passes sampling_parameters to SamplingParams(**...))
+
+    The constraint is validated by the processor's own check before the request reaches the engine
+    (invalid: INVALID_ARGUMENT / HTTP 400 naming the key), and refused when the engine runs without
+    the processor (`llmserve serve --no-constraints`, pooling models, speculative decoding): vLLM
+    would ignore it and answer unconstrained.
+
 Request-level keys that are not sampling settings (Triton reserved parameters):
 
     priority                         -> AsyncLLM.generate(priority=...); refused unless the engine's
@@ -46,11 +62,21 @@ response_format (OpenAI's name), stream / exclude_input_in_output (these are inp
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmserve.serve.kserve.errors import invalid
+from llmserve.serve.constraint_keys import (
+    CONSTRAINT_KEYS,
+    constraint_problem,
+    extra_args_value,
+    given_keys,
+    validation_problem,
+)
+from llmserve.serve.kserve.errors import INTERNAL, KServeError, invalid
+
+log = logging.getLogger("llmserve.serve.kserve")
 
 
 def _where(key: str, origin: str) -> str:
@@ -253,7 +279,10 @@ REFUSED_KEYS: dict[str, str] = {
     "exclude_input_in_output": "exclude_input_in_output is an input tensor (BOOL [1]), not a sampling setting",
     "detokenize": "text_output needs detokenized text",
     "output_kind": "the frontend chooses the output kind (deltas for streams)",
+    "vllm_xargs": "that is the OpenAI API's field; put the constraint key (" + ", ".join(CONSTRAINT_KEYS)
+                  + ") in sampling_parameters itself",
 }
+EXTRA_ARGS_KEY = "extra_args"
 
 # Request-level parameters (not sampling settings).
 REQUEST_KEYS = ("priority", "triton_enable_empty_final_response", "binary_data_output")
@@ -276,13 +305,49 @@ class Settings:
     binary_data_output: bool | None = None
 
 
-def sampling_kwargs(values: dict[str, Any], origin: str, into: dict[str, Any]) -> None:
+def _accepted() -> str:
+    return ", ".join(sorted([*SAMPLING_KEYS, *CONSTRAINT_KEYS, EXTRA_ARGS_KEY]))
+
+
+def _constraint_value(key: str, value: Any, origin: str) -> Any:
+    # a list may arrive as JSON text (gRPC string parameters); a regex is never parsed as JSON
+    return _json_value(key, value, origin) if key == "constraint_choice" else value
+
+
+def _collect_constraint(key: str, value: Any, origin: str, found: dict[str, tuple[str, Any]]) -> None:
+    if value is None:
+        return
+    if key in found:
+        raise invalid(f"{_where(key, origin)}: '{key}' is also set as {_where(key, found[key][0])}; "
+                      "set it in one place")
+    found[key] = (origin, _constraint_value(key, value, origin))
+
+
+def sampling_kwargs(values: dict[str, Any], origin: str, into: dict[str, Any],
+                    found: dict[str, tuple[str, Any]]) -> None:
+    """Map `values` into SamplingParams keyword arguments; constraint keys are collected in `found`
+    (key -> (origin, value)) and settled by settle_constraint once both places are read."""
     for key, value in values.items():
         if key in REFUSED_KEYS:
             raise invalid(f"{_where(key, origin)} is not supported: {REFUSED_KEYS[key]}")
+        if key in CONSTRAINT_KEYS:
+            _collect_constraint(key, value, origin, found)
+            continue
+        if key == EXTRA_ARGS_KEY:
+            if value is None:
+                continue
+            extra = _json_value(key, value, origin)
+            if not isinstance(extra, dict):
+                raise invalid(f"{_where(key, origin)}: expected an object of constraint keys "
+                              f"({', '.join(CONSTRAINT_KEYS)}), got {extra!r}")
+            for inner, inner_value in extra.items():
+                if inner not in CONSTRAINT_KEYS:
+                    raise invalid(f"{_where(f'{key}.{inner}', origin)} is not supported; this server honours only "
+                                  f"the constraint keys {', '.join(CONSTRAINT_KEYS)} in extra_args")
+                _collect_constraint(inner, inner_value, f"{origin} extra_args", found)
+            continue
         if key not in SAMPLING_KEYS:
-            raise invalid(f"{_where(key, origin)} is not a known sampling setting; accepted: "
-                          f"{', '.join(sorted(SAMPLING_KEYS))}")
+            raise invalid(f"{_where(key, origin)} is not a known sampling setting; accepted: {_accepted()}")
         target, convert = SAMPLING_KEYS[key]
         if target in into:
             raise invalid(f"{_where(key, origin)}: '{key}' is set both in the sampling_parameters tensor and in "
@@ -290,6 +355,27 @@ def sampling_kwargs(values: dict[str, Any], origin: str, into: dict[str, Any]) -
         if value is None:
             continue
         into[target] = convert(key, value, origin)
+
+
+def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any]) -> None:
+    """At most one constraint, honoured only with the processor loaded, valid by the processor's own
+    check; it goes to SamplingParams.extra_args in the form the OpenAI path sends it."""
+    values = {key: value for key, (_origin, value) in found.items()}
+    given = given_keys(values)
+    if not given:
+        return
+    key = given[0]
+    problem = constraint_problem(values)
+    if problem is None:
+        try:
+            problem = validation_problem(key, values[key])
+        except Exception as exc:  # noqa: BLE001 - the processor failed, not the request
+            log.exception("constraint check failed")
+            raise KServeError(INTERNAL, f"{_where(key, found[key][0])}: the constraint check failed on the "
+                                        f"server: {type(exc).__name__}: {exc}") from None
+    if problem is not None:  # "key 'k': ..." gets where it came from; "give one constraint ..." names them all
+        raise invalid(f"{found[key][0]} {problem}" if problem.startswith("key '") else problem)
+    into["extra_args"] = {key: extra_args_value(values[key])}
 
 
 def parse_sampling_tensor(text: str) -> dict[str, Any]:
@@ -307,8 +393,9 @@ def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[st
                    transport: str) -> Settings:
     """Map the sampling_parameters tensor and the request parameters; refuse anything unknown."""
     settings = Settings()
+    found: dict[str, tuple[str, Any]] = {}
     if tensor_values:
-        sampling_kwargs(tensor_values, "sampling_parameters", settings.sampling)
+        sampling_kwargs(tensor_values, "sampling_parameters", settings.sampling, found)
     rest: dict[str, Any] = {}
     for key, value in request_params.items():
         if key in REFUSED_REQUEST_KEYS:
@@ -326,5 +413,6 @@ def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[st
             raise invalid(f"request parameter '{key}' is a Triton-reserved parameter this server does not support")
         else:
             rest[key] = value
-    sampling_kwargs(rest, "request parameter", settings.sampling)
+    sampling_kwargs(rest, "request parameter", settings.sampling, found)
+    settle_constraint(found, settings.sampling)
     return settings

@@ -16,6 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from llmserve.serve.constraint_keys import (  # noqa: F401 - CONSTRAINTS, set_constraint_support: re-exported
+    CONSTRAINT_KEYS,
+    CONSTRAINTS,
+    ConstraintSupport,
+    constraint_problem,
+    extra_args_value,
+    given_keys,
+    set_constraint_support,
+    validation_problem,
+)
+
 Check = Callable[[Any, dict], "str | None"]
 Forward = "Literal['pass', 'consume'] | Callable[[Any], dict]"
 
@@ -165,24 +176,9 @@ def _empty_or_none(what: str) -> Check:
 # ---- constraints (vllm_xargs) -------------------------------------------------------------------
 
 # The request keys of llmserve's constraint processor (llmserve.constraints.vllm_processor), the only
-# keys of `vllm_xargs` this server honours. Objects are sent to vLLM as JSON strings, because vLLM's
-# `vllm_xargs` only carries strings, numbers and lists of those into SamplingParams.extra_args.
-CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
-
-
-@dataclass
-class ConstraintSupport:
-    """Whether the running engine has the constraint processor; set by the engine at startup."""
-
-    loaded: bool = False
-    reason: str = "the engine has not started"
-
-
-CONSTRAINTS = ConstraintSupport()
-
-
-def set_constraint_support(loaded: bool, reason: str = "") -> None:
-    CONSTRAINTS.loaded, CONSTRAINTS.reason = loaded, reason
+# keys of `vllm_xargs` this server honours; checked by llmserve.serve.constraint_keys, which the KServe v2
+# frontends share. Objects are sent to vLLM as JSON strings, because vLLM's `vllm_xargs` only carries
+# strings, numbers and lists of those into SamplingParams.extra_args.
 
 
 def _check_vllm_xargs(value: Any, body: dict) -> str | None:
@@ -192,30 +188,16 @@ def _check_vllm_xargs(value: Any, body: dict) -> str | None:
         if key not in CONSTRAINT_KEYS:
             return (f"key '{key}' is not supported; this server honours only the constraint keys "
                     f"{', '.join(CONSTRAINT_KEYS)}")
-    given = [k for k in CONSTRAINT_KEYS if value.get(k) is not None]
-    if len(given) > 1:
-        return f"give one constraint per request, got {given}"
-    if not given:
-        return None
-    if not CONSTRAINTS.loaded:
-        return (f"key '{given[0]}': the constraint processor is not loaded on this server "
-                f"({CONSTRAINTS.reason})")
-    key, val = given[0], value[given[0]]
-    if key == "constraint" and not isinstance(val, (dict, str)):
-        return "key 'constraint' must be an object (or the object as a JSON string), e.g. {\"regex\": \"[0-9]+\"}"
-    if key == "constraint_regex" and not isinstance(val, str):
-        return "key 'constraint_regex' must be a string"
-    if key == "constraint_choice" and (not isinstance(val, list) or not val or not all(isinstance(c, str) for c in val)):
-        return "key 'constraint_choice' must be a non-empty array of strings"
-    if key == "constraint_json_schema" and not isinstance(val, (dict, str)):
-        return "key 'constraint_json_schema' must be a JSON Schema object (or the schema as a JSON string)"
-    return None
+    problem = constraint_problem(value)
+    given = given_keys(value)
+    if problem is None and given:
+        # the processor's own check, here rather than in vLLM's validate_params: the 400 then names the key
+        problem = validation_problem(given[0], value[given[0]])
+    return problem
 
 
 def _forward_vllm_xargs(value: Any) -> dict:
-    import json
-
-    out = {k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in value.items() if v is not None}
+    out = {k: extra_args_value(v) for k, v in value.items() if v is not None}
     return {"vllm_xargs": out} if out else {}
 
 

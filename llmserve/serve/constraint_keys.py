@@ -1,0 +1,94 @@
+"""The request keys of llmserve's constraint processor, as every frontend checks them.
+
+A request carries at most one constraint, under one of CONSTRAINT_KEYS; it reaches the processor
+(llmserve.constraints.vllm_processor) in SamplingParams.extra_args. The OpenAI frontend takes the keys
+from `vllm_xargs`, the KServe v2 frontends from `sampling_parameters` or the request parameters; both
+ask this module whether the server can honour them (`constraint_problem`) and, KServe, whether the
+constraint itself is valid (`validation_problem`, the processor's own check). A constraint sent to a
+server without the processor is refused: vLLM would otherwise ignore the extra args, an unconstrained
+answer with a success status.
+
+Problems are returned as one-line messages naming the key; each frontend wraps them in its own error
+shape (OpenAI: HTTP 400 on `vllm_xargs`; KServe: INVALID_ARGUMENT / HTTP 400).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# = ("constraint", *llmserve.constraints.vllm_processor.FLAT_KEYS); importing that module imports vLLM.
+CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
+
+
+@dataclass
+class ConstraintSupport:
+    """Whether the running engine has the constraint processor; set by the engine at startup
+    (one engine per `llmserve serve` process, shared by all its frontends)."""
+
+    loaded: bool = False
+    reason: str = "the engine has not started"
+
+
+CONSTRAINTS = ConstraintSupport()
+
+
+def set_constraint_support(loaded: bool, reason: str = "") -> None:
+    CONSTRAINTS.loaded, CONSTRAINTS.reason = loaded, reason
+
+
+def given_keys(values: dict[str, Any]) -> list[str]:
+    """The constraint keys set (not null) in `values`, in CONSTRAINT_KEYS order."""
+    return [k for k in CONSTRAINT_KEYS if values.get(k) is not None]
+
+
+def shape_problem(key: str, value: Any) -> str | None:
+    """A value of the wrong JSON type for its key, or None."""
+    if key == "constraint" and not isinstance(value, (dict, str)):
+        return "key 'constraint' must be an object (or the object as a JSON string), e.g. {\"regex\": \"[0-9]+\"}"
+    if key == "constraint_regex" and not isinstance(value, str):
+        return "key 'constraint_regex' must be a string"
+    if key == "constraint_choice" and (not isinstance(value, list) or not value
+                                       or not all(isinstance(c, str) for c in value)):
+        return "key 'constraint_choice' must be a non-empty array of strings"
+    if key == "constraint_json_schema" and not isinstance(value, (dict, str)):
+        return "key 'constraint_json_schema' must be a JSON Schema object (or the schema as a JSON string)"
+    return None
+
+
+def constraint_problem(values: dict[str, Any], support: ConstraintSupport | None = None) -> str | None:
+    """What stops this server honouring the constraint keys in `values` (other keys are not looked at):
+    more than one constraint, no processor on this engine, or a value of the wrong type. None if fine."""
+    support = CONSTRAINTS if support is None else support
+    given = given_keys(values)
+    if len(given) > 1:
+        return f"give one constraint per request, got {given}"
+    if not given:
+        return None
+    if not support.loaded:
+        return f"key '{given[0]}': the constraint processor is not loaded on this server ({support.reason})"
+    return shape_problem(given[0], values[given[0]])
+
+
+def validation_problem(key: str, value: Any) -> str | None:
+    """The constraint processor's own check of one constraint (what its validate_params runs when
+    vLLM admits the request), reported with the key; None if valid. Only the processor's
+    ConstraintError is the client's fault; anything else it raises propagates (a server fault).
+    Imports vLLM."""
+    from llmserve.constraints.errors import ConstraintError
+    from llmserve.constraints.vllm_processor import request_constraint, validate_constraint
+
+    try:
+        obj = request_constraint({key: value})
+        if obj is not None:
+            validate_constraint(obj)
+    except ConstraintError as exc:
+        return f"key '{key}': invalid constraint: {exc.message}"
+    return None
+
+
+def extra_args_value(value: Any) -> Any:
+    """The form a constraint value travels in extra_args: objects as JSON text (vLLM's `vllm_xargs`
+    carries only strings, numbers and lists of those; the processor parses the text back)."""
+    return json.dumps(value) if isinstance(value, dict) else value
