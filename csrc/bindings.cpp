@@ -260,6 +260,10 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("nthreads") = 0, "Compute every missing mask row (nthreads=1: on this thread only).")
       .def_property_readonly("ready_rows", [](const PyGrammar& g) { return g.g->ready_rows(); })
+      .def(
+          "finish_later",
+          [](const PyGrammar& g, int64_t id) { Finisher::global().enqueue(id, g.g); }, py::arg("id"),
+          "Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then.")
       .def("step", [](const PyGrammar& g, int32_t state, int64_t token) { return g.g->step(state, token); })
       .def("walk",
            [](const PyGrammar& g, int32_t state, const std::vector<int64_t>& tokens) {
@@ -282,6 +286,14 @@ PYBIND11_MODULE(_core, m) {
            py::arg("nthreads") = 0)
       .def("row", &PyBatch::row)
       .def_property_readonly("capacity", &PyBatch::size);
+
+  m.def(
+      "finished_next",
+      [] {
+        py::gil_scoped_release nogil;
+        return Finisher::global().next_done();
+      },
+      "Wait (without the GIL) for a queued grammar, complete it on this thread, return its id.");
 
   m.def(
       "build_dfa",

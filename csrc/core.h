@@ -111,6 +111,21 @@ struct Grammar {
 void apply_bitmask(float* logits, int64_t B, int64_t V, int64_t stride, const uint32_t* bitmask, int64_t W,
                    const uint8_t* rows_active, int nthreads);
 
+// Completes lazily compiled grammars one at a time on whichever thread calls next_done(), which
+// waits without the GIL: the Python side only wakes when a grammar is complete (to write its cache),
+// not when one is queued, so queueing adds nothing to the compile that queued it.
+class Finisher {
+ public:
+  void enqueue(int64_t id, std::shared_ptr<const Grammar> g);
+  int64_t next_done();  // blocks until a queued grammar is complete; returns its id
+  static Finisher& global();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<int64_t, std::shared_ptr<const Grammar>>> queue_;
+};
+
 struct RowCore {
   std::shared_ptr<const Grammar> grammar;  // null: unconstrained row
   int32_t state = 0;

@@ -24,7 +24,6 @@ import json
 import logging
 import mmap
 import os
-import queue
 import re as _re
 import tempfile
 import threading
@@ -154,8 +153,9 @@ class CompiledConstraint:
         """Only the start state's and the dead row are computed now."""
         table = np.ascontiguousarray(dfa.table, dtype=np.int32)
         accept = np.ascontiguousarray(dfa.accept, dtype=np.uint8)
-        # np.zeros maps fresh zero pages: rows that are never reached cost no memory
-        masks = np.zeros((table.shape[0] + 1, vocab.words), dtype=np.uint32)
+        # uninitialised: the core writes a whole row before marking it ready, and nothing reads a
+        # row before that (``allowed`` and fills ensure it, ``masks`` and the cache wait for all)
+        masks = np.empty((table.shape[0] + 1, vocab.words), dtype=np.uint32)
         c = cls(vocab, table, accept, masks, dfa.start, key, ready=False)
         c.native.ensure(c.start)
         return c
@@ -351,47 +351,53 @@ def _try_write_cache(path: Path, compiled: CompiledConstraint) -> None:
 
 
 class _Finisher:
-    """One background thread per process that completes lazily compiled constraints and writes
-    their cache files. A queue rather than a thread per constraint: starting a thread costs more
-    than compiling a small constraint. The remaining rows are computed on that thread alone (the GIL
-    is released, and the pool stays free for batch fills)."""
+    """Completes lazily compiled constraints in the background and writes their cache files.
+
+    One thread per process waits inside the native core (``finished_next``, without the GIL) and
+    computes the remaining rows there, alone (the pool stays free for batch fills); it only takes
+    the GIL once a constraint is complete, to write its file. Queueing is a native call, so it adds
+    nothing to the compile that queues: no thread to start, no GIL handoff."""
 
     EXIT_WAIT_S = 30.0
 
     def __init__(self):
-        self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._pending: set[CompiledConstraint] = set()
+        self._pending: dict[int, tuple[CompiledConstraint, Path]] = {}  # also keeps the buffers alive
+        self._next_id = 0
         self.thread: threading.Thread | None = None
 
     def submit(self, compiled: CompiledConstraint, path: Path) -> None:
         compiled._finished = threading.Event()
         with self._lock:
-            self._pending.add(compiled)
+            self._next_id += 1
+            job = self._next_id
+            self._pending[job] = (compiled, path)
             if self.thread is None or not self.thread.is_alive():  # first use, or a forked child
                 self.thread = threading.Thread(target=self._run, name="llmserve-constraint-cache", daemon=True)
                 self.thread.start()
-        self._jobs.put((compiled, path))
+        compiled.native.finish_later(job)
 
     def _run(self) -> None:
+        core = require_native()
         while True:
-            compiled, path = self._jobs.get()
+            job = core.finished_next()
+            with self._lock:
+                compiled, path = self._pending[job]
             try:
-                compiled.native.complete(1)
                 compiled._ready = True
                 _try_write_cache(path, compiled)
             except Exception:  # noqa: BLE001 - a background thread has nobody else to tell
-                log.exception("completing constraint %s failed; rows are still computed on first use", compiled.key)
+                log.exception("writing the cache of constraint %s failed", compiled.key)
             finally:
                 compiled._finished.set()
                 with self._lock:
-                    self._pending.discard(compiled)
+                    del self._pending[job]
 
     def wait_all(self, timeout: float) -> None:
         """At exit: let pending cache files be written rather than leave temporary ones behind."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            pending = list(self._pending)
+            pending = [c for c, _ in self._pending.values()]
         for c in pending:
             c._finished.wait(max(0.0, deadline - time.monotonic()))
 
