@@ -15,11 +15,12 @@ import queue
 import re
 
 import jsonschema
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from kserve_inputs import text_inputs
 
 from llmserve.serve import constraint_keys
 from llmserve.serve.kserve.errors import KServeError
@@ -34,22 +35,7 @@ N = 4
 
 
 def _inputs(module, prompt: str, sampling: dict | None = None, *, stream: bool | None = None):
-    out = []
-    t = module.InferInput("text_input", [1], "BYTES")
-    t.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
-    out.append(t)
-    if sampling is not None:
-        t = module.InferInput("sampling_parameters", [1], "BYTES")
-        t.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=object))
-        out.append(t)
-    if stream is not None:
-        t = module.InferInput("stream", [1], "BOOL")
-        t.set_data_from_numpy(np.array([stream], dtype=bool))
-        out.append(t)
-    t = module.InferInput("exclude_input_in_output", [1], "BOOL")
-    t.set_data_from_numpy(np.array([True], dtype=bool))
-    out.append(t)
-    return out
+    return text_inputs(module, prompt, stream=stream, sampling=sampling, exclude=True)
 
 
 def _text(result) -> str:

@@ -10,6 +10,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from kserve_inputs import text_inputs
+
 from llmserve.spec.tensors import LLM_TEXT_CONTRACT
 
 pytestmark = pytest.mark.engine
@@ -18,23 +20,7 @@ GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
 
 
 def inputs(prompt: str, *, stream: bool | None = None, sampling: dict | None = None, exclude: bool | None = None):
-    out = []
-    t = grpcclient.InferInput("text_input", [1], "BYTES")
-    t.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
-    out.append(t)
-    if stream is not None:
-        t = grpcclient.InferInput("stream", [1], "BOOL")
-        t.set_data_from_numpy(np.array([stream], dtype=bool))
-        out.append(t)
-    if sampling is not None:
-        t = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
-        t.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=object))
-        out.append(t)
-    if exclude is not None:
-        t = grpcclient.InferInput("exclude_input_in_output", [1], "BOOL")
-        t.set_data_from_numpy(np.array([exclude], dtype=bool))
-        out.append(t)
-    return out
+    return text_inputs(grpcclient, prompt, stream=stream, sampling=sampling, exclude=exclude)
 
 
 def text_of(result) -> str:
