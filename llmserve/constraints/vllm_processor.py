@@ -167,6 +167,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             raise RuntimeError("the llmserve constraint processor needs the V1 model runner: "
                                "set VLLM_USE_V2_MODEL_RUNNER=0")
         self.device = device
+        self.pin_memory = bool(is_pin_memory) and torch.cuda.is_available()
         self.vocab = vocab_for_model(vllm_config)
         self.backend = os.environ.get("LLMSERVE_CONSTRAINT_BACKEND", "native")
         if self.backend == "python":
@@ -180,6 +181,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.stats = {"added": 0, "readded": 0, "removed": 0, "moved": 0, "swapped": 0, "rebuilt": 0,
                       "applied": 0}
         self._bitmask = None
+        self._bitmask_host: torch.Tensor | None = None
         ConstraintLogitsProcessor.instances.append(weakref.ref(self))
 
     def is_argmax_invariant(self) -> bool:
@@ -278,21 +280,28 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         V = logits.shape[1]
         W = (V + 31) // 32
         if self._bitmask is None or self._bitmask.shape[0] < B or self._bitmask.shape[1] != W:
-            self._bitmask = np.empty((max(B, 8), W), dtype=np.uint32)
-        bm = self._bitmask[:B]
+            # a torch-owned host buffer, pinned when the engine pins memory (faster copy to the device)
+            self._bitmask_host = torch.empty((max(B, 8), 4 * W), dtype=torch.uint8, pin_memory=self.pin_memory)
+            self._bitmask = self._bitmask_host.numpy().view(np.uint32)
         active = np.zeros(B, dtype=np.uint8)
-        self.batch.fill(bm, active, B)
-        apply_bitmask_torch(logits, torch.from_numpy(bm), torch.from_numpy(active.astype(bool)))
+        self.batch.fill(self._bitmask[:B], active, B)
+        apply_bitmask_torch(logits, self._bitmask_host[:B], torch.from_numpy(active.view(np.bool_)))
 
 
-_SHIFTS = torch.arange(32, dtype=torch.int64)
+_BIT_VALUES = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)
 
 
 def apply_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor, active: torch.Tensor | None = None) -> None:
-    """In place: logits[r, t] = -inf where bit t of row r is clear (rows with active False untouched)."""
+    """In place: logits[r, t] = -inf where bit t of row r is clear (rows with active False untouched).
+
+    ``bitmask`` is the packed mask as bytes, uint8 [B, >= ceil(V / 8)] (the little-endian bytes of the
+    uint32 words the core fills: bit t is bit t % 8 of byte t // 8). Unpacked per byte, the temporary
+    is one bool per token, not one int64 per token."""
     B, V = logits.shape
-    bits = bitmask.to(logits.device, non_blocking=True).to(torch.int64)
-    allowed = ((bits.unsqueeze(-1) >> _SHIFTS.to(logits.device)) & 1).bool().reshape(B, -1)[:, :V]
+    if bitmask.dtype != torch.uint8 or bitmask.dim() != 2 or bitmask.shape[0] < B or bitmask.shape[1] * 8 < V:
+        raise ValueError(f"bitmask must be uint8 [{B}, >= {(V + 7) // 8}], got {tuple(bitmask.shape)} {bitmask.dtype}")
+    packed = bitmask[:B].to(logits.device)
+    allowed = (packed.unsqueeze(-1) & _BIT_VALUES.to(logits.device)).ne(0).reshape(B, -1)[:, :V]
     if active is not None:
         allowed |= ~active.to(logits.device).unsqueeze(1)
     logits.masked_fill_(~allowed, float("-inf"))

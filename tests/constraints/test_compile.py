@@ -186,6 +186,32 @@ def test_batch_fill_computes_missing_rows(vocab, tokenizer):
         np.testing.assert_array_equal(out[i], eager.masks[state])
 
 
+def test_fills_racing_the_background_finisher_see_complete_rows(vocab, tokenizer, tmp_path):
+    """Batch fills compute rows on the pool while the finisher thread completes the same constraint:
+    each row is computed once and every fill sees it whole."""
+    from llmserve.constraints.compiled import _MEMORY, native, native_vocab
+
+    spec = spec_from_request({"json_schema": SCHEMA})
+    eager = compile_dfa(spec.to_dfa(), vocab)
+    text = '{"kind":"b","n":-12,"x":3.5,"ok":true,"tags":["ab","c"],"sub":{"name":"zé","z":null}}'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    histories = [ids[:k] for k in range(len(ids) + 1)]
+    batch = native.Batch(native_vocab(vocab))
+    out = np.zeros((len(histories), vocab.words), np.uint32)
+    for attempt in range(5):
+        _MEMORY.clear()
+        lazy = compile_constraint(spec, vocab, cache_dir=tmp_path / str(attempt))  # the finisher starts
+        for i, h in enumerate(histories):
+            batch.set_row(i, lazy.native, list(h))
+        batch.sync(len(histories))
+        batch.fill(out)
+        for i, h in enumerate(histories):
+            np.testing.assert_array_equal(out[i], eager.masks[eager.walk(h)])
+        lazy.complete()
+        np.testing.assert_array_equal(lazy.masks, eager.masks)
+        assert (tmp_path / str(attempt) / f"{lazy.key}.bin").exists()
+
+
 def test_unwritable_cache_does_not_fail_compilation(vocab, tmp_path):
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("x")  # the cache folder cannot be created (chmod would not stop root)
