@@ -43,6 +43,9 @@ from llmserve.constraints.vocab import Vocab
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+# Larger constraints (e.g. 20k states over a 128k vocabulary: 320 MiB) are neither completed in the
+# background nor cached: only the rows requests actually reach are computed.
+MAX_COMPLETE_BYTES = int(os.environ.get("LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB", "256")) << 20
 KINDS = ("regex", "choice", "json_schema", "automaton")
 
 try:  # the native core, built by the package build (CMakeLists.txt)
@@ -335,8 +338,12 @@ def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | boo
             _try_write_cache(path, compiled)
     else:
         compiled = CompiledConstraint.lazy(vocab, spec.to_dfa(), key)
-        if path is not None:
+        if path is not None and compiled._masks.nbytes <= MAX_COMPLETE_BYTES:
             _finish_in_background(compiled, path)
+        elif path is not None:
+            log.info("constraint %s: %d states x %d tokens is %d MiB of masks; computing only the rows "
+                     "requests reach, not caching it", key[:12], compiled.num_states, vocab.size,
+                     compiled._masks.nbytes >> 20)
     _MEMORY[memo] = compiled
     while len(_MEMORY) > 256:
         _MEMORY.pop(next(iter(_MEMORY)))

@@ -212,6 +212,15 @@ def test_fills_racing_the_background_finisher_see_complete_rows(vocab, tokenizer
         assert (tmp_path / str(attempt) / f"{lazy.key}.bin").exists()
 
 
+def test_large_constraints_are_computed_on_demand_only(vocab, tmp_path, monkeypatch):
+    from llmserve.constraints import compiled as compiled_mod
+
+    monkeypatch.setattr(compiled_mod, "MAX_COMPLETE_BYTES", 4 * vocab.words * 3)  # three rows' worth
+    c = compile_constraint({"regex": "[a-z]{3,9}@[a-z]{2,5}"}, vocab, cache_dir=tmp_path)
+    assert c.num_states > 3 and c._finished is None  # no background completion queued
+    assert c.native.ready_rows == 2 and not list(tmp_path.iterdir())
+
+
 def test_unwritable_cache_does_not_fail_compilation(vocab, tmp_path):
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("x")  # the cache folder cannot be created (chmod would not stop root)
