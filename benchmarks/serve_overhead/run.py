@@ -110,17 +110,21 @@ def main() -> None:
     env.pop("LLMSERVE_API_KEY", None)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
-    ports = {"llmserve": free_port(), "vllm": free_port()}
+    # llmserve as served by default (constraint processor loaded) and without the processor, so the
+    # processor's per-step cost on unconstrained traffic is measured apart from frontend overhead
+    ports = {"llmserve": free_port(), "llmserve-noc": free_port(), "vllm": free_port()}
     so = json.dumps({"backend": "guidance", "disable_any_whitespace": True})
     cmds = {
         "llmserve": [sys.executable, "-m", "llmserve.cli.app", "serve", str(src), "--openai", "--port", str(ports["llmserve"]), "--grpc-port", "0"],
+        "llmserve-noc": [sys.executable, "-m", "llmserve.cli.app", "serve", str(src), "--openai", "--no-constraints",
+                         "--port", str(ports["llmserve-noc"]), "--grpc-port", "0"],
         "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(src / "model"),
                  "--served-model-name", MODEL, "--port", str(ports["vllm"]), "--host", "127.0.0.1",
                  "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--structured-outputs-config", so],
     }
     procs = {}
     try:
-        for name in ("llmserve", "vllm"):
+        for name in cmds:
             t0 = time.perf_counter()
             procs[name] = start(cmds[name], env, work / f"{name}.log", ports[name])
             print(f"{name}: ready in {time.perf_counter() - t0:.1f} s (log {work / (name + '.log')})", flush=True)
@@ -128,7 +132,8 @@ def main() -> None:
         for name in procs:  # warm-up round, not counted
             asyncio.run(one_round(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.max_tokens, -1))
         for rnd in range(args.rounds):
-            order = ("llmserve", "vllm") if rnd % 2 == 0 else ("vllm", "llmserve")
+            names = list(cmds)
+            order = names[rnd % len(names):] + names[:rnd % len(names)]  # each server in each position
             for name in order:
                 lat, wall, toks = asyncio.run(one_round(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.max_tokens, rnd))
                 s = stats[name]
@@ -136,7 +141,7 @@ def main() -> None:
                 s["wall"] += wall
                 s["tokens"] += toks
                 s["requests"] += len(lat)
-                print(f"round {rnd} {name:8s} {len(lat) / wall:7.2f} req/s  p50 {pct(lat, .5):.3f} s  p99 {pct(lat, .99):.3f} s", flush=True)
+                print(f"round {rnd} {name:12s} {len(lat) / wall:7.2f} req/s  p50 {pct(lat, .5):.3f} s  p99 {pct(lat, .99):.3f} s", flush=True)
     finally:
         for p in procs.values():
             p.send_signal(signal.SIGTERM)
@@ -151,10 +156,14 @@ def main() -> None:
         report["servers"][name] = {
             "requests_per_s": s["requests"] / s["wall"], "output_tokens_per_s": s["tokens"] / s["wall"],
             "p50_s": statistics.median(s["lat"]), "p99_s": pct(s["lat"], 0.99), "requests": s["requests"]}
-    a, b = report["servers"]["llmserve"], report["servers"]["vllm"]
-    report["ratios_llmserve_over_vllm"] = {
-        "throughput": a["requests_per_s"] / b["requests_per_s"], "p50_latency": a["p50_s"] / b["p50_s"],
-        "p99_latency": a["p99_s"] / b["p99_s"]}
+    def ratios(a, b):
+        a, b = report["servers"][a], report["servers"][b]
+        return {"throughput": a["requests_per_s"] / b["requests_per_s"], "p50_latency": a["p50_s"] / b["p50_s"],
+                "p99_latency": a["p99_s"] / b["p99_s"]}
+
+    report["ratios_llmserve_over_vllm"] = ratios("llmserve", "vllm")
+    report["ratios_llmserve_no_constraints_over_vllm"] = ratios("llmserve-noc", "vllm")
+    report["ratios_llmserve_over_llmserve_no_constraints"] = ratios("llmserve", "llmserve-noc")
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
