@@ -389,7 +389,10 @@ class _Finisher:
         while True:
             job = core.finished_next()
             with self._lock:
-                compiled, path = self._pending[job]
+                entry = self._pending.get(job)
+            if entry is None:  # queued by the parent of a forked process: not ours to write
+                continue
+            compiled, path = entry
             try:
                 compiled._ready = True
                 _try_write_cache(path, compiled)
