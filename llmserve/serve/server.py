@@ -40,11 +40,12 @@ def frontend_factories() -> dict[str, Callable]:
 
     def kserve_http(options: ServeOptions, metrics, package) -> KServeHttpFrontend:
         return KServeHttpFrontend(options.host, options.port, model_version=package.manifest.modelVersion,
-                                  api_key=options.api_key, max_body_bytes=options.max_body_bytes)
+                                  api_key=options.api_key, max_body_bytes=options.max_body_bytes, metrics=metrics)
 
     def kserve_grpc(options: ServeOptions, metrics, package) -> KServeGrpcFrontend:
         return KServeGrpcFrontend(options.host, options.grpc_port, model_version=package.manifest.modelVersion,
-                                  api_key=options.api_key, max_message_bytes=options.max_body_bytes)
+                                  api_key=options.api_key, max_message_bytes=options.max_body_bytes,
+                                  metrics=metrics)
 
     return {"openai": openai, "kserve-http": kserve_http, "kserve-grpc": kserve_grpc}
 

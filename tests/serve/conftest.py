@@ -70,6 +70,7 @@ def start_server(package: Path, log: Path, *, api_key: str | None, env_extra: di
     port, grpc_port = free_port(), free_port()
     env = {**os.environ, **(env_extra or {})}
     env.pop("LLMSERVE_API_KEY", None)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server wipes and uses its own metrics folder, as by default
     if api_key:
         env["LLMSERVE_API_KEY"] = api_key  # through the environment, so it never shows in `ps`
     cmd = [sys.executable, "-m", "llmserve.cli.app", "serve", str(package), *(["--openai"] if openai else []),

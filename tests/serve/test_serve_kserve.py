@@ -2,6 +2,7 @@
 reaches over KServe v2 gRPC and HTTP (the frontends themselves are tested in tests/serve_kserve)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +38,12 @@ def test_grpc_and_kserve_http_on_the_openai_server(server, client, model_name):
             http.infer(model_name, _inputs(httpclient, "Hello", {"max_tokens": 2}))
     finally:
         http.close()
+    # Both KServe transports are counted on the server's /metrics, next to the OpenAI endpoints.
+    import httpx
+
+    text = httpx.get(server.base_url + "/metrics", headers=server.headers(), timeout=30).text
+    assert re.search(r'^llmserve_requests_total\{endpoint="kserve_grpc_ModelInfer",status="OK"\} [1-9]', text, re.M)
+    assert re.search(r'^llmserve_requests_total\{endpoint="kserve_http_infer",status="200"\} [1-9]', text, re.M)
 
 
 def test_serve_without_openai_is_kserve_only(tmp_path, serve_package, model_name, server_control):
@@ -48,6 +55,10 @@ def test_serve_without_openai_is_kserve_only(tmp_path, serve_package, model_name
         assert http.get_model_metadata(model_name)["versions"] == ["1"]
         http.close()
         import httpx
+
+        metrics = httpx.get(server.base_url + "/metrics", timeout=10).text  # served by the KServe HTTP app alone
+        assert re.search(r'^llmserve_requests_total\{endpoint="kserve_http_infer",status="200"\} 1\.0', metrics, re.M)
+        assert re.search(r"^vllm:generation_tokens_total\{", metrics, re.M)
 
         assert httpx.get(server.base_url + "/v1/models", timeout=10).status_code == 404  # no OpenAI API
         with grpcclient.InferenceServerClient(server.grpc_url) as c:

@@ -4,14 +4,19 @@ serve` loads it by default) behind the KServe v2 gRPC and HTTP frontends.
 The frontends and the engine run on one asyncio loop in a background thread, the way
 `llmserve serve` runs them; tests talk to them with real clients (tritonclient gRPC/HTTP, httpx)
 from the test thread. The frontends are started before the engine, and what clients see then
-(not ready, UNAVAILABLE) is recorded once for the readiness tests.
+(not ready, UNAVAILABLE) is recorded once for the readiness tests. The frontends record into a real
+ServerMetrics, read back through its multiprocess exposition as `llmserve serve` serves it on /metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import socket
+import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +28,12 @@ from llmserve.serve.environment import CPU_DEFAULTS, RUNNER_DEFAULTS
 # Engine settings measured on CPU machines (DESIGN.md); before anything imports vLLM.
 for _k, _v in {**CPU_DEFAULTS, **RUNNER_DEFAULTS}.items():
     os.environ.setdefault(_k, _v)
+
+# prometheus_client picks multiprocess mode when it is first imported (by vLLM or ServerMetrics), so the
+# folder is set at collection, before any test runs; a fresh one, so no stale .db file is summed in.
+if "PROMETHEUS_MULTIPROC_DIR" not in os.environ and "prometheus_client" not in sys.modules:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir = tempfile.mkdtemp(prefix="llmserve-kserve-metrics-")
+    atexit.register(shutil.rmtree, _metrics_dir, ignore_errors=True)
 
 MODEL = "tiny-chat"  # tests/conftest.py's tiny_vllm_package: modelId tiny-chat, modelVersion 1
 API_KEY = "kserve-test-key-0123"
@@ -49,6 +60,7 @@ class KServeServer:
     grpc_url: str  # host:port, as tritonclient.grpc wants it
     http_url: str  # host:port, as tritonclient.http wants it
     grpc_auth_url: str  # a second gRPC frontend on the same engine, with an API key
+    metrics: Any = None  # the ServerMetrics all three frontends record into
     model: str = MODEL
     version: str = "1"
     api_key: str = API_KEY
@@ -106,6 +118,11 @@ def kserve_server(tiny_vllm_package):
 
     from llmserve.serve.environment import CACHE_VARS
 
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        pytest.fail("prometheus_client was imported before tests/serve_kserve/conftest.py could set "
+                    "PROMETHEUS_MULTIPROC_DIR; set it in the environment to run these tests")
+    from llmserve.serve.metrics import ServerMetrics
+
     for var in CACHE_VARS:  # set per session by tests/conftest.py; the engine needs them to exist
         if os.environ.get(var):
             os.makedirs(os.environ[var], exist_ok=True)
@@ -113,10 +130,11 @@ def kserve_server(tiny_vllm_package):
     version = package.manifest.modelVersion
     loop = LoopThread()
     readiness = Readiness()
+    metrics = ServerMetrics()
     frontends = [
-        KServeGrpcFrontend("127.0.0.1", 0, model_version=version),
-        KServeHttpFrontend("127.0.0.1", 0, model_version=version),
-        KServeGrpcFrontend("127.0.0.1", 0, model_version=version, api_key=API_KEY),
+        KServeGrpcFrontend("127.0.0.1", 0, model_version=version, metrics=metrics),
+        KServeHttpFrontend("127.0.0.1", 0, model_version=version, metrics=metrics),
+        KServeGrpcFrontend("127.0.0.1", 0, model_version=version, api_key=API_KEY, metrics=metrics),
     ]
     handle = None
 
@@ -140,7 +158,7 @@ def kserve_server(tiny_vllm_package):
     try:
         loop.run(start_frontends(), 60)
         server = KServeServer(loop, readiness, _hostport(frontends[0].address), _hostport(frontends[1].address),
-                              _hostport(frontends[2].address), version=str(version))
+                              _hostport(frontends[2].address), metrics=metrics, version=str(version))
         server.before_ready = _observe_not_ready(server.grpc_url, server.http_url)
         handle = loop.run(start(), 300)
         readiness.set_ready(handle)

@@ -2,9 +2,10 @@
 shared vLLM engine, so tritonclient and any KServe v2 client call the model the OpenAI API serves.
 
 Public surface:
-    KServeGrpcFrontend(host, port, *, model_version, api_key, max_message_bytes)   a Frontend
-    KServeHttpFrontend(host, port, *, model_version, api_key, max_body_bytes)      a Frontend
-    build_router(readiness, *, model_version)    the HTTP routes, to mount on the OpenAI app
+    KServeGrpcFrontend(host, port, *, model_version, api_key, max_message_bytes, metrics)   a Frontend
+    KServeHttpFrontend(host, port, *, model_version, api_key, max_body_bytes, metrics)      a Frontend
+    build_router(readiness, *, model_version, on_request)    the HTTP routes, to mount on the OpenAI app
+(metrics: a ServerMetrics that counts and times the inference requests; on_request: its observe)
 Tensor names and types: llmserve.spec.tensors.LLM_TEXT_CONTRACT (see protocol.py for semantics);
 sampling settings: sampling.py (the mapping table). Importing this package does not import vLLM.
 """

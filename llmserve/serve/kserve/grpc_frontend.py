@@ -9,6 +9,10 @@ request's `id`. A bad request on a stream gets an error_message response and the
 Every other RPC answers UNIMPLEMENTED naming the RPC. Inference before ready (or while draining):
 UNAVAILABLE; on a stream, the stream ends with that status when such a request arrives.
 
+Metrics: ModelInfer and ModelStreamInfer call on_request("kserve_grpc_<RPC>", <gRPC status code name>,
+seconds) once per RPC (a stream counts once, with the status it ends with; seconds to its first
+response); health and metadata RPCs are not counted, as the OpenAI app does not count /health.
+
 Messages and the servicer base come from tritonclient's generated modules (no code generation).
 """
 
@@ -16,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
-from typing import Any, AsyncIterator
+import time
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 from tritonclient.grpc import model_config_pb2 as mc
@@ -111,9 +117,58 @@ def _config_proto(d: dict) -> mc.ModelConfig:
     return json_format.ParseDict(d, mc.ModelConfig())
 
 
+def _status_name(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
+    """The gRPC status code name an RPC ended with (abort sets it on the context)."""
+    if exc is None:
+        return "OK"
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "CANCELLED"
+    code = context.code()
+    if isinstance(code, int):
+        code = next((c for c in grpc.StatusCode if c.value[0] == code), None)
+    return code.name if isinstance(code, grpc.StatusCode) and code != grpc.StatusCode.OK else "UNKNOWN"
+
+
+def _timed_unary(endpoint: str, rpc: Callable, on_request: Callable[[str, str, float], None]) -> Callable:
+    @functools.wraps(rpc)
+    async def run(request, context):
+        t0, failed = time.perf_counter(), None
+        try:
+            return await rpc(request, context)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            on_request(endpoint, _status_name(context, failed), time.perf_counter() - t0)
+
+    return run
+
+
+def _timed_stream(endpoint: str, rpc: Callable, on_request: Callable[[str, str, float], None]) -> Callable:
+    @functools.wraps(rpc)
+    async def run(request_iterator, context):
+        t0, first, failed = time.perf_counter(), None, None
+        try:
+            async with contextlib.aclosing(rpc(request_iterator, context)) as responses:
+                async for response in responses:
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    yield response
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            on_request(endpoint, _status_name(context, failed), time.perf_counter() - t0 if first is None else first)
+
+    return run
+
+
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, resolver: ModelResolver):
+    def __init__(self, resolver: ModelResolver, on_request: Callable[[str, str, float], None] | None = None):
         self.r = resolver
+        if on_request is not None:  # the inference RPCs are timed and counted (instance attributes shadow the methods)
+            self.ModelInfer = _timed_unary("kserve_grpc_ModelInfer", self.ModelInfer, on_request)
+            self.ModelStreamInfer = _timed_stream("kserve_grpc_ModelStreamInfer", self.ModelStreamInfer, on_request)
 
     async def _abort(self, context: grpc.aio.ServicerContext, err: KServeError):
         await context.abort(err.grpc_status, err.message)
@@ -277,9 +332,10 @@ class KServeGrpcFrontend:
     name = "kserve-grpc"
 
     def __init__(self, host: str, port: int, *, model_version: str | int | None = None, api_key: str | None = None,
-                 max_message_bytes: int = 8 * 1024 * 1024):
+                 max_message_bytes: int = 8 * 1024 * 1024, metrics: Any = None):
         self.host, self.port = host, port
         self.model_version = model_version
+        self.metrics = metrics  # a ServerMetrics, or None to record nothing
         self._api_key = api_key
         self.max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
@@ -298,8 +354,9 @@ class KServeGrpcFrontend:
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(ModelResolver(readiness, self.model_version)),
-                                                           server)
+        on_request = self.metrics.observe if self.metrics is not None else None
+        servicer = KServeServicer(ModelResolver(readiness, self.model_version), on_request)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             port = server.add_insecure_port(f"{host}:{self.port}")

@@ -15,13 +15,19 @@ Routes ({v} optional everywhere as /versions/{v}):
     POST /v2/models/{m}/generate_stream  SSE: one `data:` event per text delta
 Errors are {"error": "<message>"} with 400 (bad request), 404 (unknown model/version/route),
 501 (a Triton extension this server does not implement), 503 (not ready).
+Metrics: infer, generate and generate_stream call on_request(endpoint, HTTP status, seconds) with
+endpoint kserve_http_infer / kserve_http_generate / kserve_http_generate_stream (seconds: to the
+response, to the first event for generate_stream); health and metadata routes are not counted, as
+the OpenAI app does not count /health and /v1/models.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
+import time
 import zlib
 from typing import Any, AsyncIterator, Callable
 
@@ -221,12 +227,34 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-def build_router(readiness: Any, *, model_version: str | int | None = None) -> APIRouter:
-    """KServe v2 routes on the shared engine; mount with app.include_router(...)."""
+def build_router(readiness: Any, *, model_version: str | int | None = None,
+                 on_request: Callable[[str, int, float], None] | None = None) -> APIRouter:
+    """KServe v2 routes on the shared engine; mount with app.include_router(...).
+
+    on_request(endpoint, status, seconds), e.g. ServerMetrics.observe, is called once per inference request.
+    """
     resolver = ModelResolver(readiness, model_version)
     router = APIRouter()
 
-    def route(method: str, suffix: str, fn: Callable) -> None:
+    def timed(endpoint: str, fn: Callable) -> Callable:
+        if on_request is None:
+            return fn
+
+        @functools.wraps(fn)  # FastAPI reads the parameters (model, request, version) through __wrapped__
+        async def run(*args, **kwargs) -> Response:
+            t0, status = time.perf_counter(), 500  # an unexpected exception answers 500
+            try:
+                response = await fn(*args, **kwargs)
+                status = response.status_code
+                return response
+            finally:
+                on_request(endpoint, status, time.perf_counter() - t0)
+
+        return run
+
+    def route(method: str, suffix: str, fn: Callable, endpoint: str | None = None) -> None:
+        if endpoint is not None:
+            fn = timed(endpoint, fn)
         router.add_api_route(f"/v2/models/{{model}}{suffix}", fn, methods=[method], include_in_schema=False)
         router.add_api_route(f"/v2/models/{{model}}/versions/{{version}}{suffix}", fn, methods=[method],
                              include_in_schema=False)
@@ -326,9 +354,9 @@ def build_router(readiness: Any, *, model_version: str | int | None = None) -> A
     route("GET", "", model_meta)
     route("GET", "/ready", model_ready)
     route("GET", "/config", config)
-    route("POST", "/infer", infer)
-    route("POST", "/generate", generate)
-    route("POST", "/generate_stream", generate_stream)
+    route("POST", "/infer", infer, "kserve_http_infer")
+    route("POST", "/generate", generate, "kserve_http_generate")
+    route("POST", "/generate_stream", generate_stream, "kserve_http_generate_stream")
 
     @router.api_route("/v2/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], include_in_schema=False)
     async def other(rest: str) -> Response:
@@ -342,8 +370,11 @@ def build_router(readiness: Any, *, model_version: str | int | None = None) -> A
     return router
 
 
-def build_app(readiness: Any, *, model_version: str | int | None = None) -> FastAPI:
-    """The standalone KServe v2 HTTP app: the router plus /health (for probes, like the OpenAI app)."""
+def build_app(readiness: Any, *, model_version: str | int | None = None,
+              on_request: Callable[[str, int, float], None] | None = None,
+              metrics: Callable[[], tuple[bytes, str]] | None = None) -> FastAPI:
+    """The standalone KServe v2 HTTP app: the router plus /health (for probes) and, given `metrics`
+    (ServerMetrics.exposition), /metrics, like the OpenAI app."""
     app = FastAPI(title="llmserve KServe v2", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/health", include_in_schema=False)
@@ -351,7 +382,13 @@ def build_app(readiness: Any, *, model_version: str | int | None = None) -> Fast
         status, ok = readiness.status()
         return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
-    app.include_router(build_router(readiness, model_version=model_version))
+    if metrics is not None:
+        @app.get("/metrics", include_in_schema=False)
+        async def prom() -> Response:
+            body, content_type = metrics()
+            return Response(body, media_type=content_type)
+
+    app.include_router(build_router(readiness, model_version=model_version, on_request=on_request))
     return app
 
 
@@ -361,14 +398,17 @@ class KServeHttpFrontend(UvicornFrontend):
     name = "kserve-http"
 
     def __init__(self, host: str, port: int, *, model_version: str | int | None = None, api_key: str | None = None,
-                 max_body_bytes: int = 8 * 1024 * 1024):
+                 max_body_bytes: int = 8 * 1024 * 1024, metrics: Any = None):
         super().__init__(host, port)
         self.model_version = model_version
         self._api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics  # a ServerMetrics, or None to record nothing
 
     def build(self, readiness: Any) -> Any:
         from llmserve.serve.http_guards import Guards
 
-        return Guards(build_app(readiness, model_version=self.model_version), api_key=self._api_key,
-                      max_body_bytes=self.max_body_bytes)
+        m = self.metrics
+        app = build_app(readiness, model_version=self.model_version, on_request=m.observe if m else None,
+                        metrics=m.exposition if m else None)
+        return Guards(app, api_key=self._api_key, max_body_bytes=self.max_body_bytes)

@@ -31,5 +31,6 @@ class OpenAIFrontend(UvicornFrontend):
         if self.kserve_model_version is not None:
             from llmserve.serve.kserve import build_router
 
-            app.include_router(build_router(readiness, model_version=self.kserve_model_version))
+            app.include_router(build_router(readiness, model_version=self.kserve_model_version,
+                                            on_request=self.metrics.observe))
         return Guards(app, api_key=self._api_key, max_body_bytes=self.max_body_bytes)
