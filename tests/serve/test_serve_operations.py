@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
+
+import httpx
+import pytest
 
 
 def test_health_said_not_ready_then_ready(server):
@@ -44,3 +48,40 @@ def test_serve_help_has_an_example_and_imports_no_engine():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "Example" in r.stdout and "llmserve serve" in r.stdout and "--api-key" in r.stdout
     assert r.stdout.strip().endswith("LIGHT")
+
+
+def _sample(text: str, name: str, **labels) -> float:
+    """Sum of a metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_a_non_streaming_request_is_aborted_when_its_client_disconnects(server, http, model_name):
+    """The engine stops generating for a client that has gone, and the request is counted with
+    status 499, instead of being generated to the end for nobody."""
+    def settled() -> str:  # metrics once nothing runs any more
+        deadline = time.monotonic() + 30
+        while True:
+            text = http.get("/metrics").text
+            if _sample(text, "vllm:num_requests_running") == 0 or time.monotonic() > deadline:
+                return text
+            time.sleep(0.1)
+
+    before = settled()
+    body = {"model": model_name, "prompt": "x", "max_tokens": 480, "ignore_eos": True, "n": 32}
+    full = 32 * 480  # tokens the request asks for: seconds of work on this CPU
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before that
+        httpx.post(server.base_url + "/v1/completions", json=body, headers=server.headers(),
+                   timeout=httpx.Timeout(10, read=0.3))
+    after = settled()
+    generated = _sample(after, "vllm:generation_tokens_total") - _sample(before, "vllm:generation_tokens_total")
+    closed = (_sample(after, "llmserve_requests_total", endpoint="completion", status="499")
+              - _sample(before, "llmserve_requests_total", endpoint="completion", status="499"))
+    assert closed == 1
+    assert generated < full / 2, (generated, full)
