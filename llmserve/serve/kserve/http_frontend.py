@@ -34,6 +34,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.kserve.errors import UNIMPLEMENTED, KServeError, invalid, not_found
 from llmserve.serve.kserve.generation import Delta, generate_deltas, generate_text
@@ -300,10 +301,12 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
             req = build_generation(tensors, params, transport="http", streaming_transport=False)
             if binary_out is None:
                 binary_out = bool(req.settings.binary_data_output)
-            text = await generate_text(served.handle, req, request_id)
+            text = await unless_disconnected(request, generate_text(served.handle, req, request_id))
             return infer_response(served, request_id, text, binary_out)
         except KServeError as err:
             return _error(err)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
 
     async def _prepare_generate(model: str, version: str, request: Request, streaming: bool):
         served = resolver.resolve(model, version, for_inference=True)
@@ -322,9 +325,11 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
     async def generate(model: str, request: Request, version: str = "") -> Response:
         try:
             served, req = await _prepare_generate(model, version, request, streaming=False)
-            text = await generate_text(served.handle, req)
+            text = await unless_disconnected(request, generate_text(served.handle, req))
         except KServeError as err:
             return _error(err)
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
         return JSONResponse({"model_name": served.name, "model_version": served.version, "text_output": text})
 
     async def generate_stream(model: str, request: Request, version: str = "") -> Response:

@@ -11,8 +11,6 @@ AsyncLLM.generate directly would have duplicated ~3k lines of vLLM's protocol co
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -21,6 +19,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from llmserve.serve.openai.errors import RequestRejected, error_body
 from llmserve.serve.openai.fields import TABLES
 from llmserve.serve.openai.request_check import check_request, prompt_chars
@@ -68,42 +67,6 @@ async def _engine_call(call: Callable, req: Any, request: Request) -> Any:
         msg = str(exc) or type(exc).__name__
         code = "context_length_exceeded" if "maximum context length" in msg else "invalid_value"
         raise RequestRejected(msg, code=code) from exc
-
-
-CLIENT_CLOSED = 499  # nginx's status for "client closed request": the metrics say what happened
-
-
-class ClientDisconnected(Exception):
-    pass
-
-
-async def _unless_disconnected(request: Request, work: Any) -> Any:
-    """Await ``work`` unless the client disconnects first; then cancel it, which aborts the request
-    in the engine (vLLM's generator aborts on cancellation) instead of generating for nobody.
-
-    Only after the body has been read: the watcher consumes the request's remaining ASGI messages.
-    A streaming answer returns quickly here, and from then on its response watches for disconnects."""
-
-    async def disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnect())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone = watcher.done() and not watcher.cancelled() and watcher.exception() is None
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            # vLLM's serving call may turn the cancellation into an error response; either way the
-            # engine request is aborted and the answer is for nobody
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if gone:
-        raise ClientDisconnected()
-    return task.result()
 
 
 def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[[], tuple[bytes, str]],
@@ -176,7 +139,7 @@ def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[
                 req = Model.model_validate(forwarded)
             except ValueError as exc:
                 raise _pydantic_rejection(exc) from exc
-            result = await _unless_disconnected(request, _engine_call(call, req, request))
+            result = await unless_disconnected(request, _engine_call(call, req, request))
         except ClientDisconnected:
             log.info("request %s: the client disconnected; generation aborted", request.headers.get("x-request-id", "-"))
             return Response(status_code=CLIENT_CLOSED)
@@ -227,7 +190,7 @@ def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[
                 req = EmbeddingCompletionRequest.model_validate(forwarded)
             except ValueError as exc:
                 raise _pydantic_rejection(exc) from exc
-            result = await _unless_disconnected(request, _engine_call(serving, req, request))
+            result = await unless_disconnected(request, _engine_call(serving, req, request))
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED)
         except RequestRejected as exc:
