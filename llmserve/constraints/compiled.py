@@ -339,7 +339,7 @@ def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | boo
     else:
         compiled = CompiledConstraint.lazy(vocab, spec.to_dfa(), key)
         if path is not None and compiled._masks.nbytes <= MAX_COMPLETE_BYTES:
-            _finish_in_background(compiled, path)
+            _FINISHER.submit(compiled, path)
         elif path is not None:
             log.info("constraint %s: %d states x %d tokens is %d MiB of masks; computing only the rows "
                      "requests reach, not caching it", key[:12], compiled.num_states, vocab.size,
@@ -390,7 +390,7 @@ class _Finisher:
             job = core.finished_next()
             with self._lock:
                 entry = self._pending.get(job)
-            if entry is None:  # queued by the parent of a forked process: not ours to write
+            if entry is None:  # an id this process does not know: nothing to write
                 continue
             compiled, path = entry
             try:
@@ -414,10 +414,6 @@ class _Finisher:
 
 _FINISHER = _Finisher()
 atexit.register(_FINISHER.wait_all, _Finisher.EXIT_WAIT_S)
-
-
-def _finish_in_background(compiled: CompiledConstraint, path: Path) -> None:
-    _FINISHER.submit(compiled, path)
 
 
 def load_cached(spec, vocab: Vocab, cache_dir: Path | str | None = None) -> CompiledConstraint | None:
