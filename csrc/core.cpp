@@ -106,9 +106,10 @@ Vocab::Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vecto
   is_eos_.assign(size_, 0);
   for (int32_t e : eos_)
     if (e >= 0 && e < size_) is_eos_[e] = 1;
+  std::vector<int32_t> order;  // ids of the tokens with bytes, sorted by their bytes: the trie's preorder
   for (int64_t i = 0; i < size_; ++i)
-    if (len(i) > 0) order_.push_back(static_cast<int32_t>(i));
-  std::sort(order_.begin(), order_.end(), [this](int32_t a, int32_t b) {
+    if (len(i) > 0) order.push_back(static_cast<int32_t>(i));
+  std::sort(order.begin(), order.end(), [this](int32_t a, int32_t b) {
     const uint8_t *pa = ptr(a), *pb = ptr(b);
     int64_t la = len(a), lb = len(b);
     int c = std::memcmp(pa, pb, std::min(la, lb));
@@ -116,27 +117,27 @@ Vocab::Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vecto
     if (la != lb) return la < lb;
     return a < b;
   });
-  lcp_.assign(order_.size(), 0);
-  for (size_t k = 1; k < order_.size(); ++k) {
-    int32_t a = order_[k - 1], b = order_[k];
+  std::vector<int32_t> lcp(order.size(), 0);  // common prefix length with the previous token in order
+  for (size_t k = 1; k < order.size(); ++k) {
+    int32_t a = order[k - 1], b = order[k];
     int64_t n = std::min(len(a), len(b)), l = 0;
     const uint8_t *pa = ptr(a), *pb = ptr(b);
     while (l < n && pa[l] == pb[l]) ++l;
-    lcp_[k] = static_cast<int32_t>(l);
+    lcp[k] = static_cast<int32_t>(l);
   }
   max_len_ = 0;
   for (int64_t i = 0; i < size_; ++i) max_len_ = std::max(max_len_, len(i));
-  build_trie();
+  build_trie(order, lcp);
 }
 
-void Vocab::build_trie() {
-  // order_ is sorted by bytes, which is the trie's preorder: each token opens nodes for its bytes
+void Vocab::build_trie(const std::vector<int32_t>& order, const std::vector<int32_t>& lcp) {
+  // order is sorted by bytes, which is the trie's preorder: each token opens nodes for its bytes
   // past the prefix it shares with the previous token, closing the deeper nodes of that one.
   std::vector<int32_t> path;  // path[d] = open node at depth d + 1
   std::vector<int32_t> tok_node;
-  for (size_t k = 0; k < order_.size(); ++k) {
-    const int32_t t = order_[k];
-    const int64_t n = len(t), l = k ? lcp_[k] : 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int32_t t = order[k];
+    const int64_t n = len(t), l = k ? lcp[k] : 0;
     while (static_cast<int64_t>(path.size()) > l) {
       trie_end_[path.back()] = static_cast<int32_t>(trie_byte_.size());
       path.pop_back();

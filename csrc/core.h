@@ -49,8 +49,6 @@ class Vocab {
   const uint8_t* ptr(int64_t t) const { return data_.data() + offsets_[t]; }
   bool is_eos(int64_t t) const { return is_eos_[t] != 0; }
   const std::vector<int32_t>& eos() const { return eos_; }
-  const std::vector<int32_t>& order() const { return order_; }
-  const std::vector<int32_t>& lcp() const { return lcp_; }
   int64_t max_len() const { return max_len_; }
 
   // Row of the token mask for DFA state s (without the end-of-sequence rule): the tokens whose
@@ -58,16 +56,14 @@ class Vocab {
   // a whole subtree as soon as its prefix dies, so a state that allows few bytes costs little.
   // `stack` must hold max_len() + 1 entries.
   void state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const;
-  int64_t trie_nodes() const { return static_cast<int64_t>(trie_byte_.size()); }
 
  private:
-  void build_trie();
+  // order: the ids of tokens with bytes, sorted by their bytes; lcp: prefix shared with the previous
+  void build_trie(const std::vector<int32_t>& order, const std::vector<int32_t>& lcp);
   std::vector<int64_t> offsets_;
   std::vector<uint8_t> data_;
   std::vector<int32_t> eos_;
   std::vector<uint8_t> is_eos_;
-  std::vector<int32_t> order_;  // token ids with bytes, sorted by their bytes
-  std::vector<int32_t> lcp_;    // common prefix length with the previous id in order_
   int64_t size_, words_, max_len_;
   // token trie, nodes in preorder: node i is entered by byte trie_byte_[i] from its parent, the
   // last node of depth trie_depth_[i] - 1 before it; trie_end_[i] is one past its subtree; the
