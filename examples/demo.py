@@ -108,7 +108,10 @@ def main() -> int:
         reply = client.chat.completions.create(
             model=built["modelId"],
             messages=[{"role": "user", "content": "Name a city, its population and whether it is a capital."}],
-            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": ANSWER_SCHEMA, "strict": True}},
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "city", "schema": ANSWER_SCHEMA, "strict": True},
+            },
             max_tokens=200,
             temperature=0.8,
             seed=7,

@@ -30,9 +30,13 @@ def load_tiny_maker():
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_caches(tmp_path_factory):
     root = tmp_path_factory.mktemp("caches")
-    for var, sub in (("LLMSERVE_CACHE", "llmserve"), ("VLLM_CACHE_ROOT", "vllm"),
-                     ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("HF_HOME", "hf"),
-                     ("VLLM_RPC_BASE_PATH", "rpc")):
+    for var, sub in (
+        ("LLMSERVE_CACHE", "llmserve"),
+        ("VLLM_CACHE_ROOT", "vllm"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("HF_HOME", "hf"),
+        ("VLLM_RPC_BASE_PATH", "rpc"),
+    ):
         os.environ[var] = str(root / sub)
     yield root
 
@@ -45,12 +49,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return out
 
 
-def write_vllm_source(root: Path, model_dir: Path, *, model_id: str = "tiny-chat", version: int = 1,
-                      extra: str = "") -> Path:
+def write_vllm_source(
+    root: Path, model_dir: Path, *, model_id: str = "tiny-chat", version: int = 1, extra: str = ""
+) -> Path:
     """A package source folder for the vLLM backend around a copy of the tiny model."""
     root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(model_dir, root / "model", dirs_exist_ok=True)
-    (root / "llmserve.yaml").write_text(textwrap.dedent(f"""\
+    (root / "llmserve.yaml").write_text(
+        textwrap.dedent(f"""\
         modelId: {model_id}
         modelVersion: {version}
         backend: vllm
@@ -58,7 +64,9 @@ def write_vllm_source(root: Path, model_dir: Path, *, model_id: str = "tiny-chat
           max_model_len: 512
           dtype: float32
           enforce_eager: true
-        """) + extra)
+        """)
+        + extra
+    )
     return root
 
 

@@ -16,7 +16,10 @@ FILES = {"llmserve.yaml": b"modelId: x\n", "model_repository/x/1/weights/w.safet
 
 
 def _index(files: dict[str, bytes], **override) -> bytes:
-    body = {"format": 1, "files": {n: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)} for n, d in files.items()}}
+    body = {
+        "format": 1,
+        "files": {n: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)} for n, d in files.items()},
+    }
     body["files"].update(override)
     return json.dumps(body).encode()
 
@@ -95,8 +98,13 @@ def test_dotdot_in_index_refused(tmp_path):
 
 
 def test_escaping_symlink_refused(tmp_path):
-    pkg = _hostile(tmp_path, [_info("llmserve.yaml", FILES["llmserve.yaml"]),
-                              _info("model_repository/link", type=tarfile.SYMTYPE, linkname="../../../etc/passwd")])
+    pkg = _hostile(
+        tmp_path,
+        [
+            _info("llmserve.yaml", FILES["llmserve.yaml"]),
+            _info("model_repository/link", type=tarfile.SYMTYPE, linkname="../../../etc/passwd"),
+        ],
+    )
     _assert_refused(tmp_path, pkg, UnsafeArchiveError, "escapes the package")
 
 

@@ -112,16 +112,21 @@ def test_python_backend_with_template(tmp_path):
 def test_python_backend_with_developer_model_py(tmp_path):
     src = _src(tmp_path, PY_OK.replace("python:\n", "python:\n  modelPy: code/model.py\n"))
     (src / "code").mkdir()
-    (src / "code" / "model.py").write_text("class TritonPythonModel:\n    def execute(self, requests):\n        return []\n")
+    (src / "code" / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    )
     result = build_package(src, tmp_path / "dist")
     assert read_member(result.path, "model_repository/tiny-py/1/model.py") == (src / "code" / "model.py").read_bytes()
 
 
-@pytest.mark.parametrize("code, words", [
-    ("def execute(requests): pass\n", "no class TritonPythonModel"),
-    ("class TritonPythonModel:\n    def initialize(self, args): pass\n", "no execute()"),
-    ("class TritonPythonModel(:\n", "does not parse"),
-])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        ("def execute(requests): pass\n", "no class TritonPythonModel"),
+        ("class TritonPythonModel:\n    def initialize(self, args): pass\n", "no execute()"),
+        ("class TritonPythonModel(:\n", "does not parse"),
+    ],
+)
 def test_bad_developer_model_py(tmp_path, code, words):
     src = _src(tmp_path, PY_OK.replace("python:\n", "python:\n  modelPy: model.py\n"))
     (src / "model.py").write_text(code)
@@ -130,14 +135,32 @@ def test_bad_developer_model_py(tmp_path, code, words):
     assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []
 
 
-@pytest.mark.parametrize("change, words", [
-    (("datatype: BYTES, dims: [1]}\n      - {name: stream", "datatype: FP32, dims: [1]}\n      - {name: stream"), "datatype differs"),
-    (("{name: text_output, datatype: BYTES, dims: [-1]}", "{name: answer, datatype: BYTES, dims: [-1]}"), "does not produce this output"),
-    (("{name: text_input, datatype: BYTES, dims: [1]}", "{name: prompt, datatype: BYTES, dims: [1]}"), "does not declare this input"),
-    (("{name: stream, datatype: BOOL, dims: [1], optional: true}", "{name: stream, datatype: BOOL, dims: [1]}"), "only when the caller sets it"),
-    (("{name: text_input, datatype: BYTES, dims: [1]}", "{name: text_input, datatype: BYTES, dims: [2]}"), "dims differ"),
-    (("outputs:", "  - {name: temperature, datatype: FP32, dims: [1]}\n    outputs:"), "never sends"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (
+            ("datatype: BYTES, dims: [1]}\n      - {name: stream", "datatype: FP32, dims: [1]}\n      - {name: stream"),
+            "datatype differs",
+        ),
+        (
+            ("{name: text_output, datatype: BYTES, dims: [-1]}", "{name: answer, datatype: BYTES, dims: [-1]}"),
+            "does not produce this output",
+        ),
+        (
+            ("{name: text_input, datatype: BYTES, dims: [1]}", "{name: prompt, datatype: BYTES, dims: [1]}"),
+            "does not declare this input",
+        ),
+        (
+            ("{name: stream, datatype: BOOL, dims: [1], optional: true}", "{name: stream, datatype: BOOL, dims: [1]}"),
+            "only when the caller sets it",
+        ),
+        (
+            ("{name: text_input, datatype: BYTES, dims: [1]}", "{name: text_input, datatype: BYTES, dims: [2]}"),
+            "dims differ",
+        ),
+        (("outputs:", "  - {name: temperature, datatype: FP32, dims: [1]}\n    outputs:"), "never sends"),
+    ],
+)
 def test_python_spec_mismatch_fails_packaging_side_by_side(tmp_path, change, words):
     src = _src(tmp_path, PY_OK.replace(*change))
     with pytest.raises(SpecMismatchError) as info:
@@ -155,14 +178,17 @@ def test_frontend_none_skips_contract_but_needs_model_py(tmp_path):
         build_package(_src(tmp_path, manifest), tmp_path / "dist")
 
 
-@pytest.mark.parametrize("setup, error, words", [
-    (lambda s: shutil.rmtree(s / "model"), NotFoundError, "weights folder not found"),
-    (lambda s: (s / "model" / "config.json").unlink(), InvalidInputError, "no config.json"),
-    (lambda s: (s / "model" / "model.safetensors").unlink(), InvalidInputError, "no *.safetensors"),
-    (lambda s: (s / "model" / "pytorch_model.bin").write_bytes(b"pickle"), InvalidInputError, "pickled weights"),
-    (lambda s: (s / "model" / "link.json").symlink_to(s / "nowhere"), InvalidInputError, "dangling symbolic link"),
-    (lambda s: (s / "llmserve.yaml").unlink(), ManifestError, "no manifest here"),
-])
+@pytest.mark.parametrize(
+    "setup, error, words",
+    [
+        (lambda s: shutil.rmtree(s / "model"), NotFoundError, "weights folder not found"),
+        (lambda s: (s / "model" / "config.json").unlink(), InvalidInputError, "no config.json"),
+        (lambda s: (s / "model" / "model.safetensors").unlink(), InvalidInputError, "no *.safetensors"),
+        (lambda s: (s / "model" / "pytorch_model.bin").write_bytes(b"pickle"), InvalidInputError, "pickled weights"),
+        (lambda s: (s / "model" / "link.json").symlink_to(s / "nowhere"), InvalidInputError, "dangling symbolic link"),
+        (lambda s: (s / "llmserve.yaml").unlink(), ManifestError, "no manifest here"),
+    ],
+)
 def test_bad_sources(tmp_path, setup, error, words):
     src = _src(tmp_path, VLLM)
     setup(src)
@@ -188,7 +214,9 @@ def test_weights_outside_source_refused(tmp_path):
 
 
 def test_plugins_are_bundled(tmp_path):
-    src = _src(tmp_path, VLLM + "plugins:\n  - name: upper\n    source: plugins/upper\n    entryPoint: upper_plugin:register\n")
+    src = _src(
+        tmp_path, VLLM + "plugins:\n  - name: upper\n    source: plugins/upper\n    entryPoint: upper_plugin:register\n"
+    )
     (src / "plugins" / "upper" / "upper_plugin").mkdir(parents=True)
     (src / "plugins" / "upper" / "upper_plugin" / "__init__.py").write_text("def register():\n    pass\n")
     result = build_package(src, tmp_path / "dist")

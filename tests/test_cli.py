@@ -14,7 +14,9 @@ LLMSERVE = str(Path(sys.executable).parent / "llmserve")
 
 def run(*args, env=None, cwd=None):
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([LLMSERVE, *map(str, args)], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [LLMSERVE, *map(str, args)], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=120
+    )
 
 
 def test_help_lists_commands_and_imports_no_engine():
@@ -23,8 +25,13 @@ def test_help_lists_commands_and_imports_no_engine():
     for cmd in ("package", "inspect", "schema"):
         assert cmd in r.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, llmserve.cli.app as a; a.app; print(sorted(m for m in ('vllm','torch','transformers') if m in sys.modules))"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, llmserve.cli.app as a; a.app; print(sorted(m for m in ('vllm','torch','transformers') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert probe.stdout.strip() == "[]", probe.stderr
 

@@ -33,7 +33,10 @@ def test_json_chat_example_packages(tmp_path, tiny_model_dir):
 def test_tiny_model_cli_refuses_to_overwrite(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "keep").write_text("x")
-    r = subprocess.run([sys.executable, str(REPO / "examples/tiny-model/make_tiny_model.py"), str(tmp_path / "m")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "examples/tiny-model/make_tiny_model.py"), str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0
     assert (tmp_path / "m" / "keep").read_text() == "x"

@@ -51,7 +51,12 @@ def test_python_manifest_round_trips_through_canonical_yaml():
         (GOOD.replace("tiny-chat", "Tiny Chat"), 1, "modelId", "not a valid model id"),
         (GOOD + "  model: /elsewhere\n", 7, "engine.model", "set by the packager"),
         (GOOD + "  MaxLen: 3\n", 7, "engine.MaxLen", "not an engine argument name"),
-        (PYTHON.replace("datatype: BYTES, dims: [1]", "datatype: STRING, dims: [1]"), 7, "python.tensors.inputs.0.datatype", "BYTES"),
+        (
+            PYTHON.replace("datatype: BYTES, dims: [1]", "datatype: STRING, dims: [1]"),
+            7,
+            "python.tensors.inputs.0.datatype",
+            "BYTES",
+        ),
         (PYTHON.replace("dims: [-1]", "dims: [0]"), 9, "python.tensors.outputs.0.dims", "positive"),
         (GOOD + "executionMode: sideways\n", 7, "executionMode", "embedded"),
     ],
@@ -94,7 +99,9 @@ def test_duplicate_keys_are_errors_not_last_wins():
         parse_manifest(GOOD.replace("backend: vllm", "backend: vllm\nmodelId: other"), "llmserve.yaml")
 
 
-@pytest.mark.parametrize("text, words", [("modelId: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "YAML mapping"), ("", "YAML mapping")])
+@pytest.mark.parametrize(
+    "text, words", [("modelId: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "YAML mapping"), ("", "YAML mapping")]
+)
 def test_malformed_yaml(text, words):
     with pytest.raises(ManifestError, match=words):
         parse_manifest(text)

@@ -105,9 +105,7 @@ def test_cli_refuses_then_force_replaces(tmp_path):
     r = subprocess.run([sys.executable, str(MAKER), str(out)], capture_output=True, text=True)
     assert r.returncode != 0
     assert "not empty" in r.stderr
-    r = subprocess.run(
-        [sys.executable, str(MAKER), str(out), "--seed", "0", "--force"], capture_output=True, text=True
-    )
+    r = subprocess.run([sys.executable, str(MAKER), str(out), "--seed", "0", "--force"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert not (out / "stale.txt").exists()
     assert (out / "model.safetensors").is_file()
@@ -151,16 +149,13 @@ def test_chat_template_renders(tokenizer):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     assert text == (
-        "<|begin_of_text|><|system|>\nBe brief.<|end_of_text|>\n"
-        "<|user|>\nhi<|end_of_text|>\n<|assistant|>\n"
+        "<|begin_of_text|><|system|>\nBe brief.<|end_of_text|>\n<|user|>\nhi<|end_of_text|>\n<|assistant|>\n"
     )
     no_prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
     assert no_prompt == text[: -len("<|assistant|>\n")]
     # OpenAI-style content parts: text parts are joined
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert tokenizer.apply_chat_template(parts, tokenize=False) == (
-        "<|begin_of_text|><|user|>\nab<|end_of_text|>\n"
-    )
+    assert tokenizer.apply_chat_template(parts, tokenize=False) == ("<|begin_of_text|><|user|>\nab<|end_of_text|>\n")
     ids = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
         ids = ids["input_ids"]

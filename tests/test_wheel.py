@@ -10,8 +10,22 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_wheel_ships_templates_and_data(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     wheel = next(tmp_path.glob("llmserve-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -60,8 +60,11 @@ SCHEMA = {
         "count": {"type": "integer"},
         "valid": {"type": "boolean"},
         "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
-        "owner": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-                  "required": ["name", "age"]},
+        "owner": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        },
     },
     "required": ["status", "count", "valid", "tags", "owner"],
 }
@@ -69,8 +72,10 @@ DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 EMAIL = r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}"
 CHOICES = ["positive", "negative", "neutral", "mixed", "unknown"]
 CASES = {
-    "json_schema": ({"json_schema": SCHEMA},
-                    '{"status":"ok","count":42,"valid":true,"tags":["a","bc"],"owner":{"name":"Jo é","age":3}}'),
+    "json_schema": (
+        {"json_schema": SCHEMA},
+        '{"status":"ok","count":42,"valid":true,"tags":["a","bc"],"owner":{"name":"Jo é","age":3}}',
+    ),
     "iso_date": ({"regex": DATE}, "2024-05-17"),
     "email": ({"regex": EMAIL}, "john.doe@example.com"),
     "choice5": ({"choice": CHOICES}, "neutral"),
@@ -99,14 +104,18 @@ def cl100k_vocab() -> Vocab:
     if not ranks.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(["npm", "pack", JS_TIKTOKEN, "--silent", "--pack-destination", tmp], check=True,
-                           capture_output=True, timeout=300)
+            subprocess.run(
+                ["npm", "pack", JS_TIKTOKEN, "--silent", "--pack-destination", tmp],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
             tgz = next(Path(tmp).glob("js-tiktoken-*.tgz"))
             with tarfile.open(tgz) as tf:
                 member = tf.getmember("package/dist/ranks/cl100k_base.js")
                 ranks.write_bytes(tf.extractfile(member).read())
     text = ranks.read_text()
-    text = text[text.index("{"): text.rindex("}") + 1]  # `export default {...};`
+    text = text[text.index("{") : text.rindex("}") + 1]  # `export default {...};`
     return Vocab.from_tiktoken_ranks(text)
 
 
@@ -169,6 +178,7 @@ def examples(vocab: Vocab, ids: np.ndarray, k: int = 6) -> list[str]:
 
 # ------------------------------------------------------------------------------ pure-Python loop
 
+
 class PythonLoop:
     """The per-request design a Python developer would write (outlines-style). Built once per
     constraint (not timed): state -> numpy array of the allowed token ids, the DFA as lists. Per step
@@ -226,6 +236,7 @@ class PythonLoop:
 
 # ------------------------------------------------------------------------------------- compile
 
+
 def xgr_compile(compiler, spec):
     """The same language as ours: compact JSON (no whitespace, "," and ":" separators; xgrammar's
     default separators with any_whitespace=False are ", " and ": "), additional properties off
@@ -242,6 +253,7 @@ def llg_grammar(spec):
     Schema default additionalProperties: true, ours and xgrammar's strict mode do not: the mask
     check shows where that matters."""
     import llguidance as llg
+
     if spec.kind == "json_schema":
         return llg.grammar_from("json_schema", json.dumps({**SCHEMA, "x-guidance": {"whitespace_flexible": False}}))
     if spec.kind == "regex":
@@ -295,6 +307,7 @@ def measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, runs, cache_
 
     def xgr_ready():
         import xgrammar as xgr
+
         xb = xgr.allocate_token_bitmask(1, V)
         t = time.perf_counter()
         g = xgr_compile(xgr.GrammarCompiler(xinfo, max_threads=native.pool_size(), cache_enabled=False), spec)
@@ -304,14 +317,19 @@ def measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, runs, cache_
     def llg_ready():
         import llguidance as llg
         import llguidance.numpy as lnp
+
         lb = np.zeros((1, W), np.int32)
         t = time.perf_counter()
         m = llg.LLMatcher(lltok, lgram)
         lnp.fill_next_token_bitmask_par(executor, [(m, 0)], lb)  # llguidance is lazy: first mask included
         return time.perf_counter() - t
 
-    for name, fn in (("llmserve", ours_ready), ("llmserve_full", ours_full), ("xgrammar", xgr_ready),
-                     ("llguidance", llg_ready)):
+    for name, fn in (
+        ("llmserve", ours_ready),
+        ("llmserve_full", ours_full),
+        ("xgrammar", xgr_ready),
+        ("llguidance", llg_ready),
+    ):
         fn()  # warm-up (imports, first-touch allocations); not counted
         out[name], raw[name] = median_compile(fn, runs)
 
@@ -338,6 +356,7 @@ def measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, runs, cache_
 
 # ------------------------------------------------------------------------------------ agreement
 
+
 def compare(vocab, ours_bm, other_bm, prefixes, rejected, details, seen):
     """Rows of ``ours_bm`` against ``other_bm``; distinct disagreeing prefixes go to ``details``."""
     V = vocab.size
@@ -351,19 +370,23 @@ def compare(vocab, ours_bm, other_bm, prefixes, rejected, details, seen):
             continue
         seen.add(plen)
         oo, ot = np.flatnonzero(only_ours[r]), np.flatnonzero(only_theirs[r])
-        details.append({
-            "prefix_len": plen,
-            "prefix": prefix_text(prefixes[r], vocab),
-            "engine_rejected_prefix": plen in rejected,
-            "ours_allowed": int(a[r].sum()), "theirs_allowed": int(b[r].sum()),
-            "ours_only": int(n_o[r]), "theirs_only": int(n_t[r]),
-            "ours_only_ws": int(sum(1 for t in oo.tolist() if WS & set(vocab.token_bytes(t) or b""))),
-            "theirs_only_ws": int(sum(1 for t in ot.tolist() if WS & set(vocab.token_bytes(t) or b""))),
-            "eos_differs": bool(any(e in oo or e in ot for e in vocab.eos_ids)),
-            "ours_only_examples": examples(vocab, oo),
-            "theirs_only_examples": examples(vocab, ot),
-            "theirs_allowed_examples": examples(vocab, np.flatnonzero(b[r])) if b[r].sum() <= 4 else [],
-        })
+        details.append(
+            {
+                "prefix_len": plen,
+                "prefix": prefix_text(prefixes[r], vocab),
+                "engine_rejected_prefix": plen in rejected,
+                "ours_allowed": int(a[r].sum()),
+                "theirs_allowed": int(b[r].sum()),
+                "ours_only": int(n_o[r]),
+                "theirs_only": int(n_t[r]),
+                "ours_only_ws": int(sum(1 for t in oo.tolist() if WS & set(vocab.token_bytes(t) or b""))),
+                "theirs_only_ws": int(sum(1 for t in ot.tolist() if WS & set(vocab.token_bytes(t) or b""))),
+                "eos_differs": bool(any(e in oo or e in ot for e in vocab.eos_ids)),
+                "ours_only_examples": examples(vocab, oo),
+                "theirs_only_examples": examples(vocab, ot),
+                "theirs_allowed_examples": examples(vocab, np.flatnonzero(b[r])) if b[r].sum() <= 4 else [],
+            }
+        )
         details[-1]["kind"] = kind_of(details[-1])
     rej_rows = sum(1 for p in prefixes if len(p) in rejected)
     return {"rows": len(prefixes), "agree": agree, "rows_on_rejected_prefix": rej_rows}
@@ -389,23 +412,30 @@ def print_disagreements(eng, details, per_kind=2):
     for d in details:
         kinds.setdefault(kind_of(d), []).append(d)
     eos = sum(1 for d in details if d["eos_differs"])
-    print(f"  {eng}: {len(details)} distinct prefixes differ (EOS differs in {eos}): "
-          + "; ".join(f"{k}: {len(v)}" for k, v in kinds.items()))
+    print(
+        f"  {eng}: {len(details)} distinct prefixes differ (EOS differs in {eos}): "
+        + "; ".join(f"{k}: {len(v)}" for k, v in kinds.items())
+    )
     for k, ds in kinds.items():
         groups: dict = {}  # distinct (ours-only, theirs-only) patterns, most frequent first
         for d in ds:
             groups.setdefault((tuple(d["ours_only_examples"]), tuple(d["theirs_only_examples"])), []).append(d)
         for g in sorted(groups.values(), key=len, reverse=True)[:per_kind]:
             d = g[0]
-            print(f"    [{k}] after {d['prefix'][-40:]!r}" + (f" (+{len(g) - 1} prefixes)" if len(g) > 1 else "")
-                  + f": ours-only {d['ours_only']}" + (f" e.g. {d['ours_only_examples']}" if d["ours_only"] else "")
-                  + f"; {eng}-only {d['theirs_only']}"
-                  + (f" e.g. {d['theirs_only_examples']}" if d["theirs_only"] else "")
-                  + (f"; {eng} allows {d['theirs_allowed_examples']}" if d.get("theirs_allowed_examples") else "")
-                  + ("; EOS differs" if d["eos_differs"] else ""))
+            print(
+                f"    [{k}] after {d['prefix'][-40:]!r}"
+                + (f" (+{len(g) - 1} prefixes)" if len(g) > 1 else "")
+                + f": ours-only {d['ours_only']}"
+                + (f" e.g. {d['ours_only_examples']}" if d["ours_only"] else "")
+                + f"; {eng}-only {d['theirs_only']}"
+                + (f" e.g. {d['theirs_only_examples']}" if d["theirs_only"] else "")
+                + (f"; {eng} allows {d['theirs_allowed_examples']}" if d.get("theirs_allowed_examples") else "")
+                + ("; EOS differs" if d["eos_differs"] else "")
+            )
 
 
 # ------------------------------------------------------------------------------------------ main
+
 
 def fmt_ratio(key, v):
     return f"{v:.3f}" if key != "disk_cache_compile_ms" else f"{v:.3f} ms"
@@ -430,8 +460,10 @@ def main():
     byte_ids = byte_token_ids(vocab)
     eos = vocab.eos_ids[0]
     lazy = hasattr(compiled_mod.CompiledConstraint, "complete")
-    print(f"vocabulary cl100k_base: {V} tokens, eos {eos}; preparation {prep:.2f}s; threads {native.pool_size()}; "
-          f"lazy masks (complete()): {lazy}")
+    print(
+        f"vocabulary cl100k_base: {V} tokens, eos {eos}; preparation {prep:.2f}s; threads {native.pool_size()}; "
+        f"lazy masks (complete()): {lazy}"
+    )
 
     tokens_bytes = [t if t is not None else b"" for t in vocab.tokens]
     xinfo = xgr.TokenizerInfo(tokens_bytes, xgr.VocabType.RAW, vocab_size=V, stop_token_ids=[eos])
@@ -452,8 +484,14 @@ def main():
     sizes = QUICK_SIZES if args.quick else SIZES
     reps_small, reps_big = (5, 3) if args.quick else (30, 10)
     compile_runs = 3 if args.quick else 5
-    results = {"vocab": V, "threads": native.pool_size(), "quick": args.quick, "lazy_masks": lazy,
-               "sizes": list(sizes), "cases": {}}
+    results = {
+        "vocab": V,
+        "threads": native.pool_size(),
+        "quick": args.quick,
+        "lazy_masks": lazy,
+        "sizes": list(sizes),
+        "cases": {},
+    }
 
     try:
         for name, (spec_obj, sample) in CASES.items():
@@ -465,8 +503,7 @@ def main():
             # ---- compile (median of cold runs), then the instance used below
             comp, raw = measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, compile_runs, cache_root)
             res["compile_s"], res["compile_runs_s"] = comp, raw
-            print("compile ms (median of %d):" % compile_runs,
-                  {k: round(v * 1e3, 3) for k, v in comp.items()})
+            print("compile ms (median of %d):" % compile_runs, {k: round(v * 1e3, 3) for k, v in comp.items()})
             clear_memo()
             ours = compile_constraint(spec, vocab, cache_dir=cache_root / f"main-{name}")
             complete(ours)
@@ -507,9 +544,15 @@ def main():
                     m = xgr.GrammarMatcher(xg)
                     for i, tok in enumerate(p):
                         if not m.accept_token(tok):  # xgrammar disagrees with the sample: stay here
-                            rejected["xgrammar"].setdefault(len(p), {
-                                "prefix_len": len(p), "at": i, "accepted_prefix": prefix_text(p[:i], vocab),
-                                "token": token_label(vocab, tok)})
+                            rejected["xgrammar"].setdefault(
+                                len(p),
+                                {
+                                    "prefix_len": len(p),
+                                    "at": i,
+                                    "accepted_prefix": prefix_text(p[:i], vocab),
+                                    "token": token_label(vocab, tok),
+                                },
+                            )
                             break
                     xms.append(m)
                 xbm = xgr.allocate_token_bitmask(B, V)
@@ -528,9 +571,16 @@ def main():
                     m = llg.LLMatcher(lltok, lgram)
                     for i, tok in enumerate(p):
                         if m.validate_tokens([tok]) != 1 or not m.consume_token(tok):
-                            rejected["llguidance"].setdefault(len(p), {
-                                "prefix_len": len(p), "at": i, "accepted_prefix": prefix_text(p[:i], vocab),
-                                "token": token_label(vocab, tok), "error": m.get_error() or ""})
+                            rejected["llguidance"].setdefault(
+                                len(p),
+                                {
+                                    "prefix_len": len(p),
+                                    "at": i,
+                                    "accepted_prefix": prefix_text(p[:i], vocab),
+                                    "token": token_label(vocab, tok),
+                                    "error": m.get_error() or "",
+                                },
+                            )
                             break
                     lms.append(m)
                 lbm = np.zeros((B, W), np.int32)
@@ -576,22 +626,32 @@ def main():
                 def floor_torch():
                     logits.mul_(1.0)
 
-                fill = {"llmserve": timeit(ours_fill, reps), "xgrammar": timeit(x_fill, reps),
-                        "llguidance": timeit(l_fill, reps),
-                        "python_loop": timeit(pyloop_fill, py_reps, 1),
-                        "python_row_copy": timeit(rowcopy_fill, py_reps, 1)}
+                fill = {
+                    "llmserve": timeit(ours_fill, reps),
+                    "xgrammar": timeit(x_fill, reps),
+                    "llguidance": timeit(l_fill, reps),
+                    "python_loop": timeit(pyloop_fill, py_reps, 1),
+                    "python_row_copy": timeit(rowcopy_fill, py_reps, 1),
+                }
                 # the masks each engine filled, for the agreement check below
                 ours_fill(), x_fill(), l_fill(), pyloop_fill(), rowcopy_fill()
                 bm_ours, bm_x, bm_l = bm.copy(), xbm.numpy().copy(), lbm.copy()
-                fa = {"llmserve": timeit(ours_fill_apply, reps), "xgrammar": timeit(x_fill_apply, reps),
-                      "llguidance": timeit(l_fill_apply, reps),
-                      "python_loop": timeit(pyloop_fill_apply, py_reps, 1),
-                      "python_row_copy": timeit(rowcopy_fill_apply, py_reps, 1)}
+                fa = {
+                    "llmserve": timeit(ours_fill_apply, reps),
+                    "xgrammar": timeit(x_fill_apply, reps),
+                    "llguidance": timeit(l_fill_apply, reps),
+                    "python_loop": timeit(pyloop_fill_apply, py_reps, 1),
+                    "python_row_copy": timeit(rowcopy_fill_apply, py_reps, 1),
+                }
                 fl = min(timeit(floor, 3 * reps), timeit(floor_torch, 3 * reps))  # cheap: more reps, less noise
                 res["fill_s"][B], res["fill_apply_s"][B], res["floor_s"][B] = fill, fa, fl
-                print(f"B={B:4d} fill us: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fill.items())
-                      + " | fill+apply us: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fa.items())
-                      + f" | floor={fl * 1e6:.0f}")
+                print(
+                    f"B={B:4d} fill us: "
+                    + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fill.items())
+                    + " | fill+apply us: "
+                    + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fa.items())
+                    + f" | floor={fl * 1e6:.0f}"
+                )
 
                 # ---- mask agreement, row by row, for the same prefix
                 if not (np.array_equal(pbm, bm_ours) and np.array_equal(cbm, bm_ours)):
@@ -600,12 +660,16 @@ def main():
                 line = []
                 for eng, obm in (("xgrammar", bm_x), ("llguidance", bm_l)):
                     a = agreement[eng]
-                    a["by_B"][B] = compare(vocab, bm_ours, obm, prefixes, rejected[eng], a["disagreements"],
-                                           seen[eng])
+                    a["by_B"][B] = compare(vocab, bm_ours, obm, prefixes, rejected[eng], a["disagreements"], seen[eng])
                     s = a["by_B"][B]
-                    line.append(f"{eng} {s['agree']}/{s['rows']} rows agree"
-                                + (f" ({s['rows_on_rejected_prefix']} rows on a prefix it rejected)"
-                                   if s["rows_on_rejected_prefix"] else ""))
+                    line.append(
+                        f"{eng} {s['agree']}/{s['rows']} rows agree"
+                        + (
+                            f" ({s['rows_on_rejected_prefix']} rows on a prefix it rejected)"
+                            if s["rows_on_rejected_prefix"]
+                            else ""
+                        )
+                    )
                 print("  agreement: " + "; ".join(line))
 
             for eng in OTHERS:
@@ -613,8 +677,10 @@ def main():
                 a["rejections"] = sorted(rejected[eng].values(), key=lambda d: d["prefix_len"])
                 a["disagreements"].sort(key=lambda d: d["prefix_len"])
                 for rj in a["rejections"]:
-                    print(f"  !! {eng} rejected token {rj['token']} after {rj['accepted_prefix']!r} "
-                          f"(sample prefix of {rj['prefix_len']} bytes){': ' + rj['error'] if rj.get('error') else ''}")
+                    print(
+                        f"  !! {eng} rejected token {rj['token']} after {rj['accepted_prefix']!r} "
+                        f"(sample prefix of {rj['prefix_len']} bytes){': ' + rj['error'] if rj.get('error') else ''}"
+                    )
                 print_disagreements(eng, a["disagreements"])
 
             # ratios vs the issue's targets
@@ -639,38 +705,53 @@ def main():
 
     # ---- summaries
     print("\n## Targets (llmserve; quick run)" if args.quick else "\n## Targets (llmserve)")
-    print("| case | " + " | ".join(desc for _, desc, _ in TARGETS) + " | met | "
-          + " | ".join(desc for _, desc in INFO) + " |")
+    print(
+        "| case | "
+        + " | ".join(desc for _, desc, _ in TARGETS)
+        + " | met | "
+        + " | ".join(desc for _, desc in INFO)
+        + " |"
+    )
     print("|---|" + "---|" * (len(TARGETS) + 1 + len(INFO)))
     for name, res in results["cases"].items():
         cells = [f"{fmt_ratio(k, res['ratios'][k])} {'✓' if res['targets_met'][k] else '✗'}" for k, _, _ in TARGETS]
         met = sum(res["targets_met"].values())
-        print(f"| {name} | " + " | ".join(cells) + f" | {met}/{len(TARGETS)} | "
-              + " | ".join(fmt_ratio(k, res["ratios"][k]) for k, _ in INFO) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {met}/{len(TARGETS)} | "
+            + " | ".join(fmt_ratio(k, res["ratios"][k]) for k, _ in INFO)
+            + " |"
+        )
 
     print("\n## Compile (median ms) and B=256 timings (us)")
-    print("| case | llmserve | llmserve_full | xgrammar | llguidance | disk cache | fill ours/xgr/llg/py_loop/py_copy "
-          "| fill+apply ours/xgr/llg/py_loop/py_copy | floor |")
+    print(
+        "| case | llmserve | llmserve_full | xgrammar | llguidance | disk cache | fill ours/xgr/llg/py_loop/py_copy "
+        "| fill+apply ours/xgr/llg/py_loop/py_copy | floor |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     engines = ("llmserve", "xgrammar", "llguidance", "python_loop", "python_row_copy")
     for name, res in results["cases"].items():
         c = res["compile_s"]
         f, fa = res["fill_s"][BIG], res["fill_apply_s"][BIG]
-        print(f"| {name} | {c['llmserve'] * 1e3:.2f} | {c['llmserve_full'] * 1e3:.2f} | {c['xgrammar'] * 1e3:.2f} "
-              f"| {c['llguidance'] * 1e3:.2f} | {c['llmserve_disk_cache_first_fill'] * 1e3:.3f} "
-              f"| {' / '.join(f'{f[e] * 1e6:.0f}' for e in engines)} "
-              f"| {' / '.join(f'{fa[e] * 1e6:.0f}' for e in engines)} | {res['floor_s'][BIG] * 1e6:.0f} |")
+        print(
+            f"| {name} | {c['llmserve'] * 1e3:.2f} | {c['llmserve_full'] * 1e3:.2f} | {c['xgrammar'] * 1e3:.2f} "
+            f"| {c['llguidance'] * 1e3:.2f} | {c['llmserve_disk_cache_first_fill'] * 1e3:.3f} "
+            f"| {' / '.join(f'{f[e] * 1e6:.0f}' for e in engines)} "
+            f"| {' / '.join(f'{fa[e] * 1e6:.0f}' for e in engines)} | {res['floor_s'][BIG] * 1e6:.0f} |"
+        )
 
-    print(f"\n## Mask agreement with llmserve (rows identical at B={BIG}; distinct disagreeing prefixes; "
-          "prefixes the engine rejected)")
+    print(
+        f"\n## Mask agreement with llmserve (rows identical at B={BIG}; distinct disagreeing prefixes; "
+        "prefixes the engine rejected)"
+    )
     print("| case | engine | rows agree | disagreeing prefixes | rejected prefixes |")
     print("|---|---|---|---|---|")
     for name, res in results["cases"].items():
         for eng in OTHERS:
             a = res["agreement"][eng]
             s = a["by_B"][BIG]
-            print(f"| {name} | {eng} | {s['agree']}/{s['rows']} | {len(a['disagreements'])} "
-                  f"| {len(a['rejections'])} |")
+            print(f"| {name} | {eng} | {s['agree']}/{s['rows']} | {len(a['disagreements'])} | {len(a['rejections'])} |")
     results["total_s"] = time.perf_counter() - t0
     print(f"\ntotal {results['total_s']:.1f}s")
     if args.out:

@@ -42,7 +42,9 @@ def make_packages(root: Path) -> dict[int, Path]:
 
     from llmserve.packaging import build_package
 
-    spec = importlib.util.spec_from_file_location("make_tiny_model", REPO / "examples" / "tiny-model" / "make_tiny_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_tiny_model", REPO / "examples" / "tiny-model" / "make_tiny_model.py"
+    )
     maker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(maker)
     maker.make_tiny_model(root / "model", seed=0)
@@ -103,8 +105,15 @@ class Client:
         versions: dict[str, int] = {}
         for r in rows:
             versions[r[3]] = versions.get(r[3], 0) + 1
-        return {"requests": len(rows), "ok": ok, "success_rate": round(ok / len(rows), 5) if rows else None,
-                "p50_s": pct(0.50), "p99_s": pct(0.99), "seconds": round(t1 - t0, 2), "served_versions": versions}
+        return {
+            "requests": len(rows),
+            "ok": ok,
+            "success_rate": round(ok / len(rows), 5) if rows else None,
+            "p50_s": pct(0.50),
+            "p99_s": pct(0.99),
+            "seconds": round(t1 - t0, 2),
+            "served_versions": versions,
+        }
 
 
 def main() -> int:
@@ -125,8 +134,12 @@ def main() -> int:
     results: dict = {"steps": args.steps, "pause_s": args.pause, "workers": args.workers}
     try:
         t = time.monotonic()
-        p = subprocess.run([*cli, "deploy", str(packages[1]), "--state-dir", str(state), "-o", "json"],
-                           capture_output=True, text=True, check=True)
+        p = subprocess.run(
+            [*cli, "deploy", str(packages[1]), "--state-dir", str(state), "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results["first_deploy_s"] = round(time.monotonic() - t, 2)
         url = json.loads(p.stdout)["gateway"]["url"]
         client = Client(url, args.workers)
@@ -135,9 +148,24 @@ def main() -> int:
         steady0 = time.monotonic()
         time.sleep(args.steady)
         deploy0 = time.monotonic()
-        proc = subprocess.Popen([*cli, "deploy", str(packages[2]), "--state-dir", str(state), "--steps", args.steps,
-                                 "--pause", str(args.pause), "-o", "json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                *cli,
+                "deploy",
+                str(packages[2]),
+                "--state-dir",
+                str(state),
+                "--steps",
+                args.steps,
+                "--pause",
+                str(args.pause),
+                "-o",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         marks: dict[str, float] = {}
         for line in proc.stderr:
             now = time.monotonic()
@@ -156,7 +184,9 @@ def main() -> int:
         results.update(marks)
         results["deploy_total_s"] = round(deploy1 - deploy0, 2)
         results["deploy_rc"] = proc.returncode
-        results["final_versions"] = {str(i["version"]): i["weight"] for i in done["instances"] if i["status"] == "serving"}
+        results["final_versions"] = {
+            str(i["version"]): i["weight"] for i in done["instances"] if i["status"] == "serving"
+        }
         results["steady"] = client.window(steady0, deploy0)
         results["switch"] = client.window(deploy0, deploy1)
     finally:

@@ -31,9 +31,16 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-chat"
 ENGINE = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
-ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-       "VLLM_NO_USAGE_STATS": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+}
 
 
 def free_port() -> int:
@@ -73,9 +80,16 @@ def start(cmd: list[str], env: dict, log: Path, port: int, timeout: float = 300)
 async def one_round(url: str, concurrency: int, max_tokens: int, round_no: int) -> tuple[list[float], float, int]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
         async def call(i: int) -> tuple[float, int]:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": f"request {round_no}-{i}: tell a story"}],
-                    "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0, "seed": i}
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"request {round_no}-{i}: tell a story"}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "temperature": 1.0,
+                "seed": i,
+            }
             t0 = time.perf_counter()
             r = await client.post("/v1/chat/completions", json=body)
             r.raise_for_status()
@@ -103,8 +117,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="serve-overhead-"))
     src = make_model(work)
     env = {**os.environ, **ENV}
-    for var, sub in (("LLMSERVE_CACHE", "llmserve"), ("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
-                     ("HF_HOME", "hf"), ("VLLM_RPC_BASE_PATH", "rpc")):
+    for var, sub in (
+        ("LLMSERVE_CACHE", "llmserve"),
+        ("VLLM_CACHE_ROOT", "vllm"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("HF_HOME", "hf"),
+        ("VLLM_RPC_BASE_PATH", "rpc"),
+    ):
         env[var] = str(work / sub)
         (work / sub).mkdir(parents=True, exist_ok=True)
     env.pop("LLMSERVE_API_KEY", None)
@@ -115,12 +134,51 @@ def main() -> None:
     ports = {"llmserve": free_port(), "llmserve-noc": free_port(), "vllm": free_port()}
     so = json.dumps({"backend": "guidance", "disable_any_whitespace": True})
     cmds = {
-        "llmserve": [sys.executable, "-m", "llmserve.cli.app", "serve", str(src), "--openai", "--port", str(ports["llmserve"]), "--grpc-port", "0"],
-        "llmserve-noc": [sys.executable, "-m", "llmserve.cli.app", "serve", str(src), "--openai", "--no-constraints",
-                         "--port", str(ports["llmserve-noc"]), "--grpc-port", "0"],
-        "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(src / "model"),
-                 "--served-model-name", MODEL, "--port", str(ports["vllm"]), "--host", "127.0.0.1",
-                 "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--structured-outputs-config", so],
+        "llmserve": [
+            sys.executable,
+            "-m",
+            "llmserve.cli.app",
+            "serve",
+            str(src),
+            "--openai",
+            "--port",
+            str(ports["llmserve"]),
+            "--grpc-port",
+            "0",
+        ],
+        "llmserve-noc": [
+            sys.executable,
+            "-m",
+            "llmserve.cli.app",
+            "serve",
+            str(src),
+            "--openai",
+            "--no-constraints",
+            "--port",
+            str(ports["llmserve-noc"]),
+            "--grpc-port",
+            "0",
+        ],
+        "vllm": [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(src / "model"),
+            "--served-model-name",
+            MODEL,
+            "--port",
+            str(ports["vllm"]),
+            "--host",
+            "127.0.0.1",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--structured-outputs-config",
+            so,
+        ],
     }
     procs = {}
     try:
@@ -133,15 +191,20 @@ def main() -> None:
             asyncio.run(one_round(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.max_tokens, -1))
         for rnd in range(args.rounds):
             names = list(cmds)
-            order = names[rnd % len(names):] + names[:rnd % len(names)]  # each server in each position
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]  # each server in each position
             for name in order:
-                lat, wall, toks = asyncio.run(one_round(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.max_tokens, rnd))
+                lat, wall, toks = asyncio.run(
+                    one_round(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.max_tokens, rnd)
+                )
                 s = stats[name]
                 s["lat"] += lat
                 s["wall"] += wall
                 s["tokens"] += toks
                 s["requests"] += len(lat)
-                print(f"round {rnd} {name:12s} {len(lat) / wall:7.2f} req/s  p50 {pct(lat, .5):.3f} s  p99 {pct(lat, .99):.3f} s", flush=True)
+                print(
+                    f"round {rnd} {name:12s} {len(lat) / wall:7.2f} req/s  p50 {pct(lat, 0.5):.3f} s  p99 {pct(lat, 0.99):.3f} s",
+                    flush=True,
+                )
     finally:
         for p in procs.values():
             p.send_signal(signal.SIGTERM)
@@ -154,12 +217,20 @@ def main() -> None:
     report = {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "rounds": args.rounds, "servers": {}}
     for name, s in stats.items():
         report["servers"][name] = {
-            "requests_per_s": s["requests"] / s["wall"], "output_tokens_per_s": s["tokens"] / s["wall"],
-            "p50_s": statistics.median(s["lat"]), "p99_s": pct(s["lat"], 0.99), "requests": s["requests"]}
+            "requests_per_s": s["requests"] / s["wall"],
+            "output_tokens_per_s": s["tokens"] / s["wall"],
+            "p50_s": statistics.median(s["lat"]),
+            "p99_s": pct(s["lat"], 0.99),
+            "requests": s["requests"],
+        }
+
     def ratios(a, b):
         a, b = report["servers"][a], report["servers"][b]
-        return {"throughput": a["requests_per_s"] / b["requests_per_s"], "p50_latency": a["p50_s"] / b["p50_s"],
-                "p99_latency": a["p99_s"] / b["p99_s"]}
+        return {
+            "throughput": a["requests_per_s"] / b["requests_per_s"],
+            "p50_latency": a["p50_s"] / b["p50_s"],
+            "p99_latency": a["p99_s"] / b["p99_s"],
+        }
 
     report["ratios_llmserve_over_vllm"] = ratios("llmserve", "vllm")
     report["ratios_llmserve_no_constraints_over_vllm"] = ratios("llmserve-noc", "vllm")

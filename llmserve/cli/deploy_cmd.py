@@ -22,16 +22,24 @@ class Target(str, Enum):
     kubernetes = "kubernetes"
 
 
-TARGET_HELP = ("local: `llmserve serve` processes behind a gateway on this machine, state in SQLite. "
-               "kubernetes: Deployments and Services in a cluster (kubeconfig, context and namespace from the usual "
-               "places), state in a ConfigMap there.")
+TARGET_HELP = (
+    "local: `llmserve serve` processes behind a gateway on this machine, state in SQLite. "
+    "kubernetes: Deployments and Services in a cluster (kubeconfig, context and namespace from the usual "
+    "places), state in a ConfigMap there."
+)
 NAMESPACE_HELP = "kubernetes: namespace. Default: the kubeconfig context's namespace, else 'default'."
 CONTEXT_HELP = "kubernetes: kubeconfig context. Default: the current context."
 KUBECONFIG_HELP = "kubernetes: kubeconfig file. Default: $KUBECONFIG, else ~/.kube/config, else in-cluster."
 
 
-def kube_deployer(report, namespace: str | None, context: str | None, kubeconfig: Path | None, pod_spec=None,
-                  replicas: int | None = None):
+def kube_deployer(
+    report,
+    namespace: str | None,
+    context: str | None,
+    kubeconfig: Path | None,
+    pod_spec=None,
+    replicas: int | None = None,
+):
     """The Kubernetes target's deployer, connected the usual way (imports the client only here)."""
     from llmserve.deploy.kubernetes import KubernetesDeployer, connect
 
@@ -49,7 +57,9 @@ class _DefaultUp(TyperGroup):
 
 
 deploy_app = typer.Typer(
-    cls=_DefaultUp, no_args_is_help=True, rich_markup_mode="rich",
+    cls=_DefaultUp,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
     help="""Deploy packages with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`.
 
 --target local (default): every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...). State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
@@ -69,7 +79,8 @@ Examples:
     llmserve deploy down tiny-chat
 
     llmserve deploy dist/tiny-chat-2.llmpkg --target kubernetes --replicas 4 --image registry/llmserve:0.1 --gpus 1
-""")
+""",
+)
 
 STATE_HELP = "State folder (SQLite, logs, pid files). Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."
 
@@ -85,38 +96,72 @@ def _reporter(output: OutputFormat):
 @deploy_app.command("up")
 def up(
     package: Path = typer.Argument(..., help="The .llmpkg (or package folder) to roll out."),
-    strategy: Strategy = typer.Option(Strategy.red_black, "--strategy", "-s",
-                                      help="red-black: shift traffic in steps to the new version, same interface only. "
-                                           "versioned: run it beside the others; callers pick the version."),
+    strategy: Strategy = typer.Option(
+        Strategy.red_black,
+        "--strategy",
+        "-s",
+        help="red-black: shift traffic in steps to the new version, same interface only. "
+        "versioned: run it beside the others; callers pick the version.",
+    ),
     name: str = typer.Option(None, "--name", help="Deployment name. Default: the package's modelId."),
-    steps: str = typer.Option("10,25,50,100", "--steps", help="red-black: percent of traffic on the new version at each step."),
+    steps: str = typer.Option(
+        "10,25,50,100", "--steps", help="red-black: percent of traffic on the new version at each step."
+    ),
     pause: float = typer.Option(5.0, "--pause", help="red-black: seconds at each step before its health gate."),
-    max_step_errors: int = typer.Option(0, "--max-step-errors", help="red-black gate: server errors (5xx) from the new version allowed per step."),
-    health_timeout: float = typer.Option(300.0, "--health-timeout", help="Seconds a new server gets to answer /health 200."),
-    drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get before an old server is stopped."),
-    port: int = typer.Option(None, "--port", help="Gateway port on a new deployment (kept afterwards). Default: a free port."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Gateway address on a new deployment. Default: loopback only."),
-    idle_timeout: float = typer.Option(None, "--idle-timeout", help="versioned: stop a version idle this many seconds "
-                                       "(never the newest, never the default). Kept for later deploys."),
-    promote: bool = typer.Option(None, "--promote/--no-promote", help="versioned: also send requests that name no "
-                                 "version to this version. Default: only for the first version."),
+    max_step_errors: int = typer.Option(
+        0, "--max-step-errors", help="red-black gate: server errors (5xx) from the new version allowed per step."
+    ),
+    health_timeout: float = typer.Option(
+        300.0, "--health-timeout", help="Seconds a new server gets to answer /health 200."
+    ),
+    drain_timeout: float = typer.Option(
+        30.0, "--drain-timeout", help="Seconds in-flight requests get before an old server is stopped."
+    ),
+    port: int = typer.Option(
+        None, "--port", help="Gateway port on a new deployment (kept afterwards). Default: a free port."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Gateway address on a new deployment. Default: loopback only."
+    ),
+    idle_timeout: float = typer.Option(
+        None,
+        "--idle-timeout",
+        help="versioned: stop a version idle this many seconds "
+        "(never the newest, never the default). Kept for later deploys.",
+    ),
+    promote: bool = typer.Option(
+        None,
+        "--promote/--no-promote",
+        help="versioned: also send requests that name no version to this version. Default: only for the first version.",
+    ),
     kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="Passed to each `llmserve serve`."),
     state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
     target: Target = typer.Option(Target.local, "--target", "-t", help=TARGET_HELP),
     namespace: str = typer.Option(None, "--namespace", "-n", help=NAMESPACE_HELP),
     context: str = typer.Option(None, "--context", help=CONTEXT_HELP),
     kubeconfig: Path = typer.Option(None, "--kubeconfig", help=KUBECONFIG_HELP),
-    replicas: int = typer.Option(None, "--replicas", min=1, help="kubernetes: pods per version. Default: the live "
-                                 "version's count (red-black), else 1."),
+    replicas: int = typer.Option(
+        None,
+        "--replicas",
+        min=1,
+        help="kubernetes: pods per version. Default: the live version's count (red-black), else 1.",
+    ),
     image: str = typer.Option("llmserve:latest", "--image", help="kubernetes: server image (see `llmserve build`)."),
-    package_uri: str = typer.Option(None, "--package-uri", help="kubernetes: where the pods find the package. "
-                                    "Default: /models/<package file name>."),
-    models_pvc: str = typer.Option(None, "--models-pvc", help="kubernetes: PersistentVolumeClaim mounted read-only at /models."),
+    package_uri: str = typer.Option(
+        None, "--package-uri", help="kubernetes: where the pods find the package. Default: /models/<package file name>."
+    ),
+    models_pvc: str = typer.Option(
+        None, "--models-pvc", help="kubernetes: PersistentVolumeClaim mounted read-only at /models."
+    ),
     cpu: str = typer.Option("1", "--cpu", help="kubernetes: CPU request per pod."),
     memory: str = typer.Option("4Gi", "--memory", help="kubernetes: memory request per pod."),
     gpus: int = typer.Option(0, "--gpus", min=0, help="kubernetes: nvidia.com/gpu per pod (request = limit)."),
-    service_type: str = typer.Option("ClusterIP", "--service-type", help="kubernetes: ClusterIP, NodePort or LoadBalancer."),
-    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json (the result; progress goes to stderr)."),
+    service_type: str = typer.Option(
+        "ClusterIP", "--service-type", help="kubernetes: ClusterIP, NodePort or LoadBalancer."
+    ),
+    output: OutputFormat = typer.Option(
+        OutputFormat.text, "--output", "-o", help="text or json (the result; progress goes to stderr)."
+    ),
 ) -> None:
     """Roll out PKG. red-black (default): start it beside the live version, wait for /health, shift traffic
     in --steps with a pause and a health gate at each, roll back atomically if a step fails, then drain
@@ -136,15 +181,34 @@ def up(
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
     serve_args = ["--kv-cache-gib", f"{kv_cache_gib:g}"] if kv_cache_gib is not None else []
-    opts = DeployOptions(package=package, strategy=strategy.value, name=name, steps=parse_steps(steps), pause_s=pause,
-                         health_timeout_s=health_timeout, drain_timeout_s=drain_timeout, host=host, port=port,
-                         idle_timeout_s=idle_timeout, promote=promote, max_step_errors=max_step_errors,
-                         serve_args=serve_args)
+    opts = DeployOptions(
+        package=package,
+        strategy=strategy.value,
+        name=name,
+        steps=parse_steps(steps),
+        pause_s=pause,
+        health_timeout_s=health_timeout,
+        drain_timeout_s=drain_timeout,
+        host=host,
+        port=port,
+        idle_timeout_s=idle_timeout,
+        promote=promote,
+        max_step_errors=max_step_errors,
+        serve_args=serve_args,
+    )
     if target is Target.kubernetes:
         from llmserve.deploy.kubernetes import PodSpec
 
-        spec = PodSpec(image=image, package_uri=package_uri, models_pvc=models_pvc, cpu=cpu, memory=memory, gpus=gpus,
-                       service_type=service_type, serve_args=serve_args)
+        spec = PodSpec(
+            image=image,
+            package_uri=package_uri,
+            models_pvc=models_pvc,
+            cpu=cpu,
+            memory=memory,
+            gpus=gpus,
+            service_type=service_type,
+            serve_args=serve_args,
+        )
         result = kube_deployer(_reporter(output), namespace, context, kubeconfig, spec, replicas).deploy(opts)
     else:
         result = Deployer(StateStore(state_dir), _reporter(output)).deploy(opts)

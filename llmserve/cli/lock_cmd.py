@@ -10,12 +10,32 @@ from llmserve.cli.render import OutputFormat, console, print_json
 
 
 def lock(
-    target: str = typer.Option(None, "--target", "-t", help="local-cpu or a Triton release line (triton-25.09). Default: the existing lock's target."),
-    upgrade: bool = typer.Option(False, "--upgrade", help="Allow the lock to move (new target, new package set, new knowledge base)."),
+    target: str = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="local-cpu or a Triton release line (triton-25.09). Default: the existing lock's target.",
+    ),
+    upgrade: bool = typer.Option(
+        False, "--upgrade", help="Allow the lock to move (new target, new package set, new knowledge base)."
+    ),
     lock_file: Path = typer.Option(Path("llmserve.lock"), "--lock", "-l", help="Lock file to write or read."),
-    vllm_version: str = typer.Option(None, "--vllm-version", help="Only for Triton lines newer than the knowledge base: the vLLM version read from the image."),
-    requirements: Path = typer.Option(None, "--requirements", "-r", help="local-cpu: take the package set from this pip file of exact pins (default: the running environment)."),
-    export: str = typer.Option(None, "--export", help="Instead of resolving, write the lock in another format: 'requirements' (pip file for `pip install --no-deps -r`)."),
+    vllm_version: str = typer.Option(
+        None,
+        "--vllm-version",
+        help="Only for Triton lines newer than the knowledge base: the vLLM version read from the image.",
+    ),
+    requirements: Path = typer.Option(
+        None,
+        "--requirements",
+        "-r",
+        help="local-cpu: take the package set from this pip file of exact pins (default: the running environment).",
+    ),
+    export: str = typer.Option(
+        None,
+        "--export",
+        help="Instead of resolving, write the lock in another format: 'requirements' (pip file for `pip install --no-deps -r`).",
+    ),
     out: Path = typer.Option(None, "--out", "-O", help="With --export: file to write (default: stdout)."),
     list_targets: bool = typer.Option(False, "--list", help="List the targets the knowledge base knows and exit."),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
@@ -48,12 +68,30 @@ def lock(
         rows = []
         for name in kb.target_names():
             t = resolve_target(name, kb)
-            rows.append({"target": name, "vllm": f"{t.vllm_distribution} {t.vllm_version}", "torch": t.torch,
-                         "tritonclient": t.tritonclient, "structuredOutputs": t.structured_outputs.key,
-                         "processor": t.processor_interface, "surface": t.surface_id, "image": t.image})
-        rows.append({"target": f"triton-<after {kb.targets.triton.later.after}>", "vllm": "from-image (--vllm-version)",
-                     "torch": "from-image", "tritonclient": None, "structuredOutputs": kb.targets.triton.later.structured_outputs.key,
-                     "processor": kb.targets.triton.later.processor_interface, "surface": kb.targets.triton.later.surface, "image": None})
+            rows.append(
+                {
+                    "target": name,
+                    "vllm": f"{t.vllm_distribution} {t.vllm_version}",
+                    "torch": t.torch,
+                    "tritonclient": t.tritonclient,
+                    "structuredOutputs": t.structured_outputs.key,
+                    "processor": t.processor_interface,
+                    "surface": t.surface_id,
+                    "image": t.image,
+                }
+            )
+        rows.append(
+            {
+                "target": f"triton-<after {kb.targets.triton.later.after}>",
+                "vllm": "from-image (--vllm-version)",
+                "torch": "from-image",
+                "tritonclient": None,
+                "structuredOutputs": kb.targets.triton.later.structured_outputs.key,
+                "processor": kb.targets.triton.later.processor_interface,
+                "surface": kb.targets.triton.later.surface,
+                "image": None,
+            }
+        )
         if output is OutputFormat.json:
             print_json(rows)
             return
@@ -63,7 +101,15 @@ def lock(
         for col in ("target", "vllm", "torch", "tritonclient", "structured output", "processor", "backend surface"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["target"], r["vllm"], r["torch"] or "-", r["tritonclient"] or "-", r["structuredOutputs"], r["processor"], r["surface"])
+            table.add_row(
+                r["target"],
+                r["vllm"],
+                r["torch"] or "-",
+                r["tritonclient"] or "-",
+                r["structuredOutputs"],
+                r["processor"],
+                r["surface"],
+            )
         console.print(table)
         return
 
@@ -72,36 +118,59 @@ def lock(
             raise InvalidInputError(f"--export {export}: unknown format", hint="Use --export requirements.")
         current = load_lock(lock_file)
         if target is not None and target != current.target.name:
-            raise InvalidInputError(f"{lock_file} is locked for {current.target.name}, not {target}",
-                                    hint=f"Lock {target} first: `llmserve lock --target {target} --lock <file>`.")
+            raise InvalidInputError(
+                f"{lock_file} is locked for {current.target.name}, not {target}",
+                hint=f"Lock {target} first: `llmserve lock --target {target} --lock <file>`.",
+            )
         text = export_requirements(current)
         if out is None:
             typer.echo(text, nl=False)
         else:
             write_export(text, out)
             if output is OutputFormat.json:
-                print_json({"exported": str(out), "format": "requirements", "target": current.target.name,
-                            "packages": len(current.packages.requirements), "digest": current.packages.digest})
+                print_json(
+                    {
+                        "exported": str(out),
+                        "format": "requirements",
+                        "target": current.target.name,
+                        "packages": len(current.packages.requirements),
+                        "digest": current.packages.digest,
+                    }
+                )
             else:
-                console.print(f"[green]exported[/] {len(current.packages.requirements)} pinned packages of "
-                              f"{current.target.name} -> [bold]{out}[/]", highlight=False)
+                console.print(
+                    f"[green]exported[/] {len(current.packages.requirements)} pinned packages of "
+                    f"{current.target.name} -> [bold]{out}[/]",
+                    highlight=False,
+                )
         return
 
     existing = load_lock(lock_file) if lock_file.exists() else None
-    outcome = write_lock(resolve_lock(target, existing=existing, upgrade=upgrade, vllm_version=vllm_version,
-                                      requirements=requirements), lock_file)
+    outcome = write_lock(
+        resolve_lock(target, existing=existing, upgrade=upgrade, vllm_version=vllm_version, requirements=requirements),
+        lock_file,
+    )
     lk = outcome.lock
     data = {
-        "lock": str(lock_file), "action": outcome.action, "target": lk.target.name, "image": lk.target.image,
-        "vllm": f"{lk.stack.vllm.distribution}=={lk.stack.vllm.version}", "torch": lk.stack.torch,
-        "tritonclient": lk.stack.tritonclient, "python": lk.stack.python, "env": lk.env,
-        "packages": len(lk.packages.requirements) if lk.packages else None, "changes": outcome.changes,
+        "lock": str(lock_file),
+        "action": outcome.action,
+        "target": lk.target.name,
+        "image": lk.target.image,
+        "vllm": f"{lk.stack.vllm.distribution}=={lk.stack.vllm.version}",
+        "torch": lk.stack.torch,
+        "tritonclient": lk.stack.tritonclient,
+        "python": lk.stack.python,
+        "env": lk.env,
+        "packages": len(lk.packages.requirements) if lk.packages else None,
+        "changes": outcome.changes,
         "resolvedAt": lk.resolved.at,
     }
     if output is OutputFormat.json:
         print_json(data)
         return
-    verb = {"created": "[green]locked[/]", "upgraded": "[yellow]upgraded[/]", "unchanged": "[dim]unchanged[/]"}[outcome.action]
+    verb = {"created": "[green]locked[/]", "upgraded": "[yellow]upgraded[/]", "unchanged": "[dim]unchanged[/]"}[
+        outcome.action
+    ]
     pins = f"{data['vllm']}, torch {lk.stack.torch or 'from image'}, tritonclient {lk.stack.tritonclient}, python {lk.stack.python}"
     console.print(f"{verb} {lk.target.name}: {pins} -> [bold]{lock_file}[/]", highlight=False)
     for change in outcome.changes:

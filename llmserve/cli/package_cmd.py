@@ -11,7 +11,9 @@ from llmserve.cli.render import OutputFormat, byte_progress, console, print_json
 
 def package(
     src: Path = typer.Argument(..., help="Folder holding llmserve.yaml and the weights it names."),
-    out: Path = typer.Option(None, "--out", "-O", help="Output file (*.llmpkg) or folder. Default: dist/<modelId>-<modelVersion>.llmpkg"),
+    out: Path = typer.Option(
+        None, "--out", "-O", help="Output file (*.llmpkg) or folder. Default: dist/<modelId>-<modelVersion>.llmpkg"
+    ),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
 ) -> None:
     """Build a package: validate llmserve.yaml, render the Triton model repository, write one archive

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from llmserve.errors import LLMServeError
 
+
 def _console(stderr: bool = False) -> Console:
     # Piped output (CI logs, `| less`) gets a wide fixed width instead of rich's 80 columns,
     # so tables keep one row per line.
@@ -68,8 +69,12 @@ def byte_progress(description: str, enabled: bool = True) -> Iterator[tuple]:
         yield (lambda total: None), (lambda n: None)
         return
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-        console=err_console, transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
     ) as progress:
         task = progress.add_task(description, total=None)
         yield (lambda total: progress.update(task, total=total)), (lambda n: progress.advance(task, n))

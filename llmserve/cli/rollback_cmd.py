@@ -11,16 +11,24 @@ from llmserve.cli.render import OutputFormat, print_json
 
 def rollback(
     name: str = typer.Argument(..., help="Deployment name."),
-    to_version: int = typer.Option(None, "--to-version", help="Red-black back to the newest package deployed with this modelVersion."),
+    to_version: int = typer.Option(
+        None, "--to-version", help="Red-black back to the newest package deployed with this modelVersion."
+    ),
     steps: str = typer.Option("10,25,50,100", "--steps", help="Steps of the red-black shift back."),
     pause: float = typer.Option(5.0, "--pause", help="Seconds at each step."),
-    health_timeout: float = typer.Option(300.0, "--health-timeout", help="Seconds the restarted version gets to be healthy."),
+    health_timeout: float = typer.Option(
+        300.0, "--health-timeout", help="Seconds the restarted version gets to be healthy."
+    ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get."),
-    state_dir: Path = typer.Option(None, "--state-dir", help="State folder. Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."),
+    state_dir: Path = typer.Option(
+        None, "--state-dir", help="State folder. Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."
+    ),
     target: str = typer.Option("local", "--target", "-t", help="local or kubernetes."),
     namespace: str = typer.Option(None, "--namespace", "-n", help="kubernetes: namespace. Default: the context's."),
     context: str = typer.Option(None, "--context", help="kubernetes: kubeconfig context. Default: the current one."),
-    kubeconfig: Path = typer.Option(None, "--kubeconfig", help="kubernetes: kubeconfig file. Default: $KUBECONFIG or ~/.kube/config."),
+    kubeconfig: Path = typer.Option(
+        None, "--kubeconfig", help="kubernetes: kubeconfig file. Default: $KUBECONFIG or ~/.kube/config."
+    ),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
 ) -> None:
     """Roll NAME back. An interrupted rollout (its CLI was killed) is undone: one routing swap back to the
@@ -35,8 +43,13 @@ def rollback(
     from llmserve.cli.deploy_cmd import _render, _reporter
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
-    opts = DeployOptions(package=Path("."), steps=parse_steps(steps), pause_s=pause, health_timeout_s=health_timeout,
-                         drain_timeout_s=drain_timeout)
+    opts = DeployOptions(
+        package=Path("."),
+        steps=parse_steps(steps),
+        pause_s=pause,
+        health_timeout_s=health_timeout,
+        drain_timeout_s=drain_timeout,
+    )
     if target == "kubernetes":
         from llmserve.cli.deploy_cmd import kube_deployer
 
@@ -54,8 +67,11 @@ def rollback(
     else:
         from llmserve.cli.render import console
 
-        console.print(f"rollback of '{name}': {result.get('action')} (rollout #{result.get('rollout')}: "
-                      f"{result.get('recovered')})", highlight=False)
+        console.print(
+            f"rollback of '{name}': {result.get('action')} (rollout #{result.get('rollout')}: "
+            f"{result.get('recovered')})",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

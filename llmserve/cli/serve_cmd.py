@@ -12,26 +12,56 @@ from llmserve.serve.options import API_KEY_ENV
 
 
 def serve(
-    package: Path = typer.Argument(..., help="A .llmpkg, an unpacked package folder or a source folder with llmserve.yaml."),
-    openai: bool = typer.Option(False, "--openai", help="Serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...)."),
+    package: Path = typer.Argument(
+        ..., help="A .llmpkg, an unpacked package folder or a source folder with llmserve.yaml."
+    ),
+    openai: bool = typer.Option(
+        False, "--openai", help="Serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. Default: loopback only."),
-    port: int = typer.Option(8000, "--port", help="HTTP port: OpenAI API and KServe v2 HTTP with --openai, KServe v2 HTTP alone without (0: any free port)."),
+    port: int = typer.Option(
+        8000,
+        "--port",
+        help="HTTP port: OpenAI API and KServe v2 HTTP with --openai, KServe v2 HTTP alone without (0: any free port).",
+    ),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port)."),
-    api_key: str = typer.Option(None, "--api-key", envvar=API_KEY_ENV, show_envvar=True,
-                                help="Require 'Authorization: Bearer KEY' on every route but /health."),
-    served_model_name: str = typer.Option(None, "--served-model-name", help="Model id clients send. Default: the manifest's modelId."),
-    kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE). Default 1."),
+    api_key: str = typer.Option(
+        None,
+        "--api-key",
+        envvar=API_KEY_ENV,
+        show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on every route but /health.",
+    ),
+    served_model_name: str = typer.Option(
+        None, "--served-model-name", help="Model id clients send. Default: the manifest's modelId."
+    ),
+    kv_cache_gib: float = typer.Option(
+        None, "--kv-cache-gib", help="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE). Default 1."
+    ),
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", help="Override: most sequences batched per engine step."),
-    max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens", help="Override: most tokens per engine step."),
-    max_body_bytes: int = typer.Option(8 * 1024 * 1024, "--max-body-bytes", help="Largest request body accepted (413 above)."),
-    max_prompt_chars: int = typer.Option(200_000, "--max-prompt-chars", help="Longest prompt accepted, in characters (400 above)."),
-    drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM/SIGINT."),
-    metrics_dir: Path = typer.Option(None, "--metrics-dir", help="PROMETHEUS_MULTIPROC_DIR to wipe and use. Default: under the llmserve cache."),
-    constraints: bool = typer.Option(True, "--constraints/--no-constraints",
-                                     help="Load llmserve's constraint processor (per-request regex, choice or JSON Schema in "
-                                          "OpenAI `vllm_xargs` or KServe `sampling_parameters`, enforced in the decode loop). "
-                                          "On by default for generating models; without it a request carrying a constraint "
-                                          "gets HTTP 400 / INVALID_ARGUMENT."),
+    max_num_batched_tokens: int = typer.Option(
+        None, "--max-num-batched-tokens", help="Override: most tokens per engine step."
+    ),
+    max_body_bytes: int = typer.Option(
+        8 * 1024 * 1024, "--max-body-bytes", help="Largest request body accepted (413 above)."
+    ),
+    max_prompt_chars: int = typer.Option(
+        200_000, "--max-prompt-chars", help="Longest prompt accepted, in characters (400 above)."
+    ),
+    drain_timeout: float = typer.Option(
+        30.0, "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM/SIGINT."
+    ),
+    metrics_dir: Path = typer.Option(
+        None, "--metrics-dir", help="PROMETHEUS_MULTIPROC_DIR to wipe and use. Default: under the llmserve cache."
+    ),
+    constraints: bool = typer.Option(
+        True,
+        "--constraints/--no-constraints",
+        help="Load llmserve's constraint processor (per-request regex, choice or JSON Schema in "
+        "OpenAI `vllm_xargs` or KServe `sampling_parameters`, enforced in the decode loop). "
+        "On by default for generating models; without it a request carrying a constraint "
+        "gets HTTP 400 / INVALID_ARGUMENT.",
+    ),
 ) -> None:
     """Serve a package: one process, one vLLM engine, OpenAI-compatible HTTP and KServe v2 HTTP/gRPC.
 
@@ -56,10 +86,20 @@ def serve(
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     options = ServeOptions(
-        package=package, openai=openai, host=host, port=port, grpc_port=grpc_port, api_key=api_key or None,
-        served_model_name=served_model_name, kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, max_body_bytes=max_body_bytes,
-        max_prompt_chars=max_prompt_chars, drain_timeout_s=drain_timeout, metrics_dir=metrics_dir,
+        package=package,
+        openai=openai,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        api_key=api_key or None,
+        served_model_name=served_model_name,
+        kv_cache_gib=kv_cache_gib,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_body_bytes=max_body_bytes,
+        max_prompt_chars=max_prompt_chars,
+        drain_timeout_s=drain_timeout,
+        metrics_dir=metrics_dir,
         constraints=constraints,
     )
     code = run_server(options)

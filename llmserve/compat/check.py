@@ -15,7 +15,10 @@ from typing import Literal
 
 from llmserve.compat.kb import load_knowledge_base, resolve_target
 from llmserve.compat.plugins import (
-    V1_PROCESSOR_MODULES, analyze_sources, interface_contract, processor_classes,
+    V1_PROCESSOR_MODULES,
+    analyze_sources,
+    interface_contract,
+    processor_classes,
 )
 from llmserve.compat.resolve import environment_packages, export_requirements
 from llmserve.compat.surface import ModuleIndex, VllmSource, check_surface, open_vllm_source
@@ -51,11 +54,18 @@ class CheckReport:
 
     def to_dict(self) -> dict:
         counts = {s: sum(r.status == s for r in self.rows) for s in ("ok", "fail", "warn", "skip")}
-        return {"fits": self.fits, "lock": self.lock_path, "target": self.target, "vllm": self.vllm,
-                "counts": counts, "rows": [asdict(r) for r in self.rows]}
+        return {
+            "fits": self.fits,
+            "lock": self.lock_path,
+            "target": self.target,
+            "vllm": self.vllm,
+            "counts": counts,
+            "rows": [asdict(r) for r in self.rows],
+        }
 
 
 # ----------------------------------------------------------------------------------------------
+
 
 def _lines_fitting(index: ModuleIndex) -> list[str]:
     """Triton release lines whose backend surface resolves fully against this vLLM."""
@@ -76,20 +86,30 @@ def _check_version(report: CheckReport, lock: Lock, source: VllmSource) -> None:
     fits = []
     if lock.target.kind == "triton":
         from llmserve.compat.kb import release_for_vllm
+
         fits = release_for_vllm(source.version)
-    fix = f"check against the locked version: `pip download --no-deps {want.distribution}=={want.version} -d wheels/` " \
-          f"then `llmserve check-compat --vllm wheels/<wheel>`"
+    fix = (
+        f"check against the locked version: `pip download --no-deps {want.distribution}=={want.version} -d wheels/` "
+        f"then `llmserve check-compat --vllm wheels/<wheel>`"
+    )
     if lock.target.kind == "local-cpu":
         fix = f"install the locked stack: `pip install --no-deps -r <(llmserve lock --export requirements)` ({want.distribution}=={want.version})"
     if fits:
         fix += f"; or lock the line that ships {source.version}: `llmserve lock --target {fits[0]} --upgrade`"
-    report.add("vllm", source.describe(), "fail",
-               f"the lock pins {want.distribution} {want.version}, this is {source.name} {source.version}", fix)
+    report.add(
+        "vllm",
+        source.describe(),
+        "fail",
+        f"the lock pins {want.distribution} {want.version}, this is {source.name} {source.version}",
+        fix,
+    )
 
 
 def _check_surface(report: CheckReport, lock: Lock, index: ModuleIndex) -> None:
     surface = lock.interfaces.importSurface
-    who = (f"Triton {lock.target.release} vLLM backend" if lock.target.release else "llmserve embedded engine") + f" (surface {surface.id})"
+    who = (
+        f"Triton {lock.target.release} vLLM backend" if lock.target.release else "llmserve embedded engine"
+    ) + f" (surface {surface.id})"
     results = check_surface(surface.files, index)
     failed = [r for r in results if not r.ok]
     fitting = _lines_fitting(index) if failed and lock.target.kind == "triton" else []
@@ -99,13 +119,18 @@ def _check_surface(report: CheckReport, lock: Lock, index: ModuleIndex) -> None:
         if r.ok:
             report.add("import-surface", subject, "ok", r.evidence)
             continue
-        what = (f"module {r.module} does not exist in {v.name} {v.version}" if r.status == "missing-module"
-                else f"{r.module} has no '{r.symbol}' in {v.name} {v.version}")
+        what = (
+            f"module {r.module} does not exist in {v.name} {v.version}"
+            if r.status == "missing-module"
+            else f"{r.module} has no '{r.symbol}' in {v.name} {v.version}"
+        )
         detail = f"{what} ({r.evidence}); the {who} imports it in {r.file}, so it fails to load"
         if lock.target.kind == "triton":
-            fix = (f"run {lock.target.name} with the vLLM its image ships ({lock.stack.vllm.version}); "
-                   + (f"for vLLM {v.version} use {', '.join(fitting)}: `llmserve lock --target {fitting[-1]} --upgrade`"
-                      if fitting else f"no known Triton line's backend fits vLLM {v.version}: do not pair them"))
+            fix = f"run {lock.target.name} with the vLLM its image ships ({lock.stack.vllm.version}); " + (
+                f"for vLLM {v.version} use {', '.join(fitting)}: `llmserve lock --target {fitting[-1]} --upgrade`"
+                if fitting
+                else f"no known Triton line's backend fits vLLM {v.version}: do not pair them"
+            )
         else:
             fix = f"install {lock.stack.vllm.distribution}=={lock.stack.vllm.version} as locked, or update {r.file} to the API of {v.version}"
         report.add("import-surface", subject, "fail", detail, fix)
@@ -120,9 +145,11 @@ def _collect_package_code(package: Path) -> tuple[object, dict[str, str], dict[s
     if package.is_dir():
         manifest = load_manifest(package / MANIFEST_NAME)
         for plugin in manifest.plugins:
-            root = (package / plugin.source)
+            root = package / plugin.source
             for p in sorted(root.rglob("*.py")):
-                files[f"plugins/{plugin.name}/{p.relative_to(root).as_posix()}"] = p.read_text(encoding="utf-8", errors="replace")
+                files[f"plugins/{plugin.name}/{p.relative_to(root).as_posix()}"] = p.read_text(
+                    encoding="utf-8", errors="replace"
+                )
     else:
         from llmserve.packaging.archive import read_index, read_member
 
@@ -141,44 +168,73 @@ def _collect_package_code(package: Path) -> tuple[object, dict[str, str], dict[s
     return manifest, files, entry
 
 
-def check_code(report: CheckReport, lock: Lock, index: ModuleIndex, files: dict[str, str], what: str,
-               entry_points: dict[str, tuple[str, str, str]] | None = None) -> None:
+def check_code(
+    report: CheckReport,
+    lock: Lock,
+    index: ModuleIndex,
+    files: dict[str, str],
+    what: str,
+    entry_points: dict[str, tuple[str, str, str]] | None = None,
+) -> None:
     """Plugins or processor code against the vLLM distribution and the locked processor interface."""
     facts = analyze_sources(files)
     for err in facts.errors:
         report.add(what, err.split(":", 1)[0], "fail", err, "fix the syntax error; vLLM cannot load this file")
     v = index.source
     for use in facts.imports:
-        subject = f"{use.file}:{use.line}: " + (f"from {use.module} import {use.symbol}" if use.symbol else f"import {use.module}")
+        subject = f"{use.file}:{use.line}: " + (
+            f"from {use.module} import {use.symbol}" if use.symbol else f"import {use.module}"
+        )
         if use.symbol:
             status, ev = index.resolve(use.module, use.symbol)
         else:
-            status, ev = ("ok", "module present") if index.module(use.module) else ("missing-module", f"no module {use.module}")
+            status, ev = (
+                ("ok", "module present") if index.module(use.module) else ("missing-module", f"no module {use.module}")
+            )
         if status == "ok":
             report.add(what, subject, "ok", ev)
         elif use.optional:
-            report.add(what, subject, "warn", f"missing in {v.name} {v.version} ({ev}); the import is guarded, the code copes")
+            report.add(
+                what, subject, "warn", f"missing in {v.name} {v.version} ({ev}); the import is guarded, the code copes"
+            )
         else:
-            report.add(what, subject, "fail", f"missing in {v.name} {v.version} ({ev})",
-                       f"port {use.file} to vLLM {v.version}'s API, or lock a stack whose vLLM has it")
+            report.add(
+                what,
+                subject,
+                "fail",
+                f"missing in {v.name} {v.version} ({ev})",
+                f"port {use.file} to vLLM {v.version}'s API, or lock a stack whose vLLM has it",
+            )
     lp = lock.interfaces.logitsProcessor
     procs = processor_classes(facts)
     for proc in procs:
-        subject = f"{proc.info.file}:{proc.info.line}: class {proc.info.name}({proc.interface.split(':')[0]}.LogitsProcessor)"
+        subject = (
+            f"{proc.info.file}:{proc.info.line}: class {proc.info.name}({proc.interface.split(':')[0]}.LogitsProcessor)"
+        )
         if lp.module is None:
-            report.add(what, subject, "fail",
-                       f"the lock's processor interface is '{lp.name}' (vLLM {lock.stack.vllm.version} has no V1 LogitsProcessor)",
-                       "lock triton-25.09 or later (V1 batch processors): `llmserve lock --target triton-25.09 --upgrade`")
+            report.add(
+                what,
+                subject,
+                "fail",
+                f"the lock's processor interface is '{lp.name}' (vLLM {lock.stack.vllm.version} has no V1 LogitsProcessor)",
+                "lock triton-25.09 or later (V1 batch processors): `llmserve lock --target triton-25.09 --upgrade`",
+            )
             continue
         contract = interface_contract(index, lp.module, lp.base or "LogitsProcessor")
         if contract is None:
-            report.add(what, subject, "fail", f"{lp.module}.{lp.base} is not in {v.name} {v.version}",
-                       f"install the locked vLLM ({lock.stack.vllm.version})")
+            report.add(
+                what,
+                subject,
+                "fail",
+                f"{lp.module}.{lp.base} is not in {v.name} {v.version}",
+                f"install the locked vLLM ({lock.stack.vllm.version})",
+            )
             continue
         arity, abstract = contract
         missing = sorted(m for m in abstract if m not in proc.methods)
-        bad_arity = sorted(m for m in proc.methods if m in arity and m in abstract | {"__init__"}
-                           and proc.methods[m] != arity[m])
+        bad_arity = sorted(
+            m for m in proc.methods if m in arity and m in abstract | {"__init__"} and proc.methods[m] != arity[m]
+        )
         problems = []
         if missing:
             problems.append(f"does not implement {', '.join(missing)} (abstract in {lp.module}.{lp.base})")
@@ -186,10 +242,17 @@ def check_code(report: CheckReport, lock: Lock, index: ModuleIndex, files: dict[
             problems.append(f"{m}() takes {proc.methods[m]} positional parameters, the interface passes {arity[m]}")
         has_v2 = (index.source.read("vllm/envs.py") or "").find(V2_RUNNER_ENV) >= 0
         if has_v2 and lock.env.get(V2_RUNNER_ENV) != "0":
-            problems.append(f"vLLM {v.version} has Model Runner V2, which rejects V1 processors, and the lock does not pin {V2_RUNNER_ENV}=0")
+            problems.append(
+                f"vLLM {v.version} has Model Runner V2, which rejects V1 processors, and the lock does not pin {V2_RUNNER_ENV}=0"
+            )
         if problems:
-            report.add(what, subject, "fail", "; ".join(problems),
-                       f"implement the V1 interface of vLLM {v.version} ({', '.join(sorted(abstract))}); relock to pin {V2_RUNNER_ENV}=0 if needed")
+            report.add(
+                what,
+                subject,
+                "fail",
+                "; ".join(problems),
+                f"implement the V1 interface of vLLM {v.version} ({', '.join(sorted(abstract))}); relock to pin {V2_RUNNER_ENV}=0 if needed",
+            )
         else:
             pin = f", {V2_RUNNER_ENV}=0 pinned" if has_v2 else ""
             report.add(what, subject, "ok", f"implements {lp.name} ({', '.join(sorted(abstract))}){pin}")
@@ -198,9 +261,13 @@ def check_code(report: CheckReport, lock: Lock, index: ModuleIndex, files: dict[
             continue
         if not any(p.info.file == file and p.info.name == attr for p in procs):
             kind = "a class" if f"{file}:{attr}" in facts.classes else "not a class defined there"
-            report.add(what, f"plugin {name}: {file}:{attr}", "fail",
-                       f"registered under vllm.logits_processors but {attr} is {kind} subclassing {lp.module}.{lp.base}",
-                       f"make {attr} a subclass of {lp.module}.{lp.base}")
+            report.add(
+                what,
+                f"plugin {name}: {file}:{attr}",
+                "fail",
+                f"registered under vllm.logits_processors but {attr} is {kind} subclassing {lp.module}.{lp.base}",
+                f"make {attr} a subclass of {lp.module}.{lp.base}",
+            )
 
 
 def _check_package(report: CheckReport, lock: Lock, index: ModuleIndex | None, package: Path) -> None:
@@ -211,16 +278,32 @@ def _check_package(report: CheckReport, lock: Lock, index: ModuleIndex | None, p
         rows = contract_problems(manifest.python.tensors, FRONTEND_CONTRACTS[manifest.python.frontend])
         for tensor, frontend, model, verdict in rows:
             ok = verdict.startswith("ok")
-            report.add("tensor-spec", f"{tensor}: frontend {frontend} / model {model}", "ok" if ok else "fail", verdict,
-                       "" if ok else "change python.tensors in llmserve.yaml (and model.py) to the frontend's spec, then package again")
+            report.add(
+                "tensor-spec",
+                f"{tensor}: frontend {frontend} / model {model}",
+                "ok" if ok else "fail",
+                verdict,
+                ""
+                if ok
+                else "change python.tensors in llmserve.yaml (and model.py) to the frontend's spec, then package again",
+            )
     else:
-        report.add("tensor-spec", f"{manifest.modelId} ({manifest.backend} backend)", "skip",
-                   "the vLLM backend generates its spec" if manifest.backend == "vllm" else "python.frontend is none")
+        report.add(
+            "tensor-spec",
+            f"{manifest.modelId} ({manifest.backend} backend)",
+            "skip",
+            "the vLLM backend generates its spec" if manifest.backend == "vllm" else "python.frontend is none",
+        )
     if not files:
         report.add("plugins", f"{manifest.modelId}", "skip", "the package has no plugins")
     elif index is None:
-        report.add("plugins", f"{manifest.modelId}", "fail", "no vLLM distribution to check the plugins against",
-                   "give one: `--vllm installed` or `--vllm path/to/vllm-X.whl`")
+        report.add(
+            "plugins",
+            f"{manifest.modelId}",
+            "fail",
+            "no vLLM distribution to check the plugins against",
+            "give one: `--vllm installed` or `--vllm path/to/vllm-X.whl`",
+        )
     else:
         check_code(report, lock, index, files, "plugins", entries)
 
@@ -231,8 +314,10 @@ def _constraint_code() -> dict[str, str]:
     root = Path(llmserve.__file__).parent / "constraints"
     if not root.is_dir():
         return {}
-    return {f"llmserve/constraints/{p.relative_to(root).as_posix()}": p.read_text(encoding="utf-8", errors="replace")
-            for p in sorted(root.rglob("*.py"))}
+    return {
+        f"llmserve/constraints/{p.relative_to(root).as_posix()}": p.read_text(encoding="utf-8", errors="replace")
+        for p in sorted(root.rglob("*.py"))
+    }
 
 
 def _check_environment(report: CheckReport, lock: Lock, site_paths: list[str] | None, env: dict[str, str]) -> None:
@@ -246,15 +331,25 @@ def _check_environment(report: CheckReport, lock: Lock, site_paths: list[str] | 
         if got is None:
             report.add("environment", name, "skip", "not installed here (the engine runs in the image)")
         elif want and got[1].split(".")[:2] != want.split(".")[:2]:
-            report.add("environment", f"{name} {got[1]}", "warn", f"the image's server is {want}; clients are compatible across minor versions, but test with {want}",
-                       f"pip install tritonclient=={want}")
+            report.add(
+                "environment",
+                f"{name} {got[1]}",
+                "warn",
+                f"the image's server is {want}; clients are compatible across minor versions, but test with {want}",
+                f"pip install tritonclient=={want}",
+            )
         else:
             report.add("environment", f"{name} {got[1]}", "ok", f"matches the server line {want}")
         return
     if site_paths is None:
         if py != lock.stack.python:
-            report.add("environment", f"python {py}", "fail", f"the lock was made for Python {lock.stack.python}",
-                       f"create the environment with python{lock.stack.python}")
+            report.add(
+                "environment",
+                f"python {py}",
+                "fail",
+                f"the lock was made for Python {lock.stack.python}",
+                f"create the environment with python{lock.stack.python}",
+            )
         else:
             report.add("environment", f"python {py}", "ok", "as locked")
     drifted = missing = 0
@@ -262,58 +357,101 @@ def _check_environment(report: CheckReport, lock: Lock, site_paths: list[str] | 
         got = installed.get(key)
         if got is None:
             missing += 1
-            report.add("environment", f"{key}=={want}", "fail", "locked but not installed",
-                       "install the locked set: `llmserve lock --export requirements -O req.txt && pip install --no-deps -r req.txt`")
+            report.add(
+                "environment",
+                f"{key}=={want}",
+                "fail",
+                "locked but not installed",
+                "install the locked set: `llmserve lock --export requirements -O req.txt && pip install --no-deps -r req.txt`",
+            )
         elif got[1] != want:
             drifted += 1
-            report.add("environment", f"{got[0]} {got[1]}", "fail", f"drifted: the lock pins {want}",
-                       f"pip install --no-deps '{got[0]}=={want}'")
+            report.add(
+                "environment",
+                f"{got[0]} {got[1]}",
+                "fail",
+                f"drifted: the lock pins {want}",
+                f"pip install --no-deps '{got[0]}=={want}'",
+            )
     if not drifted and not missing:
         report.add("environment", f"{len(pinned)} locked packages", "ok", "all installed at the locked versions")
-    extras = (lock.packages.excluded if lock.packages else {})
+    extras = lock.packages.excluded if lock.packages else {}
     for key, why in sorted(extras.items()):
         if normalize(key) in installed:
             n, v = installed[normalize(key)]
             report.add("environment", f"{n} {v}", "fail", f"breaks this stack: {why}", f"pip uninstall -y {n}")
-    unlisted = sorted(n for k, (n, _) in installed.items() if k not in pinned and k not in {"llmserve", "pip"}
-                      and k not in {normalize(e) for e in extras})
+    unlisted = sorted(
+        n
+        for k, (n, _) in installed.items()
+        if k not in pinned and k not in {"llmserve", "pip"} and k not in {normalize(e) for e in extras}
+    )
     if unlisted and lock.packages:
-        report.add("environment", f"{len(unlisted)} unlocked package(s)", "warn",
-                   "installed but not in the lock: " + ", ".join(unlisted[:8]) + (" ..." if len(unlisted) > 8 else ""),
-                   "remove them or add them to the lock (`llmserve lock --upgrade`)")
+        report.add(
+            "environment",
+            f"{len(unlisted)} unlocked package(s)",
+            "warn",
+            "installed but not in the lock: " + ", ".join(unlisted[:8]) + (" ..." if len(unlisted) > 8 else ""),
+            "remove them or add them to the lock (`llmserve lock --upgrade`)",
+        )
     for key, want in sorted(lock.env.items()):
         have = env.get(key)
         if have is None:
-            report.add("environment", f"{key}", "warn", f"not set in this shell; the stack needs {key}={want} where the engine runs",
-                       f"export {key}={want}")
+            report.add(
+                "environment",
+                f"{key}",
+                "warn",
+                f"not set in this shell; the stack needs {key}={want} where the engine runs",
+                f"export {key}={want}",
+            )
         elif have != want:
-            report.add("environment", f"{key}={have}", "fail", f"the lock pins {key}={want}",
-                       f"export {key}={want} (or unset it and let the launcher set it)")
+            report.add(
+                "environment",
+                f"{key}={have}",
+                "fail",
+                f"the lock pins {key}={want}",
+                f"export {key}={want} (or unset it and let the launcher set it)",
+            )
         else:
             report.add("environment", f"{key}={have}", "ok", "as locked")
 
 
-def run_checks(lock: Lock, lock_path: str, *, vllm: str | None = None, package: Path | None = None,
-               check_env: bool = True, site_paths: list[str] | None = None, requirements: Path | None = None,
-               env: dict[str, str] | None = None) -> CheckReport:
+def run_checks(
+    lock: Lock,
+    lock_path: str,
+    *,
+    vllm: str | None = None,
+    package: Path | None = None,
+    check_env: bool = True,
+    site_paths: list[str] | None = None,
+    requirements: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> CheckReport:
     """All checks that apply to these inputs. `vllm`: "installed", a wheel or a folder; default:
     installed for local-cpu, none for Triton (the import surface then fails as unproven)."""
     report = CheckReport(lock_path, lock.target.name, None)
     try:
         resolve_target(lock.target.name)
-        report.add("lock", lock.target.name, "ok",
-                   f"{lock.stack.vllm.distribution} {lock.stack.vllm.version}, torch {lock.stack.torch or 'from image'}, "
-                   f"processor {lock.interfaces.logitsProcessor.name}, structured output '{lock.interfaces.structuredOutputs.key}'")
+        report.add(
+            "lock",
+            lock.target.name,
+            "ok",
+            f"{lock.stack.vllm.distribution} {lock.stack.vllm.version}, torch {lock.stack.torch or 'from image'}, "
+            f"processor {lock.interfaces.logitsProcessor.name}, structured output '{lock.interfaces.structuredOutputs.key}'",
+        )
     except LLMServeError as exc:
         report.add("lock", lock.target.name, "warn", f"target not in this llmserve's knowledge base ({exc.message})")
 
     index = None
     spec = vllm if vllm is not None else ("installed" if lock.target.kind == "local-cpu" else None)
     if spec is None:
-        report.add("import-surface", lock.interfaces.importSurface.id, "fail",
-                   f"not proven: no vLLM distribution given for {lock.target.name} (its vLLM lives in {lock.target.image})",
-                   f"`pip download --no-deps vllm=={lock.stack.vllm.version} -d wheels/` then "
-                   f"`llmserve check-compat --vllm wheels/vllm-{lock.stack.vllm.version}-<tags>.whl`")
+        report.add(
+            "import-surface",
+            lock.interfaces.importSurface.id,
+            "fail",
+            f"not proven: no vLLM distribution given for {lock.target.name} (its vLLM lives in {lock.target.image})",
+            f"`pip download --no-deps vllm=={lock.stack.vllm.version} -d wheels/` then "
+            f"`llmserve check-compat --vllm wheels/vllm-{lock.stack.vllm.version}-<tags>.whl`",
+        )
     else:
         source = open_vllm_source(spec, site_paths=site_paths)
         report.vllm = source.describe()
@@ -328,7 +466,9 @@ def run_checks(lock: Lock, lock_path: str, *, vllm: str | None = None, package: 
 
     code = _constraint_code()
     if lock.target.kind != "local-cpu":
-        report.add("constraint-processor", "llmserve/constraints", "skip", "embedded processor runs on the local-cpu stack")
+        report.add(
+            "constraint-processor", "llmserve/constraints", "skip", "embedded processor runs on the local-cpu stack"
+        )
     elif not code:
         report.add("constraint-processor", "llmserve/constraints", "skip", "not present in this llmserve")
     elif index is not None:
@@ -343,9 +483,13 @@ def run_checks(lock: Lock, lock_path: str, *, vllm: str | None = None, package: 
         if have == want:
             report.add("requirements", str(requirements), "ok", "identical to the lock's export")
         else:
-            report.add("requirements", str(requirements), "fail",
-                       "missing" if have is None else "differs from the lock's package set",
-                       f"regenerate: `llmserve lock --export requirements -O {requirements}`")
+            report.add(
+                "requirements",
+                str(requirements),
+                "fail",
+                "missing" if have is None else "differs from the lock's package set",
+                f"regenerate: `llmserve lock --export requirements -O {requirements}`",
+            )
 
     if check_env:
         _check_environment(report, lock, site_paths, dict(os.environ) if env is None else env)

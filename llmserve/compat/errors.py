@@ -9,7 +9,9 @@ class LockFileError(InvalidInputError):
     """llmserve.lock is missing a key, has a wrong value, or is not YAML."""
 
     code = "invalid-lock"
-    default_hint = "Regenerate it: `llmserve lock --target <target> --upgrade` (the lock is written by the tool, not by hand)."
+    default_hint = (
+        "Regenerate it: `llmserve lock --target <target> --upgrade` (the lock is written by the tool, not by hand)."
+    )
 
 
 class UnknownTargetError(NotFoundError):

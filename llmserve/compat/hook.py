@@ -41,7 +41,9 @@ def load_manifest_under_lock(manifest_path: Path, lock_path: Path | None) -> tup
             raise
         raise EngineVersionOverrideError(
             f"{exc.message}\n{lock_path} pins target {lock.target.name}: {describe_pins(lock)}",
-            hint=("Remove the key from llmserve.yaml. To serve on another engine, move the lock instead: "
-                  "`llmserve lock --target <line> --upgrade` (targets: `llmserve lock --list`)."),
+            hint=(
+                "Remove the key from llmserve.yaml. To serve on another engine, move the lock instead: "
+                "`llmserve lock --target <line> --upgrade` (targets: `llmserve lock --list`)."
+            ),
         ) from exc
     return manifest, lock

@@ -159,11 +159,21 @@ def resolve_target(name: str, kb: KnowledgeBase | None = None) -> ResolvedTarget
     if name == LOCAL_CPU:
         t = kb.targets.local_cpu
         return ResolvedTarget(
-            name=LOCAL_CPU, kind="local-cpu", release=None, image=None, python=t.python,
-            vllm_distribution=t.vllm.distribution, vllm_version=t.vllm.version, torch=t.torch,
-            tritonclient=t.tritonclient, structured_outputs=t.structured_outputs,
-            processor_interface=t.processor_interface, processor=kb.processor_interfaces[t.processor_interface],
-            surface_id=t.surface, surface=kb.surfaces[t.surface], env=dict(t.env),
+            name=LOCAL_CPU,
+            kind="local-cpu",
+            release=None,
+            image=None,
+            python=t.python,
+            vllm_distribution=t.vllm.distribution,
+            vllm_version=t.vllm.version,
+            torch=t.torch,
+            tritonclient=t.tritonclient,
+            structured_outputs=t.structured_outputs,
+            processor_interface=t.processor_interface,
+            processor=kb.processor_interfaces[t.processor_interface],
+            surface_id=t.surface,
+            surface=kb.surfaces[t.surface],
+            env=dict(t.env),
         )
     m = _RELEASE.match(name)
     if not m or not (1 <= int(m.group(2)) <= 12):
@@ -177,11 +187,21 @@ def resolve_target(name: str, kb: KnowledgeBase | None = None) -> ResolvedTarget
     if release in tri.releases:
         r = tri.releases[release]
         return ResolvedTarget(
-            name=f"triton-{release}", kind="triton", release=release, image=image, python=tri.python,
-            vllm_distribution="vllm", vllm_version=r.vllm, torch=r.torch, tritonclient=r.tritonclient,
-            structured_outputs=r.structured_outputs, processor_interface=r.processor_interface,
-            processor=kb.processor_interfaces[r.processor_interface], surface_id=r.surface,
-            surface=kb.surfaces[r.surface], env=dict(r.env),
+            name=f"triton-{release}",
+            kind="triton",
+            release=release,
+            image=image,
+            python=tri.python,
+            vllm_distribution="vllm",
+            vllm_version=r.vllm,
+            torch=r.torch,
+            tritonclient=r.tritonclient,
+            structured_outputs=r.structured_outputs,
+            processor_interface=r.processor_interface,
+            processor=kb.processor_interfaces[r.processor_interface],
+            surface_id=r.surface,
+            surface=kb.surfaces[r.surface],
+            env=dict(r.env),
         )
     if _release_key(release) > _release_key(tri.later.after):
         later = tri.later
@@ -189,11 +209,22 @@ def resolve_target(name: str, kb: KnowledgeBase | None = None) -> ResolvedTarget
         # Server versions advance one minor a month (see [TC] in matrix.yaml): 24.12 = 2.53.
         client = f"2.{53 + (yy - 24) * 12 + (mm - 12)}.0"
         return ResolvedTarget(
-            name=f"triton-{release}", kind="triton", release=release, image=image, python=tri.python,
-            vllm_distribution="vllm", vllm_version=None, torch=None, tritonclient=client,
-            structured_outputs=later.structured_outputs, processor_interface=later.processor_interface,
-            processor=kb.processor_interfaces[later.processor_interface], surface_id=later.surface,
-            surface=kb.surfaces[later.surface], env=dict(later.env), later_than_known=True,
+            name=f"triton-{release}",
+            kind="triton",
+            release=release,
+            image=image,
+            python=tri.python,
+            vllm_distribution="vllm",
+            vllm_version=None,
+            torch=None,
+            tritonclient=client,
+            structured_outputs=later.structured_outputs,
+            processor_interface=later.processor_interface,
+            processor=kb.processor_interfaces[later.processor_interface],
+            surface_id=later.surface,
+            surface=kb.surfaces[later.surface],
+            env=dict(later.env),
+            later_than_known=True,
         )
     raise UnknownTargetError(
         f"Triton release {release} is not in the compatibility knowledge base "

@@ -43,7 +43,7 @@ def _catches_import_error(handlers: list[ast.ExceptHandler]) -> bool:
         names = []
         if h.type is None:
             return True
-        for n in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]):
+        for n in h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]:
             names.append(n.id if isinstance(n, ast.Name) else getattr(n, "attr", ""))
         if {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"} & set(names):
             return True
@@ -67,7 +67,8 @@ class _Visitor(ast.NodeVisitor):
     def visit_If(self, node: ast.If) -> None:
         test = node.test
         if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        ):
             for n in node.orelse:
                 self.visit(n)
             return
@@ -162,7 +163,7 @@ def processor_classes(facts: CodeFacts) -> list[ProcessorClass]:
                 target = _base_target(facts, cls.file, base)
                 if target.endswith(":LogitsProcessor") and target.startswith("vllm"):
                     found = target
-                elif (local := facts.classes.get(f"{cls.file}:{base}") or facts.classes.get(base.rsplit(".", 1)[-1])):
+                elif local := facts.classes.get(f"{cls.file}:{base}") or facts.classes.get(base.rsplit(".", 1)[-1]):
                     chain.append(local)
         if found:
             out.append(ProcessorClass(info, found, methods))

@@ -20,8 +20,19 @@ from llmserve.compat.errors import LockChangeError, LockFileError
 from llmserve.compat.kb import LOCAL_CPU, KnowledgeBase, ResolvedTarget, load_knowledge_base, resolve_target
 from llmserve.errors import EngineVersionOverrideError, IncompatibleError, InvalidInputError
 from llmserve.spec.lock import (
-    ImportSurface, Interfaces, Lock, LockTarget, Packages, ProcessorPin, Resolution, Stack,
-    StructuredOutputsPin, VllmPin, dump_lock, normalize, packages_digest,
+    ImportSurface,
+    Interfaces,
+    Lock,
+    LockTarget,
+    Packages,
+    ProcessorPin,
+    Resolution,
+    Stack,
+    StructuredOutputsPin,
+    VllmPin,
+    dump_lock,
+    normalize,
+    packages_digest,
 )
 
 # Never part of a locked package set: the tool itself (installed from the working tree) and the installer.
@@ -80,8 +91,7 @@ def environment_packages(site_paths: list[str] | None = None) -> list[tuple[str,
     return list(seen.values())
 
 
-def _package_set(target: ResolvedTarget, pins: list[tuple[str, str]], kb: KnowledgeBase,
-                 source: str) -> Packages:
+def _package_set(target: ResolvedTarget, pins: list[tuple[str, str]], kb: KnowledgeBase, source: str) -> Packages:
     extras = kb.breaking_extras.get(target.name, {})
     kept: dict[str, tuple[str, str]] = {}
     excluded = {name: why for name, why in sorted(extras.items())}
@@ -100,7 +110,7 @@ def _package_set(target: ResolvedTarget, pins: list[tuple[str, str]], kb: Knowle
             raise IncompatibleError(
                 f"{source} has {have} where target {target.name} pins {key}=={want}",
                 hint=f"Install the pinned stack first (`pip install --no-deps {key}=={want}`), or give a "
-                     "requirements file that pins it: `llmserve lock --target local-cpu --requirements FILE`.",
+                "requirements file that pins it: `llmserve lock --target local-cpu --requirements FILE`.",
             )
     lines = [f"{n}=={v}" for _, (n, v) in sorted(kept.items())]
     return Packages(digest=packages_digest(lines), excluded=excluded, requirements=lines)
@@ -116,15 +126,24 @@ def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             if isinstance(a, list) and isinstance(b, list):
                 gone, added = sorted(set(map(str, a)) - set(map(str, b))), sorted(set(map(str, b)) - set(map(str, a)))
-                out.append(f"{where}: -{len(gone)} +{len(added)} ({', '.join((['-' + g for g in gone] + ['+' + x for x in added])[:6])})")
+                out.append(
+                    f"{where}: -{len(gone)} +{len(added)} ({', '.join((['-' + g for g in gone] + ['+' + x for x in added])[:6])})"
+                )
             else:
                 out.append(f"{where}: {a} -> {b}")
     return out
 
 
-def resolve_lock(target: str | None = None, *, existing: Lock | None = None, upgrade: bool = False,
-                 vllm_version: str | None = None, requirements: Path | None = None,
-                 site_paths: list[str] | None = None, kb: KnowledgeBase | None = None) -> LockOutcome:
+def resolve_lock(
+    target: str | None = None,
+    *,
+    existing: Lock | None = None,
+    upgrade: bool = False,
+    vllm_version: str | None = None,
+    requirements: Path | None = None,
+    site_paths: list[str] | None = None,
+    kb: KnowledgeBase | None = None,
+) -> LockOutcome:
     kb = kb or load_knowledge_base()
     if target is None:
         if existing is None:
@@ -145,9 +164,9 @@ def resolve_lock(target: str | None = None, *, existing: Lock | None = None, upg
                 raise IncompatibleError(
                     f"{t.name} is newer than the knowledge base: its image is built on NVIDIA's vLLM image and "
                     "the vLLM version must be read from the image",
-                    hint=f"Read it: `docker run --rm {t.image} python3 -c \"import vllm; print(vllm.__version__)\"`, "
-                         f"then `llmserve lock --target {t.name} --vllm-version X`; prove the backend fits with "
-                         "`llmserve check-compat --vllm vllm-X.whl`.",
+                    hint=f'Read it: `docker run --rm {t.image} python3 -c "import vllm; print(vllm.__version__)"`, '
+                    f"then `llmserve lock --target {t.name} --vllm-version X`; prove the backend fits with "
+                    "`llmserve check-compat --vllm vllm-X.whl`.",
                 )
         vllm = VllmPin(distribution="vllm", version=vllm_version, source="from-image")
         inputs.append(f"--vllm-version {vllm_version} (read from {t.image})")
@@ -159,8 +178,13 @@ def resolve_lock(target: str | None = None, *, existing: Lock | None = None, upg
 
     packages = None
     if t.kind == "local-cpu":
-        if existing is not None and existing.packages is not None and existing.target.name == t.name \
-                and not upgrade and requirements is None:
+        if (
+            existing is not None
+            and existing.packages is not None
+            and existing.target.name == t.name
+            and not upgrade
+            and requirements is None
+        ):
             packages = existing.packages
             inputs.append("packages kept from the existing lock")
         elif requirements is not None:
@@ -177,11 +201,15 @@ def resolve_lock(target: str | None = None, *, existing: Lock | None = None, upg
         interfaces=Interfaces(
             structuredOutputs=StructuredOutputsPin(key=t.structured_outputs.key, params=t.structured_outputs.params),
             logitsProcessor=ProcessorPin(name=t.processor_interface, module=t.processor.module, base=t.processor.base),
-            importSurface=ImportSurface(id=t.surface_id, files={f: dict(sorted(m.items())) for f, m in sorted(t.surface.items())}),
+            importSurface=ImportSurface(
+                id=t.surface_id, files={f: dict(sorted(m.items())) for f, m in sorted(t.surface.items())}
+            ),
         ),
         env=dict(sorted(t.env.items())),
         packages=packages,
-        resolved=Resolution(by=f"llmserve {__version__}", at=timestamp(), knowledgeBase=f"sha256:{kb.digest}", inputs=inputs),
+        resolved=Resolution(
+            by=f"llmserve {__version__}", at=timestamp(), knowledgeBase=f"sha256:{kb.digest}", inputs=inputs
+        ),
     )
 
     if existing is None:
@@ -246,5 +274,13 @@ def write_export(text: str, path: Path) -> None:
     _atomic_write(Path(path), text)
 
 
-__all__ = ["LOCAL_CPU", "LockOutcome", "export_requirements", "read_requirements", "resolve_lock", "timestamp",
-           "write_export", "write_lock"]
+__all__ = [
+    "LOCAL_CPU",
+    "LockOutcome",
+    "export_requirements",
+    "read_requirements",
+    "resolve_lock",
+    "timestamp",
+    "write_export",
+    "write_lock",
+]

@@ -146,6 +146,7 @@ def open_vllm_source(spec: str | Path | None = None, *, site_paths: list[str] | 
 # ----------------------------------------------------------------------------------------------
 # module index
 
+
 @dataclass
 class _Module:
     relpath: str
@@ -158,7 +159,8 @@ class _Module:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _absolute(module: str | None, level: int, current: str, is_package: bool) -> str:
@@ -224,8 +226,13 @@ def _collect(body: list[ast.stmt], mod: _Module, modname: str) -> None:
 
 def _lazy_table(d: ast.Dict, mod: _Module, modname: str) -> None:
     for k, v in zip(d.keys, d.values):
-        if isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, ast.Constant) \
-                and isinstance(v.value, str) and ":" in v.value:
+        if (
+            isinstance(k, ast.Constant)
+            and isinstance(k.value, str)
+            and isinstance(v, ast.Constant)
+            and isinstance(v.value, str)
+            and ":" in v.value
+        ):
             target_mod, attr = v.value.split(":", 1)
             level = len(target_mod) - len(target_mod.lstrip("."))
             mod.lazy[k.value] = _absolute(target_mod.lstrip(".") or None, level, modname, mod.is_package) + ":" + attr
@@ -283,7 +290,11 @@ class ModuleIndex:
         if symbol in mod.lazy:
             tmod, attr = mod.lazy[symbol].split(":", 1)
             status, ev = self.resolve(tmod, attr, seen)
-            return (status, f"{mod.relpath} lazy -> {tmod}:{attr} ({ev})") if status == "ok" else ("missing-symbol", f"{mod.relpath} maps it lazily to {tmod}:{attr}, which is missing ({ev})")
+            return (
+                (status, f"{mod.relpath} lazy -> {tmod}:{attr} ({ev})")
+                if status == "ok"
+                else ("missing-symbol", f"{mod.relpath} maps it lazily to {tmod}:{attr}, which is missing ({ev})")
+            )
         if mod.is_package and self.has_submodule(module, symbol):
             return "ok", f"submodule {module}.{symbol}"
         for star in mod.star_from:
@@ -310,12 +321,19 @@ class SymbolResult:
         return self.status == "ok" or self.optional
 
     def to_dict(self) -> dict:
-        return {"file": self.file, "module": self.module, "symbol": self.symbol, "status": self.status,
-                "evidence": self.evidence, "optional": self.optional}
+        return {
+            "file": self.file,
+            "module": self.module,
+            "symbol": self.symbol,
+            "status": self.status,
+            "evidence": self.evidence,
+            "optional": self.optional,
+        }
 
 
-def check_surface(surface: Surface, source: VllmSource | ModuleIndex,
-                  optional: set[tuple[str, str, str]] | None = None) -> list[SymbolResult]:
+def check_surface(
+    surface: Surface, source: VllmSource | ModuleIndex, optional: set[tuple[str, str, str]] | None = None
+) -> list[SymbolResult]:
     """Resolve every (file, module, symbol) of `surface`; sorted by file, module, symbol."""
     index = source if isinstance(source, ModuleIndex) else ModuleIndex(source)
     optional = optional or set()

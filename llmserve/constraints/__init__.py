@@ -32,8 +32,22 @@ V2_MODEL_RUNNER_SUPPORTED = False
 REQUIRED_ENGINE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 __all__ = [
-    "ByteAutomaton", "ByteDFA", "CompiledConstraint", "ConstraintError", "ConstraintSpec", "PROCESSOR_PATH",
-    "REQUIRED_ENGINE_ENV", "TokenStateMachine", "V2_MODEL_RUNNER_SUPPORTED", "Vocab", "automaton_to_dfa",
-    "compile_constraint", "compile_dfa", "compile_regex", "default_cache_dir", "load_cached", "register_machine",
+    "ByteAutomaton",
+    "ByteDFA",
+    "CompiledConstraint",
+    "ConstraintError",
+    "ConstraintSpec",
+    "PROCESSOR_PATH",
+    "REQUIRED_ENGINE_ENV",
+    "TokenStateMachine",
+    "V2_MODEL_RUNNER_SUPPORTED",
+    "Vocab",
+    "automaton_to_dfa",
+    "compile_constraint",
+    "compile_dfa",
+    "compile_regex",
+    "default_cache_dir",
+    "load_cached",
+    "register_machine",
     "spec_from_request",
 ]

@@ -61,7 +61,8 @@ def require_native():
     if native is None:
         raise ConstraintError(
             f"the native constraint core is not built ({NATIVE_IMPORT_ERROR})",
-            hint="Reinstall llmserve from source: pip install --no-deps --no-build-isolation -e .")
+            hint="Reinstall llmserve from source: pip install --no-deps --no-build-isolation -e .",
+        )
     return native
 
 
@@ -78,8 +79,11 @@ class ConstraintSpec:
             raise ConstraintError(f"unknown constraint kind {self.kind!r} (one of: regex, choice, json_schema)")
         if self.kind == "regex" and not isinstance(self.value, str):
             raise ConstraintError("regex must be a string")
-        if self.kind == "choice" and (not isinstance(self.value, (list, tuple)) or not self.value
-                                      or not all(isinstance(c, str) for c in self.value)):
+        if self.kind == "choice" and (
+            not isinstance(self.value, (list, tuple))
+            or not self.value
+            or not all(isinstance(c, str) for c in self.value)
+        ):
             raise ConstraintError("choice must be a non-empty list of strings")
         if self.kind == "json_schema" and isinstance(self.value, str):
             try:
@@ -92,8 +96,9 @@ class ConstraintSpec:
     @property
     def canonical(self) -> str:
         value = list(self.value) if self.kind == "choice" else self.value
-        return json.dumps({"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False)
+        return json.dumps(
+            {"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
 
     @property
     def digest(self) -> str:
@@ -121,13 +126,12 @@ def spec_from_request(obj) -> ConstraintSpec:
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise ConstraintError("constraint must be an object such as {\"regex\": \"[0-9]+\"}")
+        raise ConstraintError('constraint must be an object such as {"regex": "[0-9]+"}')
     if set(obj) == {"kind", "value"}:
         return ConstraintSpec(obj["kind"], obj["value"])
     keys = [k for k in obj if k in KINDS[:3]]
     if len(keys) != 1 or len(obj) != 1:
-        raise ConstraintError("constraint must have exactly one of: regex, choice, json_schema; "
-                              f"got {sorted(obj)}")
+        raise ConstraintError(f"constraint must have exactly one of: regex, choice, json_schema; got {sorted(obj)}")
     return ConstraintSpec(keys[0], obj[keys[0]])
 
 
@@ -139,8 +143,16 @@ class CompiledConstraint:
     ``masks`` then waits for all of them, ``allowed(s)`` computes just row s.
     """
 
-    def __init__(self, vocab: Vocab, table: np.ndarray, accept: np.ndarray, masks: np.ndarray,
-                 start: int = 0, key: str = "", ready: bool = True):
+    def __init__(
+        self,
+        vocab: Vocab,
+        table: np.ndarray,
+        accept: np.ndarray,
+        masks: np.ndarray,
+        start: int = 0,
+        key: str = "",
+        ready: bool = True,
+    ):
         self.vocab = vocab
         self.table = table
         self.accept = accept
@@ -172,8 +184,9 @@ class CompiledConstraint:
         """The ``_core.Grammar`` over the same buffers (built once)."""
         if self._native is None:
             core = require_native()
-            self._native = core.Grammar(native_vocab(self.vocab), self.table, self.accept, self._masks, self.start,
-                                        self._ready)
+            self._native = core.Grammar(
+                native_vocab(self.vocab), self.table, self.accept, self._masks, self.start, self._ready
+            )
         return self._native
 
     @property
@@ -311,8 +324,9 @@ def _read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
 _MEMORY: dict[tuple[str, int], CompiledConstraint] = {}
 
 
-def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | bool = None,
-                       backend: str = "native") -> CompiledConstraint:
+def compile_constraint(
+    spec, vocab: Vocab, *, cache_dir: Path | str | None | bool = None, backend: str = "native"
+) -> CompiledConstraint:
     """Compile ``spec`` (a ConstraintSpec or its request form) against ``vocab``.
 
     ``cache_dir``: None for the default (``$LLMSERVE_CACHE/constraints``), a path, or False to skip
@@ -341,9 +355,14 @@ def compile_constraint(spec, vocab: Vocab, *, cache_dir: Path | str | None | boo
         if path is not None and compiled._masks.nbytes <= MAX_COMPLETE_BYTES:
             _FINISHER.submit(compiled, path)
         elif path is not None:
-            log.info("constraint %s: %d states x %d tokens is %d MiB of masks; computing only the rows "
-                     "requests reach, not caching it", key[:12], compiled.num_states, vocab.size,
-                     compiled._masks.nbytes >> 20)
+            log.info(
+                "constraint %s: %d states x %d tokens is %d MiB of masks; computing only the rows "
+                "requests reach, not caching it",
+                key[:12],
+                compiled.num_states,
+                vocab.size,
+                compiled._masks.nbytes >> 20,
+            )
     _MEMORY[memo] = compiled
     while len(_MEMORY) > 256:
         _MEMORY.pop(next(iter(_MEMORY)))

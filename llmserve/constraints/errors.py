@@ -12,5 +12,7 @@ from llmserve.errors import InvalidInputError
 
 class ConstraintError(InvalidInputError, ValueError):
     code = "invalid-constraint"
-    default_hint = ("Check the request's constraint (regex, choice or json_schema); "
-                    "see `python -m pydoc llmserve.constraints` for the supported subset.")
+    default_hint = (
+        "Check the request's constraint (regex, choice or json_schema); "
+        "see `python -m pydoc llmserve.constraints` for the supported subset."
+    )

@@ -25,13 +25,29 @@ from llmserve.constraints.regex import literal, parse
 
 MAX_DEPTH = 32
 
-_STR_CHAR = ("alt", [
-    ("set", [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)]),
-    ("cat", [("set", [(0x5C, 0x5C)]), ("alt", [
-        ("set", [(ord(c), ord(c)) for c in '"\\/bfnrt']),
-        ("cat", [("set", [(ord("u"), ord("u"))])] + [("set", [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)])] * 4),
-    ])]),
-])
+_STR_CHAR = (
+    "alt",
+    [
+        ("set", [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)]),
+        (
+            "cat",
+            [
+                ("set", [(0x5C, 0x5C)]),
+                (
+                    "alt",
+                    [
+                        ("set", [(ord(c), ord(c)) for c in '"\\/bfnrt']),
+                        (
+                            "cat",
+                            [("set", [(ord("u"), ord("u"))])]
+                            + [("set", [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)])] * 4,
+                        ),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
 _QUOTE = ("set", [(0x22, 0x22)])
 _INT = parse(r"-?(0|[1-9][0-9]{0,15})")
 _NUMBER = parse(r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?")
@@ -39,14 +55,27 @@ _FORMATS = {
     "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
     "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?",
     "date-time": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
-                 r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+    r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
     "email": r"[a-zA-Z0-9_.+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63}){1,4}",
     "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
 }
 # keywords that only annotate (never change the language); additionalProperties only widens it,
 # and generation stays within the declared properties (see the module doc)
-_ANNOTATIONS = {"title", "description", "examples", "default", "$schema", "$id", "$comment",
-                "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "additionalProperties"}
+_ANNOTATIONS = {
+    "title",
+    "description",
+    "examples",
+    "default",
+    "$schema",
+    "$id",
+    "$comment",
+    "$defs",
+    "definitions",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "additionalProperties",
+}
 
 
 def _cat(*items):
@@ -188,9 +217,13 @@ class _Converter:
         unknown = required - set(props)
         if unknown:
             raise self.fail(f"required names unknown properties {sorted(unknown)}")
-        kvs = [(name in required,
-                _cat(_lit(json.dumps(name, ensure_ascii=False) + ":"), self.convert(sub, depth + 1, refs)))
-               for name, sub in props.items()]
+        kvs = [
+            (
+                name in required,
+                _cat(_lit(json.dumps(name, ensure_ascii=False) + ":"), self.convert(sub, depth + 1, refs)),
+            )
+            for name, sub in props.items()
+        ]
 
         # rest(i, first): the properties i.. given whether nothing was emitted yet
         def rest(i, first):

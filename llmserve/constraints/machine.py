@@ -139,7 +139,7 @@ class PythonRow:
         toks = self.tokens
         if len(toks) < self.consumed or (self.consumed > 0 and toks[self.consumed - 1] != self.last):
             self.state, self.consumed = self.machine.start(), 0
-        for tok in toks[self.consumed:]:
+        for tok in toks[self.consumed :]:
             if self.state is not None:
                 self.state = self.machine.advance(self.state, tok)
         self.consumed = len(toks)

@@ -114,7 +114,7 @@ class ReferenceBatch:
             if len(toks) < row.consumed or (row.consumed > 0 and toks[row.consumed - 1] != row.last):
                 row.state, row.consumed = g.start, 0
                 rebuilt += 1
-            for tok in toks[row.consumed:]:
+            for tok in toks[row.consumed :]:
                 row.state = step(self.vocab, g.table, g.accept, row.state, tok)
             row.consumed = len(toks)
             row.last = toks[-1] if toks else -1
@@ -152,7 +152,7 @@ class ReferenceBatch:
             if out is not None:
                 out[r] = 0xFFFFFFFF if m is None else m
             if m is not None:
-                apply_bitmask(logits[r:r + 1], m.reshape(1, -1))
+                apply_bitmask(logits[r : r + 1], m.reshape(1, -1))
 
     def row(self, index):
         if index >= len(self.rows) or self.rows[index].grammar is None:

@@ -146,7 +146,7 @@ class _Parser:
             self.i += 1
         if j == self.i:
             raise self.error("expected a number")
-        return int(self.p[j:self.i])
+        return int(self.p[j : self.i])
 
     def atom(self):
         c = self.take()
@@ -208,7 +208,7 @@ class _Parser:
         return [(ord(c), ord(c))]
 
     def _hex(self, n):
-        digits = self.p[self.i:self.i + n]
+        digits = self.p[self.i : self.i + n]
         if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
             raise self.error("bad hex escape")
         self.i += n
@@ -235,8 +235,13 @@ class _Parser:
                 raise self.error("POSIX classes are not supported")
             else:
                 item = [(ord(c), ord(c))]
-            if len(item) == 1 and item[0][0] == item[0][1] and self.peek() == "-" \
-                    and self.i + 1 < len(self.p) and self.p[self.i + 1] != "]":
+            if (
+                len(item) == 1
+                and item[0][0] == item[0][1]
+                and self.peek() == "-"
+                and self.i + 1 < len(self.p)
+                and self.p[self.i + 1] != "]"
+            ):
                 self.i += 1
                 c2 = self.take()
                 hi = self._escape(in_class=True) if c2 == "\\" else [(ord(c2), ord(c2))]

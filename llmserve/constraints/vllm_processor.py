@@ -87,8 +87,9 @@ def check_engine_env(environ=None) -> list[str]:
     problems = []
     for k, v in REQUIRED_ENGINE_ENV.items():
         if env.get(k) != v:
-            problems.append(f"{k}={v} is required by the constraint processor (V1 logits-processor "
-                            f"interface); it is {env.get(k)!r}")
+            problems.append(
+                f"{k}={v} is required by the constraint processor (V1 logits-processor interface); it is {env.get(k)!r}"
+            )
     return problems
 
 
@@ -110,7 +111,7 @@ def request_constraint(extra_args: dict | None):
             except json.JSONDecodeError as exc:
                 raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
-            raise ConstraintError("constraint must be an object, e.g. {\"regex\": \"[0-9]+\"}")
+            raise ConstraintError('constraint must be an object, e.g. {"regex": "[0-9]+"}')
         return value
     return {FLAT_KEYS[key]: value}
 
@@ -123,9 +124,12 @@ def _validate_canonical(canonical: str) -> None:
 
 def validate_constraint(obj) -> None:
     if "machine" in obj:
-        if not isinstance(obj["machine"], str) or not isinstance(obj.get("args", {}), dict) \
-                or set(obj) - {"machine", "args"}:
-            raise ConstraintError("a machine constraint is {\"machine\": name, \"args\": {...}}")
+        if (
+            not isinstance(obj["machine"], str)
+            or not isinstance(obj.get("args", {}), dict)
+            or set(obj) - {"machine", "args"}
+        ):
+            raise ConstraintError('a machine constraint is {"machine": name, "args": {...}}')
         from llmserve.constraints.machine import registered_machines
 
         if obj["machine"] not in registered_machines():
@@ -138,8 +142,9 @@ def vocab_for_model(vllm_config) -> Vocab:
     from transformers import AutoTokenizer
 
     mc = vllm_config.model_config
-    tok = AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=mc.trust_remote_code,
-                                        revision=getattr(mc, "tokenizer_revision", None))
+    tok = AutoTokenizer.from_pretrained(
+        mc.tokenizer, trust_remote_code=mc.trust_remote_code, revision=getattr(mc, "tokenizer_revision", None)
+    )
     eos = set()
     if tok.eos_token_id is not None:
         eos.add(int(tok.eos_token_id))
@@ -164,8 +169,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config: "VllmConfig", device: torch.device, is_pin_memory: bool):
         if getattr(vllm_config, "use_v2_model_runner", False):
-            raise RuntimeError("the llmserve constraint processor needs the V1 model runner: "
-                               "set VLLM_USE_V2_MODEL_RUNNER=0")
+            raise RuntimeError(
+                "the llmserve constraint processor needs the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
         self.device = device
         self.pin_memory = bool(is_pin_memory) and torch.cuda.is_available()
         self.vocab = vocab_for_model(vllm_config)
@@ -178,8 +184,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.python_rows: dict[int, PythonRow] = {}  # TokenStateMachine rows
         # counters, for tests and debugging: readded = an added request that already had output
         # tokens (a preempted request coming back); rebuilt = rows whose state was rebuilt from history
-        self.stats = {"added": 0, "readded": 0, "removed": 0, "moved": 0, "swapped": 0, "rebuilt": 0,
-                      "applied": 0}
+        self.stats = {"added": 0, "readded": 0, "removed": 0, "moved": 0, "swapped": 0, "rebuilt": 0, "applied": 0}
         self._bitmask = None
         self._bitmask_host: torch.Tensor | None = None
         ConstraintLogitsProcessor.instances.append(weakref.ref(self))
@@ -193,8 +198,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if "machine" in obj:
             machine = make_machine(obj["machine"], self.vocab, obj.get("args"))
             if isinstance(machine, ByteAutomaton):
-                return compile_dfa(automaton_to_dfa(machine), self.vocab,
-                                   backend="python" if self.backend == "python" else "native")
+                return compile_dfa(
+                    automaton_to_dfa(machine), self.vocab, backend="python" if self.backend == "python" else "native"
+                )
             return machine
         return compile_constraint(obj, self.vocab, backend="python" if self.backend == "python" else "native")
 

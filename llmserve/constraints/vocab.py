@@ -127,8 +127,12 @@ class Vocab:
     def from_tiktoken_ranks(cls, path_or_text, *, eos_ids=None, size: int | None = None) -> "Vocab":
         """From a tiktoken ``.tiktoken`` ranks file (``base64(token) rank`` per line) or the
         js-tiktoken JSON ranks (``{"bpe_ranks": "...", "special_tokens": {...}}``)."""
-        if isinstance(path_or_text, Path) or (isinstance(path_or_text, str) and len(path_or_text) < 4096
-                                              and "\n" not in path_or_text and not path_or_text.startswith("{")):
+        if isinstance(path_or_text, Path) or (
+            isinstance(path_or_text, str)
+            and len(path_or_text) < 4096
+            and "\n" not in path_or_text
+            and not path_or_text.startswith("{")
+        ):
             text = Path(path_or_text).read_text()
         else:
             text = str(path_or_text)

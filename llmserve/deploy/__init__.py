@@ -6,5 +6,14 @@ Public surface: Deployer (deploy, rollback, down, recover), DeployOptions, statu
 from llmserve.deploy.rollout import DEFAULT_STEPS, RED_BLACK, VERSIONED, Deployer, DeployOptions, parse_steps, status_of
 from llmserve.deploy.state import StateStore, default_state_dir
 
-__all__ = ["DEFAULT_STEPS", "RED_BLACK", "VERSIONED", "Deployer", "DeployOptions", "StateStore", "default_state_dir",
-           "parse_steps", "status_of"]
+__all__ = [
+    "DEFAULT_STEPS",
+    "RED_BLACK",
+    "VERSIONED",
+    "Deployer",
+    "DeployOptions",
+    "StateStore",
+    "default_state_dir",
+    "parse_steps",
+    "status_of",
+]

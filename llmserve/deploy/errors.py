@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from llmserve.errors import EngineError, ExitCode, IncompatibleError, InvalidInputError, LLMServeError, NotFoundError, UnavailableError
+from llmserve.errors import (
+    EngineError,
+    ExitCode,
+    IncompatibleError,
+    InvalidInputError,
+    LLMServeError,
+    NotFoundError,
+    UnavailableError,
+)
 
 
 class InterfaceChangedError(IncompatibleError):
     code = "interface-changed"
-    default_hint = ("Deploy it side by side with `llmserve deploy PKG --strategy versioned`; callers then choose "
-                    "the version (model \"<id>:<version>\" or the X-Model-Version header).")
+    default_hint = (
+        "Deploy it side by side with `llmserve deploy PKG --strategy versioned`; callers then choose "
+        'the version (model "<id>:<version>" or the X-Model-Version header).'
+    )
 
 
 class DeploymentNotFoundError(NotFoundError):
@@ -19,7 +29,9 @@ class DeploymentNotFoundError(NotFoundError):
 class DeploymentBusyError(LLMServeError):
     code = "deployment-busy"
     exit_code = ExitCode.UNAVAILABLE
-    default_hint = "Another `llmserve deploy`/`rollback` holds this deployment; wait for it, or check `llmserve status`."
+    default_hint = (
+        "Another `llmserve deploy`/`rollback` holds this deployment; wait for it, or check `llmserve status`."
+    )
 
 
 class HealthCheckFailedError(EngineError):

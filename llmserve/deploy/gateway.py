@@ -43,8 +43,18 @@ from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, State
 
 log = logging.getLogger("llmserve.gateway")
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+}
 VERSION_HEADER = "x-model-version"
 KSERVE_VERSIONED = re.compile(r"^/v2/models/([^/]+)/versions/([^/]+)(/.*)?$")
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -83,7 +93,9 @@ class Table:
         members = self.routes.pinned.get(version) or []
         if not members:
             served = sorted(self.routes.pinned)
-            raise NoRoute(404, f"version {version} of '{self.routes.model_id}' is not serving; serving versions: {served}")
+            raise NoRoute(
+                404, f"version {version} of '{self.routes.model_id}' is not serving; serving versions: {served}"
+            )
         usable = [m for m in members if m.instance not in exclude] or members
         key = -version  # per-version round robin counter
         n = int(self.current.get(key, 0))
@@ -108,8 +120,12 @@ class Gateway:
         gen, routes = self.store.routes(self.deployment)
         if gen != self.table.generation:
             self.table = Table(gen, routes)
-            log.info("routes generation %d: default %s, pinned %s", gen,
-                     {m.instance: m.weight for m in routes.default}, sorted(routes.pinned))
+            log.info(
+                "routes generation %d: default %s, pinned %s",
+                gen,
+                {m.instance: m.weight for m in routes.default},
+                sorted(routes.pinned),
+            )
         return gen
 
     def _account(self, iid: int, ok: bool) -> None:
@@ -151,21 +167,25 @@ class Gateway:
         return web.json_response({"generation": self.table.generation})
 
     async def handle_stats(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "generation": self.table.generation,
-            "inflight": {str(k): v for k, v in self.inflight.items()},
-            "counts": {str(k): v for k, v in self.counts.items()},
-            "last_request": {str(k): v for k, v in self.last_request.items()},
-            "uptime_s": time.time() - self.started,
-        })
+        return web.json_response(
+            {
+                "generation": self.table.generation,
+                "inflight": {str(k): v for k, v in self.inflight.items()},
+                "counts": {str(k): v for k, v in self.counts.items()},
+                "last_request": {str(k): v for k, v in self.last_request.items()},
+                "uptime_s": time.time() - self.started,
+            }
+        )
 
     async def handle_routes(self, request: web.Request) -> web.Response:
         return web.json_response({"generation": self.table.generation, **self.table.routes.to_dict()})
 
     async def handle_health(self, request: web.Request) -> web.Response:
         ready = any(m.weight > 0 for m in self.table.routes.default)
-        return web.json_response({"status": "ok" if ready else "no-backend", "generation": self.table.generation},
-                                 status=200 if ready else 503)
+        return web.json_response(
+            {"status": "ok" if ready else "no-backend", "generation": self.table.generation},
+            status=200 if ready else 503,
+        )
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -173,12 +193,16 @@ class Gateway:
             version, path, body = self._requested(request, body)
         except NoRoute as exc:
             return _error(exc.status, exc.message)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != VERSION_HEADER}
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != VERSION_HEADER
+        }
         tried: set[int] = set()
         last_exc: Exception | None = None
         for _attempt in range(MAX_ATTEMPTS):
             try:
-                member = self.table.pick_version(version, tried) if version is not None else self.table.pick_default(tried)
+                member = (
+                    self.table.pick_version(version, tried) if version is not None else self.table.pick_default(tried)
+                )
             except NoRoute as exc:
                 return _error(exc.status, exc.message)
             iid = member.instance
@@ -196,8 +220,9 @@ class Gateway:
                 self.inflight[iid] -= 1
         return _error(502, f"no backend answered: {last_exc}")
 
-    async def _forward(self, request: web.Request, member: Member, path: str, headers: dict, body: bytes,
-                       version: int | None) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, member: Member, path: str, headers: dict, body: bytes, version: int | None
+    ) -> web.StreamResponse:
         url = member.url + path + (f"?{request.rel_url.query_string}" if request.rel_url.query_string else "")
         try:
             upstream = await self.session.request(request.method, url, headers=headers, data=body or None)
@@ -280,8 +305,12 @@ class Gateway:
             members = routes.pinned.pop(version, [])
             if not members:
                 return
-            await asyncio.to_thread(self.store.set_routes, self.deployment, routes,
-                                    why=f"v{version} idle for {idle_for:.0f} s (idle timeout {idle:g} s)")
+            await asyncio.to_thread(
+                self.store.set_routes,
+                self.deployment,
+                routes,
+                why=f"v{version} idle for {idle_for:.0f} s (idle timeout {idle:g} s)",
+            )
             gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
             self.table = Table(gen, routes)
             from llmserve.deploy.procs import terminate
@@ -294,8 +323,12 @@ class Gateway:
                 inst = await asyncio.to_thread(self.store.instance, m.instance)
                 await asyncio.to_thread(self.store.set_instance_status, inst.id, "draining")
                 await asyncio.to_thread(terminate, inst.pid, inst.pid_start, 60.0)
-                await asyncio.to_thread(self.store.set_instance_status, inst.id, STOPPED,
-                                        f"v{version} (instance #{inst.id}) stopped after {idle_for:.0f} s idle")
+                await asyncio.to_thread(
+                    self.store.set_instance_status,
+                    inst.id,
+                    STOPPED,
+                    f"v{version} (instance #{inst.id}) stopped after {idle_for:.0f} s idle",
+                )
         finally:
             lock.release()
 
@@ -330,8 +363,9 @@ def build_app(gateway: Gateway) -> web.Application:
     async def on_startup(app: web.Application) -> None:
         # Keep-alive shorter than uvicorn's 5 s, so a pooled connection is never one the server is closing.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
-        gateway.session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        gateway.session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+        )
         app["poller"] = asyncio.create_task(gateway._poll())
 
     async def on_cleanup(app: web.Application) -> None:
@@ -355,11 +389,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     store = StateStore(args.state_dir)
     gateway = Gateway(store, args.deployment)
-    log.info("gateway for '%s' on %s:%d, routes generation %d", args.deployment, args.host, args.port,
-             gateway.table.generation)
+    log.info(
+        "gateway for '%s' on %s:%d, routes generation %d",
+        args.deployment,
+        args.host,
+        args.port,
+        gateway.table.generation,
+    )
     # SIGTERM: stop accepting, let in-flight requests finish (aiohttp's shutdown_timeout), exit 0.
-    web.run_app(build_app(gateway), host=args.host, port=args.port, print=None, shutdown_timeout=30,
-                handle_signals=True, access_log=None)
+    web.run_app(
+        build_app(gateway),
+        host=args.host,
+        port=args.port,
+        print=None,
+        shutdown_timeout=30,
+        handle_signals=True,
+        access_log=None,
+    )
     return 0
 
 

@@ -24,8 +24,14 @@ from pathlib import Path
 from llmserve.errors import Detail
 from llmserve.spec.tensors import LLM_TEXT_CONTRACT
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "special_tokens_map.json",
-                   "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
 
 
 def _sha(data: bytes) -> str:
@@ -38,8 +44,12 @@ def fingerprint(package) -> dict:
     out: dict = {"backend": m.backend}
     if m.backend == "python":
         py = m.python
-        out["io"] = _sha(json.dumps({"tensors": py.tensors.model_dump(mode="json"), "frontend": py.frontend,
-                                     "decoupled": py.decoupled}, sort_keys=True).encode())
+        out["io"] = _sha(
+            json.dumps(
+                {"tensors": py.tensors.model_dump(mode="json"), "frontend": py.frontend, "decoupled": py.decoupled},
+                sort_keys=True,
+            ).encode()
+        )
     else:
         out["io"] = _sha(json.dumps(LLM_TEXT_CONTRACT.model_dump(mode="json"), sort_keys=True).encode())
     weights = Path(package.weights_dir)

@@ -27,19 +27,38 @@ class LocalTarget:
         if self.gateway_alive(dep):
             return dep
         if not procs.port_free(dep.gateway_host, dep.gateway_port):
-            raise GatewayError(f"gateway port {dep.gateway_host}:{dep.gateway_port} is taken by another process",
-                               hint="Free the port, or tear down with `llmserve deploy down "
-                                    f"{dep.name}` and deploy again with --port.")
-        argv = [sys.executable, "-m", "llmserve.deploy.gateway", "--state-dir", str(self.store.root),
-                "--deployment", dep.name, "--host", dep.gateway_host, "--port", str(dep.gateway_port)]
-        pid, start = procs.launch(argv, self.store.log_file(dep.name, "gateway"), self.store.pid_file(dep.name, "gateway"),
-                                  env=os.environ.copy())
+            raise GatewayError(
+                f"gateway port {dep.gateway_host}:{dep.gateway_port} is taken by another process",
+                hint="Free the port, or tear down with `llmserve deploy down "
+                f"{dep.name}` and deploy again with --port.",
+            )
+        argv = [
+            sys.executable,
+            "-m",
+            "llmserve.deploy.gateway",
+            "--state-dir",
+            str(self.store.root),
+            "--deployment",
+            dep.name,
+            "--host",
+            dep.gateway_host,
+            "--port",
+            str(dep.gateway_port),
+        ]
+        pid, start = procs.launch(
+            argv,
+            self.store.log_file(dep.name, "gateway"),
+            self.store.pid_file(dep.name, "gateway"),
+            env=os.environ.copy(),
+        )
         self.store.set_gateway_process(dep.name, pid, start)
         dep = self.store.require(dep.name)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not procs.alive(pid, start):
-                raise GatewayError(f"the gateway exited at start:\n{procs.log_tail(self.store.log_file(dep.name, 'gateway'))}")
+                raise GatewayError(
+                    f"the gateway exited at start:\n{procs.log_tail(self.store.log_file(dep.name, 'gateway'))}"
+                )
             if procs.health(dep.gateway_url) is not None:
                 self.report(f"gateway up on {dep.gateway_url} (pid {pid})")
                 return dep
@@ -86,8 +105,17 @@ class LocalTarget:
         return False
 
     # -- instances ----------------------------------------------------------------------------
-    def start_instance(self, dep: Deployment, package: str, digest: str | None, version: int, interface: dict,
-                       strategy: str, serve_args: list[str], drain_timeout: float) -> Instance:
+    def start_instance(
+        self,
+        dep: Deployment,
+        package: str,
+        digest: str | None,
+        version: int,
+        interface: dict,
+        strategy: str,
+        serve_args: list[str],
+        drain_timeout: float,
+    ) -> Instance:
         port = procs.free_port()
         inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
         argv = procs.serve_argv(package, port, drain_timeout, serve_args)
@@ -119,20 +147,27 @@ class LocalTarget:
             if not self.instance_alive(inst):
                 raise HealthCheckFailedError(
                     f"v{inst.model_version} (instance #{inst.id}) exited before passing its health check; last log lines:\n"
-                    + procs.log_tail(inst.log), hint=f"Read the full log: {inst.log}")
+                    + procs.log_tail(inst.log),
+                    hint=f"Read the full log: {inst.log}",
+                )
             status = procs.health(inst.url)
             if status == 200:
                 return time.monotonic() - t0
             if time.monotonic() - last_note > 10:
                 last_note = time.monotonic()
-                self.report(f"waiting for v{inst.model_version} health ({time.monotonic() - t0:.0f} s, /health {status})")
+                self.report(
+                    f"waiting for v{inst.model_version} health ({time.monotonic() - t0:.0f} s, /health {status})"
+                )
             time.sleep(0.2)
         raise HealthCheckFailedError(
             f"v{inst.model_version} (instance #{inst.id}) not healthy after {timeout:g} s; last log lines:\n"
-            + procs.log_tail(inst.log), hint=f"Raise --health-timeout or read {inst.log}")
+            + procs.log_tail(inst.log),
+            hint=f"Raise --health-timeout or read {inst.log}",
+        )
 
-    def stop_instance(self, dep: Deployment, inst: Instance, *, drain_timeout: float, status: str = STOPPED,
-                      why: str = "") -> None:
+    def stop_instance(
+        self, dep: Deployment, inst: Instance, *, drain_timeout: float, status: str = STOPPED, why: str = ""
+    ) -> None:
         """Stop one server after the gateway stopped routing to it: wait for its in-flight requests, then
         SIGTERM (the server drains too), then record it."""
         inst = self.adopt(self.store.instance(inst.id))
@@ -140,8 +175,9 @@ class LocalTarget:
             self.store.set_instance_status(inst.id, DRAINING)
             self.wait_drained(dep, [inst.id], drain_timeout)
             procs.terminate(inst.pid, inst.pid_start, drain_timeout + 15)
-        self.store.set_instance_status(inst.id, status, f"v{inst.model_version} (instance #{inst.id}) {status}"
-                                       + (f": {why}" if why else ""))
+        self.store.set_instance_status(
+            inst.id, status, f"v{inst.model_version} (instance #{inst.id}) {status}" + (f": {why}" if why else "")
+        )
         self.report(f"v{inst.model_version} (instance #{inst.id}) {status}" + (f": {why}" if why else ""))
 
     def mark_serving(self, inst: Instance) -> None:
@@ -158,8 +194,9 @@ class LocalTarget:
             if inst.status == STARTING:
                 continue  # the journal decides (recovery)
             if not self.instance_alive(inst):
-                self.store.set_instance_status(inst.id, FAILED, f"v{inst.model_version} (instance #{inst.id}) "
-                                               "found not running")
+                self.store.set_instance_status(
+                    inst.id, FAILED, f"v{inst.model_version} (instance #{inst.id}) found not running"
+                )
                 notes.append(f"instance #{inst.id} (v{inst.model_version}) was not running: marked failed")
                 if inst.id in routes.instances():
                     routes = without(routes, {inst.id})

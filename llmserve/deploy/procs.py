@@ -37,7 +37,7 @@ def start_time(pid: int) -> str | None:
         data = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    rest = data[data.rfind(")") + 2:].split()
+    rest = data[data.rfind(")") + 2 :].split()
     if rest[0] in ("Z", "X"):
         return None
     return rest[19]
@@ -57,7 +57,9 @@ def launch(argv: list[str], log: Path, pid_file: Path, env: dict[str, str] | Non
     dies right after; stdout/stderr go to log."""
     log.parent.mkdir(parents=True, exist_ok=True)
     pid_file.unlink(missing_ok=True)
-    script = f"exec {shlex.join(argv)} </dev/null >>{shlex.quote(str(log))} 2>&1 & echo $! > {shlex.quote(str(pid_file))}"
+    script = (
+        f"exec {shlex.join(argv)} </dev/null >>{shlex.quote(str(log))} 2>&1 & echo $! > {shlex.quote(str(pid_file))}"
+    )
     subprocess.run(["/bin/sh", "-c", script], env=env, check=True, start_new_session=True)
     pid = int(pid_file.read_text().strip())
     return pid, start_time(pid)
@@ -114,5 +116,20 @@ def log_tail(path: str | Path | None, lines: int = 15) -> str:
 
 def serve_argv(package: str, port: int, drain_timeout: float, extra: list[str] | None = None) -> list[str]:
     """The real server: `llmserve serve PKG --openai --host 127.0.0.1 --port N`."""
-    return [sys.executable, "-m", "llmserve.cli.app", "serve", package, "--openai", "--host", "127.0.0.1",
-            "--port", str(port), "--grpc-port", "0", "--drain-timeout", f"{drain_timeout:g}", *(extra or [])]
+    return [
+        sys.executable,
+        "-m",
+        "llmserve.cli.app",
+        "serve",
+        package,
+        "--openai",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--grpc-port",
+        "0",
+        "--drain-timeout",
+        f"{drain_timeout:g}",
+        *(extra or []),
+    ]

@@ -13,11 +13,21 @@ from pathlib import Path
 
 from llmserve.deploy import interface as iface
 from llmserve.deploy import procs
-from llmserve.deploy.errors import (DeployInputError, HealthCheckFailedError, InterfaceChangedError,
-                                    RolloutFailedError)
+from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
 from llmserve.deploy.local import LocalTarget, without
-from llmserve.deploy.state import (DONE, FAILED, ROLLED_BACK, SERVING, STARTING, Deployment, DeploymentLock,
-                                   Member, Routes, Rollout, StateStore)
+from llmserve.deploy.state import (
+    DONE,
+    FAILED,
+    ROLLED_BACK,
+    SERVING,
+    STARTING,
+    Deployment,
+    DeploymentLock,
+    Member,
+    Routes,
+    Rollout,
+    StateStore,
+)
 
 RED_BLACK, VERSIONED = "red-black", "versioned"
 DEFAULT_STEPS = [10, 25, 50, 100]
@@ -71,8 +81,10 @@ class Deployer:
             recovered = None
             if dep is not None:
                 if dep.model_id != m.modelId:
-                    raise DeployInputError(f"deployment '{name}' serves model '{dep.model_id}', not '{m.modelId}'",
-                                           hint="Give this model its own deployment with --name.")
+                    raise DeployInputError(
+                        f"deployment '{name}' serves model '{dep.model_id}', not '{m.modelId}'",
+                        hint="Give this model its own deployment with --name.",
+                    )
                 dep = self.target.ensure_gateway(dep)
                 recovered = self.recover(dep, resume_package=str(package), opts=opts)
                 if recovered and recovered.get("resumed"):
@@ -105,8 +117,10 @@ class Deployer:
                 return {"deployment": name, "action": "undid-interrupted-rollout", **recovered}
             last = next((r for r in self.store.rollouts(name) if r.status == DONE and r.to_instance), None)
             if last is None:
-                raise DeployInputError(f"deployment '{name}' has no finished rollout to roll back",
-                                       hint=f"See its history with `llmserve status {name}`.")
+                raise DeployInputError(
+                    f"deployment '{name}' has no finished rollout to roll back",
+                    hint=f"See its history with `llmserve status {name}`.",
+                )
             if last.strategy == VERSIONED and to_version is None:
                 return self._retire(dep, last, opts)
             # red-black back to the previous package, or to the newest package of the version asked for
@@ -121,14 +135,23 @@ class Deployer:
                         target_pkg = inst.package
                         break
             if target_pkg is None or not Path(target_pkg).exists():
-                raise DeployInputError(f"no earlier package of '{name}' to roll back to"
-                                       + (f" (version {to_version})" if to_version else "")
-                                       + (f": {target_pkg} is gone" if target_pkg else ""),
-                                       hint="Deploy the package you want with `llmserve deploy PKG`.")
+                raise DeployInputError(
+                    f"no earlier package of '{name}' to roll back to"
+                    + (f" (version {to_version})" if to_version else "")
+                    + (f": {target_pkg} is gone" if target_pkg else ""),
+                    hint="Deploy the package you want with `llmserve deploy PKG`.",
+                )
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
-        ropts = DeployOptions(package=Path(target_pkg), strategy=RED_BLACK, name=name, steps=opts.steps,
-                              pause_s=opts.pause_s, health_timeout_s=opts.health_timeout_s,
-                              drain_timeout_s=opts.drain_timeout_s, serve_args=opts.serve_args)
+        ropts = DeployOptions(
+            package=Path(target_pkg),
+            strategy=RED_BLACK,
+            name=name,
+            steps=opts.steps,
+            pause_s=opts.pause_s,
+            health_timeout_s=opts.health_timeout_s,
+            drain_timeout_s=opts.drain_timeout_s,
+            serve_args=opts.serve_args,
+        )
         result = self.deploy(ropts)
         result["action"] = "rolled-back"
         return result
@@ -138,8 +161,12 @@ class Deployer:
             dep = self.store.require(name)
             open_r = self.store.open_rollout(name)
             if open_r:
-                self.store.journal(open_r.id, status=ROLLED_BACK, message="deployment torn down",
-                                   event="rollout closed by `deploy down`")
+                self.store.journal(
+                    open_r.id,
+                    status=ROLLED_BACK,
+                    message="deployment torn down",
+                    event="rollout closed by `deploy down`",
+                )
             gen, routes = self.store.routes(name)
             if self.target.gateway_alive(dep):
                 self.target.apply_routes(dep, Routes(routes.model_id), why="teardown")
@@ -153,18 +180,43 @@ class Deployer:
             return {"deployment": name, "action": "removed", "stopped_instances": stopped}
 
     # -- shared by both strategies -----------------------------------------------------------
-    def _start_healthy(self, dep: Deployment, rollout: Rollout, package: str, opened, new_iface: dict, strategy: str,
-                       opts: DeployOptions, hint_suffix: str = ""):
+    def _start_healthy(
+        self,
+        dep: Deployment,
+        rollout: Rollout,
+        package: str,
+        opened,
+        new_iface: dict,
+        strategy: str,
+        opts: DeployOptions,
+        hint_suffix: str = "",
+    ):
         """Start the new version's server and wait for its health check; on failure undo the rollout."""
         try:
-            inst = self.target.start_instance(dep, package, opened.digest, opened.manifest.modelVersion, new_iface,
-                                              strategy, opts.serve_args, opts.drain_timeout_s)
-            self.store.journal(rollout.id, to_instance=inst.id, phase="health-check",
-                               event=f"instance #{inst.id} started; waiting for its health check")
+            inst = self.target.start_instance(
+                dep,
+                package,
+                opened.digest,
+                opened.manifest.modelVersion,
+                new_iface,
+                strategy,
+                opts.serve_args,
+                opts.drain_timeout_s,
+            )
+            self.store.journal(
+                rollout.id,
+                to_instance=inst.id,
+                phase="health-check",
+                event=f"instance #{inst.id} started; waiting for its health check",
+            )
             return inst, self.target.wait_healthy(inst, opts.health_timeout_s)
         except HealthCheckFailedError as exc:
-            self._undo(dep, self.store.rollout(rollout.id), f"health check failed: {exc.message.splitlines()[0]}",
-                       opts.drain_timeout_s)
+            self._undo(
+                dep,
+                self.store.rollout(rollout.id),
+                f"health check failed: {exc.message.splitlines()[0]}",
+                opts.drain_timeout_s,
+            )
             hint = exc.hint + hint_suffix if exc.hint else exc.hint
             raise RolloutFailedError(f"rollout #{rollout.id} rolled back: {exc.message}", hint=hint) from exc
 
@@ -180,16 +232,28 @@ class Deployer:
                 raise InterfaceChangedError(
                     f"the interface of {m.modelId} v{m.modelVersion} differs from the live v{main.model_version} "
                     f"({', '.join(r[0] for r in diff)}): red-black would mix two interfaces behind one name",
-                    details=[iface.difference_detail(diff)])
+                    details=[iface.difference_detail(diff)],
+                )
             if len(live) == 1 and main.digest and main.digest == opened.digest and main.model_version == m.modelVersion:
                 self.report(f"v{m.modelVersion} with this digest already takes 100% of '{dep.name}': nothing to do")
                 return self._summary(dep, None, "unchanged")
-        rollout = self.store.begin_rollout(dep.name, RED_BLACK, package, main.id if live else None,
-                                           opts.steps if live else [100], routes)
-        self.report(f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} red-black on '{dep.name}' "
-                    f"({'steps ' + ','.join(map(str, opts.steps)) + '%' if live else 'first version'})")
-        inst, took = self._start_healthy(dep, rollout, package, opened, new_iface, RED_BLACK, opts,
-                                         hint_suffix="; traffic stayed on the live version." if live else "")
+        rollout = self.store.begin_rollout(
+            dep.name, RED_BLACK, package, main.id if live else None, opts.steps if live else [100], routes
+        )
+        self.report(
+            f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} red-black on '{dep.name}' "
+            f"({'steps ' + ','.join(map(str, opts.steps)) + '%' if live else 'first version'})"
+        )
+        inst, took = self._start_healthy(
+            dep,
+            rollout,
+            package,
+            opened,
+            new_iface,
+            RED_BLACK,
+            opts,
+            hint_suffix="; traffic stayed on the live version." if live else "",
+        )
         self.target.mark_serving(inst)
         self.report(f"v{m.modelVersion} healthy after {took:.1f} s")
         return self._shift(dep, self.store.rollout(rollout.id), opts, start_index=0)
@@ -204,22 +268,33 @@ class Deployer:
         for i in range(start_index, len(steps)):
             pct = steps[i]
             target = _weighted(last_good, olds, new, pct)
-            self.store.journal(rollout.id, step_index=i, event=f"step {i + 1}/{len(steps)}: {pct}% to v{new.model_version}")
+            self.store.journal(
+                rollout.id, step_index=i, event=f"step {i + 1}/{len(steps)}: {pct}% to v{new.model_version}"
+            )
             errors_before = self.target.errors_of(dep, new.id)
             t0 = time.monotonic()
             self.target.apply_routes(dep, target, rollout=rollout.id, why=f"rollout #{rollout.id} step {i + 1}")
-            self.report(f"step {i + 1}/{len(steps)}: {pct}% of traffic on v{new.model_version}", step=i + 1, percent=pct)
+            self.report(
+                f"step {i + 1}/{len(steps)}: {pct}% of traffic on v{new.model_version}", step=i + 1, percent=pct
+            )
             problem = self._gate(dep, new, olds if pct < 100 else [], opts, errors_before, t0)
             if problem:
-                self._undo(dep, self.store.rollout(rollout.id), f"step {i + 1} ({pct}%) failed its health gate: {problem}",
-                           opts.drain_timeout_s)
-                raise RolloutFailedError(f"rollout #{rollout.id} rolled back at step {i + 1} ({pct}%): {problem}",
-                                         hint=f"Traffic is back on the last good state; see `llmserve status {dep.name}`.")
+                self._undo(
+                    dep,
+                    self.store.rollout(rollout.id),
+                    f"step {i + 1} ({pct}%) failed its health gate: {problem}",
+                    opts.drain_timeout_s,
+                )
+                raise RolloutFailedError(
+                    f"rollout #{rollout.id} rolled back at step {i + 1} ({pct}%): {problem}",
+                    hint=f"Traffic is back on the last good state; see `llmserve status {dep.name}`.",
+                )
             self.store.journal(rollout.id, last_good=target)
         return self._finish(dep, self.store.rollout(rollout.id), opts)
 
-    def _gate(self, dep: Deployment, new, olds: list[Member], opts: DeployOptions, errors_before: int,
-              t0: float) -> str | None:
+    def _gate(
+        self, dep: Deployment, new, olds: list[Member], opts: DeployOptions, errors_before: int, t0: float
+    ) -> str | None:
         """Pause, then check: the new server alive and healthy, the old ones too while they take traffic,
         and at most max_step_errors server errors from the new one during the step."""
         while True:
@@ -235,7 +310,9 @@ class Deployer:
                 return f"old v{mb.version} (instance #{mb.instance}) /health is not 200"
         errors = self.target.errors_of(dep, new.id) - errors_before
         if errors > opts.max_step_errors:
-            return f"{errors} server error(s) from v{new.model_version} during the step (allowed {opts.max_step_errors})"
+            return (
+                f"{errors} server error(s) from v{new.model_version} during the step (allowed {opts.max_step_errors})"
+            )
         return None
 
     def _finish(self, dep: Deployment, rollout: Rollout, opts: DeployOptions) -> dict:
@@ -250,15 +327,20 @@ class Deployer:
         final.pinned.setdefault(new.model_version, [])
         if not any(mb.instance == new.id for mb in final.pinned[new.model_version]):
             final.pinned[new.model_version].append(new.member())
-        self.store.journal(rollout.id, phase="finishing", last_good=final,
-                           event=f"100% on v{new.model_version}; draining the old version")
+        self.store.journal(
+            rollout.id,
+            phase="finishing",
+            last_good=final,
+            event=f"100% on v{new.model_version}; draining the old version",
+        )
         self.target.apply_routes(dep, final, rollout=rollout.id, why="old version out of every route")
         for iid in sorted(old_ids):
             inst = self.store.instance(iid)
             if inst.status in (SERVING, "draining", STARTING):
                 self.target.stop_instance(dep, inst, drain_timeout=opts.drain_timeout_s, why="replaced")
-        self.store.journal(rollout.id, status=DONE, phase="done",
-                           event=f"rollout #{rollout.id} done: v{new.model_version} takes 100%")
+        self.store.journal(
+            rollout.id, status=DONE, phase="done", event=f"rollout #{rollout.id} done: v{new.model_version} takes 100%"
+        )
         self.report(f"rollout #{rollout.id} done: v{new.model_version} takes 100% of '{dep.name}'")
         return self._summary(dep, self.store.rollout(rollout.id), "deployed")
 
@@ -273,8 +355,13 @@ class Deployer:
         if rollout.to_instance:
             inst = self.store.instance(rollout.to_instance)
             self.target.stop_instance(dep, inst, drain_timeout=drain_timeout_s, status=FAILED, why=reason)
-        self.store.journal(rollout.id, status=ROLLED_BACK, phase="rolled-back", message=reason,
-                           event=f"rollout #{rollout.id} rolled back")
+        self.store.journal(
+            rollout.id,
+            status=ROLLED_BACK,
+            phase="rolled-back",
+            message=reason,
+            event=f"rollout #{rollout.id} rolled back",
+        )
 
     # -- versioned ----------------------------------------------------------------------------
     def _versioned(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
@@ -288,16 +375,20 @@ class Deployer:
                 return self._summary(dep, None, "unchanged")
             raise DeployInputError(
                 f"v{m.modelVersion} of '{m.modelId}' already serves a different package (digest differs)",
-                hint="Give the new package its own modelVersion, or replace this version with --strategy red-black.")
+                hint="Give the new package its own modelVersion, or replace this version with --strategy red-black.",
+            )
         rollout = self.store.begin_rollout(dep.name, VERSIONED, package, None, [], routes)
         serving = [i for i in self.store.instances(dep.name) if i.status == SERVING]
         self.report(f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} versioned on '{dep.name}'")
         if serving:
             rss = sum(_rss_gib(i.pid) for i in serving)
-            self.report(f"warning: v{m.modelVersion} runs beside {len(serving)} serving version(s) "
-                        f"({', '.join('v' + str(i.model_version) for i in serving)}); each holds its own engine, weights and "
-                        f"KV cache (now {rss:.1f} GiB resident in total), so the overlap costs that much more memory "
-                        "until old versions are retired (--idle-timeout, `llmserve rollback`).", warning=True)
+            self.report(
+                f"warning: v{m.modelVersion} runs beside {len(serving)} serving version(s) "
+                f"({', '.join('v' + str(i.model_version) for i in serving)}); each holds its own engine, weights and "
+                f"KV cache (now {rss:.1f} GiB resident in total), so the overlap costs that much more memory "
+                "until old versions are retired (--idle-timeout, `llmserve rollback`).",
+                warning=True,
+            )
         inst, took = self._start_healthy(dep, rollout, package, opened, new_iface, VERSIONED, opts)
         self.target.mark_serving(inst)
         self.report(f"v{m.modelVersion} healthy after {took:.1f} s")
@@ -312,14 +403,24 @@ class Deployer:
             promote = not any(mb.weight > 0 for mb in routes.default)
         if promote:
             routes.default = [inst.member(100)]
-        self.store.journal(rollout.id, phase="publishing", event=f"v{inst.model_version} routable"
-                           + (" and the default" if promote else ""))
+        self.store.journal(
+            rollout.id,
+            phase="publishing",
+            event=f"v{inst.model_version} routable" + (" and the default" if promote else ""),
+        )
         self.target.apply_routes(dep, routes, rollout=rollout.id, why=f"v{inst.model_version} ready")
-        self.store.journal(rollout.id, status=DONE, phase="done", last_good=routes,
-                           event=f"rollout #{rollout.id} done: v{inst.model_version} serving")
+        self.store.journal(
+            rollout.id,
+            status=DONE,
+            phase="done",
+            last_good=routes,
+            event=f"rollout #{rollout.id} done: v{inst.model_version} serving",
+        )
         default = ", ".join(f"v{mb.version}" for mb in routes.default if mb.weight > 0) or "none"
-        self.report(f"v{inst.model_version} serving: ask for it with model \"{routes.model_id}:{inst.model_version}\" "
-                    f"or header X-Model-Version: {inst.model_version}; unversioned requests go to {default}")
+        self.report(
+            f'v{inst.model_version} serving: ask for it with model "{routes.model_id}:{inst.model_version}" '
+            f"or header X-Model-Version: {inst.model_version}; unversioned requests go to {default}"
+        )
         return self._summary(dep, self.store.rollout(rollout.id), "deployed")
 
     def _retire(self, dep: Deployment, last: Rollout, opts: DeployOptions) -> dict:
@@ -327,19 +428,26 @@ class Deployer:
         gen, routes = self.store.routes(dep.name)
         remaining = sorted(v for v in routes.pinned if v != inst.model_version)
         if not remaining:
-            raise DeployInputError(f"v{inst.model_version} is the only serving version of '{dep.name}'",
-                                   hint=f"Tear it down with `llmserve deploy down {dep.name}`.")
+            raise DeployInputError(
+                f"v{inst.model_version} is the only serving version of '{dep.name}'",
+                hint=f"Tear it down with `llmserve deploy down {dep.name}`.",
+            )
         rollout = self.store.begin_rollout(dep.name, "retire", inst.package, inst.id, [], routes)
         new_routes = without(routes, {inst.id})
         if not any(mb.weight > 0 for mb in new_routes.default):
             newest = new_routes.pinned[remaining[-1]]
-            new_routes.default = [Member(mb.instance, mb.version, mb.url, 100 if k == 0 else 0) for k, mb in enumerate(newest)]
+            new_routes.default = [
+                Member(mb.instance, mb.version, mb.url, 100 if k == 0 else 0) for k, mb in enumerate(newest)
+            ]
         self.store.journal(rollout.id, phase="finishing", last_good=new_routes, event=f"retiring v{inst.model_version}")
         self.target.apply_routes(dep, new_routes, rollout=rollout.id, why=f"rollback: v{inst.model_version} retired")
         self.target.stop_instance(dep, inst, drain_timeout=opts.drain_timeout_s, why="rolled back")
         self.store.journal(rollout.id, status=DONE, phase="done", event=f"v{inst.model_version} retired")
         self.store.journal(last.id, status=ROLLED_BACK, message=f"rolled back by #{rollout.id}")
-        return {**self._summary(dep, self.store.rollout(rollout.id), "rolled-back"), "retired_version": inst.model_version}
+        return {
+            **self._summary(dep, self.store.rollout(rollout.id), "rolled-back"),
+            "retired_version": inst.model_version,
+        }
 
     # -- recovery -----------------------------------------------------------------------------
     def recover(self, dep: Deployment, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
@@ -351,8 +459,13 @@ class Deployer:
         r = self.store.open_rollout(dep.name)
         if r is None:
             return None
-        self.store.event(dep.name, "interrupted", f"rollout #{r.id} ({r.strategy}) was interrupted in phase "
-                         f"'{r.phase}' at step {r.step_index + 1}; recovering", r.id)
+        self.store.event(
+            dep.name,
+            "interrupted",
+            f"rollout #{r.id} ({r.strategy}) was interrupted in phase "
+            f"'{r.phase}' at step {r.step_index + 1}; recovering",
+            r.id,
+        )
         self.report(f"found interrupted rollout #{r.id} ({r.strategy}, phase {r.phase}, step {r.step_index + 1})")
         new = None
         if r.to_instance is None:
@@ -370,7 +483,12 @@ class Deployer:
                 self.store.journal(r.id, status=DONE, phase="done", event=f"rollout #{r.id} completed on recovery")
             return {"rollout": r.id, "recovered": "completed", "resumed": False}
         healthy = new is not None and self.target.instance_alive(new) and procs.health(new.url) == 200
-        if resume_package is not None and r.package == resume_package and new is not None and self.target.instance_alive(new):
+        if (
+            resume_package is not None
+            and r.package == resume_package
+            and new is not None
+            and self.target.instance_alive(new)
+        ):
             try:
                 self.target.wait_healthy(new, opts.health_timeout_s)
                 healthy = True
@@ -379,7 +497,9 @@ class Deployer:
             if healthy:
                 self.target.mark_serving(new)
                 self.report(f"resuming rollout #{r.id} at step {max(r.step_index, 0) + 1}")
-                self.store.event(dep.name, "resumed", f"rollout #{r.id} resumed at step {max(r.step_index, 0) + 1}", r.id)
+                self.store.event(
+                    dep.name, "resumed", f"rollout #{r.id} resumed at step {max(r.step_index, 0) + 1}", r.id
+                )
                 if r.strategy == VERSIONED:
                     out = self._publish_version(dep, self.store.rollout(r.id), opts)
                 else:
@@ -436,9 +556,20 @@ def _rss_gib(pid: int | None) -> float:
 
 
 def _rollout_dict(r: Rollout) -> dict:
-    return {"id": r.id, "strategy": r.strategy, "status": r.status, "phase": r.phase, "package": r.package,
-            "steps": r.steps, "step": r.step_index + 1, "from_instance": r.from_instance, "to_instance": r.to_instance,
-            "message": r.message, "started": r.started, "updated": r.updated}
+    return {
+        "id": r.id,
+        "strategy": r.strategy,
+        "status": r.status,
+        "phase": r.phase,
+        "package": r.package,
+        "steps": r.steps,
+        "step": r.step_index + 1,
+        "from_instance": r.from_instance,
+        "to_instance": r.to_instance,
+        "message": r.message,
+        "started": r.started,
+        "updated": r.updated,
+    }
 
 
 def status_of(store: StateStore, name: str, target: LocalTarget | None = None, events: int = 15) -> dict:
@@ -453,27 +584,48 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
     for inst in store.instances(name):
         alive = target.instance_alive(inst)
         last = (stats or {}).get("last_request", {}).get(str(inst.id)) or inst.last_request
-        instances.append({
-            "instance": inst.id, "version": inst.model_version, "status": inst.status, "strategy": inst.strategy,
-            "url": inst.url, "pid": inst.pid, "alive": alive,
-            "health": procs.health(inst.url, timeout=1.0) if alive else None,
-            "weight": weights.get(inst.id, 0), "routable_by_version": inst.id in pinned,
-            "inflight": int((stats or {}).get("inflight", {}).get(str(inst.id), 0)),
-            "last_request": last, "package": inst.package, "digest": inst.digest, "log": inst.log,
-        })
+        instances.append(
+            {
+                "instance": inst.id,
+                "version": inst.model_version,
+                "status": inst.status,
+                "strategy": inst.strategy,
+                "url": inst.url,
+                "pid": inst.pid,
+                "alive": alive,
+                "health": procs.health(inst.url, timeout=1.0) if alive else None,
+                "weight": weights.get(inst.id, 0),
+                "routable_by_version": inst.id in pinned,
+                "inflight": int((stats or {}).get("inflight", {}).get(str(inst.id), 0)),
+                "last_request": last,
+                "package": inst.package,
+                "digest": inst.digest,
+                "log": inst.log,
+            }
+        )
     open_r = store.open_rollout(name)
     return {
-        "deployment": name, "model_id": dep.model_id, "state_dir": str(store.root),
-        "gateway": {"url": dep.gateway_url, "pid": dep.gateway_pid, "alive": target.gateway_alive(dep),
-                    "generation_applied": (stats or {}).get("generation"), "log": str(store.log_file(name, "gateway"))},
+        "deployment": name,
+        "model_id": dep.model_id,
+        "state_dir": str(store.root),
+        "gateway": {
+            "url": dep.gateway_url,
+            "pid": dep.gateway_pid,
+            "alive": target.gateway_alive(dep),
+            "generation_applied": (stats or {}).get("generation"),
+            "log": str(store.log_file(name, "gateway")),
+        },
         "routes": {"generation": gen, **routes.to_dict()},
         "config": dep.config,
         "instances": instances,
-        "open_rollout": (_rollout_dict(open_r) | {"interrupted": True}) if open_r and not _lock_held(store, name) else
-                        (_rollout_dict(open_r) if open_r else None),
+        "open_rollout": (_rollout_dict(open_r) | {"interrupted": True})
+        if open_r and not _lock_held(store, name)
+        else (_rollout_dict(open_r) if open_r else None),
         "rollouts": [_rollout_dict(r) for r in store.rollouts(name, 10)],
-        "history": [{"ts": e["ts"], "kind": e["kind"], "rollout": e["rollout"], "message": e["message"]}
-                    for e in store.events(name, events)],
+        "history": [
+            {"ts": e["ts"], "kind": e["kind"], "rollout": e["rollout"], "message": e["message"]}
+            for e in store.events(name, events)
+        ],
     }
 
 

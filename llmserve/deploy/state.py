@@ -138,13 +138,19 @@ class Routes:
     pinned: dict[int, list[Member]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"model_id": self.model_id, "default": [m.to_dict() for m in self.default],
-                "pinned": {str(v): [m.to_dict() for m in ms] for v, ms in sorted(self.pinned.items())}}
+        return {
+            "model_id": self.model_id,
+            "default": [m.to_dict() for m in self.default],
+            "pinned": {str(v): [m.to_dict() for m in ms] for v, ms in sorted(self.pinned.items())},
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> "Routes":
-        return cls(data["model_id"], [Member(**m) for m in data.get("default", [])],
-                   {int(v): [Member(**m) for m in ms] for v, ms in data.get("pinned", {}).items()})
+        return cls(
+            data["model_id"],
+            [Member(**m) for m in data.get("default", [])],
+            {int(v): [Member(**m) for m in ms] for v, ms in data.get("pinned", {}).items()},
+        )
 
     def instances(self) -> set[int]:
         return {m.instance for m in self.default} | {m.instance for ms in self.pinned.values() for m in ms}
@@ -288,21 +294,30 @@ class StateStore:
     def create_deployment(self, name: str, model_id: str, host: str, port: int, config: dict) -> Deployment:
         now = time.time()
         with self.tx() as db:
-            db.execute("INSERT INTO deployments(name, model_id, gateway_host, gateway_port, config, created, updated) "
-                       "VALUES (?,?,?,?,?,?,?)", (name, model_id, host, port, json.dumps(config), now, now))
-            db.execute("INSERT INTO routes(deployment, generation, body, updated) VALUES (?,?,?,?)",
-                       (name, 0, json.dumps(Routes(model_id).to_dict()), now))
+            db.execute(
+                "INSERT INTO deployments(name, model_id, gateway_host, gateway_port, config, created, updated) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (name, model_id, host, port, json.dumps(config), now, now),
+            )
+            db.execute(
+                "INSERT INTO routes(deployment, generation, body, updated) VALUES (?,?,?,?)",
+                (name, 0, json.dumps(Routes(model_id).to_dict()), now),
+            )
             self._event(db, name, None, "created", f"deployment '{name}' for model '{model_id}', gateway {host}:{port}")
         return self.require(name)
 
     def update_deployment_config(self, name: str, config: dict) -> None:
         with self.tx() as db:
-            db.execute("UPDATE deployments SET config=?, updated=? WHERE name=?", (json.dumps(config), time.time(), name))
+            db.execute(
+                "UPDATE deployments SET config=?, updated=? WHERE name=?", (json.dumps(config), time.time(), name)
+            )
 
     def set_gateway_process(self, name: str, pid: int | None, start: str | None) -> None:
         with self.tx() as db:
-            db.execute("UPDATE deployments SET gateway_pid=?, gateway_start=?, updated=? WHERE name=?",
-                       (pid, start, time.time(), name))
+            db.execute(
+                "UPDATE deployments SET gateway_pid=?, gateway_start=?, updated=? WHERE name=?",
+                (pid, start, time.time(), name),
+            )
 
     def delete_deployment(self, name: str) -> None:
         with self.tx() as db:
@@ -311,13 +326,15 @@ class StateStore:
             self._event(db, name, None, "removed", f"deployment '{name}' torn down")
 
     # -- instances -----------------------------------------------------------------------------
-    def add_instance(self, deployment: str, version: int, package: str, digest: str | None, interface: dict,
-                     strategy: str, port: int) -> Instance:
+    def add_instance(
+        self, deployment: str, version: int, package: str, digest: str | None, interface: dict, strategy: str, port: int
+    ) -> Instance:
         with self.tx() as db:
             cur = db.execute(
                 "INSERT INTO instances(deployment, model_version, package, digest, interface, strategy, port, status, created) "
                 "VALUES (?,?,?,?,?,?,?,?,?)",
-                (deployment, version, package, digest, json.dumps(interface), strategy, port, STARTING, time.time()))
+                (deployment, version, package, digest, json.dumps(interface), strategy, port, STARTING, time.time()),
+            )
             iid = cur.lastrowid
             log = str(self.log_file(deployment, f"i{iid}-v{version}"))
             db.execute("UPDATE instances SET log=? WHERE id=?", (log, iid))
@@ -331,8 +348,10 @@ class StateStore:
             rows = self.db.execute("SELECT * FROM instances WHERE deployment=? ORDER BY id", (deployment,))
         else:
             marks = ",".join("?" * len(statuses))
-            rows = self.db.execute(f"SELECT * FROM instances WHERE deployment=? AND status IN ({marks}) ORDER BY id",
-                                   (deployment, *statuses))
+            rows = self.db.execute(
+                f"SELECT * FROM instances WHERE deployment=? AND status IN ({marks}) ORDER BY id",
+                (deployment, *statuses),
+            )
         return [_row_instance(r) for r in rows]
 
     def set_instance_process(self, iid: int, pid: int, start: str | None) -> None:
@@ -343,7 +362,9 @@ class StateStore:
         now = time.time()
         with self.tx() as db:
             if status == SERVING:
-                db.execute("UPDATE instances SET status=?, ready_at=COALESCE(ready_at, ?) WHERE id=?", (status, now, iid))
+                db.execute(
+                    "UPDATE instances SET status=?, ready_at=COALESCE(ready_at, ?) WHERE id=?", (status, now, iid)
+                )
             elif status in (STOPPED, FAILED):
                 db.execute("UPDATE instances SET status=?, stopped_at=? WHERE id=?", (status, now, iid))
             else:
@@ -369,23 +390,50 @@ class StateStore:
     def set_routes(self, deployment: str, routes: Routes, *, rollout: int | None = None, why: str = "") -> int:
         with self.tx() as db:
             gen = db.execute("SELECT generation FROM routes WHERE deployment=?", (deployment,)).fetchone()[0] + 1
-            db.execute("UPDATE routes SET generation=?, body=?, updated=? WHERE deployment=?",
-                       (gen, json.dumps(routes.to_dict()), time.time(), deployment))
+            db.execute(
+                "UPDATE routes SET generation=?, body=?, updated=? WHERE deployment=?",
+                (gen, json.dumps(routes.to_dict()), time.time(), deployment),
+            )
             weights = ", ".join(f"v{m.version}#{m.instance}={m.weight}%" for m in routes.default) or "none"
-            self._event(db, deployment, rollout, "routes", f"generation {gen}: default {weights}; "
-                        f"pinned versions {sorted(routes.pinned) or 'none'}" + (f" ({why})" if why else ""))
+            self._event(
+                db,
+                deployment,
+                rollout,
+                "routes",
+                f"generation {gen}: default {weights}; "
+                f"pinned versions {sorted(routes.pinned) or 'none'}" + (f" ({why})" if why else ""),
+            )
         return gen
 
     # -- rollouts (the journal) ----------------------------------------------------------------
-    def begin_rollout(self, deployment: str, strategy: str, package: str, from_instance: int | None,
-                      steps: list[int], last_good: Routes) -> Rollout:
+    def begin_rollout(
+        self,
+        deployment: str,
+        strategy: str,
+        package: str,
+        from_instance: int | None,
+        steps: list[int],
+        last_good: Routes,
+    ) -> Rollout:
         now = time.time()
         with self.tx() as db:
             cur = db.execute(
                 "INSERT INTO rollouts(deployment, strategy, from_instance, package, steps, phase, status, last_good, "
                 "cli_pid, started, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (deployment, strategy, from_instance, package, json.dumps(steps), "starting", RUNNING,
-                 json.dumps(last_good.to_dict()), os.getpid(), now, now))
+                (
+                    deployment,
+                    strategy,
+                    from_instance,
+                    package,
+                    json.dumps(steps),
+                    "starting",
+                    RUNNING,
+                    json.dumps(last_good.to_dict()),
+                    os.getpid(),
+                    now,
+                    now,
+                ),
+            )
             rid = cur.lastrowid
             self._event(db, deployment, rid, "rollout-begin", f"{strategy} rollout #{rid} of {package}")
         return self.rollout(rid)
@@ -394,20 +442,37 @@ class StateStore:
         return _row_rollout(self.db.execute("SELECT * FROM rollouts WHERE id=?", (rid,)).fetchone())
 
     def open_rollout(self, deployment: str) -> Rollout | None:
-        row = self.db.execute("SELECT * FROM rollouts WHERE deployment=? AND status=? ORDER BY id DESC LIMIT 1",
-                              (deployment, RUNNING)).fetchone()
+        row = self.db.execute(
+            "SELECT * FROM rollouts WHERE deployment=? AND status=? ORDER BY id DESC LIMIT 1", (deployment, RUNNING)
+        ).fetchone()
         return _row_rollout(row) if row else None
 
     def rollouts(self, deployment: str, limit: int = 20) -> list[Rollout]:
-        rows = self.db.execute("SELECT * FROM rollouts WHERE deployment=? ORDER BY id DESC LIMIT ?", (deployment, limit))
+        rows = self.db.execute(
+            "SELECT * FROM rollouts WHERE deployment=? ORDER BY id DESC LIMIT ?", (deployment, limit)
+        )
         return [_row_rollout(r) for r in rows]
 
-    def journal(self, rid: int, *, phase: str | None = None, step_index: int | None = None,
-                to_instance: int | None = None, last_good: Routes | None = None, status: str | None = None,
-                message: str | None = None, event: str | None = None) -> None:
+    def journal(
+        self,
+        rid: int,
+        *,
+        phase: str | None = None,
+        step_index: int | None = None,
+        to_instance: int | None = None,
+        last_good: Routes | None = None,
+        status: str | None = None,
+        message: str | None = None,
+        event: str | None = None,
+    ) -> None:
         sets, args = ["updated=?", "cli_pid=?"], [time.time(), os.getpid()]
-        for col, val in (("phase", phase), ("step_index", step_index), ("to_instance", to_instance),
-                         ("status", status), ("message", message)):
+        for col, val in (
+            ("phase", phase),
+            ("step_index", step_index),
+            ("to_instance", to_instance),
+            ("status", status),
+            ("message", message),
+        ):
             if val is not None:
                 sets.append(f"{col}=?")
                 args.append(val)
@@ -422,8 +487,10 @@ class StateStore:
 
     # -- history -------------------------------------------------------------------------------
     def _event(self, db: sqlite3.Connection, deployment: str, rollout: int | None, kind: str, message: str) -> None:
-        db.execute("INSERT INTO events(ts, deployment, rollout, kind, message) VALUES (?,?,?,?,?)",
-                   (time.time(), deployment, rollout, kind, message))
+        db.execute(
+            "INSERT INTO events(ts, deployment, rollout, kind, message) VALUES (?,?,?,?,?)",
+            (time.time(), deployment, rollout, kind, message),
+        )
 
     def event(self, deployment: str, kind: str, message: str, rollout: int | None = None) -> None:
         with self.tx() as db:
@@ -468,8 +535,9 @@ class DeploymentLock:
 
     def __enter__(self) -> "DeploymentLock":
         if not self.acquire(self.wait_s):
-            raise DeploymentBusyError(f"deployment '{self.name}' is being changed by another command "
-                                      f"(waited {self.wait_s:g} s for its lock)")
+            raise DeploymentBusyError(
+                f"deployment '{self.name}' is being changed by another command (waited {self.wait_s:g} s for its lock)"
+            )
         return self
 
     def __exit__(self, *exc) -> None:

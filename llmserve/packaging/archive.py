@@ -116,7 +116,9 @@ def validate_member_name(name: str) -> str:
     return name
 
 
-def write_archive(dest: Path, members: dict[str, Source], *, progress: Callable[[int], None] | None = None) -> PackageIndex:
+def write_archive(
+    dest: Path, members: dict[str, Source], *, progress: Callable[[int], None] | None = None
+) -> PackageIndex:
     """Write members (archive path -> file path or bytes) as a reproducible .llmpkg at dest.
 
     The archive is written to a temporary file beside dest and renamed into place, so a failure
@@ -177,8 +179,10 @@ def _parse_index(raw: bytes, source: str, limits: ArchiveLimits) -> PackageIndex
     try:
         body = json.loads(raw)
         if body.get("format") != FORMAT_VERSION:
-            raise IntegrityError(f"{source}: unsupported package format {body.get('format')!r}",
-                                 hint="Upgrade llmserve, or rebuild the package with this version.")
+            raise IntegrityError(
+                f"{source}: unsupported package format {body.get('format')!r}",
+                hint="Upgrade llmserve, or rebuild the package with this version.",
+            )
         files = {}
         for name, meta in body["files"].items():
             validate_member_name(name)
@@ -186,7 +190,9 @@ def _parse_index(raw: bytes, source: str, limits: ArchiveLimits) -> PackageIndex
             if not isinstance(size, int) or size < 0 or not isinstance(digest, str) or len(digest) != 64:
                 raise IntegrityError(f"{source}: malformed digest entry for '{name}'")
             if size > limits.max_file_bytes:
-                raise UnsafeArchiveError(f"{source}: '{name}' declares {size} bytes, over the {limits.max_file_bytes}-byte limit")
+                raise UnsafeArchiveError(
+                    f"{source}: '{name}' declares {size} bytes, over the {limits.max_file_bytes}-byte limit"
+                )
             files[name] = FileEntry(name, size, digest)
     except (ValueError, KeyError, AttributeError, TypeError) as exc:
         raise IntegrityError(f"{source}: the digest index is malformed ({exc})") from exc
@@ -194,7 +200,9 @@ def _parse_index(raw: bytes, source: str, limits: ArchiveLimits) -> PackageIndex
         raise UnsafeArchiveError(f"{source}: {len(files)} files, over the limit of {limits.max_files}")
     index = PackageIndex(files)
     if index.total_size > limits.max_total_bytes:
-        raise UnsafeArchiveError(f"{source}: {index.total_size} bytes in all, over the {limits.max_total_bytes}-byte limit")
+        raise UnsafeArchiveError(
+            f"{source}: {index.total_size} bytes in all, over the {limits.max_total_bytes}-byte limit"
+        )
     return index
 
 
@@ -325,8 +333,14 @@ def read_member(path: Path, name: str, *, limits: ArchiveLimits = ArchiveLimits(
     raise IntegrityError(f"{path}: no member '{name}' in the package")
 
 
-def unpack(path: Path, dest: Path, *, limits: ArchiveLimits = ArchiveLimits(),
-           progress: Callable[[int], None] | None = None, replace: bool = False) -> PackageIndex:
+def unpack(
+    path: Path,
+    dest: Path,
+    *,
+    limits: ArchiveLimits = ArchiveLimits(),
+    progress: Callable[[int], None] | None = None,
+    replace: bool = False,
+) -> PackageIndex:
     """Unpack a package into dest, verifying everything before dest appears.
 
     Files go to a temporary sibling folder; only when every member has been checked is it renamed

@@ -67,7 +67,9 @@ def _tree(root: Path) -> list[tuple[str, Path]]:
                 continue
             if not p.is_file():
                 if p.is_symlink():
-                    raise InvalidInputError(f"{p}: dangling symbolic link", hint="Fix or remove the link, then package again.")
+                    raise InvalidInputError(
+                        f"{p}: dangling symbolic link", hint="Fix or remove the link, then package again."
+                    )
                 continue  # sockets, FIFOs: not content
             out.append((p.relative_to(root).as_posix(), p))
     return sorted(out)
@@ -174,8 +176,14 @@ def collect_members(src: Path, manifest: Manifest) -> dict[str, Source]:
     return members
 
 
-def build_package(src: Path, out: Path | None = None, *, progress: Callable[[int], None] | None = None,
-                  on_total: Callable[[int], None] | None = None, lock: Path | None = None) -> BuildResult:
+def build_package(
+    src: Path,
+    out: Path | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
+    lock: Path | None = None,
+) -> BuildResult:
     """Validate SRC/llmserve.yaml and write the package; `out` is a file path or a folder.
     `lock` (default: SRC/llmserve.lock when present) is read so that an engine-version override is
     refused with the versions the lock pins."""

@@ -66,8 +66,9 @@ def _unpacked_digest(root: Path) -> str | None:
     return PackageIndex(files).digest
 
 
-def open_package(path: Path, *, cache: Path | None = None,
-                 progress: Callable[[int], None] | None = None) -> OpenedPackage:
+def open_package(
+    path: Path, *, cache: Path | None = None, progress: Callable[[int], None] | None = None
+) -> OpenedPackage:
     """Return a ready-to-use view of the package at path (archive, unpacked package or source folder)."""
     path = Path(path)
     if path.is_dir():

@@ -46,11 +46,12 @@ def given_keys(values: dict[str, Any]) -> list[str]:
 def shape_problem(key: str, value: Any) -> str | None:
     """A value of the wrong JSON type for its key, or None."""
     if key == "constraint" and not isinstance(value, (dict, str)):
-        return "key 'constraint' must be an object (or the object as a JSON string), e.g. {\"regex\": \"[0-9]+\"}"
+        return 'key \'constraint\' must be an object (or the object as a JSON string), e.g. {"regex": "[0-9]+"}'
     if key == "constraint_regex" and not isinstance(value, str):
         return "key 'constraint_regex' must be a string"
-    if key == "constraint_choice" and (not isinstance(value, list) or not value
-                                       or not all(isinstance(c, str) for c in value)):
+    if key == "constraint_choice" and (
+        not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value)
+    ):
         return "key 'constraint_choice' must be a non-empty array of strings"
     if key == "constraint_json_schema" and not isinstance(value, (dict, str)):
         return "key 'constraint_json_schema' must be a JSON Schema object (or the schema as a JSON string)"

@@ -64,8 +64,10 @@ def merged_engine_args(manifest_engine: dict[str, Any], overrides: dict[str, Any
     added = {k: overrides.pop(k) for k in ADDITIVE_ENGINE_ARGS if k in overrides}
     bad = sorted(set(overrides) - set(OVERRIDABLE_ENGINE_ARGS))
     if bad:
-        raise EngineArgsError(f"engine setting(s) {', '.join(bad)} cannot be overridden at serve time; "
-                              f"overridable: {', '.join(OVERRIDABLE_ENGINE_ARGS)}")
+        raise EngineArgsError(
+            f"engine setting(s) {', '.join(bad)} cannot be overridden at serve time; "
+            f"overridable: {', '.join(OVERRIDABLE_ENGINE_ARGS)}"
+        )
     args = {**ENGINE_DEFAULTS, **manifest_engine, **overrides}
     for key, extra in added.items():  # appended to the package's own list, never replacing it
         own = list(args.get(key) or [])
@@ -82,8 +84,14 @@ def _vllm_namespace(package: OpenedPackage, model_name: str, engine_args: dict[s
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser())
-    argv = ["--model", str(package.weights_dir), "--served-model-name", model_name,
-            "--structured-outputs-config", json.dumps(engine_args["structured_outputs_config"])]
+    argv = [
+        "--model",
+        str(package.weights_dir),
+        "--served-model-name",
+        model_name,
+        "--structured-outputs-config",
+        json.dumps(engine_args["structured_outputs_config"]),
+    ]
     ns = parser.parse_args(argv)
     known = {f for f in AsyncEngineArgs.__dataclass_fields__}
     unknown = sorted(k for k in engine_args if k not in known)
@@ -101,8 +109,10 @@ def _processor_plugin_installed() -> bool:
     (a package plugin): vLLM loads it from there, so it must not be given a second time."""
     from importlib import metadata
 
-    return any(ep.value.replace(" ", "") == CONSTRAINT_PROCESSOR
-               for ep in metadata.entry_points(group="vllm.logits_processors"))
+    return any(
+        ep.value.replace(" ", "") == CONSTRAINT_PROCESSOR
+        for ep in metadata.entry_points(group="vllm.logits_processors")
+    )
 
 
 def _settle_constraint_processor(eargs) -> None:
@@ -136,8 +146,9 @@ def _settle_constraint_processor(eargs) -> None:
 
     problems = check_engine_env()
     if problems:
-        raise EngineArgsError("; ".join(problems),
-                              hint="Unset VLLM_USE_V2_MODEL_RUNNER, or serve with --no-constraints.")
+        raise EngineArgsError(
+            "; ".join(problems), hint="Unset VLLM_USE_V2_MODEL_RUNNER, or serve with --no-constraints."
+        )
 
 
 def constraint_status(engine) -> tuple[bool, str]:
@@ -190,14 +201,26 @@ async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any
     constraints, why_not = constraint_status(engine)
     set_constraint_support(constraints, why_not)
     if constraints:
-        log.info("startup: engine      constraint processor loaded (%s): requests may carry "
-                 "constraint keys (OpenAI vllm_xargs, KServe sampling_parameters)", CONSTRAINT_PROCESSOR)
+        log.info(
+            "startup: engine      constraint processor loaded (%s): requests may carry "
+            "constraint keys (OpenAI vllm_xargs, KServe sampling_parameters)",
+            CONSTRAINT_PROCESSOR,
+        )
     else:
-        log.info("startup: engine      constraint processor not loaded: %s; a request carrying a "
-                 "constraint gets HTTP 400 / INVALID_ARGUMENT", why_not)
-    return EngineHandle(engine=engine, state=state, model_name=model_name, supported_tasks=tasks,
-                        max_model_len=engine.model_config.max_model_len, engine_args=engine_args,
-                        constraints=constraints)
+        log.info(
+            "startup: engine      constraint processor not loaded: %s; a request carrying a "
+            "constraint gets HTTP 400 / INVALID_ARGUMENT",
+            why_not,
+        )
+    return EngineHandle(
+        engine=engine,
+        state=state,
+        model_name=model_name,
+        supported_tasks=tasks,
+        max_model_len=engine.model_config.max_model_len,
+        engine_args=engine_args,
+        constraints=constraints,
+    )
 
 
 async def start_engine(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]) -> EngineHandle:

@@ -38,8 +38,10 @@ CACHE_VARS = {
 def prepare_engine_environment(kv_cache_gib: float | None) -> dict[str, str]:
     """Set the environment the engine reads at import time; return what was set (for the log)."""
     if "vllm" in sys.modules:
-        raise StartupError("vLLM was imported before the serving environment was prepared",
-                           hint="This is a bug in the caller: call prepare_engine_environment first.")
+        raise StartupError(
+            "vLLM was imported before the serving environment was prepared",
+            hint="This is a bug in the caller: call prepare_engine_environment first.",
+        )
     applied: dict[str, str] = {}
     for key, value in {**CPU_DEFAULTS, **RUNNER_DEFAULTS}.items():
         if key not in os.environ:
@@ -61,8 +63,10 @@ def prepare_metrics_dir(requested: Path | None, port: int) -> Path:
     Only prometheus_client's own files are removed, never anything else in the folder.
     """
     if "prometheus_client" in sys.modules and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        raise StartupError("prometheus_client was imported before its multiprocess folder was set",
-                           hint="This is a bug in the caller: call prepare_metrics_dir first.")
+        raise StartupError(
+            "prometheus_client was imported before its multiprocess folder was set",
+            hint="This is a bug in the caller: call prepare_metrics_dir first.",
+        )
     if requested is not None:
         folder = Path(requested)
     elif os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -16,7 +16,9 @@ class PluginInstallError(IncompatibleError):
     """A package plugin could not be registered or would not be honoured by the engine."""
 
     code = "serve-plugin"
-    default_hint = "Fix the plugin's `source`/`entryPoint` in llmserve.yaml, rebuild with `llmserve package`, and serve again."
+    default_hint = (
+        "Fix the plugin's `source`/`entryPoint` in llmserve.yaml, rebuild with `llmserve package`, and serve again."
+    )
 
 
 class EngineArgsError(InvalidInputError):

@@ -24,9 +24,17 @@ class BodyTooLarge(Exception):
 
 async def _send_json(send: Callable, status: int, body: dict, headers: list | None = None) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -62,9 +70,17 @@ class Guards:
         if self._key is not None and scope.get("path") not in OPEN_PATHS:
             presented = _presented_key(headers)
             if presented is None or not hmac.compare_digest(presented, self._key):
-                await _send_json(send, 401, _guard_error(scope.get("path", ""), 401, "missing or invalid API key: send "
-                                                         "'Authorization: Bearer <key>'", "invalid_api_key"),
-                                 [(b"www-authenticate", b"Bearer")])
+                await _send_json(
+                    send,
+                    401,
+                    _guard_error(
+                        scope.get("path", ""),
+                        401,
+                        "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                        "invalid_api_key",
+                    ),
+                    [(b"www-authenticate", b"Bearer")],
+                )
                 return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -95,5 +111,13 @@ class Guards:
                 await self._too_large(send, scope.get("path", ""))
 
     async def _too_large(self, send: Callable, path: str) -> None:
-        await _send_json(send, 413, _guard_error(path, 413, f"the request body exceeds this server's limit of "
-                                                 f"{self.max_body_bytes} bytes (--max-body-bytes)", "request_too_large"))
+        await _send_json(
+            send,
+            413,
+            _guard_error(
+                path,
+                413,
+                f"the request body exceeds this server's limit of {self.max_body_bytes} bytes (--max-body-bytes)",
+                "request_too_large",
+            ),
+        )

@@ -49,11 +49,19 @@ class UvicornFrontend(abc.ABC):
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            raise StartupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
-                               hint=f"Choose another {self.port_flag}, or stop the process that holds this one.") from exc
+            raise StartupError(
+                f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
+                hint=f"Choose another {self.port_flag}, or stop the process that holds this one.",
+            ) from exc
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=5, timeout_graceful_shutdown=None)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=None,
+        )
 
         class Server(uvicorn.Server):
             @contextlib.contextmanager

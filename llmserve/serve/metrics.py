@@ -14,14 +14,23 @@ class ServerMetrics:
     def __init__(self) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self.requests = Counter("llmserve_requests",
-                                "Requests answered, by endpoint and status (HTTP status, or gRPC status code name)",
-                                ["endpoint", "status"])
-        self.latency = Histogram("llmserve_request_seconds", "Time to answer (to first byte for streams), by endpoint",
-                                 ["endpoint"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-        self.startup = Gauge("llmserve_startup_step_seconds", "Duration of each startup step", ["step"],
-                             multiprocess_mode="mostrecent")
-        self.ready = Gauge("llmserve_ready", "1 when the server accepts inference requests", multiprocess_mode="mostrecent")
+        self.requests = Counter(
+            "llmserve_requests",
+            "Requests answered, by endpoint and status (HTTP status, or gRPC status code name)",
+            ["endpoint", "status"],
+        )
+        self.latency = Histogram(
+            "llmserve_request_seconds",
+            "Time to answer (to first byte for streams), by endpoint",
+            ["endpoint"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.startup = Gauge(
+            "llmserve_startup_step_seconds", "Duration of each startup step", ["step"], multiprocess_mode="mostrecent"
+        )
+        self.ready = Gauge(
+            "llmserve_ready", "1 when the server accepts inference requests", multiprocess_mode="mostrecent"
+        )
 
     def observe(self, endpoint: str, status: int | str, seconds: float) -> None:
         """One answered request: status is the HTTP status (200, 400, ...) or the gRPC code name (OK, ...)."""

@@ -97,7 +97,9 @@ def load_check(installed: list[InstalledPlugin]) -> None:
         try:
             obj = ep.load()
         except Exception as exc:  # noqa: BLE001 - any import error is the plugin's
-            raise PluginInstallError(f"plugin '{plugin.name}': cannot load {plugin.entry_point}: {type(exc).__name__}: {exc}") from exc
+            raise PluginInstallError(
+                f"plugin '{plugin.name}': cannot load {plugin.entry_point}: {type(exc).__name__}: {exc}"
+            ) from exc
         if plugin.group == "vllm.general_plugins" and not callable(obj):
             raise PluginInstallError(f"plugin '{plugin.name}': {plugin.entry_point} is not callable")
         if plugin.group == "vllm.logits_processors":
@@ -105,4 +107,5 @@ def load_check(installed: list[InstalledPlugin]) -> None:
 
             if not (isinstance(obj, type) and issubclass(obj, LogitsProcessor)):
                 raise PluginInstallError(
-                    f"plugin '{plugin.name}': {plugin.entry_point} is not a vLLM V1 LogitsProcessor subclass")
+                    f"plugin '{plugin.name}': {plugin.entry_point} is not a vLLM V1 LogitsProcessor subclass"
+                )

@@ -27,6 +27,7 @@ from llmserve.serve.options import ServeOptions
 
 log = logging.getLogger("llmserve.serve")
 
+
 def frontend_factories() -> dict[str, Callable]:
     """Frontends this build contains, by name: factory(options, metrics, package) -> Frontend."""
     from llmserve.serve.kserve import KServeGrpcFrontend, KServeHttpFrontend
@@ -34,18 +35,35 @@ def frontend_factories() -> dict[str, Callable]:
 
     def openai(options: ServeOptions, metrics, package) -> OpenAIFrontend:
         # The KServe v2 HTTP routes share the OpenAI app's port.
-        return OpenAIFrontend(options.host, options.port, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                              max_prompt_chars=options.max_prompt_chars, metrics=metrics,
-                              kserve_model_version=package.manifest.modelVersion)
+        return OpenAIFrontend(
+            options.host,
+            options.port,
+            api_key=options.api_key,
+            max_body_bytes=options.max_body_bytes,
+            max_prompt_chars=options.max_prompt_chars,
+            metrics=metrics,
+            kserve_model_version=package.manifest.modelVersion,
+        )
 
     def kserve_http(options: ServeOptions, metrics, package) -> KServeHttpFrontend:
-        return KServeHttpFrontend(options.host, options.port, model_version=package.manifest.modelVersion,
-                                  api_key=options.api_key, max_body_bytes=options.max_body_bytes, metrics=metrics)
+        return KServeHttpFrontend(
+            options.host,
+            options.port,
+            model_version=package.manifest.modelVersion,
+            api_key=options.api_key,
+            max_body_bytes=options.max_body_bytes,
+            metrics=metrics,
+        )
 
     def kserve_grpc(options: ServeOptions, metrics, package) -> KServeGrpcFrontend:
-        return KServeGrpcFrontend(options.host, options.grpc_port, model_version=package.manifest.modelVersion,
-                                  api_key=options.api_key, max_message_bytes=options.max_body_bytes,
-                                  metrics=metrics)
+        return KServeGrpcFrontend(
+            options.host,
+            options.grpc_port,
+            model_version=package.manifest.modelVersion,
+            api_key=options.api_key,
+            max_message_bytes=options.max_body_bytes,
+            metrics=metrics,
+        )
 
     return {"openai": openai, "kserve-http": kserve_http, "kserve-grpc": kserve_grpc}
 
@@ -90,8 +108,13 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             from llmserve.packaging.local import cache_root, open_package
 
             package = open_package(Path(options.package))
-            log.info("startup: package     %s v%s (%s)%s", package.manifest.modelId, package.manifest.modelVersion,
-                     package.root, " from cache" if package.from_cache else "")
+            log.info(
+                "startup: package     %s v%s (%s)%s",
+                package.manifest.modelId,
+                package.manifest.modelVersion,
+                package.root,
+                " from cache" if package.from_cache else "",
+            )
         with steps.step("plugins", f"{len(package.manifest.plugins)} vLLM plugin(s)"):
             from llmserve.serve.plugins import install_plugins
 

@@ -158,9 +158,11 @@ def parse_lock(text: str, source: str = LOCK_NAME) -> Lock:
     try:
         return Lock.model_validate(data)
     except ValidationError as exc:
-        problems = [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: "
-                    f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}"
-                    for e in exc.errors()]
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: "
+            f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
         raise LockFileError(f"{source}: " + "\n".join(problems)) from exc
 
 

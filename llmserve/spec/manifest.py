@@ -24,12 +24,28 @@ SCHEMA_VERSION = "llmserve/v1"
 # Keys a model developer might use to choose the engine version. Each is refused with an explanation
 # rather than reported as merely "unknown".
 _VERSION_OVERRIDE_KEYS = {
-    "engineVersion", "engine_version", "vllmVersion", "vllm_version", "vllm", "tritonVersion",
-    "triton_version", "torchVersion", "torch_version", "image", "baseImage",
+    "engineVersion",
+    "engine_version",
+    "vllmVersion",
+    "vllm_version",
+    "vllm",
+    "tritonVersion",
+    "triton_version",
+    "torchVersion",
+    "torch_version",
+    "image",
+    "baseImage",
 }
 # Engine arguments the packager owns: they point at the packaged weights.
-_PACKAGER_OWNED_ENGINE_ARGS = {"model", "tokenizer", "served_model_name", "download_dir", "revision",
-                               "tokenizer_revision", "code_revision"}
+_PACKAGER_OWNED_ENGINE_ARGS = {
+    "model",
+    "tokenizer",
+    "served_model_name",
+    "download_dir",
+    "revision",
+    "tokenizer_revision",
+    "code_revision",
+}
 
 
 _MODEL_ID_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -168,7 +184,9 @@ def _refuse_version_overrides(data: dict, line_of, source: str) -> None:
 def parse_manifest(text: str, source: str = MANIFEST_NAME) -> Manifest:
     data, located = load_yaml_located(text, source)
     if not isinstance(data, dict):
-        raise ManifestError(f"{source}: the manifest must be a YAML mapping of keys (modelId, modelVersion, backend, ...)")
+        raise ManifestError(
+            f"{source}: the manifest must be a YAML mapping of keys (modelId, modelVersion, backend, ...)"
+        )
     _refuse_version_overrides(data, located.line_of, source)
     _check_engine_keys(data, located.line_of, source)
     try:

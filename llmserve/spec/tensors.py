@@ -14,16 +14,38 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from llmserve.errors import Detail, SpecMismatchError
 
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BF16", "BYTES",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
 ]
 
 # KServe v2 datatype -> Triton model-config data_type.
 TRITON_DATA_TYPE: dict[str, str] = {
-    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64", "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64",
-    "BF16": "TYPE_BF16", "BYTES": "TYPE_STRING",
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BF16": "TYPE_BF16",
+    "BYTES": "TYPE_STRING",
 }
 
 
@@ -143,9 +165,11 @@ def check_against_contract(model: IOSpec, frontend: str, source: str) -> None:
                 "Change python.tensors in llmserve.yaml (and model.py) to match the frontend column, "
                 "or set python.frontend: none if only raw KServe v2 clients call this model."
             ),
-            details=[Detail(
-                title=f"frontend '{frontend}' vs model",
-                columns=["tensor", "frontend", "model", "verdict"],
-                rows=[list(r) for r in rows],
-            )],
+            details=[
+                Detail(
+                    title=f"frontend '{frontend}' vs model",
+                    columns=["tensor", "frontend", "model", "verdict"],
+                    rows=[list(r) for r in rows],
+                )
+            ],
         )

@@ -24,18 +24,29 @@ def wheel_cache() -> Path:
 
 def run_cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "COLUMNS": "250", **(env or {})}
-    return subprocess.run([LLMSERVE, *map(str, args)], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [LLMSERVE, *map(str, args)], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300
+    )
 
 
 def check_golden(name: str, text: str) -> None:
     path = GOLDEN / name
     if os.environ.get("LLMSERVE_UPDATE_GOLDEN") == "1":
         path.write_text(text, encoding="utf-8")
-    assert path.read_text(encoding="utf-8") == text, f"{name} differs from the golden file (LLMSERVE_UPDATE_GOLDEN=1 to accept)"
+    assert path.read_text(encoding="utf-8") == text, (
+        f"{name} differs from the golden file (LLMSERVE_UPDATE_GOLDEN=1 to accept)"
+    )
 
 
-def write_source(root: Path, *, plugins: dict[str, dict[str, str]] | None = None, group: str = "vllm.logits_processors",
-                 entry: str = "proc_plugin.processor:Proc", extra: str = "", backend: str = "vllm") -> Path:
+def write_source(
+    root: Path,
+    *,
+    plugins: dict[str, dict[str, str]] | None = None,
+    group: str = "vllm.logits_processors",
+    entry: str = "proc_plugin.processor:Proc",
+    extra: str = "",
+    backend: str = "vllm",
+) -> Path:
     """A package source folder (fake weights: check-compat never reads them) with plugin code."""
     (root / "model").mkdir(parents=True, exist_ok=True)
     (root / "model" / "config.json").write_text("{}")
@@ -48,6 +59,8 @@ def write_source(root: Path, *, plugins: dict[str, dict[str, str]] | None = None
             p.write_text(textwrap.dedent(body))
     if plugins:
         text += "plugins:\n" + "".join(
-            f"  - name: {name}\n    source: plugins/{name}\n    entryPoint: {entry}\n    group: {group}\n" for name in plugins)
+            f"  - name: {name}\n    source: plugins/{name}\n    entryPoint: {entry}\n    group: {group}\n"
+            for name in plugins
+        )
     (root / "llmserve.yaml").write_text(text + extra)
     return root

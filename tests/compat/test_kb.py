@@ -8,8 +8,15 @@ from llmserve.compat.errors import UnknownTargetError
 from llmserve.compat.kb import load_knowledge_base, parse_knowledge_base, resolve_target
 from llmserve.errors import ExitCode, InvalidInputError
 
-PINNED = {"25.08": "0.9.2", "25.09": "0.10.1.1", "25.10": "0.10.2", "25.11": "0.11.0", "25.12": "0.11.1",
-          "26.01": "0.13.0", "26.02": "0.15.1"}
+PINNED = {
+    "25.08": "0.9.2",
+    "25.09": "0.10.1.1",
+    "25.10": "0.10.2",
+    "25.11": "0.11.0",
+    "25.12": "0.11.1",
+    "26.01": "0.13.0",
+    "26.02": "0.15.1",
+}
 
 
 @pytest.mark.parametrize("release,vllm", sorted(PINNED.items()))

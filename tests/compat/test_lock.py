@@ -23,8 +23,17 @@ def test_golden_triton_25_09(tmp_path):
 
 
 def test_golden_local_cpu_and_export(tmp_path):
-    r = run_cli("lock", "--target", "local-cpu", "--requirements", DATA / "small-stack.txt", "-o", "json",
-                cwd=tmp_path, env=EPOCH)
+    r = run_cli(
+        "lock",
+        "--target",
+        "local-cpu",
+        "--requirements",
+        DATA / "small-stack.txt",
+        "-o",
+        "json",
+        cwd=tmp_path,
+        env=EPOCH,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["action"] == "created"
     text = (tmp_path / "llmserve.lock").read_text()
@@ -93,13 +102,16 @@ def test_local_cpu_refuses_a_set_without_the_pinned_engine(tmp_path):
     assert r.returncode == 3 and "not an exact pin" in r.stderr
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda t: t + "\n  broken: [\n", "not valid YAML"),
-    (lambda t: t.replace("lockVersion: 1", "lockVersion: 7"), "lockVersion 7"),
-    (lambda t: t.replace("target:\n", "target:\n  colour: blue\n"), "unknown key"),
-    (lambda t: t.replace("- numpy==2.3.5", "- numpy==2.4.0"), "digest does not match"),
-    (lambda t: "- just a list\n", "YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda t: t + "\n  broken: [\n", "not valid YAML"),
+        (lambda t: t.replace("lockVersion: 1", "lockVersion: 7"), "lockVersion 7"),
+        (lambda t: t.replace("target:\n", "target:\n  colour: blue\n"), "unknown key"),
+        (lambda t: t.replace("- numpy==2.3.5", "- numpy==2.4.0"), "digest does not match"),
+        (lambda t: "- just a list\n", "YAML mapping"),
+    ],
+)
 def test_malformed_lock(tmp_path, mutate, needle):
     assert run_cli("lock", "--target", "local-cpu", "-r", DATA / "small-stack.txt", cwd=tmp_path).returncode == 0
     path = tmp_path / "llmserve.lock"

@@ -48,7 +48,9 @@ def test_triton_25_09_backend_fits_its_own_vllm_wheel(old_vllm_wheel):
 def test_v1_metrics_backend_fails_on_0_10_1_1_only_where_it_should(old_vllm_wheel):
     # 25.11's backend needs StructuredOutputsParams, which vLLM 0.10.1.1 does not have.
     bad = failing(check_surface(resolve_target("triton-25.11").surface, open_vllm_source(old_vllm_wheel)))
-    assert bad == {("src/utils/vllm_backend_utils.py", "vllm.sampling_params", "StructuredOutputsParams", "missing-symbol")}
+    assert bad == {
+        ("src/utils/vllm_backend_utils.py", "vllm.sampling_params", "StructuredOutputsParams", "missing-symbol")
+    }
 
 
 def test_local_cpu_surface_fits_installed(installed):
@@ -68,9 +70,11 @@ def test_lazy_module_attrs_and_submodules(installed, old_vllm_wheel):
 def test_static_rules_on_a_folder(tmp_path):
     pkg = tmp_path / "vllm"
     (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from typing import TYPE_CHECKING\nfrom .sub.impl import *\n"
-                                     "if TYPE_CHECKING:\n    from .sub.impl import Hidden\nelse:\n    Shown = 1\n"
-                                     "try:\n    from .fast import Fast\nexcept ImportError:\n    Fast = None\n")
+    (pkg / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom .sub.impl import *\n"
+        "if TYPE_CHECKING:\n    from .sub.impl import Hidden\nelse:\n    Shown = 1\n"
+        "try:\n    from .fast import Fast\nexcept ImportError:\n    Fast = None\n"
+    )
     (pkg / "sub" / "impl.py").write_text("__all__ = ['Public']\nclass Public: ...\nclass _Private: ...\n")
     idx = ModuleIndex(open_vllm_source(tmp_path))
     assert idx.resolve("vllm", "Public")[0] == "ok"
@@ -96,10 +100,12 @@ def test_missing_and_bad_wheels(tmp_path):
 
 
 def test_checks_never_import_vllm(old_vllm_wheel):
-    code = (f"import sys; from llmserve.compat import check_surface, open_vllm_source; "
-            f"from llmserve.compat.kb import resolve_target; "
-            f"check_surface(resolve_target('triton-25.09').surface, open_vllm_source('installed')); "
-            f"check_surface(resolve_target('triton-25.09').surface, open_vllm_source({str(old_vllm_wheel)!r})); "
-            f"print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))")
+    code = (
+        f"import sys; from llmserve.compat import check_surface, open_vllm_source; "
+        f"from llmserve.compat.kb import resolve_target; "
+        f"check_surface(resolve_target('triton-25.09').surface, open_vllm_source('installed')); "
+        f"check_surface(resolve_target('triton-25.09').surface, open_vllm_source({str(old_vllm_wheel)!r})); "
+        f"print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "[]", r.stderr

@@ -36,9 +36,11 @@ SCHEMA = {
         "count": {"type": "integer"},
         "valid": {"type": "boolean"},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "minItems": 1, "maxItems": 2},
-        "owner": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
-                                                   "age": {"type": "integer"}},
-                  "required": ["name"]},
+        "owner": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 5}, "age": {"type": "integer"}},
+            "required": ["name"],
+        },
     },
     "required": ["status", "count", "valid", "tags", "owner"],
 }
@@ -98,10 +100,18 @@ def main(model_dir: str, out_path: str) -> None:
     from llmserve.constraints.vllm_processor import PROCESSOR_PATH, ConstraintLogitsProcessor
 
     register_custom()
-    llm = LLM(model=model_dir, enforce_eager=True, dtype="float32", max_model_len=192, block_size=32,
-              max_num_seqs=16, max_num_batched_tokens=32, enable_prefix_caching=False,
-              kv_cache_memory_bytes=KV_BYTES_PER_TOKEN * 160,  # ~240 tokens (32-token blocks) for 16 requests
-              logits_processors=[PROCESSOR_PATH])
+    llm = LLM(
+        model=model_dir,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=192,
+        block_size=32,
+        max_num_seqs=16,
+        max_num_batched_tokens=32,
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=KV_BYTES_PER_TOKEN * 160,  # ~240 tokens (32-token blocks) for 16 requests
+        logits_processors=[PROCESSOR_PATH],
+    )
     kinds = constraints()
     results = []
     for round_ in range(3):
@@ -113,28 +123,41 @@ def main(model_dir: str, out_path: str) -> None:
             extra = {"constraint": c} if c is not None else None
             if c is not None and i % 3 == 0 and "machine" not in c:
                 extra = {"constraint": json.dumps(c)}  # the HTTP (vllm_xargs) form: a JSON string
-            params.append(SamplingParams(temperature=1.0, max_tokens=(110 if "json_schema" in c else 56) if c else 5 + 3 * i,
-                                         extra_args=extra))
+            params.append(
+                SamplingParams(
+                    temperature=1.0,
+                    max_tokens=(110 if "json_schema" in c else 56) if c else 5 + 3 * i,
+                    extra_args=extra,
+                )
+            )
             used.append(c)
         outs = llm.generate(prompts, params, use_tqdm=False)
         for c, o in zip(used, outs):
             comp = o.outputs[0]
-            results.append({"constraint": c, "text": comp.text, "token_ids": list(comp.token_ids),
-                            "finish_reason": comp.finish_reason,
-                            "prompt_tokens": len(o.prompt_token_ids)})
+            results.append(
+                {
+                    "constraint": c,
+                    "text": comp.text,
+                    "token_ids": list(comp.token_ids),
+                    "finish_reason": comp.finish_reason,
+                    "prompt_tokens": len(o.prompt_token_ids),
+                }
+            )
     # a bad constraint is rejected before it reaches the engine (HTTP 400 over the API)
     rejected = None
     try:
-        llm.generate(["x"], [SamplingParams(max_tokens=3, extra_args={"constraint": {"regex": "([a-z"}})],
-                     use_tqdm=False)
+        llm.generate(
+            ["x"], [SamplingParams(max_tokens=3, extra_args={"constraint": {"regex": "([a-z"}})], use_tqdm=False
+        )
     except Exception as exc:  # noqa: BLE001 - recorded for the test to judge
         rejected = f"{type(exc).__name__}: {exc}"
     procs = [r() for r in ConstraintLogitsProcessor.instances if r() is not None]
     stats = procs[0].stats if procs else None
     tok = llm.get_tokenizer()
     Path = __import__("pathlib").Path
-    Path(out_path).write_text(json.dumps({"results": results, "stats": stats, "rejected": rejected,
-                                          "eos": tok.eos_token_id}, indent=1))
+    Path(out_path).write_text(
+        json.dumps({"results": results, "stats": stats, "rejected": rejected, "eos": tok.eos_token_id}, indent=1)
+    )
 
 
 if __name__ == "__main__":

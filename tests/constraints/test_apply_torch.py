@@ -14,12 +14,17 @@ from llmserve.constraints.vllm_processor import apply_bitmask_torch
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 200), st.integers(0, 2), st.sampled_from(["float32", "bfloat16", "float16"]),
-       st.integers(0, 2 ** 31))
+@given(
+    st.integers(1, 6),
+    st.integers(1, 200),
+    st.integers(0, 2),
+    st.sampled_from(["float32", "bfloat16", "float16"]),
+    st.integers(0, 2**31),
+)
 def test_torch_apply_equals_reference(B, V, extra_words, dtype, seed):
     rng = np.random.default_rng(seed)
     W = (V + 31) // 32 + extra_words  # a bitmask wider than the logits is fine
-    bitmask = rng.integers(0, 2 ** 32, size=(B, W), dtype=np.uint32)
+    bitmask = rng.integers(0, 2**32, size=(B, W), dtype=np.uint32)
     bitmask[0] = 0  # a row with nothing allowed
     active = rng.integers(0, 2, size=B).astype(bool)
     logits32 = rng.standard_normal((B, V)).astype(np.float32)

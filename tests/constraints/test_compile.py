@@ -30,8 +30,11 @@ SCHEMA = {
         "x": {"type": "number"},
         "ok": {"type": "boolean"},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 2},
-        "sub": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4},
-                                                 "z": {"type": "null"}}, "required": ["name"]},
+        "sub": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 4}, "z": {"type": "null"}},
+            "required": ["name"],
+        },
     },
     "required": ["kind", "n", "tags"],
 }
@@ -78,12 +81,15 @@ def _utf8_ok(b):
         return False
 
 
-@pytest.mark.parametrize("spec,check", [
-    ({"regex": r"[0-9]{4}-[0-9]{2}-[0-9]{2}"}, lambda s: re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", s)),
-    ({"regex": r"(é|ü|😀){2,5}"}, lambda s: re.fullmatch(r"(é|ü|😀){2,5}", s)),
-    ({"choice": ["yes", "no", "ünïcödé", "😀"]}, lambda s: s in ["yes", "no", "ünïcödé", "😀"]),
-    ({"json_schema": SCHEMA}, lambda s: jsonschema.validate(json.loads(s), SCHEMA) is None),
-])
+@pytest.mark.parametrize(
+    "spec,check",
+    [
+        ({"regex": r"[0-9]{4}-[0-9]{2}-[0-9]{2}"}, lambda s: re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", s)),
+        ({"regex": r"(é|ü|😀){2,5}"}, lambda s: re.fullmatch(r"(é|ü|😀){2,5}", s)),
+        ({"choice": ["yes", "no", "ünïcödé", "😀"]}, lambda s: s in ["yes", "no", "ünïcödé", "😀"]),
+        ({"json_schema": SCHEMA}, lambda s: jsonschema.validate(json.loads(s), SCHEMA) is None),
+    ],
+)
 def test_random_walks_satisfy_the_constraint(vocab, tokenizer, spec, check, tmp_path):
     compiled = compile_constraint(spec, vocab, cache_dir=tmp_path)
     rng = np.random.default_rng(0)
@@ -121,12 +127,24 @@ def test_disk_cache_hit_is_memory_mapped_and_equal(vocab, tmp_path):
     np.testing.assert_array_equal(rebuilt.masks, first.masks)
 
 
-@pytest.mark.parametrize("bad", [
-    {"regex": "([a-z"}, {"regex": "(?=x)"}, {"regex": r"\1"}, {"choice": []}, {"choice": "abc"},
-    {"json_schema": {"type": "object"}}, {"json_schema": {}}, {"json_schema": "{not json"},
-    {"json_schema": {"type": "string", "format": "ipv9"}}, {"json_schema": {"type": "integer", "minimum": 3}},
-    {"regex": "a", "choice": ["a"]}, {"grammar": "x"}, "[1, 2]",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"regex": "([a-z"},
+        {"regex": "(?=x)"},
+        {"regex": r"\1"},
+        {"choice": []},
+        {"choice": "abc"},
+        {"json_schema": {"type": "object"}},
+        {"json_schema": {}},
+        {"json_schema": "{not json"},
+        {"json_schema": {"type": "string", "format": "ipv9"}},
+        {"json_schema": {"type": "integer", "minimum": 3}},
+        {"regex": "a", "choice": ["a"]},
+        {"grammar": "x"},
+        "[1, 2]",
+    ],
+)
 def test_invalid_constraints_raise_constraint_error(bad):
     with pytest.raises(ConstraintError):
         spec_from_request(bad).to_dfa()
@@ -229,11 +247,14 @@ def test_unwritable_cache_does_not_fail_compilation(vocab, tmp_path):
     assert blocked.read_text() == "x"
 
 
-@pytest.mark.parametrize("pattern,message", [
-    ("(a|b)*a(a|b){15}", "more than 20000 automaton states"),  # 2^16 subsets
-    ("(?:(?:a{1000}){1000})", "more than 2000000 automaton states"),  # the NFA alone
-    (r"[\ud800-\udfff]", "matches no string at all"),  # surrogates only: not characters
-])
+@pytest.mark.parametrize(
+    "pattern,message",
+    [
+        ("(a|b)*a(a|b){15}", "more than 20000 automaton states"),  # 2^16 subsets
+        ("(?:(?:a{1000}){1000})", "more than 2000000 automaton states"),  # the NFA alone
+        (r"[\ud800-\udfff]", "matches no string at all"),  # surrogates only: not characters
+    ],
+)
 def test_oversized_constraints_are_refused_before_they_cost_much(pattern, message):
     with pytest.raises(ConstraintError, match=message):
         compile_regex(pattern)

@@ -22,8 +22,13 @@ def engine_results(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("engine") / "results.json"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_USE_V2_MODEL_RUNNER="0")
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    proc = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(tiny_model_dir), str(out)],
-                          env=env, capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_run.py"), str(tiny_model_dir), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -28,8 +28,7 @@ def regexes():
             st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
             inner.map(lambda r: f"(?:{r})*"),
             inner.map(lambda r: f"(?:{r})?"),
-            st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(
-                lambda t: f"(?:{t[0]}){{{t[1]},{t[1] + t[2]}}}"),
+            st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(lambda t: f"(?:{t[0]}){{{t[1]},{t[1] + t[2]}}}"),
         )
 
     return st.recursive(atom, extend, max_leaves=6)
@@ -38,8 +37,15 @@ def regexes():
 @st.composite
 def vocabs(draw, full_bytes=True):
     encoded = b"".join(c.encode() for c in ALPHABET)
-    pieces = draw(st.lists(st.integers(0, len(encoded) - 1).flatmap(
-        lambda i: st.integers(i + 1, min(len(encoded), i + 5)).map(lambda j: encoded[i:j])), min_size=3, max_size=40))
+    pieces = draw(
+        st.lists(
+            st.integers(0, len(encoded) - 1).flatmap(
+                lambda i: st.integers(i + 1, min(len(encoded), i + 5)).map(lambda j: encoded[i:j])
+            ),
+            min_size=3,
+            max_size=40,
+        )
+    )
     tokens: list[bytes | None] = []
     if full_bytes:
         tokens += [bytes([b]) for b in sorted(set(encoded))]
@@ -107,20 +113,24 @@ def test_allowed_tokens_keep_a_match_reachable(pattern, vocab, data):
 def batch_programs(draw):
     ops = []
     for _ in range(draw(st.integers(1, 25))):
-        ops.append(draw(st.one_of(
-            st.tuples(st.just("add"), st.integers(0, 5), st.integers(0, 2), st.integers(0, 3)),
-            st.tuples(st.just("remove"), st.integers(0, 5)),
-            st.tuples(st.just("move"), st.integers(0, 5), st.integers(0, 5)),
-            st.tuples(st.just("swap"), st.integers(0, 5), st.integers(0, 5)),
-            st.tuples(st.just("append"), st.integers(0, 5), st.integers(0, 10 ** 6)),
-            st.tuples(st.just("truncate"), st.integers(0, 5), st.integers(0, 3)),
-            st.tuples(st.just("step"), st.integers(1, 6)),
-        )))
+        ops.append(
+            draw(
+                st.one_of(
+                    st.tuples(st.just("add"), st.integers(0, 5), st.integers(0, 2), st.integers(0, 3)),
+                    st.tuples(st.just("remove"), st.integers(0, 5)),
+                    st.tuples(st.just("move"), st.integers(0, 5), st.integers(0, 5)),
+                    st.tuples(st.just("swap"), st.integers(0, 5), st.integers(0, 5)),
+                    st.tuples(st.just("append"), st.integers(0, 5), st.integers(0, 10**6)),
+                    st.tuples(st.just("truncate"), st.integers(0, 5), st.integers(0, 3)),
+                    st.tuples(st.just("step"), st.integers(1, 6)),
+                )
+            )
+        )
     return ops
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(regexes(), min_size=2, max_size=2), vocabs(), batch_programs(), st.integers(0, 2 ** 31))
+@given(st.lists(regexes(), min_size=2, max_size=2), vocabs(), batch_programs(), st.integers(0, 2**31))
 def test_batch_native_equals_reference(patterns, vocab, program, seed):
     """Random adds (with prior output: preemption), removes, moves, swaps, appends, truncations
     (diverging history) and steps: fill and fill_apply agree bit for bit."""
@@ -151,7 +161,7 @@ def test_batch_native_equals_reference(patterns, vocab, program, seed):
         elif kind == "append" and op[1] in lists:
             lists[op[1]].append(op[2] % vocab.size)
         elif kind == "truncate" and op[1] in lists:
-            del lists[op[1]][max(0, len(lists[op[1]]) - op[2]):]
+            del lists[op[1]][max(0, len(lists[op[1]]) - op[2]) :]
         elif kind == "step":
             B = op[1]
             assert nb.sync(B) == rb.sync(B)
@@ -186,7 +196,7 @@ def test_apply_bitmask_large_batch_threads():
     rng = np.random.default_rng(0)
     B, V = 64, 50_000
     logits = rng.standard_normal((B, V)).astype(np.float32)
-    bits = rng.integers(0, 2 ** 32, (B, (V + 31) // 32), dtype=np.uint32)
+    bits = rng.integers(0, 2**32, (B, (V + 31) // 32), dtype=np.uint32)
     bits[::3] = 0xFFFFFFFF
     bits[1::3] = 0
     out = logits.copy()

@@ -19,12 +19,21 @@ def deploy_packages(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("deploy-src")
     dist = tmp_path_factory.mktemp("deploy-dist")
     out = {}
-    for key, version, extra, template in (("v1", 1, "", None), ("v2", 2, "", None),
-                                          ("bad", 3, "", None), ("v4", 4, "", "x"), ("v5", 5, "", "x"),
-                                          ("v6", 6, "", "x")):
+    for key, version, extra, template in (
+        ("v1", 1, "", None),
+        ("v2", 2, "", None),
+        ("bad", 3, "", None),
+        ("v4", 4, "", "x"),
+        ("v5", 5, "", "x"),
+        ("v6", 6, "", "x"),
+    ):
         src = write_vllm_source(root / key, tiny_model_dir, model_id=MODEL, version=version, extra=extra)
         if key == "bad":
-            y = (src / "llmserve.yaml").read_text().replace("enforce_eager: true", "enforce_eager: true\n  max_num_seqs: -1")
+            y = (
+                (src / "llmserve.yaml")
+                .read_text()
+                .replace("enforce_eager: true", "enforce_eager: true\n  max_num_seqs: -1")
+            )
             (src / "llmserve.yaml").write_text(y)
         if template:
             t = src / "model" / "chat_template.jinja"

@@ -18,7 +18,9 @@ import httpx
 def _root_conftest():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("llmserve_tests_root_conftest", Path(__file__).parents[1] / "conftest.py")
+    spec = importlib.util.spec_from_file_location(
+        "llmserve_tests_root_conftest", Path(__file__).parents[1] / "conftest.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -81,9 +81,11 @@ def test_state_survives_reopen_and_journal(tmp_path):
 
 
 def test_lock_is_exclusive_and_freed_when_holder_dies(store):
-    code = ("import sys,time; sys.path.insert(0, %r); from llmserve.deploy.state import StateStore, DeploymentLock;"
-            "l=DeploymentLock(StateStore(%r),'d'); assert l.acquire(); print('held', flush=True); time.sleep(60)"
-            % (str(Path(__file__).parents[2]), str(store.root)))
+    code = (
+        "import sys,time; sys.path.insert(0, %r); from llmserve.deploy.state import StateStore, DeploymentLock;"
+        "l=DeploymentLock(StateStore(%r),'d'); assert l.acquire(); print('held', flush=True); time.sleep(60)"
+        % (str(Path(__file__).parents[2]), str(store.root))
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     assert not DeploymentLock(store, "d").acquire()
@@ -119,11 +121,16 @@ def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
     target.apply_routes(dep, Routes("m", [Member(a.id, 1, url1, 90), Member(b.id, 2, url2, 10)], {1: [m1], 2: [m2]}))
     gw = dep.gateway_url
     with httpx.Client(base_url=gw, timeout=10) as c:
-        served = [c.post("/v1/chat/completions", json={"model": "m", "messages": []}).json()["version"] for _ in range(20)]
+        served = [
+            c.post("/v1/chat/completions", json={"model": "m", "messages": []}).json()["version"] for _ in range(20)
+        ]
         assert served.count("2") == 2 and served.count("1") == 18  # smooth weighted round robin: exact shares
         r = c.post("/v1/chat/completions", json={"model": "m:2", "messages": []})
         assert r.json() == {"version": "2", "model": "m"} and r.headers["x-served-version"] == "2"
-        assert c.post("/v1/chat/completions", json={"model": "m"}, headers={"X-Model-Version": "1"}).json()["version"] == "1"
+        assert (
+            c.post("/v1/chat/completions", json={"model": "m"}, headers={"X-Model-Version": "1"}).json()["version"]
+            == "1"
+        )
         assert c.post("/v2/models/m/versions/2/infer", json={}).json()["version"] == "2"
         r = c.post("/v1/chat/completions", json={"model": "m:7"})
         assert r.status_code == 404 and "serving versions: [1, 2]" in r.json()["error"]["message"]
@@ -136,8 +143,11 @@ def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
         assert len(events) == 6 and events[-1] == "data: [DONE]"
         # in-flight accounting: a slow request holds its backend until it finishes
         done = {}
-        t = threading.Thread(target=lambda: done.setdefault("r", c.post(
-            "/v1/chat/completions", json={"model": "m:1"}, headers={"x-delay": "1.0"}).status_code))
+        t = threading.Thread(
+            target=lambda: done.setdefault(
+                "r", c.post("/v1/chat/completions", json={"model": "m:1"}, headers={"x-delay": "1.0"}).status_code
+            )
+        )
         t.start()
         time.sleep(0.3)
         assert target.stats(dep)["inflight"][str(a.id)] == 1

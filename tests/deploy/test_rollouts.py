@@ -32,8 +32,11 @@ def test_first_version(cli, deploy_packages):
     rc, data, text = cli.run("deploy", str(deploy_packages["v1"]), "--pause", "0")
     assert rc == 0, text
     assert serving(data) == {1: 100}
-    r = httpx.post(data["gateway"]["url"] + "/v1/chat/completions",
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, timeout=60)
+    r = httpx.post(
+        data["gateway"]["url"] + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.headers["x-served-version"] == "1"
 
 
@@ -80,8 +83,9 @@ def test_failed_health_check_rolls_back_with_zero_failures(cli, deploy_packages)
 def test_versioned_side_by_side_and_idle_cleanup(cli, deploy_packages):
     url = gateway_url(cli)
     load = Load(url).start()
-    rc, data, text = cli.run("deploy", str(deploy_packages["v4"]), "--strategy", "versioned", "--promote",
-                             "--idle-timeout", "8")
+    rc, data, text = cli.run(
+        "deploy", str(deploy_packages["v4"]), "--strategy", "versioned", "--promote", "--idle-timeout", "8"
+    )
     assert rc == 0, text
     assert "warning" in text and "memory" in text  # the overlap's extra cost
     assert serving(data) == {2: 0, 4: 100}
@@ -89,8 +93,12 @@ def test_versioned_side_by_side_and_idle_cleanup(cli, deploy_packages):
     with httpx.Client(base_url=url, timeout=60) as c:
         msg = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         assert c.post("/v1/chat/completions", json={"model": f"{MODEL}:2", **msg}).headers["x-served-version"] == "2"
-        assert c.post("/v1/chat/completions", json={"model": MODEL, **msg},
-                      headers={"X-Model-Version": "4"}).headers["x-served-version"] == "4"
+        assert (
+            c.post("/v1/chat/completions", json={"model": MODEL, **msg}, headers={"X-Model-Version": "4"}).headers[
+                "x-served-version"
+            ]
+            == "4"
+        )
         ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
         assert f"{MODEL}:2" in ids and f"{MODEL}:4" in ids
     # v2 is no longer the default and nobody asks for it: the gateway retires it; v4 (newest) stays.

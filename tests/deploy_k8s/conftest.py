@@ -43,8 +43,10 @@ def kubeconfig(tmp_path_factory) -> str:
     p = subprocess.run([str(SCRIPT), "start", str(d)], capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         subprocess.run([str(SCRIPT), "stop", str(d)], capture_output=True, timeout=60)
-        pytest.fail(f"the test Kubernetes control plane did not start (scripts/k8s-test-cluster start):\n"
-                    f"{p.stderr[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"the test Kubernetes control plane did not start (scripts/k8s-test-cluster start):\n{p.stderr[-4000:]}",
+            pytrace=False,
+        )
     try:
         yield str(d / "kubeconfig")
     finally:
@@ -108,8 +110,18 @@ class KubeCli:
     namespace: str
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "llmserve.cli.app", *args, "--target", "kubernetes",
-                "--namespace", self.namespace, "-o", "json"]
+        return [
+            sys.executable,
+            "-m",
+            "llmserve.cli.app",
+            *args,
+            "--target",
+            "kubernetes",
+            "--namespace",
+            self.namespace,
+            "-o",
+            "json",
+        ]
 
     def env(self) -> dict:
         return {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONWARNINGS": "ignore"}

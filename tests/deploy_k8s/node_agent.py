@@ -38,9 +38,12 @@ class NodeAgent:
 
     def start(self) -> "NodeAgent":
         capacity = {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(self.gpus)}
-        body = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node, "type": "llmserve-test"}},
-                "spec": {}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node, "type": "llmserve-test"}},
+            "spec": {},
+        }
         try:
             self.core.create_node(body)
         except ApiException as exc:
@@ -55,13 +58,31 @@ class NodeAgent:
 
     def _node_status(self, capacity: dict | None = None) -> None:
         now = _now()
-        status = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                  "message": "llmserve test node agent", "lastHeartbeatTime": now,
-                                  "lastTransitionTime": now}],
-                  "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                  "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "",
-                               "containerRuntimeVersion": "fake://0", "kubeletVersion": "v1.20.2",
-                               "kubeProxyVersion": "v1.20.2", "operatingSystem": "linux", "architecture": "amd64"}}
+        status = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "llmserve test node agent",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "nodeInfo": {
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kernelVersion": "",
+                "osImage": "",
+                "containerRuntimeVersion": "fake://0",
+                "kubeletVersion": "v1.20.2",
+                "kubeProxyVersion": "v1.20.2",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        }
         if capacity:
             status["capacity"] = capacity
             status["allocatable"] = capacity
@@ -88,7 +109,8 @@ class NodeAgent:
         ready_by_version: dict[str, int] = {}
         for p in pods:
             if p.metadata.deletion_timestamp is None and any(
-                    c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])):
+                c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])
+            ):
                 v = (p.metadata.labels or {}).get(VERSION_LABEL)
                 ready_by_version[v] = ready_by_version.get(v, 0) + 1
         for p in pods:
@@ -116,20 +138,46 @@ class NodeAgent:
             now = _now()
             flag = "True" if want_ready else "False"
             status = {
-                "phase": "Running", "hostIP": "127.0.0.1", "podIP": ip, "podIPs": [{"ip": ip}],
+                "phase": "Running",
+                "hostIP": "127.0.0.1",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
                 "startTime": p.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if p.status.start_time else now,
                 "conditions": [
                     {"type": "Initialized", "status": "True", "lastTransitionTime": now},
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-                    {"type": "ContainersReady", "status": flag, "lastTransitionTime": now,
-                     **({} if want_ready else {"reason": "ContainersNotReady"})},
-                    {"type": "Ready", "status": flag, "lastTransitionTime": now,
-                     **({} if want_ready else {"reason": "ContainersNotReady",
-                                              "message": "readiness probe GET /health: 503 (kept unready by the test)"})},
+                    {
+                        "type": "ContainersReady",
+                        "status": flag,
+                        "lastTransitionTime": now,
+                        **({} if want_ready else {"reason": "ContainersNotReady"}),
+                    },
+                    {
+                        "type": "Ready",
+                        "status": flag,
+                        "lastTransitionTime": now,
+                        **(
+                            {}
+                            if want_ready
+                            else {
+                                "reason": "ContainersNotReady",
+                                "message": "readiness probe GET /health: 503 (kept unready by the test)",
+                            }
+                        ),
+                    },
                 ],
-                "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": want_ready,
-                                       "restartCount": 0, "started": True,
-                                       "state": {"running": {"startedAt": now}}} for c in p.spec.containers],
+                "containerStatuses": [
+                    {
+                        "name": c.name,
+                        "image": c.image,
+                        "imageID": "",
+                        "ready": want_ready,
+                        "restartCount": 0,
+                        "started": True,
+                        "state": {"running": {"startedAt": now}},
+                    }
+                    for c in p.spec.containers
+                ],
             }
             try:
                 self.core.patch_namespaced_pod_status(name, ns, {"status": status})

@@ -24,14 +24,18 @@ def _apis(kube_api):
 
 def _deployments(kube_api, ns) -> dict[str, tuple[int, int, str]]:
     apps, _ = _apis(kube_api)
-    return {d.metadata.name: (d.spec.replicas, d.status.ready_replicas or 0, d.metadata.labels[VERSION])
-            for d in apps.list_namespaced_deployment(ns).items}
+    return {
+        d.metadata.name: (d.spec.replicas, d.status.ready_replicas or 0, d.metadata.labels[VERSION])
+        for d in apps.list_namespaced_deployment(ns).items
+    }
 
 
 def _endpoint_versions(kube_api, ns, service) -> list[str]:
     """The model versions of the ready endpoints a Service selects now (sorted)."""
     _, core = _apis(kube_api)
-    pods = {p.status.pod_ip: p.metadata.labels.get(VERSION) for p in core.list_namespaced_pod(ns).items if p.status.pod_ip}
+    pods = {
+        p.status.pod_ip: p.metadata.labels.get(VERSION) for p in core.list_namespaced_pod(ns).items if p.status.pod_ip
+    }
     ep = core.read_namespaced_endpoints(service, ns)
     return sorted(pods.get(a.ip, "?") for s in (ep.subsets or []) for a in (s.addresses or []))
 
@@ -53,8 +57,11 @@ def _state(kube_api, ns, name=MODEL) -> dict:
 
 
 def test_replica_plan_scales_in_ratio():
-    assert replica_plan([10, 25, 50, 100], 4) == [{"percent": 25, "new": 1, "old": 3}, {"percent": 50, "new": 2, "old": 2},
-                                                  {"percent": 100, "new": 4, "old": 0}]
+    assert replica_plan([10, 25, 50, 100], 4) == [
+        {"percent": 25, "new": 1, "old": 3},
+        {"percent": 50, "new": 2, "old": 2},
+        {"percent": 100, "new": 4, "old": 0},
+    ]
     assert replica_plan([10, 50, 100], 1) == [{"percent": 100, "new": 1, "old": 0}]
     assert [p["new"] + p["old"] for p in replica_plan([5, 33, 66, 100], 10)] == [10] * 4
 
@@ -62,10 +69,23 @@ def test_replica_plan_scales_in_ratio():
 def test_manifests_render_probe_and_gpus():
     from llmserve.deploy.kubernetes import manifests
 
-    body = manifests.deployment(namespace="ns", object_name="m-red", name="m", strategy="red-black", version=2,
-                                color="red", replicas=3, spec=manifests.PodSpec(image="img:1", gpus=2), package="/p/m-2.llmpkg",
-                                digest="sha256:x", interface={"io": "a"}, model_id="m", rollout=1, drain_timeout_s=5,
-                                health_timeout_s=60)
+    body = manifests.deployment(
+        namespace="ns",
+        object_name="m-red",
+        name="m",
+        strategy="red-black",
+        version=2,
+        color="red",
+        replicas=3,
+        spec=manifests.PodSpec(image="img:1", gpus=2),
+        package="/p/m-2.llmpkg",
+        digest="sha256:x",
+        interface={"io": "a"},
+        model_id="m",
+        rollout=1,
+        drain_timeout_s=5,
+        health_timeout_s=60,
+    )
     c = body["spec"]["template"]["spec"]["containers"][0]
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "2" and c["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -140,8 +160,9 @@ def test_unready_version_rolls_back(kcli, kube_api, k8s_packages, node_agent):
     # v2 gets only one pod ready: step 1 (1 new / 1 old) passes, step 2 fails -> the old count is restored
     node_agent.unready.clear()
     node_agent.max_ready["2"] = 1
-    rc, out, text = kcli.run("deploy", str(k8s_packages["v2"]), "--steps", "50,100", "--pause", "0.5",
-                             "--health-timeout", "4")
+    rc, out, text = kcli.run(
+        "deploy", str(k8s_packages["v2"]), "--steps", "50,100", "--pause", "0.5", "--health-timeout", "4"
+    )
     assert rc == 7, text
     assert "step 2" in text
     _wait(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (2, 2, "1")}, what="old replicas restored")

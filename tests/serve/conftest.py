@@ -65,16 +65,35 @@ class RunningServer:
         return self.log.read_text(errors="replace")
 
 
-def start_server(package: Path, log: Path, *, api_key: str | None, env_extra: dict | None = None,
-                 args: tuple[str, ...] = (), ready_timeout: float = 240, openai: bool = True) -> RunningServer:
+def start_server(
+    package: Path,
+    log: Path,
+    *,
+    api_key: str | None,
+    env_extra: dict | None = None,
+    args: tuple[str, ...] = (),
+    ready_timeout: float = 240,
+    openai: bool = True,
+) -> RunningServer:
     port, grpc_port = free_port(), free_port()
     env = {**os.environ, **(env_extra or {})}
     env.pop("LLMSERVE_API_KEY", None)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server wipes and uses its own metrics folder, as by default
     if api_key:
         env["LLMSERVE_API_KEY"] = api_key  # through the environment, so it never shows in `ps`
-    cmd = [sys.executable, "-m", "llmserve.cli.app", "serve", str(package), *(["--openai"] if openai else []),
-           "--port", str(port), "--grpc-port", str(grpc_port), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llmserve.cli.app",
+        "serve",
+        str(package),
+        *(["--openai"] if openai else []),
+        "--port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+        *args,
+    ]
     fh = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     server = RunningServer(proc, port, log, api_key, grpc_port)
@@ -129,8 +148,9 @@ def serve_package(tmp_path_factory, tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, serve_package, plugin_marker_dir):
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    srv = start_server(serve_package, log, api_key=API_KEY,
-                       env_extra={"LLMSERVE_TEST_PLUGIN_MARKER": str(plugin_marker_dir)})
+    srv = start_server(
+        serve_package, log, api_key=API_KEY, env_extra={"LLMSERVE_TEST_PLUGIN_MARKER": str(plugin_marker_dir)}
+    )
     yield srv
     code = stop_server(srv)
     assert code == 0, srv.log_text()[-3000:]

@@ -22,26 +22,39 @@ def test_unknown_model_through_the_client(client):
 
 
 def test_malformed_json(http):
-    r = http.post("/v1/chat/completions", content=b'{"model": "tiny-chat", "messages": [', headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/chat/completions",
+        content=b'{"model": "tiny-chat", "messages": [',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and _err(r)["code"] == "invalid_json"
     assert "not valid JSON" in _err(r)["message"]
 
 
 def test_invalid_json_schema(client, model_name):
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model_name, messages=MSG, response_format={
-            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {"a": {"type": 12}}}}})
+        client.chat.completions.create(
+            model=model_name,
+            messages=MSG,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {"a": {"type": 12}}}},
+            },
+        )
     assert info.value.body["param"] == "response_format" and "not a valid JSON Schema" in info.value.message
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("temperature", -1.0, "temperature"),
-    ("response_format", {"type": "xml"}, "'xml'"),
-    ("tool_choice", "required", "'none'"),
-    ("n", 0, "n"),
-    ("store", True, "False"),
-    ("service_tier", "priority", "priority"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("temperature", -1.0, "temperature"),
+        ("response_format", {"type": "xml"}, "'xml'"),
+        ("tool_choice", "required", "'none'"),
+        ("n", 0, "n"),
+        ("store", True, "False"),
+        ("service_tier", "priority", "priority"),
+    ],
+)
 def test_unsupported_field_value(http, model_name, field, value, needle):
     r = http.post("/v1/chat/completions", json={"model": model_name, "messages": MSG, "max_tokens": 2, field: value})
     assert r.status_code == 400, r.text
@@ -72,8 +85,11 @@ def test_non_text_content_part(http, model_name):
 
 
 def test_body_too_large_is_413(http, model_name):
-    r = http.post("/v1/completions", content=b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}',
-                  headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/completions",
+        content=b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413 and "--max-body-bytes" in _err(r)["message"]
 
 
@@ -83,8 +99,12 @@ def test_api_key_required_everywhere_but_health(server):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics")):
         r = httpx.request(method, server.base_url + path, json={} if method == "POST" else None)
         assert r.status_code == 401, path
-        r = httpx.request(method, server.base_url + path, headers={"Authorization": "Bearer wrong"},
-                          json={} if method == "POST" else None)
+        r = httpx.request(
+            method,
+            server.base_url + path,
+            headers={"Authorization": "Bearer wrong"},
+            json={} if method == "POST" else None,
+        )
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(server.base_url + "/health").status_code == 200
 

@@ -38,6 +38,7 @@ N = 8
 
 # ---- the field check (no engine) -----------------------------------------------------------------
 
+
 @pytest.fixture
 def loaded():
     saved = (fields.CONSTRAINTS.loaded, fields.CONSTRAINTS.reason)
@@ -61,13 +62,16 @@ def test_constraint_keys_are_forwarded_objects_as_json(kind, loaded):
     assert fwd["vllm_xargs"] == {"constraint_choice": ["a", "b"]}
 
 
-@pytest.mark.parametrize("xargs,needle", [
-    ({"session_id": "s1"}, "'session_id'"),
-    ({"constraint_regex": "a", "other": 1}, "'other'"),
-    ({"constraint_regex": "a", "constraint_choice": ["a"]}, "one constraint"),
-    ({"constraint_choice": "yes"}, "constraint_choice"),
-    ("constraint_regex=a", "object"),
-])
+@pytest.mark.parametrize(
+    "xargs,needle",
+    [
+        ({"session_id": "s1"}, "'session_id'"),
+        ({"constraint_regex": "a", "other": 1}, "'other'"),
+        ({"constraint_regex": "a", "constraint_choice": ["a"]}, "one constraint"),
+        ({"constraint_choice": "yes"}, "constraint_choice"),
+        ("constraint_regex=a", "object"),
+    ],
+)
 def test_bad_vllm_xargs_shapes(xargs, needle, loaded):
     with pytest.raises(RequestRejected) as info:
         check_request("completion", _body("completion", xargs))
@@ -102,6 +106,7 @@ def test_the_server_adds_the_processor_to_the_package_list():
 
 # ---- through the real server -------------------------------------------------------------------
 
+
 def test_startup_says_the_processor_is_loaded(server):
     assert "constraint processor loaded" in server.log_text()
 
@@ -113,13 +118,23 @@ def _many(fn, n=N):
 
 def test_regex_on_every_request(client, model_name):
     def completion():
-        r = client.completions.create(model=model_name, prompt="Date: ", max_tokens=40, temperature=1.0,
-                                      extra_body={"vllm_xargs": {"constraint_regex": DATE}})
+        r = client.completions.create(
+            model=model_name,
+            prompt="Date: ",
+            max_tokens=40,
+            temperature=1.0,
+            extra_body={"vllm_xargs": {"constraint_regex": DATE}},
+        )
         return r.choices[0]
 
     def chat():
-        r = client.chat.completions.create(model=model_name, messages=MSG, max_tokens=40, temperature=1.0,
-                                           extra_body={"vllm_xargs": {"constraint": {"regex": DATE}}})
+        r = client.chat.completions.create(
+            model=model_name,
+            messages=MSG,
+            max_tokens=40,
+            temperature=1.0,
+            extra_body={"vllm_xargs": {"constraint": {"regex": DATE}}},
+        )
         return r.choices[0]
 
     outs = _many(completion) + _many(chat)
@@ -131,8 +146,14 @@ def test_regex_on_every_request(client, model_name):
 
 def test_choice_and_n(client, model_name):
     choices = ["yes", "no", "maybe later"]
-    r = client.completions.create(model=model_name, prompt="Answer: ", max_tokens=20, n=N, temperature=1.0,
-                                  extra_body={"vllm_xargs": {"constraint_choice": choices}})
+    r = client.completions.create(
+        model=model_name,
+        prompt="Answer: ",
+        max_tokens=20,
+        n=N,
+        temperature=1.0,
+        extra_body={"vllm_xargs": {"constraint_choice": choices}},
+    )
     assert len(r.choices) == N
     for c in r.choices:
         assert c.text in choices, c.text
@@ -140,13 +161,16 @@ def test_choice_and_n(client, model_name):
 
 @pytest.mark.parametrize("form", ["nested", "flat", "flat-string"])
 def test_json_schema_validates(client, model_name, form):
-    xargs = {"nested": {"constraint": {"json_schema": SCHEMA}},
-             "flat": {"constraint_json_schema": SCHEMA},
-             "flat-string": {"constraint_json_schema": json.dumps(SCHEMA)}}[form]
+    xargs = {
+        "nested": {"constraint": {"json_schema": SCHEMA}},
+        "flat": {"constraint_json_schema": SCHEMA},
+        "flat-string": {"constraint_json_schema": json.dumps(SCHEMA)},
+    }[form]
 
     def one():
-        r = client.chat.completions.create(model=model_name, messages=MSG, max_tokens=120, temperature=1.0,
-                                           extra_body={"vllm_xargs": xargs})
+        r = client.chat.completions.create(
+            model=model_name, messages=MSG, max_tokens=120, temperature=1.0, extra_body={"vllm_xargs": xargs}
+        )
         return r.choices[0]
 
     for choice in _many(one, 4):
@@ -155,26 +179,41 @@ def test_json_schema_validates(client, model_name, form):
 
 
 def test_streaming_with_a_constraint(client, model_name):
-    stream = client.chat.completions.create(model=model_name, messages=MSG, max_tokens=40, stream=True,
-                                            extra_body={"vllm_xargs": {"constraint_regex": DATE}})
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=MSG,
+        max_tokens=40,
+        stream=True,
+        extra_body={"vllm_xargs": {"constraint_regex": DATE}},
+    )
     text, finish = "", None
     for chunk in stream:
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
             finish = chunk.choices[0].finish_reason or finish
     assert re.fullmatch(DATE, text) and finish == "stop", (text, finish)
-    stream = client.completions.create(model=model_name, prompt="Pick: ", max_tokens=20, stream=True,
-                                       extra_body={"vllm_xargs": {"constraint_choice": ["alpha", "beta"]}})
+    stream = client.completions.create(
+        model=model_name,
+        prompt="Pick: ",
+        max_tokens=20,
+        stream=True,
+        extra_body={"vllm_xargs": {"constraint_choice": ["alpha", "beta"]}},
+    )
     assert "".join(c.choices[0].text for c in stream if c.choices) in ("alpha", "beta")
 
 
-@pytest.mark.parametrize("xargs,needle", [
-    ({"constraint_regex": "([0-9]"}, "regex"),
-    ({"constraint": {"json_schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}}},
-     "patternProperties"),
-    ({"constraint": {"grammar": "x"}}, "regex, choice, json_schema"),
-    ({"constraint": "{not json"}, "JSON"),
-])
+@pytest.mark.parametrize(
+    "xargs,needle",
+    [
+        ({"constraint_regex": "([0-9]"}, "regex"),
+        (
+            {"constraint": {"json_schema": {"type": "object", "patternProperties": {"^a": {"type": "string"}}}}},
+            "patternProperties",
+        ),
+        ({"constraint": {"grammar": "x"}}, "regex, choice, json_schema"),
+        ({"constraint": "{not json"}, "JSON"),
+    ],
+)
 def test_invalid_constraint_is_400(client, model_name, xargs, needle):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model_name, messages=MSG, max_tokens=4, extra_body={"vllm_xargs": xargs})
@@ -184,8 +223,15 @@ def test_invalid_constraint_is_400(client, model_name, xargs, needle):
 
 
 def test_unknown_vllm_xargs_key_is_400(http, model_name):
-    r = http.post("/v1/completions", json={"model": model_name, "prompt": "x", "max_tokens": 2,
-                                           "vllm_xargs": {"constraint_regex": "a", "session_id": "s"}})
+    r = http.post(
+        "/v1/completions",
+        json={
+            "model": model_name,
+            "prompt": "x",
+            "max_tokens": 2,
+            "vllm_xargs": {"constraint_regex": "a", "session_id": "s"},
+        },
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "vllm_xargs" and "'session_id'" in err["message"]

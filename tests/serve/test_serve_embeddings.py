@@ -51,7 +51,10 @@ def test_embeddings_float_and_batch(embed_client):
 def test_embeddings_base64(embed_server):
     import httpx
 
-    r = httpx.post(embed_server.base_url + "/v1/embeddings", json={"model": "tiny-embed", "input": "hello", "encoding_format": "base64"})
+    r = httpx.post(
+        embed_server.base_url + "/v1/embeddings",
+        json={"model": "tiny-embed", "input": "hello", "encoding_format": "base64"},
+    )
     assert r.status_code == 200, r.text
     raw = base64.b64decode(r.json()["data"][0]["embedding"])
     assert len(struct.unpack(f"<{len(raw) // 4}f", raw)) == 128

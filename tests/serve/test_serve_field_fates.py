@@ -15,9 +15,11 @@ from llmserve.serve.openai.fields import TABLES
 from llmserve.serve.openai.request_check import check_request
 
 MSG = [{"role": "user", "content": "hi"}]
-BASE = {"chat": {"model": "tiny-chat", "messages": MSG, "max_tokens": 2},
-        "completion": {"model": "tiny-chat", "prompt": "hi", "max_tokens": 2},
-        "embedding": {"model": "tiny-chat", "input": "hi"}}
+BASE = {
+    "chat": {"model": "tiny-chat", "messages": MSG, "max_tokens": 2},
+    "completion": {"model": "tiny-chat", "prompt": "hi", "max_tokens": 2},
+    "embedding": {"model": "tiny-chat", "input": "hi"},
+}
 ROUTES = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "embedding": "/v1/embeddings"}
 
 
@@ -25,8 +27,10 @@ def openai_fields(kind: str) -> set[str]:
     if kind == "chat":
         td = [chat_params.CompletionCreateParamsNonStreaming, chat_params.CompletionCreateParamsStreaming]
     elif kind == "completion":
-        td = [completion_create_params.CompletionCreateParamsNonStreaming,
-              completion_create_params.CompletionCreateParamsStreaming]
+        td = [
+            completion_create_params.CompletionCreateParamsNonStreaming,
+            completion_create_params.CompletionCreateParamsStreaming,
+        ]
     else:
         td = [embedding_create_params.EmbeddingCreateParams]
     names: set[str] = set()
@@ -67,8 +71,16 @@ def test_null_means_not_set_and_unknown_is_refused():
 
 
 def test_honoured_rewrites():
-    forwarded, consumed = check_request("chat", {**BASE["chat"], "prompt_cache_key": "tenant-a", "user": "u1",
-                                                 "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}})
+    forwarded, consumed = check_request(
+        "chat",
+        {
+            **BASE["chat"],
+            "prompt_cache_key": "tenant-a",
+            "user": "u1",
+            "stream": True,
+            "stream_options": {"include_usage": True, "include_obfuscation": False},
+        },
+    )
     assert forwarded["cache_salt"] == "tenant-a" and "prompt_cache_key" not in forwarded
     assert consumed == {"user": "u1"} and forwarded["stream_options"] == {"include_usage": True}
 
@@ -82,16 +94,39 @@ def test_rejected_fields_are_400_on_the_wire(http, kind):
 
 
 def test_honoured_fields_take_effect(client, model_name):
-    r = client.chat.completions.create(model=model_name, messages=MSG, n=2, max_completion_tokens=3,
-                                       extra_body={"ignore_eos": True}, prompt_cache_key="k", user="someone",
-                                       store=False, service_tier="auto", metadata={}, tool_choice="none", tools=[])
+    r = client.chat.completions.create(
+        model=model_name,
+        messages=MSG,
+        n=2,
+        max_completion_tokens=3,
+        extra_body={"ignore_eos": True},
+        prompt_cache_key="k",
+        user="someone",
+        store=False,
+        service_tier="auto",
+        metadata={},
+        tool_choice="none",
+        tools=[],
+    )
     assert len(r.choices) == 2 and r.usage.completion_tokens == 6
-    r = client.completions.create(model=model_name, prompt="hi", max_tokens=3, logprobs=2, echo=True, best_of=1,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=model_name, prompt="hi", max_tokens=3, logprobs=2, echo=True, best_of=1, extra_body={"ignore_eos": True}
+    )
     assert r.choices[0].text.startswith("hi") and len(r.choices[0].logprobs.top_logprobs[-1]) >= 2
-    r = client.completions.create(model=model_name, prompt="hi", max_tokens=8, logit_bias={"65": 100},
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=model_name, prompt="hi", max_tokens=8, logit_bias={"65": 100}, extra_body={"ignore_eos": True}
+    )
     assert r.choices[0].text  # a strong bias on one token id: the engine honours it (see next assert)
-    toks = client.completions.create(model=model_name, prompt="hi", max_tokens=4, logprobs=1, logit_bias={"65": 100},
-                                     extra_body={"ignore_eos": True}).choices[0].logprobs.tokens
+    toks = (
+        client.completions.create(
+            model=model_name,
+            prompt="hi",
+            max_tokens=4,
+            logprobs=1,
+            logit_bias={"65": 100},
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .logprobs.tokens
+    )
     assert len(set(toks)) == 1

@@ -26,8 +26,9 @@ def test_models_lists_the_served_model(client, model_name):
 
 
 def test_chat_non_streaming(client, model_name):
-    r = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hello"}],
-                                       max_tokens=8, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "hello"}], max_tokens=8, extra_body={"ignore_eos": True}
+    )
     assert r.object == "chat.completion"
     assert r.choices[0].message.role == "assistant"
     assert r.usage.completion_tokens == 8
@@ -35,9 +36,16 @@ def test_chat_non_streaming(client, model_name):
 
 
 def test_chat_streaming_with_usage(client, model_name):
-    chunks = list(client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "hello"}], max_tokens=6, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == ["length"]
@@ -46,23 +54,39 @@ def test_chat_streaming_with_usage(client, model_name):
 
 
 def test_completions_and_stream(client, model_name):
-    r = client.completions.create(model=model_name, prompt="The quick brown", max_tokens=5, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=model_name, prompt="The quick brown", max_tokens=5, extra_body={"ignore_eos": True}
+    )
     assert r.object == "text_completion" and r.usage.completion_tokens == 5
-    parts = list(client.completions.create(model=model_name, prompt="The quick brown", max_tokens=5, stream=True,
-                                           extra_body={"ignore_eos": True}))
+    parts = list(
+        client.completions.create(
+            model=model_name, prompt="The quick brown", max_tokens=5, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert sum(1 for p in parts if p.choices and p.choices[0].text) >= 1
 
 
 def test_seed_is_honoured(client, model_name):
     def once():
-        return client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "x"}],
-                                              max_tokens=8, temperature=1.0, seed=1234).choices[0].message.content
+        return (
+            client.chat.completions.create(
+                model=model_name, messages=[{"role": "user", "content": "x"}], max_tokens=8, temperature=1.0, seed=1234
+            )
+            .choices[0]
+            .message.content
+        )
+
     assert once() == once()
 
 
 def test_stop_is_honoured(client, model_name):
-    base = client.completions.create(model=model_name, prompt="abc", max_tokens=12, temperature=0,
-                                     extra_body={"ignore_eos": True}).choices[0].text
+    base = (
+        client.completions.create(
+            model=model_name, prompt="abc", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
     stop = base[3:5] if len(base) >= 5 else base[-1:]
     r = client.completions.create(model=model_name, prompt="abc", max_tokens=12, temperature=0, stop=[stop])
     assert stop not in r.choices[0].text and r.choices[0].finish_reason == "stop"
@@ -71,8 +95,12 @@ def test_stop_is_honoured(client, model_name):
 @pytest.mark.parametrize("seed", range(6))
 def test_json_schema_response_is_valid_every_time(client, model_name, seed):
     r = client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": f"describe person {seed}"}], temperature=1.0, seed=seed,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+        model=model_name,
+        messages=[{"role": "user", "content": f"describe person {seed}"}],
+        temperature=1.0,
+        seed=seed,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "stop", choice
     jsonschema.validate(json.loads(choice.message.content), PERSON)
@@ -80,8 +108,12 @@ def test_json_schema_response_is_valid_every_time(client, model_name, seed):
 
 def test_json_schema_streaming(client, model_name):
     chunks = client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "stream a person"}], stream=True, seed=7,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+        model=model_name,
+        messages=[{"role": "user", "content": "stream a person"}],
+        stream=True,
+        seed=7,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     jsonschema.validate(json.loads(text), PERSON)
 
@@ -91,8 +123,13 @@ def test_json_object_is_valid_or_honestly_truncated(client, model_name):
     # Every answer that finished is a JSON object, and with these seeds some do finish.
     finished = 0
     for seed in range(8):
-        c = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "give json"}],
-                                           response_format={"type": "json_object"}, max_tokens=64, seed=seed).choices[0]
+        c = client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "give json"}],
+            response_format={"type": "json_object"},
+            max_tokens=64,
+            seed=seed,
+        ).choices[0]
         assert c.finish_reason in ("stop", "length")
         if c.finish_reason == "stop":
             assert isinstance(json.loads(c.message.content), dict)
@@ -101,14 +138,21 @@ def test_json_object_is_valid_or_honestly_truncated(client, model_name):
 
 
 def test_text_response_format(client, model_name):
-    r = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                       response_format={"type": "text"})
+    r = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4, response_format={"type": "text"}
+    )
     assert r.choices[0].message.content is not None
 
 
 def test_logprobs_are_honoured(client, model_name):
-    r = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                       logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content)
 
@@ -128,8 +172,13 @@ def test_prefill_only_scoring(client, model_name):
 
 def test_many_concurrent_requests_all_succeed(client, model_name):
     def one(i):
-        return client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": f"req {i}"}],
-                                              max_tokens=16, extra_body={"ignore_eos": True})
+        return client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": f"req {i}"}],
+            max_tokens=16,
+            extra_body={"ignore_eos": True},
+        )
+
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, range(16)))
     assert all(r.usage.completion_tokens == 16 for r in results)

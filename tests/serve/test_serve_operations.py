@@ -42,9 +42,11 @@ def test_metrics_merge_vllm_and_server_series(client, http, model_name):
 
 
 def test_serve_help_has_an_example_and_imports_no_engine():
-    code = ("import sys; from llmserve.cli.app import app; from typer.testing import CliRunner; "
-            "r = CliRunner().invoke(app, ['serve', '--help']); print(r.output); "
-            "print('HEAVY' if {'vllm', 'torch', 'prometheus_client'} & set(sys.modules) else 'LIGHT')")
+    code = (
+        "import sys; from llmserve.cli.app import app; from typer.testing import CliRunner; "
+        "r = CliRunner().invoke(app, ['serve', '--help']); print(r.output); "
+        "print('HEAVY' if {'vllm', 'torch', 'prometheus_client'} & set(sys.modules) else 'LIGHT')"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "Example" in r.stdout and "llmserve serve" in r.stdout and "--api-key" in r.stdout
     assert r.stdout.strip().endswith("LIGHT")
@@ -62,14 +64,25 @@ def _sample(text: str, name: str, **labels) -> float:
     return total
 
 
-@pytest.mark.parametrize("endpoint,path,body,clients", [
-    # one request asking for 32 x 480 tokens
-    ("completion", "/v1/completions",
-     {"model": "tiny-chat", "prompt": "x", "max_tokens": 480, "ignore_eos": True, "n": 32}, 1),
-    # KServe answers one text per request: 16 requests of 480 tokens
-    ("kserve_http_generate", "/v2/models/tiny-chat/generate",
-     {"text_input": "x", "parameters": {"max_tokens": 480, "ignore_eos": True}}, 16),
-])
+@pytest.mark.parametrize(
+    "endpoint,path,body,clients",
+    [
+        # one request asking for 32 x 480 tokens
+        (
+            "completion",
+            "/v1/completions",
+            {"model": "tiny-chat", "prompt": "x", "max_tokens": 480, "ignore_eos": True, "n": 32},
+            1,
+        ),
+        # KServe answers one text per request: 16 requests of 480 tokens
+        (
+            "kserve_http_generate",
+            "/v2/models/tiny-chat/generate",
+            {"text_input": "x", "parameters": {"max_tokens": 480, "ignore_eos": True}},
+            16,
+        ),
+    ],
+)
 def test_a_non_streaming_request_is_aborted_when_its_client_disconnects(server, http, endpoint, path, body, clients):
     """The engine stops generating for clients that have gone, and each request is counted with
     status 499, instead of being generated to the end for nobody."""
@@ -96,7 +109,8 @@ def test_a_non_streaming_request_is_aborted_when_its_client_disconnects(server, 
         assert set(pool.map(give_up, range(clients))) == {"gave up"}
     after = settled()
     generated = _sample(after, "vllm:generation_tokens_total") - _sample(before, "vllm:generation_tokens_total")
-    closed = (_sample(after, "llmserve_requests_total", endpoint=endpoint, status="499")
-              - _sample(before, "llmserve_requests_total", endpoint=endpoint, status="499"))
+    closed = _sample(after, "llmserve_requests_total", endpoint=endpoint, status="499") - _sample(
+        before, "llmserve_requests_total", endpoint=endpoint, status="499"
+    )
     assert closed == clients
     assert generated < full / 2, (generated, full)

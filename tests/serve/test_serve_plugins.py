@@ -20,7 +20,8 @@ def _source(tmp_path, tiny_model_dir, module_text: str, entry: str, group: str =
     (src / "plugins" / "p" / "llmserve_plug_mod.py").write_text(module_text)
     (src / "llmserve.yaml").write_text(
         "modelId: plug\nmodelVersion: 1\nbackend: vllm\n"
-        f"plugins:\n  - name: p1\n    source: plugins/p\n    entryPoint: {entry}\n    group: {group}\n")
+        f"plugins:\n  - name: p1\n    source: plugins/p\n    entryPoint: {entry}\n    group: {group}\n"
+    )
     return open_package(src)
 
 
@@ -60,6 +61,8 @@ def test_plugin_excluded_by_vllm_plugins_is_an_error(tmp_path, tiny_model_dir, i
 
 def test_logits_processor_plugin_refused_under_v2_runner(tmp_path, tiny_model_dir, isolated_path, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    pkg = _source(tmp_path, tiny_model_dir, "class P:\n    pass\n", "llmserve_plug_mod:P", group="vllm.logits_processors")
+    pkg = _source(
+        tmp_path, tiny_model_dir, "class P:\n    pass\n", "llmserve_plug_mod:P", group="vllm.logits_processors"
+    )
     with pytest.raises(PluginInstallError, match="V2 model runner"):
         install_plugins(pkg, tmp_path / "site")

@@ -15,8 +15,11 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(tmp_path, tiny_vllm_pa
         results = {}
 
         def call(i):
-            r = httpx.post(srv.base_url + "/v1/completions", timeout=120, json={
-                "model": "tiny-chat", "prompt": f"drain {i}", "max_tokens": 300, "ignore_eos": True})
+            r = httpx.post(
+                srv.base_url + "/v1/completions",
+                timeout=120,
+                json={"model": "tiny-chat", "prompt": f"drain {i}", "max_tokens": 300, "ignore_eos": True},
+            )
             results[i] = r
 
         threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
@@ -25,7 +28,9 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(tmp_path, tiny_vllm_pa
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait until the engine is working on them
             m = httpx.get(srv.base_url + "/metrics").text
-            if any(line.startswith("vllm:num_requests_running") and not line.endswith(" 0.0") for line in m.splitlines()):
+            if any(
+                line.startswith("vllm:num_requests_running") and not line.endswith(" 0.0") for line in m.splitlines()
+            ):
                 break
             time.sleep(0.05)
         srv.proc.send_signal(signal.SIGTERM)

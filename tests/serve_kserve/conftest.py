@@ -119,8 +119,10 @@ def kserve_server(tiny_vllm_package):
     from llmserve.serve.environment import CACHE_VARS
 
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        pytest.fail("prometheus_client was imported before tests/serve_kserve/conftest.py could set "
-                    "PROMETHEUS_MULTIPROC_DIR; set it in the environment to run these tests")
+        pytest.fail(
+            "prometheus_client was imported before tests/serve_kserve/conftest.py could set "
+            "PROMETHEUS_MULTIPROC_DIR; set it in the environment to run these tests"
+        )
     from llmserve.serve.metrics import ServerMetrics
 
     for var in CACHE_VARS:  # set per session by tests/conftest.py; the engine needs them to exist
@@ -157,8 +159,15 @@ def kserve_server(tiny_vllm_package):
 
     try:
         loop.run(start_frontends(), 60)
-        server = KServeServer(loop, readiness, _hostport(frontends[0].address), _hostport(frontends[1].address),
-                              _hostport(frontends[2].address), metrics=metrics, version=str(version))
+        server = KServeServer(
+            loop,
+            readiness,
+            _hostport(frontends[0].address),
+            _hostport(frontends[1].address),
+            _hostport(frontends[2].address),
+            metrics=metrics,
+            version=str(version),
+        )
         server.before_ready = _observe_not_ready(server.grpc_url, server.http_url)
         handle = loop.run(start(), 300)
         readiness.set_ready(handle)

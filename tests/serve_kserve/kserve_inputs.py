@@ -7,8 +7,9 @@ import json
 import numpy as np
 
 
-def text_inputs(client_module, prompt: str, *, stream: bool | None = None, sampling: dict | None = None,
-                exclude: bool | None = None) -> list:
+def text_inputs(
+    client_module, prompt: str, *, stream: bool | None = None, sampling: dict | None = None, exclude: bool | None = None
+) -> list:
     """text_input, and the optional stream / sampling_parameters / exclude_input_in_output tensors."""
     out = []
     t = client_module.InferInput("text_input", [1], "BYTES")

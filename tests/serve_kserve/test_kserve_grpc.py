@@ -79,8 +79,9 @@ def test_model_config_is_decoupled(grpc_client, kserve_server):
 
 
 def test_infer_returns_text(grpc_client, kserve_server):
-    result = grpc_client.infer(kserve_server.model, inputs("The sky is", sampling=GREEDY, exclude=True),
-                               request_id="r-1")
+    result = grpc_client.infer(
+        kserve_server.model, inputs("The sky is", sampling=GREEDY, exclude=True), request_id="r-1"
+    )
     text = text_of(result)
     assert text  # 12 tokens of a random model, never empty with ignore_eos
     assert result.get_response().id == "r-1"
@@ -94,8 +95,12 @@ def test_infer_returns_text(grpc_client, kserve_server):
 
 
 def test_infer_with_version_and_request_parameters(grpc_client, kserve_server):
-    result = grpc_client.infer(kserve_server.model, inputs("Hello"), model_version=kserve_server.version,
-                               parameters={"temperature": 0.0, "max_tokens": 3, "ignore_eos": True})
+    result = grpc_client.infer(
+        kserve_server.model,
+        inputs("Hello"),
+        model_version=kserve_server.version,
+        parameters={"temperature": 0.0, "max_tokens": 3, "ignore_eos": True},
+    )
     assert text_of(result).startswith("Hello")
 
 
@@ -128,7 +133,9 @@ def stream_requests(client, model, requests, *, timeout=240):
 def test_stream_infer_token_deltas(grpc_client, kserve_server):
     prompt = "Once upon a time"
     full = text_of(grpc_client.infer(kserve_server.model, inputs(prompt, sampling=GREEDY, exclude=True)))
-    got, errors = stream_requests(grpc_client, kserve_server.model, [("s-1", inputs(prompt, stream=True, sampling=GREEDY))])
+    got, errors = stream_requests(
+        grpc_client, kserve_server.model, [("s-1", inputs(prompt, stream=True, sampling=GREEDY))]
+    )
     assert not errors
     parts = got["s-1"]
     assert len(parts) > 1, "a token stream sends one response per delta"
@@ -149,7 +156,9 @@ def test_stream_concurrent_requests_on_one_stream(grpc_client, kserve_server):
 
 
 def test_stream_without_stream_flag_sends_one_final_response(grpc_client, kserve_server):
-    got, errors = stream_requests(grpc_client, kserve_server.model, [("one", inputs("Hi there", sampling={"max_tokens": 4}))])
+    got, errors = stream_requests(
+        grpc_client, kserve_server.model, [("one", inputs("Hi there", sampling={"max_tokens": 4}))]
+    )
     assert not errors
     assert len(got["one"]) == 1
     text, final = got["one"][0]
@@ -163,8 +172,9 @@ def test_stream_bad_request_reports_error_and_stream_survives(grpc_client, kserv
         grpc_client.async_stream_infer(kserve_server.model, inputs("x", sampling={"nope": 1}), request_id="bad")
         result, error = responses.get(timeout=120)
         assert result is None and "nope" in str(error)
-        grpc_client.async_stream_infer(kserve_server.model, inputs("y", stream=True, sampling={"max_tokens": 2}),
-                                       request_id="good")
+        grpc_client.async_stream_infer(
+            kserve_server.model, inputs("y", stream=True, sampling={"max_tokens": 2}), request_id="good"
+        )
         finals = 0
         while not finals:
             result, error = responses.get(timeout=120)
@@ -176,9 +186,12 @@ def test_stream_bad_request_reports_error_and_stream_survives(grpc_client, kserv
 
 def test_structured_outputs_json_schema(grpc_client, kserve_server):
     # bounded on purpose: a random-weight model fills an unbounded string or number until max_tokens
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                               "ok": {"type": "boolean"}},
-              "required": ["name", "ok"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+        "additionalProperties": False,
+    }
     import jsonschema
 
     for seed in range(3):
@@ -187,16 +200,19 @@ def test_structured_outputs_json_schema(grpc_client, kserve_server):
         jsonschema.validate(json.loads(text), schema), text
 
 
-@pytest.mark.parametrize("sampling, needle", [
-    ({"nope": 1}, "'nope'"),
-    ({"logprobs": 2}, "'logprobs'"),
-    ({"guided_json": {}}, "structured_outputs"),
-    ({"temperature": "hot"}, "'temperature'"),
-    ({"n": 2}, "n=1"),
-    ({"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}}, "exactly one"),
-    ({"structured_outputs": {"jsn": {}}}, "jsn"),
-    ({"temperature": -1}, "temperature"),
-])
+@pytest.mark.parametrize(
+    "sampling, needle",
+    [
+        ({"nope": 1}, "'nope'"),
+        ({"logprobs": 2}, "'logprobs'"),
+        ({"guided_json": {}}, "structured_outputs"),
+        ({"temperature": "hot"}, "'temperature'"),
+        ({"n": 2}, "n=1"),
+        ({"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}}, "exactly one"),
+        ({"structured_outputs": {"jsn": {}}}, "jsn"),
+        ({"temperature": -1}, "temperature"),
+    ],
+)
 def test_bad_sampling_is_invalid_argument(grpc_client, kserve_server, sampling, needle):
     err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x", sampling=sampling)))
     assert err.status() == "StatusCode.INVALID_ARGUMENT"
@@ -206,8 +222,11 @@ def test_bad_sampling_is_invalid_argument(grpc_client, kserve_server, sampling, 
 def test_bad_request_parameter_and_conflict(grpc_client, kserve_server):
     err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x"), parameters={"temprature": 1.0}))
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "'temprature'" in err.message()
-    err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x", sampling={"max_tokens": 2}),
-                                             parameters={"max_tokens": 3}))
+    err = error_of(
+        lambda: grpc_client.infer(
+            kserve_server.model, inputs("x", sampling={"max_tokens": 2}), parameters={"max_tokens": 3}
+        )
+    )
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "both" in err.message()
     err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x"), sequence_id=7, sequence_start=True))
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "sequence" in err.message()
@@ -246,8 +265,9 @@ def test_bad_tensors(grpc_client, kserve_server):
     err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x", stream=True)))
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "ModelStreamInfer" in err.message()
 
-    err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x"),
-                                             outputs=[grpcclient.InferRequestedOutput("logits")]))
+    err = error_of(
+        lambda: grpc_client.infer(kserve_server.model, inputs("x"), outputs=[grpcclient.InferRequestedOutput("logits")])
+    )
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "unknown output 'logits'" in err.message()
 
     bad_json = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
@@ -286,9 +306,12 @@ def test_stream_echoes_multibyte_prompt_and_empty_final_option(grpc_client, kser
     responses: queue.Queue = queue.Queue()
     grpc_client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
-        grpc_client.async_stream_infer(kserve_server.model, inputs(prompt, stream=True, exclude=False,
-                                                                   sampling={"max_tokens": 5, "ignore_eos": True}),
-                                       request_id="mb", enable_empty_final_response=True)
+        grpc_client.async_stream_infer(
+            kserve_server.model,
+            inputs(prompt, stream=True, exclude=False, sampling={"max_tokens": 5, "ignore_eos": True}),
+            request_id="mb",
+            enable_empty_final_response=True,
+        )
         parts = []
         while not parts or not parts[-1][1]:
             result, error = responses.get(timeout=120)
@@ -321,8 +344,12 @@ def test_drain_finishes_in_flight_and_refuses_new(kserve_server):
     def long_request():
         with grpcclient.InferenceServerClient(url) as c:
             try:
-                outcome["text"] = text_of(c.infer(kserve_server.model, inputs(
-                    "Tell", sampling={"max_tokens": 48, "ignore_eos": True}, exclude=True)))
+                outcome["text"] = text_of(
+                    c.infer(
+                        kserve_server.model,
+                        inputs("Tell", sampling={"max_tokens": 48, "ignore_eos": True}, exclude=True),
+                    )
+                )
             except InferenceServerException as exc:
                 outcome["error"] = exc
 

@@ -65,8 +65,9 @@ def test_health_and_metadata(http_client, kserve_server):
     assert server["name"] == "llmserve" and "binary_tensor_data" in server["extensions"]
     meta = http_client.get_model_metadata(kserve_server.model)
     assert meta["versions"] == [kserve_server.version]
-    assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == \
-        [(t.name, t.datatype, t.dims) for t in LLM_TEXT_CONTRACT.inputs]
+    assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
+        (t.name, t.datatype, t.dims) for t in LLM_TEXT_CONTRACT.inputs
+    ]
     config = http_client.get_model_config(kserve_server.model)
     assert config["model_transaction_policy"] == {"decoupled": True}
 
@@ -74,16 +75,23 @@ def test_health_and_metadata(http_client, kserve_server):
 @pytest.mark.parametrize("binary", [True, False], ids=["binary-tensors", "json-tensors"])
 def test_infer(http_client, grpc_client, kserve_server, binary):
     outputs = [httpclient.InferRequestedOutput("text_output", binary_data=binary)]
-    result = http_client.infer(kserve_server.model, inputs("The sky is", binary=binary, sampling=GREEDY, exclude=True),
-                               outputs=outputs, request_id="h-1")
+    result = http_client.infer(
+        kserve_server.model,
+        inputs("The sky is", binary=binary, sampling=GREEDY, exclude=True),
+        outputs=outputs,
+        request_id="h-1",
+    )
     text = text_of(result)
     assert text
     assert result.get_response()["id"] == "h-1"
     # same engine, same greedy answer as the gRPC frontend
     import tritonclient.grpc as grpcclient
 
-    g = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("sampling_parameters", [1], "BYTES"),
-         grpcclient.InferInput("exclude_input_in_output", [1], "BOOL")]
+    g = [
+        grpcclient.InferInput("text_input", [1], "BYTES"),
+        grpcclient.InferInput("sampling_parameters", [1], "BYTES"),
+        grpcclient.InferInput("exclude_input_in_output", [1], "BOOL"),
+    ]
     g[0].set_data_from_numpy(np.array([b"The sky is"], dtype=object))
     g[1].set_data_from_numpy(np.array([json.dumps(GREEDY).encode()], dtype=object))
     g[2].set_data_from_numpy(np.array([True]))
@@ -97,16 +105,21 @@ def test_infer_default_outputs_binary(http_client, kserve_server):
 
 
 def test_infer_gzip_request(http_client, kserve_server):
-    result = http_client.infer(kserve_server.model, inputs("Hello", sampling={"max_tokens": 2}),
-                               request_compression_algorithm="gzip")
+    result = http_client.infer(
+        kserve_server.model, inputs("Hello", sampling={"max_tokens": 2}), request_compression_algorithm="gzip"
+    )
     assert text_of(result).startswith("Hello")
 
 
 def test_infer_raw_json(http, kserve_server):
-    body = {"id": "j", "inputs": [
-        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["Hello"]},
-        {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1], "data": [json.dumps({"max_tokens": 2})]},
-    ], "parameters": {"ignore_eos": True}}
+    body = {
+        "id": "j",
+        "inputs": [
+            {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["Hello"]},
+            {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1], "data": [json.dumps({"max_tokens": 2})]},
+        ],
+        "parameters": {"ignore_eos": True},
+    }
     r = http.post(f"/v2/models/{kserve_server.model}/versions/{kserve_server.version}/infer", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -114,16 +127,35 @@ def test_infer_raw_json(http, kserve_server):
     assert out["outputs"][0]["name"] == "text_output" and out["outputs"][0]["data"][0].startswith("Hello")
 
 
-@pytest.mark.parametrize("body, status, needle", [
-    ({"inputs": [{"name": "text_input", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "datatype FP32"),
-    ({"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, 400, "unknown input 'prompt'"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [1]}]}, 400, "strings"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
-      "parameters": {"tempreture": 1}}, 400, "'tempreture'"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
-      "outputs": [{"name": "text_output", "parameters": {"classification": 2}}]}, 400, "classification"),
-    ({"inputs": [], "extra": 1}, 400, "extra"),
-])
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        ({"inputs": [{"name": "text_input", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "datatype FP32"),
+        (
+            {"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["x"]}]},
+            400,
+            "unknown input 'prompt'",
+        ),
+        ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [1]}]}, 400, "strings"),
+        (
+            {
+                "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+                "parameters": {"tempreture": 1},
+            },
+            400,
+            "'tempreture'",
+        ),
+        (
+            {
+                "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+                "outputs": [{"name": "text_output", "parameters": {"classification": 2}}],
+            },
+            400,
+            "classification",
+        ),
+        ({"inputs": [], "extra": 1}, 400, "extra"),
+    ],
+)
 def test_infer_bad_requests(http, kserve_server, body, status, needle):
     r = http.post(f"/v2/models/{kserve_server.model}/infer", json=body)
     assert r.status_code == status, r.text
@@ -131,8 +163,9 @@ def test_infer_bad_requests(http, kserve_server, body, status, needle):
 
 
 def test_infer_malformed_json_and_unknown_model(http, kserve_server):
-    r = http.post(f"/v2/models/{kserve_server.model}/infer", content=b"{not json",
-                  headers={"content-type": "application/json"})
+    r = http.post(
+        f"/v2/models/{kserve_server.model}/infer", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
     r = http.post("/v2/models/no-such-model/infer", json={"inputs": []})
     assert r.status_code == 404 and kserve_server.model in r.json()["error"]
@@ -145,10 +178,14 @@ def test_infer_malformed_json_and_unknown_model(http, kserve_server):
 
 
 def test_infer_binary_size_mismatch(http, kserve_server):
-    header = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
-                                     "parameters": {"binary_data_size": 50}}]}).encode()
-    r = http.post(f"/v2/models/{kserve_server.model}/infer", content=header + b"\x02\x00\x00\x00hi",
-                  headers={"Inference-Header-Content-Length": str(len(header))})
+    header = json.dumps(
+        {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 50}}]}
+    ).encode()
+    r = http.post(
+        f"/v2/models/{kserve_server.model}/infer",
+        content=header + b"\x02\x00\x00\x00hi",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
     assert r.status_code == 400 and "binary_data_size" in r.json()["error"]
 
 
@@ -159,27 +196,37 @@ def test_tritonclient_http_error_surface(http_client, kserve_server):
 
 
 def test_generate(http, kserve_server):
-    r = http.post(f"/v2/models/{kserve_server.model}/generate",
-                  json={"text_input": "The sky is", "exclude_input_in_output": True, "parameters": GREEDY})
+    r = http.post(
+        f"/v2/models/{kserve_server.model}/generate",
+        json={"text_input": "The sky is", "exclude_input_in_output": True, "parameters": GREEDY},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model_name"] == kserve_server.model and body["model_version"] == kserve_server.version
     assert body["text_output"]
     # sampling_parameters as a JSON string (Triton vLLM samples) and top-level parameters are equivalent
-    r2 = http.post(f"/v2/models/{kserve_server.model}/generate",
-                   json={"text_input": "The sky is", "exclude_input_in_output": True,
-                         "sampling_parameters": json.dumps(GREEDY)})
+    r2 = http.post(
+        f"/v2/models/{kserve_server.model}/generate",
+        json={"text_input": "The sky is", "exclude_input_in_output": True, "sampling_parameters": json.dumps(GREEDY)},
+    )
     assert r2.json()["text_output"] == body["text_output"]
-    r3 = http.post(f"/v2/models/{kserve_server.model}/generate",
-                   json={"text_input": "The sky is", "exclude_input_in_output": True, **GREEDY})
+    r3 = http.post(
+        f"/v2/models/{kserve_server.model}/generate",
+        json={"text_input": "The sky is", "exclude_input_in_output": True, **GREEDY},
+    )
     assert r3.json()["text_output"] == body["text_output"]
 
 
 def test_generate_stream(http, kserve_server):
-    full = http.post(f"/v2/models/{kserve_server.model}/generate",
-                     json={"text_input": "Once upon", "exclude_input_in_output": True, "parameters": GREEDY}).json()
-    with http.stream("POST", f"/v2/models/{kserve_server.model}/generate_stream",
-                     json={"text_input": "Once upon", "parameters": GREEDY}) as r:
+    full = http.post(
+        f"/v2/models/{kserve_server.model}/generate",
+        json={"text_input": "Once upon", "exclude_input_in_output": True, "parameters": GREEDY},
+    ).json()
+    with http.stream(
+        "POST",
+        f"/v2/models/{kserve_server.model}/generate_stream",
+        json={"text_input": "Once upon", "parameters": GREEDY},
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r)
@@ -191,24 +238,36 @@ def test_generate_stream(http, kserve_server):
 def test_generate_structured_output(http, kserve_server):
     import jsonschema
 
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
-    r = http.post(f"/v2/models/{kserve_server.model}/generate",
-                  json={"text_input": "Answer:", "exclude_input_in_output": True,
-                        "parameters": {"max_tokens": 32, "structured_outputs": json.dumps({"json": schema})}})
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    r = http.post(
+        f"/v2/models/{kserve_server.model}/generate",
+        json={
+            "text_input": "Answer:",
+            "exclude_input_in_output": True,
+            "parameters": {"max_tokens": 32, "structured_outputs": json.dumps({"json": schema})},
+        },
+    )
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["text_output"]), schema)
 
 
 @pytest.mark.parametrize("path", ["generate", "generate_stream"])
-@pytest.mark.parametrize("body, status, needle", [
-    ({"text_input": "x", "parameters": {"bogus": 1}}, 400, "'bogus'"),
-    ({"text_input": "x", "bogus_top": 1}, 400, "'bogus_top'"),
-    ({"text_input": 5}, 400, "'text_input' must be a string"),
-    ({"parameters": {"max_tokens": 2}}, 400, "text_input"),
-    ({"text_input": "x", "sampling_parameters": "{bad"}, 400, "not valid JSON"),
-    ({"text_input": "word " * 3000}, 400, "refused"),
-])
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        ({"text_input": "x", "parameters": {"bogus": 1}}, 400, "'bogus'"),
+        ({"text_input": "x", "bogus_top": 1}, 400, "'bogus_top'"),
+        ({"text_input": 5}, 400, "'text_input' must be a string"),
+        ({"parameters": {"max_tokens": 2}}, 400, "text_input"),
+        ({"text_input": "x", "sampling_parameters": "{bad"}, 400, "not valid JSON"),
+        ({"text_input": "word " * 3000}, 400, "refused"),
+    ],
+)
 def test_generate_bad_requests(http, kserve_server, path, body, status, needle):
     r = http.post(f"/v2/models/{kserve_server.model}/{path}", json=body)
     assert r.status_code == status, r.text
@@ -216,8 +275,9 @@ def test_generate_bad_requests(http, kserve_server, path, body, status, needle):
 
 
 def test_generate_malformed_json_and_unknown_model(http, kserve_server):
-    r = http.post(f"/v2/models/{kserve_server.model}/generate", content=b"[1,",
-                  headers={"content-type": "application/json"})
+    r = http.post(
+        f"/v2/models/{kserve_server.model}/generate", content=b"[1,", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
     r = http.post("/v2/models/other/generate_stream", json={"text_input": "x"})
     assert r.status_code == 404
@@ -245,8 +305,9 @@ def test_router_mounts_on_another_app(kserve_server):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app", timeout=120) as c:
             ready = await c.get("/v2/health/ready")
-            gen = await c.post(f"/v2/models/{kserve_server.model}/generate",
-                               json={"text_input": "Hi", "parameters": {"max_tokens": 2}})
+            gen = await c.post(
+                f"/v2/models/{kserve_server.model}/generate", json={"text_input": "Hi", "parameters": {"max_tokens": 2}}
+            )
             other = await c.get("/v1/models")
             return ready.status_code, gen.status_code, gen.json(), other.status_code
 

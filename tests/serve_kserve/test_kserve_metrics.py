@@ -74,17 +74,24 @@ def test_kserve_requests_are_counted_by_endpoint_and_status(kserve_server, grpc_
     assert http_client.is_model_ready(model) and http_client.get_model_metadata(model)
 
     after, seen_after = series(kserve_server.metrics)
-    assert after - before == Counter({
-        ("kserve_grpc_ModelInfer", "OK"): 1,
-        ("kserve_grpc_ModelInfer", "INVALID_ARGUMENT"): 1,
-        ("kserve_grpc_ModelStreamInfer", "OK"): 1,
-        ("kserve_http_infer", "200"): 1,
-        ("kserve_http_infer", "400"): 1,
-        ("kserve_http_generate", "200"): 1,
-        ("kserve_http_generate", "400"): 1,
-        ("kserve_http_generate_stream", "200"): 1,
-    })
-    assert seen_after - seen_before == Counter({
-        "kserve_grpc_ModelInfer": 2, "kserve_grpc_ModelStreamInfer": 1,
-        "kserve_http_infer": 2, "kserve_http_generate": 2, "kserve_http_generate_stream": 1,
-    })
+    assert after - before == Counter(
+        {
+            ("kserve_grpc_ModelInfer", "OK"): 1,
+            ("kserve_grpc_ModelInfer", "INVALID_ARGUMENT"): 1,
+            ("kserve_grpc_ModelStreamInfer", "OK"): 1,
+            ("kserve_http_infer", "200"): 1,
+            ("kserve_http_infer", "400"): 1,
+            ("kserve_http_generate", "200"): 1,
+            ("kserve_http_generate", "400"): 1,
+            ("kserve_http_generate_stream", "200"): 1,
+        }
+    )
+    assert seen_after - seen_before == Counter(
+        {
+            "kserve_grpc_ModelInfer": 2,
+            "kserve_grpc_ModelStreamInfer": 1,
+            "kserve_http_infer": 2,
+            "kserve_http_generate": 2,
+            "kserve_http_generate_stream": 1,
+        }
+    )

@@ -54,8 +54,9 @@ def connect(namespace: str | None = None, context: str | None = None, kubeconfig
     try:
         from kubernetes import client, config
     except ImportError as exc:  # pragma: no cover - the lock pins it
-        raise DeployInputError("the `kubernetes` Python client is not installed",
-                               hint="Install the pinned stack: `make setup`.") from exc
+        raise DeployInputError(
+            "the `kubernetes` Python client is not installed", hint="Install the pinned stack: `make setup`."
+        ) from exc
     cfg = client.Configuration()
     ctx_name = None
     ns = namespace
@@ -67,8 +68,10 @@ def connect(namespace: str | None = None, context: str | None = None, kubeconfig
             if context:
                 chosen = next((c for c in contexts if c["name"] == context), None)
                 if chosen is None:
-                    raise DeployInputError(f"no context '{context}' in {path}",
-                                           hint=f"Known contexts: {', '.join(c['name'] for c in contexts)}.")
+                    raise DeployInputError(
+                        f"no context '{context}' in {path}",
+                        hint=f"Known contexts: {', '.join(c['name'] for c in contexts)}.",
+                    )
             ctx_name = chosen["name"] if chosen else None
             ns = ns or (chosen or {}).get("context", {}).get("namespace")
             config.load_kube_config(config_file=path, context=ctx_name, client_configuration=cfg)
@@ -78,14 +81,22 @@ def connect(namespace: str | None = None, context: str | None = None, kubeconfig
             if not ns and sa_ns.is_file():
                 ns = sa_ns.read_text().strip()
         else:
-            raise DeployInputError(f"no kubeconfig at {path} and not running inside a cluster",
-                                   hint="Set KUBECONFIG or pass --kubeconfig.")
+            raise DeployInputError(
+                f"no kubeconfig at {path} and not running inside a cluster", hint="Set KUBECONFIG or pass --kubeconfig."
+            )
     except config.ConfigException as exc:
-        raise DeployInputError(f"cannot load the kubeconfig {path}: {exc}",
-                               hint="Check it with `kubectl config view`.") from exc
+        raise DeployInputError(
+            f"cannot load the kubeconfig {path}: {exc}", hint="Check it with `kubectl config view`."
+        ) from exc
     api = client.ApiClient(cfg)
-    return Cluster(core=client.CoreV1Api(api), apps=client.AppsV1Api(api), coord=client.CoordinationV1Api(api),
-                   namespace=ns or "default", context=ctx_name, server=cfg.host)
+    return Cluster(
+        core=client.CoreV1Api(api),
+        apps=client.AppsV1Api(api),
+        coord=client.CoordinationV1Api(api),
+        namespace=ns or "default",
+        context=ctx_name,
+        server=cfg.host,
+    )
 
 
 def api_call(what: str, fn, *args, not_found_ok: bool = False, **kwargs):

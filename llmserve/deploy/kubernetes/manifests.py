@@ -46,37 +46,101 @@ def base_labels(name: str, strategy: str) -> dict[str, str]:
     return {L_DEPLOYMENT: name, L_STRATEGY: strategy, L_MANAGED: "llmserve", "app.kubernetes.io/name": name}
 
 
-def deployment(*, namespace: str, object_name: str, name: str, strategy: str, version: int, color: str | None,
-               replicas: int, spec: PodSpec, package: str, digest: str | None, interface: dict, model_id: str,
-               rollout: int, drain_timeout_s: float, health_timeout_s: float) -> dict:
+def deployment(
+    *,
+    namespace: str,
+    object_name: str,
+    name: str,
+    strategy: str,
+    version: int,
+    color: str | None,
+    replicas: int,
+    spec: PodSpec,
+    package: str,
+    digest: str | None,
+    interface: dict,
+    model_id: str,
+    rollout: int,
+    drain_timeout_s: float,
+    health_timeout_s: float,
+) -> dict:
     labels = base_labels(name, strategy) | {L_VERSION: str(version)}
     if color:
         labels[L_COLOR] = color
     selector = {L_DEPLOYMENT: name, L_STRATEGY: strategy, L_VERSION: str(version)} | ({L_COLOR: color} if color else {})
     package_uri = spec.package_uri or f"/models/{package.rsplit('/', 1)[-1]}"
-    args = ["serve", package_uri, "--host", "0.0.0.0", "--port", str(SERVER_PORT), "--grpc-port", str(GRPC_PORT),
-            "--drain-timeout", f"{drain_timeout_s:g}", *spec.serve_args]
+    args = [
+        "serve",
+        package_uri,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SERVER_PORT),
+        "--grpc-port",
+        str(GRPC_PORT),
+        "--drain-timeout",
+        f"{drain_timeout_s:g}",
+        *spec.serve_args,
+    ]
     requests = {"cpu": spec.cpu, "memory": spec.memory}
     limits = {}
     if spec.gpus:
         requests["nvidia.com/gpu"] = str(spec.gpus)
         limits["nvidia.com/gpu"] = str(spec.gpus)  # extended resources need limit == request
-    annotations = {A_PACKAGE: package, A_PACKAGE_URI: package_uri, A_DIGEST: digest or "",
-                   A_INTERFACE: json.dumps(interface, sort_keys=True), A_ROLLOUT: str(rollout), A_MODEL_ID: model_id}
-    text = render("deploy/k8s/deployment.yaml.j2", object_name=object_name, namespace=namespace, labels=labels,
-                  annotations=annotations, selector=selector, replicas=int(replicas),
-                  pod_annotations={A_DIGEST: digest or ""}, termination_grace_s=int(drain_timeout_s) + 15,
-                  service_account=spec.service_account, node_selector=spec.node_selector, gpus=spec.gpus,
-                  image=spec.image, args=args, env=[{"name": "LLMSERVE_DEPLOYMENT", "value": name},
-                                                    {"name": "HF_HUB_OFFLINE", "value": "1"}],
-                  port=SERVER_PORT, grpc_port=GRPC_PORT, probe_period_s=5, startup_failures=max(1, int(health_timeout_s // 5)),
-                  requests=requests, limits=limits, models_pvc=spec.models_pvc)
+    annotations = {
+        A_PACKAGE: package,
+        A_PACKAGE_URI: package_uri,
+        A_DIGEST: digest or "",
+        A_INTERFACE: json.dumps(interface, sort_keys=True),
+        A_ROLLOUT: str(rollout),
+        A_MODEL_ID: model_id,
+    }
+    text = render(
+        "deploy/k8s/deployment.yaml.j2",
+        object_name=object_name,
+        namespace=namespace,
+        labels=labels,
+        annotations=annotations,
+        selector=selector,
+        replicas=int(replicas),
+        pod_annotations={A_DIGEST: digest or ""},
+        termination_grace_s=int(drain_timeout_s) + 15,
+        service_account=spec.service_account,
+        node_selector=spec.node_selector,
+        gpus=spec.gpus,
+        image=spec.image,
+        args=args,
+        env=[{"name": "LLMSERVE_DEPLOYMENT", "value": name}, {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        port=SERVER_PORT,
+        grpc_port=GRPC_PORT,
+        probe_period_s=5,
+        startup_failures=max(1, int(health_timeout_s // 5)),
+        requests=requests,
+        limits=limits,
+        models_pvc=spec.models_pvc,
+    )
     return yaml.safe_load(text)
 
 
-def service(*, namespace: str, object_name: str, name: str, strategy: str, selector: dict[str, str],
-            spec: PodSpec, version: int | None = None) -> dict:
+def service(
+    *,
+    namespace: str,
+    object_name: str,
+    name: str,
+    strategy: str,
+    selector: dict[str, str],
+    spec: PodSpec,
+    version: int | None = None,
+) -> dict:
     labels = base_labels(name, strategy) | ({L_VERSION: str(version)} if version is not None else {})
-    text = render("deploy/k8s/service.yaml.j2", object_name=object_name, namespace=namespace, labels=labels,
-                  annotations={}, selector=selector, service_type=spec.service_type, service_port=spec.service_port)
+    text = render(
+        "deploy/k8s/service.yaml.j2",
+        object_name=object_name,
+        namespace=namespace,
+        labels=labels,
+        annotations={},
+        selector=selector,
+        service_type=spec.service_type,
+        service_port=spec.service_port,
+    )
     return yaml.safe_load(text)

@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 
 from llmserve.deploy import interface as iface
-from llmserve.deploy.errors import (DeployInputError, HealthCheckFailedError, InterfaceChangedError,
-                                    RolloutFailedError)
+from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
 from llmserve.deploy.kubernetes import manifests
-from llmserve.deploy.kubernetes.cluster import (L_COLOR, L_DEPLOYMENT, L_STRATEGY, L_VERSION, Cluster, api_call,
-                                                dns_name)
+from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_STRATEGY, L_VERSION, Cluster, api_call, dns_name
 from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, ClusterState, LeaseLock
 from llmserve.deploy.rollout import RED_BLACK, VERSIONED, DeployOptions
 
@@ -50,8 +48,9 @@ def replica_plan(steps: list[int], replicas: int) -> list[dict]:
 class KubernetesDeployer:
     """deploy / rollback / down / status for one namespace of one cluster."""
 
-    def __init__(self, cluster: Cluster, report=None, pod_spec: manifests.PodSpec | None = None,
-                 replicas: int | None = None):
+    def __init__(
+        self, cluster: Cluster, report=None, pod_spec: manifests.PodSpec | None = None, replicas: int | None = None
+    ):
         self.c = cluster
         self.report = report or (lambda msg, **kw: None)
         self.spec = pod_spec or manifests.PodSpec()
@@ -68,11 +67,18 @@ class KubernetesDeployer:
         return sorted(items, key=lambda d: d.metadata.name)
 
     def _get_dep(self, obj: str):
-        return api_call(f"read Deployment {obj}", self.c.apps.read_namespaced_deployment, obj, self.ns, not_found_ok=True)
+        return api_call(
+            f"read Deployment {obj}", self.c.apps.read_namespaced_deployment, obj, self.ns, not_found_ok=True
+        )
 
     def _scale(self, obj: str, n: int) -> None:
-        api_call(f"scale Deployment {obj} to {n}", self.c.apps.patch_namespaced_deployment, obj, self.ns,
-                 {"spec": {"replicas": int(n)}})
+        api_call(
+            f"scale Deployment {obj} to {n}",
+            self.c.apps.patch_namespaced_deployment,
+            obj,
+            self.ns,
+            {"spec": {"replicas": int(n)}},
+        )
 
     def _ready(self, obj: str) -> int | None:
         d = self._get_dep(obj)
@@ -91,7 +97,11 @@ class KubernetesDeployer:
         for p in self._pods(name, f"{L_VERSION}={version}")[:5]:
             conds = {c.type: c for c in (p.status.conditions or [])}
             ready = conds.get("Ready")
-            why = f"Ready={ready.status}" + (f" ({ready.reason})" if ready and ready.reason else "") if ready else "not scheduled"
+            why = (
+                f"Ready={ready.status}" + (f" ({ready.reason})" if ready and ready.reason else "")
+                if ready
+                else "not scheduled"
+            )
             lines.append(f"  pod {p.metadata.name}: phase {p.status.phase}, {why}, node {p.spec.node_name or '-'}")
         return "\n".join(lines) or "  no pods were created (check quotas and `kubectl get events`)"
 
@@ -108,7 +118,8 @@ class KubernetesDeployer:
                 raise HealthCheckFailedError(
                     f"v{version} ({obj}) has {max(ready, 0)}/{n} ready replicas after {timeout:g} s{what}; "
                     f"readiness probe GET /health:\n{self._pod_report(name, version)}",
-                    hint=f"Raise --health-timeout or look at `kubectl -n {self.ns} describe deployment {obj}`")
+                    hint=f"Raise --health-timeout or look at `kubectl -n {self.ns} describe deployment {obj}`",
+                )
             if time.monotonic() - last_note > 10:
                 last_note = time.monotonic()
                 self.report(f"waiting for {obj}: {max(ready, 0)}/{n} ready ({time.monotonic() - t0:.0f} s)")
@@ -126,19 +137,31 @@ class KubernetesDeployer:
             if have >= n:
                 return
             if time.monotonic() > deadline:
-                raise HealthCheckFailedError(f"Service {name} lists {have}/{n} ready endpoints of v{version} "
-                                             f"after {timeout:g} s")
+                raise HealthCheckFailedError(
+                    f"Service {name} lists {have}/{n} ready endpoints of v{version} after {timeout:g} s"
+                )
             time.sleep(0.2)
 
     def _delete_dep(self, obj: str, wait_s: float = 0.0, name: str | None = None, version: int | None = None) -> None:
-        api_call(f"delete Deployment {obj}", self.c.apps.delete_namespaced_deployment, obj, self.ns,
-                 propagation_policy="Background", not_found_ok=True, _preload_content=False)
+        api_call(
+            f"delete Deployment {obj}",
+            self.c.apps.delete_namespaced_deployment,
+            obj,
+            self.ns,
+            propagation_policy="Background",
+            not_found_ok=True,
+            _preload_content=False,
+        )
         if wait_s and name is not None:
             deadline = time.monotonic() + wait_s
             sel = f"{L_VERSION}={version}" if version is not None else ""
             while time.monotonic() < deadline:
-                pods = [p for p in self._pods(name, sel) if p.metadata.labels.get(L_COLOR) == obj.rsplit("-", 1)[-1]
-                        or p.metadata.labels.get(L_STRATEGY) == VERSIONED]
+                pods = [
+                    p
+                    for p in self._pods(name, sel)
+                    if p.metadata.labels.get(L_COLOR) == obj.rsplit("-", 1)[-1]
+                    or p.metadata.labels.get(L_STRATEGY) == VERSIONED
+                ]
                 if self._get_dep(obj) is None and not pods:
                     return
                 time.sleep(0.25)
@@ -149,30 +172,57 @@ class KubernetesDeployer:
         if cur is None:
             api_call(f"create Service {name}", self.c.core.create_namespaced_service, self.ns, body)
         elif (cur.spec.selector or {}) != body["spec"]["selector"]:
-            api_call(f"point Service {name}", self.c.core.patch_namespaced_service, name, self.ns,
-                     {"spec": {"selector": body["spec"]["selector"]}})
+            api_call(
+                f"point Service {name}",
+                self.c.core.patch_namespaced_service,
+                name,
+                self.ns,
+                {"spec": {"selector": body["spec"]["selector"]}},
+            )
 
     def _delete_service(self, svc: str) -> None:
-        api_call(f"delete Service {svc}", self.c.core.delete_namespaced_service, svc, self.ns, not_found_ok=True,
-                 _preload_content=False)  # servers answer a Status or the object, by version
+        api_call(
+            f"delete Service {svc}",
+            self.c.core.delete_namespaced_service,
+            svc,
+            self.ns,
+            not_found_ok=True,
+            _preload_content=False,
+        )  # servers answer a Status or the object, by version
 
     def _main_service(self, name: str, strategy: str, version: int | None = None) -> dict:
         sel = {L_DEPLOYMENT: name, L_STRATEGY: strategy}
         if strategy == VERSIONED:
             sel[L_VERSION] = str(version)
-        return manifests.service(namespace=self.ns, object_name=name, name=name, strategy=strategy, selector=sel,
-                                 spec=self.spec)
+        return manifests.service(
+            namespace=self.ns, object_name=name, name=name, strategy=strategy, selector=sel, spec=self.spec
+        )
 
-    def _render_dep(self, name: str, obj: str, strategy: str, rec: dict, color: str | None, replicas: int,
-                    opts: DeployOptions) -> dict:
-        return manifests.deployment(namespace=self.ns, object_name=obj, name=name, strategy=strategy,
-                                    version=rec["version"], color=color, replicas=replicas, spec=self.spec,
-                                    package=rec["package"], digest=rec["digest"], interface=rec["interface"],
-                                    model_id=rec["model_id"], rollout=rec["id"], drain_timeout_s=opts.drain_timeout_s,
-                                    health_timeout_s=opts.health_timeout_s)
+    def _render_dep(
+        self, name: str, obj: str, strategy: str, rec: dict, color: str | None, replicas: int, opts: DeployOptions
+    ) -> dict:
+        return manifests.deployment(
+            namespace=self.ns,
+            object_name=obj,
+            name=name,
+            strategy=strategy,
+            version=rec["version"],
+            color=color,
+            replicas=replicas,
+            spec=self.spec,
+            package=rec["package"],
+            digest=rec["digest"],
+            interface=rec["interface"],
+            model_id=rec["model_id"],
+            rollout=rec["id"],
+            drain_timeout_s=opts.drain_timeout_s,
+            health_timeout_s=opts.health_timeout_s,
+        )
 
     def _create_dep(self, body: dict) -> None:
-        api_call(f"create Deployment {body['metadata']['name']}", self.c.apps.create_namespaced_deployment, self.ns, body)
+        api_call(
+            f"create Deployment {body['metadata']['name']}", self.c.apps.create_namespaced_deployment, self.ns, body
+        )
 
     # -- entry points -------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> dict:
@@ -188,8 +238,10 @@ class KubernetesDeployer:
             if state.exists():
                 st = state.load()
                 if st["deployment"].get("model_id") != m.modelId:
-                    raise DeployInputError(f"deployment '{name}' serves model '{st['deployment'].get('model_id')}', "
-                                           f"not '{m.modelId}'", hint="Give this model its own deployment with --name.")
+                    raise DeployInputError(
+                        f"deployment '{name}' serves model '{st['deployment'].get('model_id')}', not '{m.modelId}'",
+                        hint="Give this model its own deployment with --name.",
+                    )
                 recovered = self.recover(name, resume_package=str(package), opts=opts)
                 if recovered and recovered.get("resumed"):
                     return recovered
@@ -197,15 +249,21 @@ class KubernetesDeployer:
                 if self._deployments(name, other):
                     raise DeployInputError(
                         f"deployment '{name}' runs {other} in namespace '{self.ns}'; it cannot switch to {opts.strategy}",
-                        hint=f"Use another --name, or remove it first with `llmserve deploy down {name} --target kubernetes`.")
+                        hint=f"Use another --name, or remove it first with `llmserve deploy down {name} --target kubernetes`.",
+                    )
                 state.update(lambda s: s["deployment"].update(strategy=opts.strategy))
             else:
                 state.create(m.modelId, opts.strategy, {})
                 recovered = None
             if opts.idle_timeout_s is not None:
                 state.set_config(idle_timeout_s=opts.idle_timeout_s)
-            base = {"package": str(package), "digest": opened.digest, "version": m.modelVersion,
-                    "interface": new_iface, "model_id": m.modelId}
+            base = {
+                "package": str(package),
+                "digest": opened.digest,
+                "version": m.modelVersion,
+                "interface": new_iface,
+                "model_id": m.modelId,
+            }
             if opts.strategy == VERSIONED:
                 result = self._versioned(name, state, opts, base)
             else:
@@ -223,10 +281,14 @@ class KubernetesDeployer:
             recovered = self.recover(name, resume_package=None, opts=opts)
             if recovered:
                 return {"deployment": name, "action": "undid-interrupted-rollout", **recovered}
-            done = [r for r in state.load()["rollouts"] if r["status"] == DONE and r["strategy"] in (RED_BLACK, VERSIONED)]
+            done = [
+                r for r in state.load()["rollouts"] if r["status"] == DONE and r["strategy"] in (RED_BLACK, VERSIONED)
+            ]
             if not done:
-                raise DeployInputError(f"deployment '{name}' has no finished rollout to roll back",
-                                       hint=f"See its history with `llmserve status {name} --target kubernetes`.")
+                raise DeployInputError(
+                    f"deployment '{name}' has no finished rollout to roll back",
+                    hint=f"See its history with `llmserve status {name} --target kubernetes`.",
+                )
             last = done[0]
             if last["strategy"] == VERSIONED and to_version is None:
                 return self._retire(name, state, last, opts)
@@ -236,15 +298,24 @@ class KubernetesDeployer:
             else:
                 target_pkg = next((r["package"] for r in done if r["version"] == to_version), None)
             if not target_pkg or not Path(target_pkg).exists():
-                raise DeployInputError(f"no earlier package of '{name}' to roll back to"
-                                       + (f" (version {to_version})" if to_version else "")
-                                       + (f": {target_pkg} is gone" if target_pkg else ""),
-                                       hint="Deploy the package you want with `llmserve deploy PKG --target kubernetes`.")
+                raise DeployInputError(
+                    f"no earlier package of '{name}' to roll back to"
+                    + (f" (version {to_version})" if to_version else "")
+                    + (f": {target_pkg} is gone" if target_pkg else ""),
+                    hint="Deploy the package you want with `llmserve deploy PKG --target kubernetes`.",
+                )
             del st
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
-        ropts = DeployOptions(package=Path(target_pkg), strategy=RED_BLACK, name=name, steps=opts.steps,
-                              pause_s=opts.pause_s, health_timeout_s=opts.health_timeout_s,
-                              drain_timeout_s=opts.drain_timeout_s, serve_args=opts.serve_args)
+        ropts = DeployOptions(
+            package=Path(target_pkg),
+            strategy=RED_BLACK,
+            name=name,
+            steps=opts.steps,
+            pause_s=opts.pause_s,
+            health_timeout_s=opts.health_timeout_s,
+            drain_timeout_s=opts.drain_timeout_s,
+            serve_args=opts.serve_args,
+        )
         result = self.deploy(ropts)
         result["action"] = "rolled-back"
         return result
@@ -259,7 +330,9 @@ class KubernetesDeployer:
                 self._delete_dep(d.metadata.name)
                 removed.append(d.metadata.name)
             sel = f"{L_DEPLOYMENT}={name}"
-            for svc in api_call("list Services", self.c.core.list_namespaced_service, self.ns, label_selector=sel).items:
+            for svc in api_call(
+                "list Services", self.c.core.list_namespaced_service, self.ns, label_selector=sel
+            ).items:
                 self._delete_service(svc.metadata.name)
                 removed.append(f"service/{svc.metadata.name}")
             state.delete()
@@ -284,9 +357,13 @@ class KubernetesDeployer:
                 raise InterfaceChangedError(
                     f"the interface of {base['model_id']} v{base['version']} differs from the live v{live_version} "
                     f"({', '.join(r[0] for r in diff)}): red-black would mix two interfaces behind one Service",
-                    details=[iface.difference_detail(diff)])
-            if (ann.get(manifests.A_DIGEST) == base["digest"] and live_version == base["version"]
-                    and (self.replicas is None or self.replicas == main.spec.replicas)):
+                    details=[iface.difference_detail(diff)],
+                )
+            if (
+                ann.get(manifests.A_DIGEST) == base["digest"]
+                and live_version == base["version"]
+                and (self.replicas is None or self.replicas == main.spec.replicas)
+            ):
                 self.report(f"v{base['version']} with this digest already serves '{name}': nothing to do")
                 return self._summary(name, None, "unchanged")
         old_n = (main.spec.replicas or 0) if main is not None else 0
@@ -298,24 +375,47 @@ class KubernetesDeployer:
         frm = None
         if main is not None:
             ann = main.metadata.annotations or {}
-            frm = {"object": main.metadata.name, "replicas": old_n, "version": int(main.metadata.labels.get(L_VERSION, 0)),
-                   "package": ann.get(manifests.A_PACKAGE), "digest": ann.get(manifests.A_DIGEST)}
-        rec = state.begin({"strategy": RED_BLACK, **base, "from": frm, "to": {"object": obj, "color": color},
-                           "steps": steps, "plan": plan, "replicas": n})
-        self.report(f"rollout #{rec['id']}: {base['model_id']} v{base['version']} red-black on '{name}' in namespace "
-                    f"'{self.ns}': {n} replica(s), " + ", ".join(f"{p['percent']}%={p['new']}/{p['new'] + p['old']}"
-                                                                 for p in plan))
+            frm = {
+                "object": main.metadata.name,
+                "replicas": old_n,
+                "version": int(main.metadata.labels.get(L_VERSION, 0)),
+                "package": ann.get(manifests.A_PACKAGE),
+                "digest": ann.get(manifests.A_DIGEST),
+            }
+        rec = state.begin(
+            {
+                "strategy": RED_BLACK,
+                **base,
+                "from": frm,
+                "to": {"object": obj, "color": color},
+                "steps": steps,
+                "plan": plan,
+                "replicas": n,
+            }
+        )
+        self.report(
+            f"rollout #{rec['id']}: {base['model_id']} v{base['version']} red-black on '{name}' in namespace "
+            f"'{self.ns}': {n} replica(s), "
+            + ", ".join(f"{p['percent']}%={p['new']}/{p['new'] + p['old']}" for p in plan)
+        )
         try:
             if self._get_dep(obj) is not None:
                 self._delete_dep(obj, opts.drain_timeout_s + 30, name)
             self._create_dep(self._render_dep(name, obj, RED_BLACK, rec, color, plan[0]["new"], opts))
-            rec = state.journal(rec["id"], phase="health-check",
-                                event=f"Deployment {obj} created ({plan[0]['new']} replica(s)); waiting for readiness")
+            rec = state.journal(
+                rec["id"],
+                phase="health-check",
+                event=f"Deployment {obj} created ({plan[0]['new']} replica(s)); waiting for readiness",
+            )
             took = self._wait_ready(obj, name, base["version"], plan[0]["new"], opts.health_timeout_s)
         except HealthCheckFailedError as exc:
-            self._undo(name, state, state.journal(rec["id"]), f"health check failed: {exc.message.splitlines()[0]}", opts)
-            raise RolloutFailedError(f"rollout #{rec['id']} rolled back: {exc.message}",
-                                     hint=(exc.hint or "") + ("; traffic stayed on the live version." if frm else "")) from exc
+            self._undo(
+                name, state, state.journal(rec["id"]), f"health check failed: {exc.message.splitlines()[0]}", opts
+            )
+            raise RolloutFailedError(
+                f"rollout #{rec['id']} rolled back: {exc.message}",
+                hint=(exc.hint or "") + ("; traffic stayed on the live version." if frm else ""),
+            ) from exc
         self.report(f"v{base['version']} ready after {took:.1f} s")
         return self._shift(name, state, rec, opts, 0)
 
@@ -326,9 +426,12 @@ class KubernetesDeployer:
         rec = state.journal(rec["id"], phase="shifting")
         for i in range(start, len(plan)):
             p = plan[i]
-            rec = state.journal(rec["id"], step_index=i,
-                                event=f"step {i + 1}/{len(plan)}: {p['percent']}% to v{rec['version']} "
-                                      f"({p['new']} new / {p['old']} old replica(s))")
+            rec = state.journal(
+                rec["id"],
+                step_index=i,
+                event=f"step {i + 1}/{len(plan)}: {p['percent']}% to v{rec['version']} "
+                f"({p['new']} new / {p['old']} old replica(s))",
+            )
             problem = None
             try:
                 self._scale(obj, p["new"])
@@ -337,17 +440,27 @@ class KubernetesDeployer:
                 self._wait_endpoints(name, rec["version"], p["new"], opts.health_timeout_s)
                 if frm:
                     self._scale(frm["object"], p["old"])
-                self.report(f"step {i + 1}/{len(plan)}: {p['percent']}% on v{rec['version']} "
-                            f"({p['new']}/{p['new'] + p['old']} replicas)", step=i + 1, percent=p["percent"])
+                self.report(
+                    f"step {i + 1}/{len(plan)}: {p['percent']}% on v{rec['version']} "
+                    f"({p['new']}/{p['new'] + p['old']} replicas)",
+                    step=i + 1,
+                    percent=p["percent"],
+                )
                 problem = self._gate(obj, frm, p, opts, t0)
             except HealthCheckFailedError as exc:
                 problem = exc.message.splitlines()[0]
             if problem:
-                self._undo(name, state, state.journal(rec["id"]),
-                           f"step {i + 1} ({p['percent']}%) failed its health gate: {problem}", opts)
+                self._undo(
+                    name,
+                    state,
+                    state.journal(rec["id"]),
+                    f"step {i + 1} ({p['percent']}%) failed its health gate: {problem}",
+                    opts,
+                )
                 raise RolloutFailedError(
                     f"rollout #{rec['id']} rolled back at step {i + 1} ({p['percent']}%): {problem}",
-                    hint=f"The old version has its replicas back; see `llmserve status {name} --target kubernetes`.")
+                    hint=f"The old version has its replicas back; see `llmserve status {name} --target kubernetes`.",
+                )
         return self._finish(name, state, state.journal(rec["id"]), opts)
 
     def _gate(self, obj: str, frm: dict | None, p: dict, opts: DeployOptions, t0: float) -> str | None:
@@ -377,13 +490,16 @@ class KubernetesDeployer:
     def _finish(self, name: str, state: ClusterState, rec: dict, opts: DeployOptions) -> dict:
         obj = rec["to"]["object"]
         frm = rec.get("from")
-        rec = state.journal(rec["id"], phase="finishing",
-                            event=f"100% on v{rec['version']}; removing the old version")
+        rec = state.journal(rec["id"], phase="finishing", event=f"100% on v{rec['version']}; removing the old version")
         self._scale(obj, rec["replicas"])
         if frm and frm["object"] != obj:
             self._delete_dep(frm["object"], opts.drain_timeout_s + 30, name)
-        rec = state.journal(rec["id"], status=DONE, phase="done",
-                            event=f"rollout #{rec['id']} done: v{rec['version']} ({obj}) takes 100%")
+        rec = state.journal(
+            rec["id"],
+            status=DONE,
+            phase="done",
+            event=f"rollout #{rec['id']} done: v{rec['version']} ({obj}) takes 100%",
+        )
         self.report(f"rollout #{rec['id']} done: v{rec['version']} takes 100% of '{name}'")
         return self._summary(name, rec, "deployed")
 
@@ -400,14 +516,21 @@ class KubernetesDeployer:
                 try:
                     self._wait_ready(frm["object"], name, frm["version"], frm["replicas"], opts.health_timeout_s)
                 except HealthCheckFailedError as exc:
-                    self.report(f"warning: the old version is not fully ready again: {exc.message.splitlines()[0]}",
-                                warning=True)
+                    self.report(
+                        f"warning: the old version is not fully ready again: {exc.message.splitlines()[0]}",
+                        warning=True,
+                    )
         if obj:
             self._delete_dep(obj, opts.drain_timeout_s + 30, name, rec["version"])
             if rec["strategy"] == VERSIONED:
                 self._delete_service(obj)
-        state.journal(rec["id"], status=ROLLED_BACK, phase="rolled-back", message=reason,
-                      event=f"rollout #{rec['id']} rolled back")
+        state.journal(
+            rec["id"],
+            status=ROLLED_BACK,
+            phase="rolled-back",
+            message=reason,
+            event=f"rollout #{rec['id']} rolled back",
+        )
 
     # -- versioned ----------------------------------------------------------------------------
     def _versioned(self, name: str, state: ClusterState, opts: DeployOptions, base: dict) -> dict:
@@ -420,30 +543,59 @@ class KubernetesDeployer:
                 return self._summary(name, None, "unchanged")
             raise DeployInputError(
                 f"v{base['version']} of '{base['model_id']}' already serves a different package (digest differs)",
-                hint="Give the new package its own modelVersion, or replace this version with --strategy red-black.")
+                hint="Give the new package its own modelVersion, or replace this version with --strategy red-black.",
+            )
         n = self.replicas or 1
         serving = self._deployments(name, VERSIONED)
-        rec = state.begin({"strategy": VERSIONED, **base, "from": None, "to": {"object": obj}, "steps": [],
-                           "plan": [], "replicas": n, "promote": opts.promote})
-        self.report(f"rollout #{rec['id']}: {base['model_id']} v{base['version']} versioned on '{name}' "
-                    f"in namespace '{self.ns}' ({n} replica(s))")
+        rec = state.begin(
+            {
+                "strategy": VERSIONED,
+                **base,
+                "from": None,
+                "to": {"object": obj},
+                "steps": [],
+                "plan": [],
+                "replicas": n,
+                "promote": opts.promote,
+            }
+        )
+        self.report(
+            f"rollout #{rec['id']}: {base['model_id']} v{base['version']} versioned on '{name}' "
+            f"in namespace '{self.ns}' ({n} replica(s))"
+        )
         if serving:
             pods = sum(d.spec.replicas or 0 for d in serving)
             req = [f"{self.spec.cpu} CPU", self.spec.memory] + ([f"{self.spec.gpus} GPU"] if self.spec.gpus else [])
-            self.report(f"warning: v{base['version']} runs beside {len(serving)} serving version(s) "
-                        f"({', '.join('v' + d.metadata.labels.get(L_VERSION, '?') for d in serving)}, {pods} pod(s)); "
-                        f"each pod requests {' + '.join(req)}, so the overlap costs that much more until old versions "
-                        "are retired (--idle-timeout, `llmserve rollback`).", warning=True)
+            self.report(
+                f"warning: v{base['version']} runs beside {len(serving)} serving version(s) "
+                f"({', '.join('v' + d.metadata.labels.get(L_VERSION, '?') for d in serving)}, {pods} pod(s)); "
+                f"each pod requests {' + '.join(req)}, so the overlap costs that much more until old versions "
+                "are retired (--idle-timeout, `llmserve rollback`).",
+                warning=True,
+            )
         try:
             self._create_dep(self._render_dep(name, obj, VERSIONED, rec, None, n, opts))
-            self._apply_service(manifests.service(
-                namespace=self.ns, object_name=obj, name=name, strategy=VERSIONED, version=base["version"],
-                selector={L_DEPLOYMENT: name, L_STRATEGY: VERSIONED, L_VERSION: str(base["version"])}, spec=self.spec))
-            rec = state.journal(rec["id"], phase="health-check",
-                                event=f"Deployment and Service {obj} created; waiting for {n} ready replica(s)")
+            self._apply_service(
+                manifests.service(
+                    namespace=self.ns,
+                    object_name=obj,
+                    name=name,
+                    strategy=VERSIONED,
+                    version=base["version"],
+                    selector={L_DEPLOYMENT: name, L_STRATEGY: VERSIONED, L_VERSION: str(base["version"])},
+                    spec=self.spec,
+                )
+            )
+            rec = state.journal(
+                rec["id"],
+                phase="health-check",
+                event=f"Deployment and Service {obj} created; waiting for {n} ready replica(s)",
+            )
             took = self._wait_ready(obj, name, base["version"], n, opts.health_timeout_s)
         except HealthCheckFailedError as exc:
-            self._undo(name, state, state.journal(rec["id"]), f"health check failed: {exc.message.splitlines()[0]}", opts)
+            self._undo(
+                name, state, state.journal(rec["id"]), f"health check failed: {exc.message.splitlines()[0]}", opts
+            )
             raise RolloutFailedError(f"rollout #{rec['id']} rolled back: {exc.message}", hint=exc.hint) from exc
         self.report(f"v{base['version']} ready after {took:.1f} s")
         return self._publish(name, state, rec, opts)
@@ -455,17 +607,27 @@ class KubernetesDeployer:
         promote = rec.get("promote")
         if promote is None:
             promote = default is None or self._get_dep(f"{name}-v{default}") is None
-        rec = state.journal(rec["id"], phase="publishing", event=f"v{version} routable"
-                            + (" and the default" if promote else ""))
+        rec = state.journal(
+            rec["id"], phase="publishing", event=f"v{version} routable" + (" and the default" if promote else "")
+        )
         if promote:
             self._apply_service(self._main_service(name, VERSIONED, version))
             state.update(lambda s: s["deployment"].update(default_version=version))
         now = str(time.time())
         for d in self._deployments(name, VERSIONED):
-            if int(d.metadata.labels.get(L_VERSION, 0)) < version and manifests.A_SUPERSEDED not in (d.metadata.annotations or {}):
-                api_call("annotate", self.c.apps.patch_namespaced_deployment, d.metadata.name, self.ns,
-                         {"metadata": {"annotations": {manifests.A_SUPERSEDED: now}}})
-        rec = state.journal(rec["id"], status=DONE, phase="done", event=f"rollout #{rec['id']} done: v{version} serving")
+            if int(d.metadata.labels.get(L_VERSION, 0)) < version and manifests.A_SUPERSEDED not in (
+                d.metadata.annotations or {}
+            ):
+                api_call(
+                    "annotate",
+                    self.c.apps.patch_namespaced_deployment,
+                    d.metadata.name,
+                    self.ns,
+                    {"metadata": {"annotations": {manifests.A_SUPERSEDED: now}}},
+                )
+        rec = state.journal(
+            rec["id"], status=DONE, phase="done", event=f"rollout #{rec['id']} done: v{version} serving"
+        )
         default = state.load()["deployment"].get("default_version")
         self.report(f"v{version} serving behind Service {name}-v{version}; Service {name} goes to v{default}")
         self._cleanup_idle(name, state)
@@ -490,8 +652,10 @@ class KubernetesDeployer:
                 continue
             self._delete_dep(d.metadata.name)
             self._delete_service(d.metadata.name)
-            state.event("idle-retired", f"v{v} retired: superseded {time.time() - float(since):.0f} s ago "
-                                        f"(idle timeout {idle:g} s)")
+            state.event(
+                "idle-retired",
+                f"v{v} retired: superseded {time.time() - float(since):.0f} s ago (idle timeout {idle:g} s)",
+            )
             self.report(f"v{v} retired (idle for more than {idle:g} s)")
             removed.append(v)
         return removed
@@ -499,14 +663,31 @@ class KubernetesDeployer:
     def _retire(self, name: str, state: ClusterState, last: dict, opts: DeployOptions) -> dict:
         version = last["version"]
         obj = f"{name}-v{version}"
-        others = sorted(int(d.metadata.labels.get(L_VERSION, 0)) for d in self._deployments(name, VERSIONED)
-                        if d.metadata.name != obj)
+        others = sorted(
+            int(d.metadata.labels.get(L_VERSION, 0))
+            for d in self._deployments(name, VERSIONED)
+            if d.metadata.name != obj
+        )
         if not others:
-            raise DeployInputError(f"v{version} is the only serving version of '{name}'",
-                                   hint=f"Tear it down with `llmserve deploy down {name} --target kubernetes`.")
-        rec = state.begin({"strategy": RETIRE, "package": last["package"], "digest": last["digest"], "version": version,
-                           "model_id": last["model_id"], "interface": {}, "from": None, "to": None, "steps": [],
-                           "plan": [], "replicas": 0})
+            raise DeployInputError(
+                f"v{version} is the only serving version of '{name}'",
+                hint=f"Tear it down with `llmserve deploy down {name} --target kubernetes`.",
+            )
+        rec = state.begin(
+            {
+                "strategy": RETIRE,
+                "package": last["package"],
+                "digest": last["digest"],
+                "version": version,
+                "model_id": last["model_id"],
+                "interface": {},
+                "from": None,
+                "to": None,
+                "steps": [],
+                "plan": [],
+                "replicas": 0,
+            }
+        )
         if state.load()["deployment"].get("default_version") == version:
             self._apply_service(self._main_service(name, VERSIONED, others[-1]))
             state.update(lambda s: s["deployment"].update(default_version=others[-1]))
@@ -532,9 +713,15 @@ class KubernetesDeployer:
         r = state.open_rollout()
         if r is None:
             return None
-        state.event("interrupted", f"rollout #{r['id']} ({r['strategy']}) was interrupted in phase '{r['phase']}' "
-                                   f"at step {r['step_index'] + 1}; recovering", r["id"])
-        self.report(f"found interrupted rollout #{r['id']} ({r['strategy']}, phase {r['phase']}, step {r['step_index'] + 1})")
+        state.event(
+            "interrupted",
+            f"rollout #{r['id']} ({r['strategy']}) was interrupted in phase '{r['phase']}' "
+            f"at step {r['step_index'] + 1}; recovering",
+            r["id"],
+        )
+        self.report(
+            f"found interrupted rollout #{r['id']} ({r['strategy']}, phase {r['phase']}, step {r['step_index'] + 1})"
+        )
         obj = (r.get("to") or {}).get("object")
         if r["strategy"] == RETIRE:
             state.journal(r["id"], status=DONE, phase="done", event=f"retire #{r['id']} completed on recovery")
@@ -583,19 +770,27 @@ class KubernetesDeployer:
         deployments = []
         for d in self._deployments(name):
             ann = d.metadata.annotations or {}
-            deployments.append({
-                "object": d.metadata.name, "strategy": d.metadata.labels.get(L_STRATEGY),
-                "color": d.metadata.labels.get(L_COLOR), "version": int(d.metadata.labels.get(L_VERSION, 0)),
-                "replicas": d.spec.replicas or 0, "ready": d.status.ready_replicas or 0,
-                "digest": ann.get(manifests.A_DIGEST), "package": ann.get(manifests.A_PACKAGE),
-                "package_uri": ann.get(manifests.A_PACKAGE_URI), "rollout": ann.get(manifests.A_ROLLOUT),
-                "superseded_at": float(ann[manifests.A_SUPERSEDED]) if manifests.A_SUPERSEDED in ann else None,
-            })
+            deployments.append(
+                {
+                    "object": d.metadata.name,
+                    "strategy": d.metadata.labels.get(L_STRATEGY),
+                    "color": d.metadata.labels.get(L_COLOR),
+                    "version": int(d.metadata.labels.get(L_VERSION, 0)),
+                    "replicas": d.spec.replicas or 0,
+                    "ready": d.status.ready_replicas or 0,
+                    "digest": ann.get(manifests.A_DIGEST),
+                    "package": ann.get(manifests.A_PACKAGE),
+                    "package_uri": ann.get(manifests.A_PACKAGE_URI),
+                    "rollout": ann.get(manifests.A_ROLLOUT),
+                    "superseded_at": float(ann[manifests.A_SUPERSEDED]) if manifests.A_SUPERSEDED in ann else None,
+                }
+            )
         services = []
         sel = f"{L_DEPLOYMENT}={name}"
         for svc in api_call("list Services", self.c.core.list_namespaced_service, self.ns, label_selector=sel).items:
-            ep = api_call("read Endpoints", self.c.core.read_namespaced_endpoints, svc.metadata.name, self.ns,
-                          not_found_ok=True)
+            ep = api_call(
+                "read Endpoints", self.c.core.read_namespaced_endpoints, svc.metadata.name, self.ns, not_found_ok=True
+            )
             ready: dict[str, int] = {}
             not_ready = 0
             for sub in (ep.subsets or []) if ep else []:
@@ -603,17 +798,29 @@ class KubernetesDeployer:
                     v = ip_version.get(a.ip, "?")
                     ready[v] = ready.get(v, 0) + 1
                 not_ready += len(sub.not_ready_addresses or [])
-            services.append({"service": svc.metadata.name, "selector": svc.spec.selector,
-                             "cluster_ip": svc.spec.cluster_ip, "ready_endpoints_by_version": ready,
-                             "not_ready_endpoints": not_ready})
+            services.append(
+                {
+                    "service": svc.metadata.name,
+                    "selector": svc.spec.selector,
+                    "cluster_ip": svc.spec.cluster_ip,
+                    "ready_endpoints_by_version": ready,
+                    "not_ready_endpoints": not_ready,
+                }
+            )
         open_r = state.open_rollout(st)
         holder, alive = LeaseLock(self.c, name).holder_state()
         return {
-            "target": "kubernetes", "deployment": name, "namespace": self.ns, "context": self.c.context,
-            "server": self.c.server, "model_id": st["deployment"].get("model_id"),
-            "strategy": st["deployment"].get("strategy"), "default_version": st["deployment"].get("default_version"),
+            "target": "kubernetes",
+            "deployment": name,
+            "namespace": self.ns,
+            "context": self.c.context,
+            "server": self.c.server,
+            "model_id": st["deployment"].get("model_id"),
+            "strategy": st["deployment"].get("strategy"),
+            "default_version": st["deployment"].get("default_version"),
             "config": st["deployment"].get("config", {}),
-            "deployments": deployments, "services": services,
+            "deployments": deployments,
+            "services": services,
             "open_rollout": (_rollout_dict(open_r) | {"interrupted": not alive, "holder": holder}) if open_r else None,
             "rollouts": [_rollout_dict(r) for r in st["rollouts"][:10]],
             "history": st["history"][-events:],
@@ -630,7 +837,24 @@ def _json(text: str | None) -> dict:
 
 
 def _rollout_dict(r: dict) -> dict:
-    return {k: r.get(k) for k in ("id", "strategy", "status", "phase", "package", "version", "steps", "plan",
-                                  "replicas", "message", "started", "updated")} | {
-        "step": r.get("step_index", -1) + 1, "from": (r.get("from") or {}).get("object"),
-        "to": (r.get("to") or {}).get("object")}
+    return {
+        k: r.get(k)
+        for k in (
+            "id",
+            "strategy",
+            "status",
+            "phase",
+            "package",
+            "version",
+            "steps",
+            "plan",
+            "replicas",
+            "message",
+            "started",
+            "updated",
+        )
+    } | {
+        "step": r.get("step_index", -1) + 1,
+        "from": (r.get("from") or {}).get("object"),
+        "to": (r.get("to") or {}).get("object"),
+    }

@@ -47,8 +47,13 @@ class ClusterState:
 
     # -- raw ConfigMap ------------------------------------------------------------------------
     def _get(self):
-        return api_call(f"read ConfigMap {self.cm_name}", self.c.core.read_namespaced_config_map, self.cm_name,
-                        self.c.namespace, not_found_ok=True)
+        return api_call(
+            f"read ConfigMap {self.cm_name}",
+            self.c.core.read_namespaced_config_map,
+            self.cm_name,
+            self.c.namespace,
+            not_found_ok=True,
+        )
 
     def exists(self) -> bool:
         return self._get() is not None
@@ -56,25 +61,46 @@ class ClusterState:
     def load(self) -> dict:
         cm = self._get()
         if cm is None:
-            raise DeploymentNotFoundError(f"no deployment named '{self.name}' in namespace '{self.c.namespace}' "
-                                          f"(no ConfigMap {self.cm_name})")
+            raise DeploymentNotFoundError(
+                f"no deployment named '{self.name}' in namespace '{self.c.namespace}' (no ConfigMap {self.cm_name})"
+            )
         return self._decode(cm)
 
     @staticmethod
     def _decode(cm) -> dict:
         data = cm.data or {}
-        return {"deployment": json.loads(data.get("deployment", "{}")), "rollouts": json.loads(data.get("rollouts", "[]")),
-                "history": json.loads(data.get("history", "[]")), "_rv": cm.metadata.resource_version}
+        return {
+            "deployment": json.loads(data.get("deployment", "{}")),
+            "rollouts": json.loads(data.get("rollouts", "[]")),
+            "history": json.loads(data.get("history", "[]")),
+            "_rv": cm.metadata.resource_version,
+        }
 
     def create(self, model_id: str, strategy: str, config: dict) -> dict:
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": self.cm_name, "namespace": self.c.namespace,
-                             "labels": {L_DEPLOYMENT: self.name, L_MANAGED: "llmserve"}},
-                "data": {"deployment": json.dumps({"name": self.name, "model_id": model_id, "strategy": strategy,
-                                                   "config": config, "created": time.time()}),
-                         "rollouts": "[]",
-                         "history": json.dumps([_event(None, "created", f"deployment '{self.name}' for model "
-                                                                         f"'{model_id}' ({strategy})")])}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": self.cm_name,
+                "namespace": self.c.namespace,
+                "labels": {L_DEPLOYMENT: self.name, L_MANAGED: "llmserve"},
+            },
+            "data": {
+                "deployment": json.dumps(
+                    {
+                        "name": self.name,
+                        "model_id": model_id,
+                        "strategy": strategy,
+                        "config": config,
+                        "created": time.time(),
+                    }
+                ),
+                "rollouts": "[]",
+                "history": json.dumps(
+                    [_event(None, "created", f"deployment '{self.name}' for model '{model_id}' ({strategy})")]
+                ),
+            },
+        }
         api_call(f"create ConfigMap {self.cm_name}", self.c.core.create_namespaced_config_map, self.c.namespace, body)
         return self.load()
 
@@ -87,10 +113,18 @@ class ClusterState:
             mutate(st)
             st["rollouts"] = st["rollouts"][:ROLLOUTS_MAX]
             st["history"] = st["history"][-HISTORY_MAX:]
-            body = {"metadata": {"name": self.cm_name, "resourceVersion": st["_rv"],
-                                 "labels": {L_DEPLOYMENT: self.name, L_MANAGED: "llmserve"}},
-                    "data": {"deployment": json.dumps(st["deployment"]), "rollouts": json.dumps(st["rollouts"]),
-                             "history": json.dumps(st["history"])}}
+            body = {
+                "metadata": {
+                    "name": self.cm_name,
+                    "resourceVersion": st["_rv"],
+                    "labels": {L_DEPLOYMENT: self.name, L_MANAGED: "llmserve"},
+                },
+                "data": {
+                    "deployment": json.dumps(st["deployment"]),
+                    "rollouts": json.dumps(st["rollouts"]),
+                    "history": json.dumps(st["history"]),
+                },
+            }
             try:
                 self.c.core.replace_namespaced_config_map(self.cm_name, self.c.namespace, body)
                 return st
@@ -101,8 +135,14 @@ class ClusterState:
         raise KubernetesAPIError(f"could not write ConfigMap {self.cm_name}: conflicting writers")
 
     def delete(self) -> None:
-        api_call(f"delete ConfigMap {self.cm_name}", self.c.core.delete_namespaced_config_map, self.cm_name,
-                 self.c.namespace, not_found_ok=True, _preload_content=False)
+        api_call(
+            f"delete ConfigMap {self.cm_name}",
+            self.c.core.delete_namespaced_config_map,
+            self.cm_name,
+            self.c.namespace,
+            not_found_ok=True,
+            _preload_content=False,
+        )
 
     # -- journal ------------------------------------------------------------------------------
     def event(self, kind: str, message: str, rollout: int | None = None) -> None:
@@ -118,8 +158,17 @@ class ClusterState:
         def m(st):
             rid = max([r["id"] for r in st["rollouts"]] or [0]) + 1
             now = time.time()
-            rec = {"id": rid, "status": RUNNING, "phase": "starting", "step_index": -1, "message": None,
-                   "cli": _holder_host_pid(), "started": now, "updated": now, **record}
+            rec = {
+                "id": rid,
+                "status": RUNNING,
+                "phase": "starting",
+                "step_index": -1,
+                "message": None,
+                "cli": _holder_host_pid(),
+                "started": now,
+                "updated": now,
+                **record,
+            }
             st["rollouts"].insert(0, rec)
             st["history"].append(_event(rid, "rollout-begin", f"{rec['strategy']} rollout #{rid} of {rec['package']}"))
             out.update(rec)
@@ -176,8 +225,13 @@ class LeaseLock:
         self.lost = False
 
     def _read(self):
-        return api_call(f"read Lease {self.lease_name}", self.c.coord.read_namespaced_lease, self.lease_name,
-                        self.c.namespace, not_found_ok=True)
+        return api_call(
+            f"read Lease {self.lease_name}",
+            self.c.coord.read_namespaced_lease,
+            self.lease_name,
+            self.c.namespace,
+            not_found_ok=True,
+        )
 
     def holder_state(self) -> tuple[str | None, bool]:
         """(holder, alive): alive is False when the lease expired or its holder is a dead local process."""
@@ -187,14 +241,25 @@ class LeaseLock:
         return lease.spec.holder_identity, _alive(lease)
 
     def _body(self, rv: str | None) -> dict:
-        meta = {"name": self.lease_name, "namespace": self.c.namespace,
-                "labels": {L_DEPLOYMENT: self.name, L_MANAGED: "llmserve"}}
+        meta = {
+            "name": self.lease_name,
+            "namespace": self.c.namespace,
+            "labels": {L_DEPLOYMENT: self.name, L_MANAGED: "llmserve"},
+        }
         if rv:
             meta["resourceVersion"] = rv
         now = _now_micro()
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
-                "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_s,
-                         "acquireTime": now, "renewTime": now}}
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self.lease_s,
+                "acquireTime": now,
+                "renewTime": now,
+            },
+        }
 
     def acquire(self) -> bool:
         from kubernetes.client.exceptions import ApiException
@@ -207,8 +272,9 @@ class LeaseLock:
                     self.c.coord.create_namespaced_lease(self.c.namespace, self._body(None))
                     return True
                 if not lease.spec.holder_identity or not _alive(lease):
-                    self.c.coord.replace_namespaced_lease(self.lease_name, self.c.namespace,
-                                                          self._body(lease.metadata.resource_version))
+                    self.c.coord.replace_namespaced_lease(
+                        self.lease_name, self.c.namespace, self._body(lease.metadata.resource_version)
+                    )
                     return True
             except ApiException as exc:
                 if exc.status not in (409, 422):
@@ -239,16 +305,24 @@ class LeaseLock:
         try:
             lease = self._read()
             if lease is not None and lease.spec.holder_identity == self.identity:
-                api_call("release the deployment lease", self.c.coord.delete_namespaced_lease, self.lease_name,
-                         self.c.namespace, not_found_ok=True, _preload_content=False)
+                api_call(
+                    "release the deployment lease",
+                    self.c.coord.delete_namespaced_lease,
+                    self.lease_name,
+                    self.c.namespace,
+                    not_found_ok=True,
+                    _preload_content=False,
+                )
         except KubernetesAPIError:
             pass  # it expires by itself
 
     def __enter__(self) -> "LeaseLock":
         if not self.acquire():
             holder, _ = self.holder_state()
-            raise DeploymentBusyError(f"deployment '{self.name}' is being changed by {holder} "
-                                      f"(waited {self.wait_s:g} s for Lease {self.lease_name})")
+            raise DeploymentBusyError(
+                f"deployment '{self.name}' is being changed by {holder} "
+                f"(waited {self.wait_s:g} s for Lease {self.lease_name})"
+            )
         self._thread = threading.Thread(target=self._renew, name="lease-renew", daemon=True)
         self._thread.start()
         return self

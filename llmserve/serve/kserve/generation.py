@@ -57,8 +57,9 @@ def _map_engine_error(exc: BaseException) -> KServeError:
     return KServeError(INTERNAL, f"generation failed: {type(exc).__name__}: {exc}")
 
 
-async def generate(handle: Any, req: GenerationRequest, request_id: str | None = None, *,
-                   whole: bool = False) -> AsyncIterator[Delta]:
+async def generate(
+    handle: Any, req: GenerationRequest, request_id: str | None = None, *, whole: bool = False
+) -> AsyncIterator[Delta]:
     """Yield text deltas (or, whole=True, one final text); the last one has final=True. Errors are KServeError."""
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
@@ -67,15 +68,17 @@ async def generate(handle: Any, req: GenerationRequest, request_id: str | None =
     if req.settings.priority:
         policy = getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy", None)
         if policy != "priority":  # vLLM would ignore it under fcfs: refuse rather than drop it
-            raise invalid(f"request parameter 'priority' needs the engine's priority scheduling, but this engine "
-                          f"schedules '{policy}'; set `scheduling_policy: priority` under engine: in llmserve.yaml, "
-                          "or send priority 0")
+            raise invalid(
+                f"request parameter 'priority' needs the engine's priority scheduling, but this engine "
+                f"schedules '{policy}'; set `scheduling_policy: priority` under engine: in llmserve.yaml, "
+                "or send priority 0"
+            )
     rid = f"kserve-{request_id or ''}-{uuid.uuid4().hex}"
     try:
-        tok = dataclasses.replace(engine.renderer.default_cmpl_tok_params,
-                                  max_output_tokens=params.max_tokens or 0)
+        tok = dataclasses.replace(engine.renderer.default_cmpl_tok_params, max_output_tokens=params.max_tokens or 0)
         (engine_input,) = await engine.renderer.render_cmpl_async(
-            [parse_model_prompt(engine.model_config, {"prompt": req.prompt})], tok)
+            [parse_model_prompt(engine.model_config, {"prompt": req.prompt})], tok
+        )
     except Exception as exc:  # noqa: BLE001 - reported to the client by kind
         raise _map_engine_error(exc) from None
     stream = engine.generate(engine_input, params, rid, priority=req.settings.priority)

@@ -34,15 +34,31 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from llmserve.serve.kserve.errors import KServeError, invalid, not_ready
 from llmserve.serve.kserve.generation import generate_deltas, generate_text
 from llmserve.serve.kserve.protocol import (
-    OUTPUT_NAME, OUTPUT_SHAPE, DecodedTensor, ModelResolver, build_generation, decode_raw, encode_bytes,
-    model_config, model_metadata, server_metadata,
+    OUTPUT_NAME,
+    OUTPUT_SHAPE,
+    DecodedTensor,
+    ModelResolver,
+    build_generation,
+    decode_raw,
+    encode_bytes,
+    model_config,
+    model_metadata,
+    server_metadata,
 )
 
 log = logging.getLogger("llmserve.serve.kserve")
 
 FINAL_PARAM = "triton_final_response"
-IMPLEMENTED = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
-               "ModelInfer", "ModelStreamInfer"}
+IMPLEMENTED = {
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelConfig",
+    "ModelInfer",
+    "ModelStreamInfer",
+}
 OPEN_RPCS = {"ServerLive", "ServerReady", "ModelReady"}  # answered without an API key (health probes)
 UNIMPLEMENTED_WHY = {
     "ModelStatistics": "per-model statistics are exported as Prometheus metrics on /metrics instead",
@@ -75,8 +91,10 @@ def decode_request(request: pb.ModelInferRequest) -> tuple[list[DecodedTensor], 
 
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
-        raise invalid(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-                      "send every input's data raw, or none")
+        raise invalid(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "send every input's data raw, or none"
+        )
     tensors = []
     for i, t in enumerate(request.inputs):
         shape = list(t.shape)
@@ -227,15 +245,20 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 tensors, params = decode_request(request)
                 req = build_generation(tensors, params, transport="grpc", streaming_transport=True)
                 async for d in generate_deltas(served.handle, req, request.id):
-                    await queue.put(pb.ModelStreamInferResponse(
-                        infer_response=infer_response(served.name, served.version, request.id, d.text, d.final)))
+                    await queue.put(
+                        pb.ModelStreamInferResponse(
+                            infer_response=infer_response(served.name, served.version, request.id, d.text, d.final)
+                        )
+                    )
             except KServeError as err:
                 await queue.put(pb.ModelStreamInferResponse(error_message=err.message))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the stream
                 log.exception("stream request %s failed", request.id)
-                await queue.put(pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}"))
+                await queue.put(
+                    pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}")
+                )
             finally:
                 queue.put_nowait(done)
 
@@ -331,8 +354,16 @@ class KServeGrpcFrontend:
 
     name = "kserve-grpc"
 
-    def __init__(self, host: str, port: int, *, model_version: str | int | None = None, api_key: str | None = None,
-                 max_message_bytes: int = 8 * 1024 * 1024, metrics: Any = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        model_version: str | int | None = None,
+        api_key: str | None = None,
+        max_message_bytes: int = 8 * 1024 * 1024,
+        metrics: Any = None,
+    ):
         self.host, self.port = host, port
         self.model_version = model_version
         self.metrics = metrics  # a ServerMetrics, or None to record nothing
@@ -349,11 +380,14 @@ class KServeGrpcFrontend:
         from llmserve.serve.errors import StartupError
 
         interceptors = [_ApiKeyInterceptor(self._api_key)] if self._api_key else []
-        server = grpc.aio.server(interceptors=interceptors, options=[
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-            ("grpc.max_send_message_length", self.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ])
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
         on_request = self.metrics.observe if self.metrics is not None else None
         servicer = KServeServicer(ModelResolver(readiness, self.model_version), on_request)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
@@ -366,8 +400,10 @@ class KServeGrpcFrontend:
         else:
             cause = None
         if not port:
-            raise StartupError(f"cannot listen for gRPC on {self.host}:{self.port}" + (f": {cause}" if cause else ""),
-                               hint="Choose another --grpc-port, or stop the process that holds this one.")
+            raise StartupError(
+                f"cannot listen for gRPC on {self.host}:{self.port}" + (f": {cause}" if cause else ""),
+                hint="Choose another --grpc-port, or stop the process that holds this one.",
+            )
         self.port = port
         await server.start()
         self._server = server

@@ -39,8 +39,19 @@ from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.kserve.errors import UNIMPLEMENTED, KServeError, invalid, not_found
 from llmserve.serve.kserve.generation import Delta, generate_deltas, generate_text
 from llmserve.serve.kserve.protocol import (
-    INPUTS, OUTPUT_NAME, OUTPUT_SHAPE, DecodedTensor, ModelResolver, Served, build_generation, check_tensor_header,
-    decode_raw, encode_bytes, model_config, model_metadata, server_metadata,
+    INPUTS,
+    OUTPUT_NAME,
+    OUTPUT_SHAPE,
+    DecodedTensor,
+    ModelResolver,
+    Served,
+    build_generation,
+    check_tensor_header,
+    decode_raw,
+    encode_bytes,
+    model_config,
+    model_metadata,
+    server_metadata,
 )
 
 log = logging.getLogger("llmserve.serve.kserve")
@@ -102,7 +113,9 @@ def _scalar_params(where: str, params: Any) -> dict[str, Any]:
     return params
 
 
-def decode_infer_body(request_body: bytes, header_length: str | None) -> tuple[list[DecodedTensor], dict, bool | None, str]:
+def decode_infer_body(
+    request_body: bytes, header_length: str | None
+) -> tuple[list[DecodedTensor], dict, bool | None, str]:
     """JSON tensors or the binary tensor extension -> (tensors, request params, binary output?, id)."""
     if header_length is not None:
         try:
@@ -117,8 +130,9 @@ def decode_infer_body(request_body: bytes, header_length: str | None) -> tuple[l
     body = _json_object(header, "inference request")
     unknown = sorted(set(body) - {"id", "parameters", "inputs", "outputs"})
     if unknown:
-        raise invalid(f"unknown inference request field(s): {', '.join(unknown)}; "
-                      "accepted: id, parameters, inputs, outputs")
+        raise invalid(
+            f"unknown inference request field(s): {', '.join(unknown)}; accepted: id, parameters, inputs, outputs"
+        )
     request_id = body.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
@@ -146,9 +160,11 @@ def decode_infer_body(request_body: bytes, header_length: str | None) -> tuple[l
             if "data" in t:
                 raise invalid(f"input '{name}': give either 'data' or parameters.binary_data_size, not both")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise invalid(f"input '{name}': binary_data_size {size!r} does not fit the binary part of the body "
-                              f"({len(binary) - offset} bytes left)")
-            values = decode_raw(name, datatype, binary[offset:offset + size])
+                raise invalid(
+                    f"input '{name}': binary_data_size {size!r} does not fit the binary part of the body "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            values = decode_raw(name, datatype, binary[offset : offset + size])
             offset += size
         else:
             if "data" not in t:
@@ -157,8 +173,10 @@ def decode_infer_body(request_body: bytes, header_length: str | None) -> tuple[l
             want = str if datatype == "BYTES" else bool
             for v in values:
                 if not isinstance(v, want):
-                    raise invalid(f"input '{name}': {datatype} data must be JSON "
-                                  f"{'strings' if want is str else 'booleans'}, got {json.dumps(v)}")
+                    raise invalid(
+                        f"input '{name}': {datatype} data must be JSON "
+                        f"{'strings' if want is str else 'booleans'}, got {json.dumps(v)}"
+                    )
         tensors.append(DecodedTensor(name, datatype, shape, values))
     if offset != len(binary):
         raise invalid(f"the body has {len(binary) - offset} binary byte(s) that no input claims (binary_data_size)")
@@ -180,8 +198,10 @@ def decode_infer_body(request_body: bytes, header_length: str | None) -> tuple[l
                     raise invalid(f"output '{OUTPUT_NAME}': parameters.binary_data must be true or false")
                 binary_out = oparams.pop("binary_data")
             if oparams:
-                raise invalid(f"output '{OUTPUT_NAME}': output parameter(s) {', '.join(sorted(oparams))} are not "
-                              "supported (classification is not available for text)")
+                raise invalid(
+                    f"output '{OUTPUT_NAME}': output parameter(s) {', '.join(sorted(oparams))} are not "
+                    "supported (classification is not available for text)"
+                )
     return tensors, params, binary_out, request_id
 
 
@@ -197,8 +217,11 @@ def infer_response(served: Served, request_id: str, text: str, binary: bool) -> 
     raw = encode_bytes([text])
     out["parameters"] = {"binary_data_size": len(raw)}
     header = json.dumps(body).encode()
-    return Response(header + raw, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(len(header))})
+    return Response(
+        header + raw,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
 
 
 def decode_generate_body(raw: bytes) -> tuple[list[DecodedTensor], dict[str, Any]]:
@@ -218,8 +241,10 @@ def decode_generate_body(raw: bytes) -> tuple[list[DecodedTensor], dict[str, Any
             values = [json.dumps(values[0])]
         want = str if spec.datatype == "BYTES" else bool
         if not all(isinstance(v, want) for v in values):
-            raise invalid(f"'{key}' must be a {'string' if want is str else 'boolean'}"
-                          + (" (or a JSON object)" if key == "sampling_parameters" else ""))
+            raise invalid(
+                f"'{key}' must be a {'string' if want is str else 'boolean'}"
+                + (" (or a JSON object)" if key == "sampling_parameters" else "")
+            )
         tensors.append(DecodedTensor(key, spec.datatype, [len(values)], values))
     return tensors, params
 
@@ -228,8 +253,12 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-def build_router(readiness: Any, *, model_version: str | int | None = None,
-                 on_request: Callable[[str, int, float], None] | None = None) -> APIRouter:
+def build_router(
+    readiness: Any,
+    *,
+    model_version: str | int | None = None,
+    on_request: Callable[[str, int, float], None] | None = None,
+) -> APIRouter:
     """KServe v2 routes on the shared engine; mount with app.include_router(...).
 
     on_request(endpoint, status, seconds), e.g. ServerMetrics.observe, is called once per inference request.
@@ -257,8 +286,9 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
         if endpoint is not None:
             fn = timed(endpoint, fn)
         router.add_api_route(f"/v2/models/{{model}}{suffix}", fn, methods=[method], include_in_schema=False)
-        router.add_api_route(f"/v2/models/{{model}}/versions/{{version}}{suffix}", fn, methods=[method],
-                             include_in_schema=False)
+        router.add_api_route(
+            f"/v2/models/{{model}}/versions/{{version}}{suffix}", fn, methods=[method], include_in_schema=False
+        )
 
     @router.get("/v2", include_in_schema=False)
     async def server_meta() -> Response:
@@ -282,8 +312,13 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
     async def model_ready(model: str, version: str = "") -> Response:
         served = resolver.current()
         if served is not None and (model != served.name or version not in ("", served.version)):
-            return _error(not_found(f"unknown model '{model}'" + (f" version '{version}'" if version else "")
-                                    + f": this server serves '{served.name}' (version {served.version})"))
+            return _error(
+                not_found(
+                    f"unknown model '{model}'"
+                    + (f" version '{version}'" if version else "")
+                    + f": this server serves '{served.name}' (version {served.version})"
+                )
+            )
         ok = resolver.model_ready(model, version)
         return JSONResponse({"name": model, "ready": ok}, status_code=200 if ok else 503)
 
@@ -296,8 +331,9 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
     async def infer(model: str, request: Request, version: str = "") -> Response:
         try:
             served = resolver.resolve(model, version, for_inference=True)
-            tensors, params, binary_out, request_id = decode_infer_body(await _body(request),
-                                                                      request.headers.get(HEADER_LENGTH))
+            tensors, params, binary_out, request_id = decode_infer_body(
+                await _body(request), request.headers.get(HEADER_LENGTH)
+            )
             req = build_generation(tensors, params, transport="http", streaming_transport=False)
             if binary_out is None:
                 binary_out = bool(req.settings.binary_data_output)
@@ -311,8 +347,10 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
     async def _prepare_generate(model: str, version: str, request: Request, streaming: bool):
         served = resolver.resolve(model, version, for_inference=True)
         if request.headers.get(HEADER_LENGTH) is not None:
-            raise invalid("the generate extension takes a JSON body; the binary tensor extension "
-                          "(Inference-Header-Content-Length) is for /infer")
+            raise invalid(
+                "the generate extension takes a JSON body; the binary tensor extension "
+                "(Inference-Header-Content-Length) is for /infer"
+            )
         tensors, params = decode_generate_body(await _body(request))
         if streaming and not any(t.name == "stream" for t in tensors):
             # generate_stream streams unless the body says "stream": false
@@ -353,8 +391,9 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
             finally:
                 await deltas.aclose()
 
-        return StreamingResponse(events(), media_type="text/event-stream; charset=utf-8",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            events(), media_type="text/event-stream; charset=utf-8", headers={"Cache-Control": "no-cache"}
+        )
 
     route("GET", "", model_meta)
     route("GET", "/ready", model_ready)
@@ -368,16 +407,23 @@ def build_router(readiness: Any, *, model_version: str | int | None = None,
         parts = rest.split("/")
         for part in parts:
             if part in UNIMPLEMENTED_PATHS:
-                return _error(KServeError(UNIMPLEMENTED, f"/v2/{rest} is not implemented by llmserve: "
-                                                         f"{UNIMPLEMENTED_PATHS[part]}"))
+                return _error(
+                    KServeError(
+                        UNIMPLEMENTED, f"/v2/{rest} is not implemented by llmserve: {UNIMPLEMENTED_PATHS[part]}"
+                    )
+                )
         return _error(not_found(f"/v2/{rest} is not a KServe v2 route of this server"))
 
     return router
 
 
-def build_app(readiness: Any, *, model_version: str | int | None = None,
-              on_request: Callable[[str, int, float], None] | None = None,
-              metrics: Callable[[], tuple[bytes, str]] | None = None) -> FastAPI:
+def build_app(
+    readiness: Any,
+    *,
+    model_version: str | int | None = None,
+    on_request: Callable[[str, int, float], None] | None = None,
+    metrics: Callable[[], tuple[bytes, str]] | None = None,
+) -> FastAPI:
     """The standalone KServe v2 HTTP app: the router plus /health (for probes) and, given `metrics`
     (ServerMetrics.exposition), /metrics, like the OpenAI app."""
     app = FastAPI(title="llmserve KServe v2", docs_url=None, redoc_url=None, openapi_url=None)
@@ -388,6 +434,7 @@ def build_app(readiness: Any, *, model_version: str | int | None = None,
         return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
     if metrics is not None:
+
         @app.get("/metrics", include_in_schema=False)
         async def prom() -> Response:
             body, content_type = metrics()
@@ -402,8 +449,16 @@ class KServeHttpFrontend(UvicornFrontend):
 
     name = "kserve-http"
 
-    def __init__(self, host: str, port: int, *, model_version: str | int | None = None, api_key: str | None = None,
-                 max_body_bytes: int = 8 * 1024 * 1024, metrics: Any = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        model_version: str | int | None = None,
+        api_key: str | None = None,
+        max_body_bytes: int = 8 * 1024 * 1024,
+        metrics: Any = None,
+    ):
         super().__init__(host, port)
         self.model_version = model_version
         self._api_key = api_key
@@ -414,6 +469,10 @@ class KServeHttpFrontend(UvicornFrontend):
         from llmserve.serve.http_guards import Guards
 
         m = self.metrics
-        app = build_app(readiness, model_version=self.model_version, on_request=m.observe if m else None,
-                        metrics=m.exposition if m else None)
+        app = build_app(
+            readiness,
+            model_version=self.model_version,
+            on_request=m.observe if m else None,
+            metrics=m.exposition if m else None,
+        )
         return Guards(app, api_key=self._api_key, max_body_bytes=self.max_body_bytes)

@@ -110,6 +110,7 @@ def model_metadata(served: Served) -> dict:
 
 def model_config(served: Served) -> dict:
     """The Triton model configuration (JSON form of model_config.proto), decoupled for token streams."""
+
     def io(t: TensorSpec, is_input: bool) -> dict:
         d = {"name": t.name, "data_type": TRITON_DATA_TYPE[t.datatype], "dims": [str(x) for x in t.dims]}
         if is_input and t.optional:
@@ -165,16 +166,18 @@ def element_count(shape: list[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-def build_generation(tensors: list[DecodedTensor], request_params: dict[str, Any], *, transport: str,
-                     streaming_transport: bool) -> GenerationRequest:
+def build_generation(
+    tensors: list[DecodedTensor], request_params: dict[str, Any], *, transport: str, streaming_transport: bool
+) -> GenerationRequest:
     seen: dict[str, DecodedTensor] = {}
     for t in tensors:
         check_tensor_header(t.name, t.datatype, t.shape)
         if t.name in seen:
             raise invalid(f"input '{t.name}' appears twice")
         if len(t.values) != element_count(t.shape):
-            raise invalid(f"input '{t.name}': shape {t.shape} needs {element_count(t.shape)} element(s), "
-                          f"got {len(t.values)}")
+            raise invalid(
+                f"input '{t.name}': shape {t.shape} needs {element_count(t.shape)} element(s), got {len(t.values)}"
+            )
         seen[t.name] = t
     missing = [t.name for t in LLM_TEXT_CONTRACT.inputs if not t.optional and t.name not in seen]
     if missing:
@@ -185,10 +188,14 @@ def build_generation(tensors: list[DecodedTensor], request_params: dict[str, Any
         raise invalid("input 'text_input' is empty; send the prompt text")
     stream = bool(seen["stream"].values[0]) if "stream" in seen else False
     if stream and not streaming_transport:
-        raise invalid("input 'stream' is true, but this call returns one response; use gRPC ModelStreamInfer or "
-                      "HTTP POST /v2/models/{model}/generate_stream for token streams")
+        raise invalid(
+            "input 'stream' is true, but this call returns one response; use gRPC ModelStreamInfer or "
+            "HTTP POST /v2/models/{model}/generate_stream for token streams"
+        )
     exclude = bool(seen["exclude_input_in_output"].values[0]) if "exclude_input_in_output" in seen else None
-    tensor_settings = parse_sampling_tensor(_text(seen["sampling_parameters"])) if "sampling_parameters" in seen else None
+    tensor_settings = (
+        parse_sampling_tensor(_text(seen["sampling_parameters"])) if "sampling_parameters" in seen else None
+    )
     settings = build_settings(tensor_settings, request_params, transport=transport)
     return GenerationRequest(prompt=prompt, stream=stream, exclude_input=exclude, settings=settings)
 
@@ -205,17 +212,18 @@ def _text(t: DecodedTensor) -> str:
 
 # --- BYTES / BOOL wire formats (gRPC raw_input_contents and the HTTP binary tensor extension) -----
 
+
 def decode_raw(name: str, datatype: str, raw: bytes) -> list[Any]:
     if datatype == "BYTES":
         out, i = [], 0
         while i < len(raw):
             if i + 4 > len(raw):
                 raise invalid(f"input '{name}': truncated BYTES element (a 4-byte length prefix is incomplete)")
-            n = int.from_bytes(raw[i:i + 4], "little")
+            n = int.from_bytes(raw[i : i + 4], "little")
             i += 4
             if i + n > len(raw):
                 raise invalid(f"input '{name}': BYTES element claims {n} bytes, only {len(raw) - i} remain")
-            out.append(raw[i:i + n])
+            out.append(raw[i : i + n])
             i += n
         return out
     if datatype == "BOOL":
@@ -232,5 +240,15 @@ def encode_bytes(values: list[str | bytes]) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["ModelResolver", "build_generation", "model_metadata", "model_config", "server_metadata",
-           "DecodedTensor", "GenerationRequest", "decode_raw", "encode_bytes", "OUTPUT_NAME"]
+__all__ = [
+    "ModelResolver",
+    "build_generation",
+    "model_metadata",
+    "model_config",
+    "server_metadata",
+    "DecodedTensor",
+    "GenerationRequest",
+    "decode_raw",
+    "encode_bytes",
+    "OUTPUT_NAME",
+]

@@ -161,14 +161,19 @@ def _logit_bias(key: str, value: Any, origin: str) -> dict[int, float]:
 def _n(key: str, value: Any, origin: str) -> int:
     n = _integer(key, value, origin)
     if n != 1:
-        raise invalid(f"{_where(key, origin)}: only n=1 is supported (text_output carries one generated text); "
-                      "send n separate requests instead")
+        raise invalid(
+            f"{_where(key, origin)}: only n=1 is supported (text_output carries one generated text); "
+            "send n separate requests instead"
+        )
     return n
 
 
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
-STRUCTURED_OPTIONS = {"disable_additional_properties": _boolean, "disable_any_whitespace": _boolean,
-                      "whitespace_pattern": None}
+STRUCTURED_OPTIONS = {
+    "disable_additional_properties": _boolean,
+    "disable_any_whitespace": _boolean,
+    "whitespace_pattern": None,
+}
 
 
 def _structured(key: str, value: Any, origin: str) -> Any:
@@ -176,16 +181,22 @@ def _structured(key: str, value: Any, origin: str) -> Any:
 
     value = _json_value(key, value, origin)
     if not isinstance(value, dict):
-        raise invalid(f"{_where(key, origin)}: expected an object with one of {', '.join(STRUCTURED_KINDS)}, "
-                      f"e.g. {{\"json\": {{\"type\": \"object\"}}}}")
+        raise invalid(
+            f"{_where(key, origin)}: expected an object with one of {', '.join(STRUCTURED_KINDS)}, "
+            f'e.g. {{"json": {{"type": "object"}}}}'
+        )
     unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(STRUCTURED_OPTIONS))
     if unknown:
-        raise invalid(f"{_where(key, origin)}: unknown key(s) {', '.join(unknown)}; accepted: "
-                      f"{', '.join(STRUCTURED_KINDS + tuple(STRUCTURED_OPTIONS))}")
+        raise invalid(
+            f"{_where(key, origin)}: unknown key(s) {', '.join(unknown)}; accepted: "
+            f"{', '.join(STRUCTURED_KINDS + tuple(STRUCTURED_OPTIONS))}"
+        )
     kinds = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
     if len(kinds) != 1:
-        raise invalid(f"{_where(key, origin)}: give exactly one of {', '.join(STRUCTURED_KINDS)} "
-                      f"(got {', '.join(kinds) if kinds else 'none'})")
+        raise invalid(
+            f"{_where(key, origin)}: give exactly one of {', '.join(STRUCTURED_KINDS)} "
+            f"(got {', '.join(kinds) if kinds else 'none'})"
+        )
     kind = kinds[0]
     spec = value[kind]
     args: dict[str, Any] = {}
@@ -269,18 +280,19 @@ REFUSED_KEYS: dict[str, str] = {
     "prompt_logprobs": "text_output carries text only; use /v1/completions with prompt_logprobs",
     "best_of": "beam search / best_of is not supported; send n=1",
     "use_beam_search": "beam search is not supported by this engine API",
-    "guided_json": "use structured_outputs: {\"json\": <schema>}",
-    "guided_regex": "use structured_outputs: {\"regex\": <pattern>}",
-    "guided_choice": "use structured_outputs: {\"choice\": [...]}",
-    "guided_grammar": "use structured_outputs: {\"grammar\": <grammar>}",
-    "guided_decoding": "use structured_outputs: {\"json\": <schema>} (vLLM 0.32 name)",
-    "response_format": "that is the OpenAI API's name; use structured_outputs: {\"json\": <schema>}",
+    "guided_json": 'use structured_outputs: {"json": <schema>}',
+    "guided_regex": 'use structured_outputs: {"regex": <pattern>}',
+    "guided_choice": 'use structured_outputs: {"choice": [...]}',
+    "guided_grammar": 'use structured_outputs: {"grammar": <grammar>}',
+    "guided_decoding": 'use structured_outputs: {"json": <schema>} (vLLM 0.32 name)',
+    "response_format": 'that is the OpenAI API\'s name; use structured_outputs: {"json": <schema>}',
     "stream": "stream is an input tensor (BOOL [1]), not a sampling setting",
     "exclude_input_in_output": "exclude_input_in_output is an input tensor (BOOL [1]), not a sampling setting",
     "detokenize": "text_output needs detokenized text",
     "output_kind": "the frontend chooses the output kind (deltas for streams)",
-    "vllm_xargs": "that is the OpenAI API's field; put the constraint key (" + ", ".join(CONSTRAINT_KEYS)
-                  + ") in sampling_parameters itself",
+    "vllm_xargs": "that is the OpenAI API's field; put the constraint key ("
+    + ", ".join(CONSTRAINT_KEYS)
+    + ") in sampling_parameters itself",
 }
 EXTRA_ARGS_KEY = "extra_args"
 
@@ -291,7 +303,7 @@ REFUSED_REQUEST_KEYS: dict[str, str] = {
     "sequence_start": "sequence batching is not supported: an LLM's state is its prompt; send the whole text",
     "sequence_end": "sequence batching is not supported: an LLM's state is its prompt; send the whole text",
     "timeout": "server-side request timeouts are not supported; set a client deadline (gRPC) or timeout (HTTP): "
-               "a cancelled request is aborted in the engine",
+    "a cancelled request is aborted in the engine",
 }
 
 
@@ -318,13 +330,15 @@ def _collect_constraint(key: str, value: Any, origin: str, found: dict[str, tupl
     if value is None:
         return
     if key in found:
-        raise invalid(f"{_where(key, origin)}: '{key}' is also set as {_where(key, found[key][0])}; "
-                      "set it in one place")
+        raise invalid(
+            f"{_where(key, origin)}: '{key}' is also set as {_where(key, found[key][0])}; set it in one place"
+        )
     found[key] = (origin, _constraint_value(key, value, origin))
 
 
-def sampling_kwargs(values: dict[str, Any], origin: str, into: dict[str, Any],
-                    found: dict[str, tuple[str, Any]]) -> None:
+def sampling_kwargs(
+    values: dict[str, Any], origin: str, into: dict[str, Any], found: dict[str, tuple[str, Any]]
+) -> None:
     """Map `values` into SamplingParams keyword arguments; constraint keys are collected in `found`
     (key -> (origin, value)) and settled by settle_constraint once both places are read."""
     for key, value in values.items():
@@ -338,20 +352,26 @@ def sampling_kwargs(values: dict[str, Any], origin: str, into: dict[str, Any],
                 continue
             extra = _json_value(key, value, origin)
             if not isinstance(extra, dict):
-                raise invalid(f"{_where(key, origin)}: expected an object of constraint keys "
-                              f"({', '.join(CONSTRAINT_KEYS)}), got {extra!r}")
+                raise invalid(
+                    f"{_where(key, origin)}: expected an object of constraint keys "
+                    f"({', '.join(CONSTRAINT_KEYS)}), got {extra!r}"
+                )
             for inner, inner_value in extra.items():
                 if inner not in CONSTRAINT_KEYS:
-                    raise invalid(f"{_where(f'{key}.{inner}', origin)} is not supported; this server honours only "
-                                  f"the constraint keys {', '.join(CONSTRAINT_KEYS)} in extra_args")
+                    raise invalid(
+                        f"{_where(f'{key}.{inner}', origin)} is not supported; this server honours only "
+                        f"the constraint keys {', '.join(CONSTRAINT_KEYS)} in extra_args"
+                    )
                 _collect_constraint(inner, inner_value, f"{origin} extra_args", found)
             continue
         if key not in SAMPLING_KEYS:
             raise invalid(f"{_where(key, origin)} is not a known sampling setting; accepted: {_accepted()}")
         target, convert = SAMPLING_KEYS[key]
         if target in into:
-            raise invalid(f"{_where(key, origin)}: '{key}' is set both in the sampling_parameters tensor and in "
-                          "the request parameters; set it in one place")
+            raise invalid(
+                f"{_where(key, origin)}: '{key}' is set both in the sampling_parameters tensor and in "
+                "the request parameters; set it in one place"
+            )
         if value is None:
             continue
         into[target] = convert(key, value, origin)
@@ -371,8 +391,10 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any]) -
             problem = validation_problem(key, values[key])
         except Exception as exc:  # noqa: BLE001 - the processor failed, not the request
             log.exception("constraint check failed")
-            raise KServeError(INTERNAL, f"{_where(key, found[key][0])}: the constraint check failed on the "
-                                        f"server: {type(exc).__name__}: {exc}") from None
+            raise KServeError(
+                INTERNAL,
+                f"{_where(key, found[key][0])}: the constraint check failed on the server: {type(exc).__name__}: {exc}",
+            ) from None
     if problem is not None:  # "key 'k': ..." gets where it came from; "give one constraint ..." names them all
         raise invalid(f"{found[key][0]} {problem}" if problem.startswith("key '") else problem)
     into["extra_args"] = {key: extra_args_value(values[key])}
@@ -384,13 +406,14 @@ def parse_sampling_tensor(text: str) -> dict[str, Any]:
     except ValueError as exc:
         raise invalid(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
     if not isinstance(values, dict):
-        raise invalid("input 'sampling_parameters' must be a JSON object of sampling settings, "
-                      f"e.g. {{\"temperature\": 0, \"max_tokens\": 32}}; got {type(values).__name__}")
+        raise invalid(
+            "input 'sampling_parameters' must be a JSON object of sampling settings, "
+            f'e.g. {{"temperature": 0, "max_tokens": 32}}; got {type(values).__name__}'
+        )
     return values
 
 
-def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[str, Any], *,
-                   transport: str) -> Settings:
+def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[str, Any], *, transport: str) -> Settings:
     """Map the sampling_parameters tensor and the request parameters; refuse anything unknown."""
     settings = Settings()
     found: dict[str, tuple[str, Any]] = {}
@@ -406,8 +429,10 @@ def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[st
             settings.empty_final_response = _boolean(key, value, "request parameter")
         elif key == "binary_data_output":
             if transport != "http":
-                raise invalid("request parameter 'binary_data_output' belongs to the HTTP binary tensor extension; "
-                              "gRPC outputs are always raw")
+                raise invalid(
+                    "request parameter 'binary_data_output' belongs to the HTTP binary tensor extension; "
+                    "gRPC outputs are always raw"
+                )
             settings.binary_data_output = _boolean(key, value, "request parameter")
         elif key.startswith("triton_"):
             raise invalid(f"request parameter '{key}' is a Triton-reserved parameter this server does not support")

@@ -36,7 +36,11 @@ def _vllm_error(err: Any) -> JSONResponse:
     """vLLM's ErrorResponse -> OpenAI's error shape (code: a string, not the HTTP status)."""
     status = int(err.error.code or 400)
     message = err.error.message
-    code = "context_length_exceeded" if "context length" in message.lower() or "maximum model length" in message.lower() else None
+    code = (
+        "context_length_exceeded"
+        if "context length" in message.lower() or "maximum model length" in message.lower()
+        else None
+    )
     return JSONResponse(error_body(status, message, err.error.param, code), status_code=status)
 
 
@@ -69,8 +73,13 @@ async def _engine_call(call: Callable, req: Any, request: Request) -> Any:
         raise RequestRejected(msg, code=code) from exc
 
 
-def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[[], tuple[bytes, str]],
-              on_request: Callable[[str, int, float], None]) -> FastAPI:
+def build_app(
+    readiness: Readiness,
+    *,
+    max_prompt_chars: int,
+    metrics: Callable[[], tuple[bytes, str]],
+    on_request: Callable[[str, int, float], None],
+) -> FastAPI:
     app = FastAPI(title="llmserve OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/health")
@@ -86,8 +95,9 @@ def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[
     def handle() -> Any:
         h = readiness.handle
         if h is None or not readiness.accepting:
-            raise RequestRejected("the server is not ready (engine starting or server draining)",
-                                  code="not_ready", status=503)
+            raise RequestRejected(
+                "the server is not ready (engine starting or server draining)", code="not_ready", status=503
+            )
         return h
 
     @app.get("/v1/models")
@@ -108,31 +118,46 @@ def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[
             raise RequestRejected(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
         forwarded, consumed = check_request(kind, body)
         if body["model"] != h.model_name:
-            raise RequestRejected(f"the model '{body['model']}' does not exist; this server serves '{h.model_name}'",
-                                  param="model", code="model_not_found")
+            raise RequestRejected(
+                f"the model '{body['model']}' does not exist; this server serves '{h.model_name}'",
+                param="model",
+                code="model_not_found",
+            )
         chars = prompt_chars(kind, body)
         if chars > max_prompt_chars:
             field = {"chat": "messages", "completion": "prompt", "embedding": "input"}[kind]
-            raise RequestRejected(f"the prompt is {chars} characters; this server's limit is {max_prompt_chars} "
-                                  f"(--max-prompt-chars) and the model's context is {h.max_model_len} tokens",
-                                  param=field, code="context_length_exceeded")
+            raise RequestRejected(
+                f"the prompt is {chars} characters; this server's limit is {max_prompt_chars} "
+                f"(--max-prompt-chars) and the model's context is {h.max_model_len} tokens",
+                param=field,
+                code="context_length_exceeded",
+            )
         if consumed.get("user") or consumed.get("safety_identifier"):
-            log.info("request %s user=%s safety_identifier=%s", request.headers.get("x-request-id", "-"),
-                     consumed.get("user"), consumed.get("safety_identifier"))
+            log.info(
+                "request %s user=%s safety_identifier=%s",
+                request.headers.get("x-request-id", "-"),
+                consumed.get("user"),
+                consumed.get("safety_identifier"),
+            )
         return h, forwarded, consumed
 
     async def generate(kind: str, request: Request) -> Response:
         try:
             h, forwarded, _ = await parse(kind, request)
             if not h.generates:
-                raise RequestRejected(f"the model '{h.model_name}' is a pooling model and does not generate text; "
-                                      "use /v1/embeddings", param="model", code="model_not_supported")
+                raise RequestRejected(
+                    f"the model '{h.model_name}' is a pooling model and does not generate text; use /v1/embeddings",
+                    param="model",
+                    code="model_not_supported",
+                )
             if kind == "chat":
                 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as Model
+
                 serving = h.state.openai_serving_chat
                 call = serving.create_chat_completion
             else:
                 from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Model
+
                 serving = h.state.openai_serving_completion
                 call = serving.create_completion
             try:
@@ -141,7 +166,9 @@ def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[
                 raise _pydantic_rejection(exc) from exc
             result = await unless_disconnected(request, _engine_call(call, req, request))
         except ClientDisconnected:
-            log.info("request %s: the client disconnected; generation aborted", request.headers.get("x-request-id", "-"))
+            log.info(
+                "request %s: the client disconnected; generation aborted", request.headers.get("x-request-id", "-")
+            )
             return Response(status_code=CLIENT_CLOSED)
         except RequestRejected as exc:
             if exc.code == "context_length_exceeded" and exc.param is None:
@@ -183,7 +210,9 @@ def build_app(readiness: Readiness, *, max_prompt_chars: int, metrics: Callable[
                 raise RequestRejected(
                     f"the model '{h.model_name}' is not a pooling model, so it has no embeddings; package an "
                     "embedding model (engine: runner: pooling, convert: embed) to use /v1/embeddings",
-                    param="model", code="model_not_supported")
+                    param="model",
+                    code="model_not_supported",
+                )
             from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
 
             try:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 503: "service_unavailable", 500: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+    500: "server_error",
+}
 
 
 class RequestRejected(Exception):
     """A request this server will not run; rendered as an OpenAI error response."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = "invalid_value",
-                 status: int = 400):
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = "invalid_value", status: int = 400
+    ):
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
 
@@ -21,5 +28,11 @@ class RequestRejected(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
-                      "param": param, "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }

@@ -49,11 +49,13 @@ def honoured(how: str, check: Check | None = None, forward: Any = "pass") -> Fat
 
 # ---- value checks -------------------------------------------------------------------------------
 
+
 def _one_of(*allowed: Any) -> Check:
     def check(value: Any, body: dict) -> str | None:
         if value not in allowed:
             return f"value {value!r} is not supported; supported: {', '.join(repr(a) for a in allowed)}"
         return None
+
     return check
 
 
@@ -66,8 +68,10 @@ def _check_messages(value: Any, body: dict) -> str | None:
             return f"messages[{i}] must be an object"
         role = msg.get("role")
         if role not in allowed_roles:
-            return (f"messages[{i}].role {role!r} is not supported (tool and function messages need tool "
-                    f"calling, which this server does not offer); supported: {', '.join(sorted(allowed_roles))}")
+            return (
+                f"messages[{i}].role {role!r} is not supported (tool and function messages need tool "
+                f"calling, which this server does not offer); supported: {', '.join(sorted(allowed_roles))}"
+            )
         for key, val in msg.items():
             if key in ("role", "content") or val is None:
                 continue
@@ -170,6 +174,7 @@ def _embedding_input(value: Any, body: dict) -> str | None:
 def _empty_or_none(what: str) -> Check:
     def check(value: Any, body: dict) -> str | None:
         return None if value in ("", [], {}) else f"is not supported: {what}"
+
     return check
 
 
@@ -186,8 +191,10 @@ def _check_vllm_xargs(value: Any, body: dict) -> str | None:
         return "must be an object"
     for key in value:
         if key not in CONSTRAINT_KEYS:
-            return (f"key '{key}' is not supported; this server honours only the constraint keys "
-                    f"{', '.join(CONSTRAINT_KEYS)}")
+            return (
+                f"key '{key}' is not supported; this server honours only the constraint keys "
+                f"{', '.join(CONSTRAINT_KEYS)}"
+            )
     problem = constraint_problem(value)
     given = given_keys(value)
     if problem is None and given:
@@ -204,7 +211,10 @@ def _forward_vllm_xargs(value: Any) -> dict:
 _VLLM_XARGS = honoured(
     "constraint keys only (constraint, constraint_regex, constraint_choice, constraint_json_schema): "
     "llmserve's constraint processor enforces them in the decode loop; an invalid constraint is a 400 "
-    "(the processor's validate_params); any other key is a 400", _check_vllm_xargs, _forward_vllm_xargs)
+    "(the processor's validate_params); any other key is a 400",
+    _check_vllm_xargs,
+    _forward_vllm_xargs,
+)
 
 
 _CONSUME = "consume"
@@ -249,7 +259,9 @@ CHAT_FIELDS: dict[str, Fate] = {
     "max_completion_tokens": honoured("vLLM SamplingParams.max_tokens"),
     "response_format": honoured(
         "text: unconstrained; json_object / json_schema: vLLM structured outputs (guidance backend, "
-        "no free whitespace); an invalid JSON Schema is a 400", _check_response_format),
+        "no free whitespace); an invalid JSON Schema is a 400",
+        _check_response_format,
+    ),
     "tools": honoured("an empty list only (no tool-call parser for this model)", _no_tools, _CONSUME),
     "tool_choice": honoured("'none' only: no tool calls are made", _tool_choice, _CONSUME),
     "parallel_tool_calls": honoured("trivially: no tools are accepted, so no tool calls are made", None, _CONSUME),
@@ -259,15 +271,23 @@ CHAT_FIELDS: dict[str, Fate] = {
     "modalities": honoured("['text'] only", _one_of(["text"]), _CONSUME),
     "prediction": rejected("predicted outputs (speculative decoding from client content) are not offered"),
     "web_search_options": rejected("web search is not offered by this server"),
-    "metadata": honoured("empty only: this server stores no completions", _empty_or_none("this server stores no completions"), _CONSUME),
+    "metadata": honoured(
+        "empty only: this server stores no completions", _empty_or_none("this server stores no completions"), _CONSUME
+    ),
     "store": honoured("false only: this server stores no completions", _one_of(False), _CONSUME),
-    "service_tier": honoured("'auto' or 'default' (the one tier this server has)", _one_of("auto", "default"), _CONSUME),
+    "service_tier": honoured(
+        "'auto' or 'default' (the one tier this server has)", _one_of("auto", "default"), _CONSUME
+    ),
     "reasoning_effort": honoured("'none' only: this model has no reasoning controls", _one_of("none"), _CONSUME),
     "verbosity": rejected("verbosity control is not offered for this model"),
     "moderation": rejected("moderation is not offered by this server"),
-    "safety_identifier": honoured("recorded in this server's request log line; not sent to the engine", forward=_CONSUME),
-    "prompt_cache_key": honoured("vLLM cache_salt: only requests with the same key share prefix-cache blocks",
-                                 forward=lambda v: {"cache_salt": str(v)}),
+    "safety_identifier": honoured(
+        "recorded in this server's request log line; not sent to the engine", forward=_CONSUME
+    ),
+    "prompt_cache_key": honoured(
+        "vLLM cache_salt: only requests with the same key share prefix-cache blocks",
+        forward=lambda v: {"cache_salt": str(v)},
+    ),
     "prompt_cache_retention": honoured("'in_memory' only (the engine's KV cache)", _one_of("in_memory"), _CONSUME),
     "prompt_cache_options": honoured("{'mode': 'implicit'} only: automatic prefix caching", _cache_options, _CONSUME),
     # vLLM chat extensions
@@ -280,11 +300,17 @@ CHAT_FIELDS: dict[str, Fate] = {
 COMPLETION_FIELDS: dict[str, Fate] = {
     **_SAMPLING,
     "prompt": honoured("tokenized by the model's tokenizer (strings or token ids)", _completion_prompt),
-    "echo": honoured("the prompt is returned before the completion (with its log-probs when logprobs is set); "
-                     "with max_tokens 0 this is prefill-only scoring"),
+    "echo": honoured(
+        "the prompt is returned before the completion (with its log-probs when logprobs is set); "
+        "with max_tokens 0 this is prefill-only scoring"
+    ),
     "logprobs": honoured("vLLM SamplingParams.logprobs: top-N alternatives per token"),
     "best_of": honoured("only equal to n (or 1)", _best_of, _CONSUME),
-    "suffix": honoured("empty only: insertion (fill-in-the-middle) is not offered", _empty_or_none("insertion is not offered"), _CONSUME),
+    "suffix": honoured(
+        "empty only: insertion (fill-in-the-middle) is not offered",
+        _empty_or_none("insertion is not offered"),
+        _CONSUME,
+    ),
     **VLLM_EXTENSIONS,
 }
 

@@ -15,8 +15,17 @@ from llmserve.serve.metrics import ServerMetrics
 class OpenAIFrontend(UvicornFrontend):
     name = "openai"
 
-    def __init__(self, host: str, port: int, *, api_key: str | None, max_body_bytes: int, max_prompt_chars: int,
-                 metrics: ServerMetrics, kserve_model_version: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        max_prompt_chars: int,
+        metrics: ServerMetrics,
+        kserve_model_version: int | None = None,
+    ):
         super().__init__(host, port)
         self._api_key = api_key
         self.max_body_bytes, self.max_prompt_chars = max_body_bytes, max_prompt_chars
@@ -26,11 +35,16 @@ class OpenAIFrontend(UvicornFrontend):
     def build(self, readiness: Any) -> Any:
         from llmserve.serve.openai.app import build_app
 
-        app = build_app(readiness, max_prompt_chars=self.max_prompt_chars, metrics=self.metrics.exposition,
-                        on_request=self.metrics.observe)
+        app = build_app(
+            readiness,
+            max_prompt_chars=self.max_prompt_chars,
+            metrics=self.metrics.exposition,
+            on_request=self.metrics.observe,
+        )
         if self.kserve_model_version is not None:
             from llmserve.serve.kserve import build_router
 
-            app.include_router(build_router(readiness, model_version=self.kserve_model_version,
-                                            on_request=self.metrics.observe))
+            app.include_router(
+                build_router(readiness, model_version=self.kserve_model_version, on_request=self.metrics.observe)
+            )
         return Guards(app, api_key=self._api_key, max_body_bytes=self.max_body_bytes)

@@ -21,12 +21,17 @@ def check_request(kind: str, body: Any) -> tuple[dict, dict]:
     for name, value in body.items():
         fate = table.get(name)
         if fate is None:
-            raise RequestRejected(f"unknown field '{name}': this server rejects fields it does not implement",
-                                  param=name, code="unknown_parameter")
+            raise RequestRejected(
+                f"unknown field '{name}': this server rejects fields it does not implement",
+                param=name,
+                code="unknown_parameter",
+            )
         if value is None:
             continue  # null means "not set"
         if not fate.honoured:
-            raise RequestRejected(f"field '{name}' is not supported: {fate.how}", param=name, code="unsupported_parameter")
+            raise RequestRejected(
+                f"field '{name}' is not supported: {fate.how}", param=name, code="unsupported_parameter"
+            )
         if fate.check is not None and (problem := fate.check(value, body)):
             raise RequestRejected(f"field '{name}': {problem}", param=name, code="unsupported_value")
         if fate.forward == "pass":
@@ -40,6 +45,7 @@ def check_request(kind: str, body: Any) -> tuple[dict, dict]:
 
 def prompt_chars(kind: str, body: dict) -> int:
     """Characters of prompt text in a request (token-id prompts count one per id)."""
+
     def size(v: Any) -> int:
         if isinstance(v, str):
             return len(v)
