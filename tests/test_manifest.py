@@ -3,7 +3,7 @@ import json
 import pytest
 
 from llmserve.errors import EngineVersionOverrideError, ExitCode, ManifestError
-from llmserve.spec.manifest import dump_manifest, manifest_json_schema, parse_manifest
+from llmserve.formats.manifest import dump_manifest, manifest_json_schema, parse_manifest
 
 GOOD = """\
 modelId: tiny-chat

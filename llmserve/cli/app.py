@@ -8,8 +8,17 @@ import sys
 import typer
 
 from llmserve import __version__
-from llmserve.cli import check_compat_cmd, inspect_cmd, lock_cmd, package_cmd, schema_cmd, serve_cmd
-from llmserve.cli import deploy_cmd, rollback_cmd, status_cmd
+from llmserve.cli import (
+    check_compat_cmd,
+    deploy_cmd,
+    inspect_cmd,
+    lock_cmd,
+    package_cmd,
+    rollback_cmd,
+    schema_cmd,
+    serve_cmd,
+    status_cmd,
+)
 
 app = typer.Typer(
     name="llmserve",

@@ -48,7 +48,7 @@ def check_compat(
         llmserve check-compat --package dist/tiny-chat-1.llmpkg --output json
     """
     from llmserve.compat import run_checks
-    from llmserve.spec.lock import load_lock
+    from llmserve.formats.lock import load_lock
 
     lock = load_lock(lock_file)
     report = run_checks(

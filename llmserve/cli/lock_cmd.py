@@ -61,7 +61,7 @@ def lock(
     from llmserve.compat.kb import resolve_target
     from llmserve.compat.resolve import write_export
     from llmserve.errors import InvalidInputError
-    from llmserve.spec.lock import load_lock
+    from llmserve.formats.lock import load_lock
 
     if list_targets:
         kb = load_knowledge_base()

@@ -14,7 +14,7 @@ def schema() -> None:
 
         llmserve schema > llmserve.schema.json
     """
-    from llmserve.spec.manifest import manifest_json_schema
+    from llmserve.formats.manifest import manifest_json_schema
 
     print_json(manifest_json_schema())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from llmserve.compat.kb import load_knowledge_base, resolve_target
-from llmserve.compat.plugins import (
+from llmserve.compat.plugin_imports import (
     V1_PROCESSOR_MODULES,
     analyze_sources,
     interface_contract,
@@ -23,7 +23,7 @@ from llmserve.compat.plugins import (
 from llmserve.compat.resolve import environment_packages, export_requirements
 from llmserve.compat.surface import ModuleIndex, VllmSource, check_surface, open_vllm_source
 from llmserve.errors import LLMServeError
-from llmserve.spec.lock import Lock, normalize
+from llmserve.formats.lock import Lock, normalize
 
 Status = Literal["ok", "fail", "warn", "skip"]
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -138,7 +138,7 @@ def _check_surface(report: CheckReport, lock: Lock, index: ModuleIndex) -> None:
 
 def _collect_package_code(package: Path) -> tuple[object, dict[str, str], dict[str, str]]:
     """(manifest, plugin files {display path: source}, entry points {plugin name: 'file:attr'})."""
-    from llmserve.spec.manifest import MANIFEST_NAME, load_manifest, parse_manifest
+    from llmserve.formats.manifest import MANIFEST_NAME, load_manifest, parse_manifest
 
     files: dict[str, str] = {}
     entry: dict[str, tuple[str, str, str]] = {}
@@ -271,7 +271,7 @@ def check_code(
 
 
 def _check_package(report: CheckReport, lock: Lock, index: ModuleIndex | None, package: Path) -> None:
-    from llmserve.spec.tensors import FRONTEND_CONTRACTS, contract_problems
+    from llmserve.formats.tensors import FRONTEND_CONTRACTS, contract_problems
 
     manifest, files, entries = _collect_package_code(package)
     if manifest.backend == "python" and manifest.python and manifest.python.frontend != "none":

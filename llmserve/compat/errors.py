@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from llmserve.errors import IncompatibleError, InvalidInputError, NotFoundError
+from llmserve.errors import IncompatibleError, NotFoundError
 
-
-class LockFileError(InvalidInputError):
-    """llmserve.lock is missing a key, has a wrong value, or is not YAML."""
-
-    code = "invalid-lock"
-    default_hint = (
-        "Regenerate it: `llmserve lock --target <target> --upgrade` (the lock is written by the tool, not by hand)."
-    )
+# The lock's own errors live with the lock format; re-exported here for the compat layer's callers.
+from llmserve.formats.lock import LockFileError, LockNotFoundError
 
 
 class UnknownTargetError(NotFoundError):
@@ -30,6 +24,4 @@ class VllmSourceError(NotFoundError):
     code = "vllm-not-found"
 
 
-class LockNotFoundError(NotFoundError):
-    code = "lock-not-found"
-    default_hint = "Create one: `llmserve lock --target local-cpu` (or a Triton line, e.g. --target triton-26.02)."
+__all__ = ["LockChangeError", "LockFileError", "LockNotFoundError", "UnknownTargetError", "VllmSourceError"]

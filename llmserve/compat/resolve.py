@@ -19,7 +19,7 @@ from llmserve import __version__
 from llmserve.compat.errors import LockChangeError, LockFileError
 from llmserve.compat.kb import LOCAL_CPU, KnowledgeBase, ResolvedTarget, load_knowledge_base, resolve_target
 from llmserve.errors import EngineVersionOverrideError, IncompatibleError, InvalidInputError
-from llmserve.spec.lock import (
+from llmserve.formats.lock import (
     ImportSurface,
     Interfaces,
     Lock,

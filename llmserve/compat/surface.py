@@ -16,7 +16,6 @@ whether `from module import symbol` would succeed, reading the module's AST:
 from __future__ import annotations
 
 import abc
-
 import ast
 import email.parser
 import importlib.metadata as md

@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from llmserve.constraints import reference

@@ -5,7 +5,7 @@ calls for `--strategy versioned`.
 Components (each compared separately, so the refusal names what changed):
   backend          vllm or python
   io               the tensor contract: for vLLM packages the generated LLM text contract
-                   (llmserve.spec.tensors.LLM_TEXT_CONTRACT), for Python packages the frozen
+                   (llmserve.formats.tensors.LLM_TEXT_CONTRACT), for Python packages the frozen
                    `python.tensors` with its frontend and decoupled (streaming) setting
   tokenizer        token ids are visible (usage counts, logprobs, logit_bias, max_tokens meaning)
   chat_template    how chat messages become a prompt (roles, tools accepted)
@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from llmserve.errors import Detail
-from llmserve.spec.tensors import LLM_TEXT_CONTRACT
+from llmserve.formats.tensors import LLM_TEXT_CONTRACT
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -39,7 +39,7 @@ def _sha(data: bytes) -> str:
 
 
 def fingerprint(package) -> dict:
-    """The interface of an opened package (llmserve.packaging.local.OpenedPackage), as JSON-able values."""
+    """The interface of an opened package (llmserve.packaging.opened.OpenedPackage), as JSON-able values."""
     m = package.manifest
     out: dict = {"backend": m.backend}
     if m.backend == "python":

@@ -14,7 +14,7 @@ from pathlib import Path
 from llmserve.deploy import interface as iface
 from llmserve.deploy import procs
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
-from llmserve.deploy.local import LocalTarget, without
+from llmserve.deploy.local_target import LocalTarget, without
 from llmserve.deploy.state import (
     DONE,
     FAILED,
@@ -24,8 +24,8 @@ from llmserve.deploy.state import (
     Deployment,
     DeploymentLock,
     Member,
-    Routes,
     Rollout,
+    Routes,
     StateStore,
 )
 
@@ -69,7 +69,7 @@ class Deployer:
 
     # -- entry points -------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> dict:
-        from llmserve.packaging.local import open_package
+        from llmserve.packaging.opened import open_package
 
         package = Path(opts.package).resolve()
         opened = open_package(package)  # verifies and unpacks once, so the servers start from the cache

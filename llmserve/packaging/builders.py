@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from llmserve.errors import InvalidInputError, ManifestError, NotFoundError
-import os
-
+from llmserve.formats.lock_at_packaging import find_lock, load_manifest_under_lock
+from llmserve.formats.manifest import MANIFEST_NAME, Manifest, dump_manifest
+from llmserve.formats.tensors import TRITON_DATA_TYPE, check_against_contract
 from llmserve.packaging.archive import PackageIndex, Source, write_archive
-from llmserve.spec.manifest import MANIFEST_NAME, Manifest, dump_manifest
-from llmserve.spec.tensors import TRITON_DATA_TYPE, check_against_contract
 from llmserve.templating import render
 
 REPOSITORY_DIR = "model_repository"
@@ -190,8 +190,6 @@ def build_package(
     src = Path(src)
     if not src.is_dir():
         raise NotFoundError(f"{src}: not a folder", hint="Pass the folder that holds llmserve.yaml.")
-    from llmserve.compat.hook import find_lock, load_manifest_under_lock
-
     manifest, _lock = load_manifest_under_lock(src / MANIFEST_NAME, find_lock(src, lock))
     members = collect_members(src, manifest)
     if on_total:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmserve.formats.manifest import parse_manifest
 from llmserve.packaging.archive import FileEntry, read_index, read_member
-from llmserve.spec.manifest import parse_manifest
 
 
 @dataclass(frozen=True)

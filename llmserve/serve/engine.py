@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve.packaging.local import OpenedPackage
+from llmserve.packaging.opened import OpenedPackage
 from llmserve.serve.errors import EngineArgsError, StartupError
 from llmserve.serve.options import (
     ADDITIVE_ENGINE_ARGS,

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from llmserve.packaging.local import cache_root
+from llmserve.packaging.opened import cache_root
 from llmserve.serve.errors import StartupError
 
 CPU_DEFAULTS = {

@@ -105,7 +105,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
         with steps.step("environment", "engine and cache settings"):
             prepare_engine_environment(options.kv_cache_gib)
         with steps.step("package", f"open {options.package}"):
-            from llmserve.packaging.local import cache_root, open_package
+            from llmserve.packaging.opened import cache_root, open_package
 
             package = open_package(Path(options.package))
             log.info(
@@ -116,7 +116,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
                 " from cache" if package.from_cache else "",
             )
         with steps.step("plugins", f"{len(package.manifest.plugins)} vLLM plugin(s)"):
-            from llmserve.serve.plugins import install_plugins
+            from llmserve.serve.plugin_entry_points import install_plugins
 
             site = cache_root() / "run" / f"site-{options.port}-{package.manifest.package_name}"
             plugins = install_plugins(package, site)
@@ -137,7 +137,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             return 0
         with steps.step("engine", "build the vLLM engine"):
             from llmserve.serve.engine import merged_engine_args, start_engine
-            from llmserve.serve.plugins import load_check
+            from llmserve.serve.plugin_entry_points import load_check
 
             load_check(plugins)
             engine_args = merged_engine_args(package.manifest.engine, options.engine_overrides())

@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
 DATA = HERE / "data"

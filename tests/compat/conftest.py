@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from compat_helpers import OLD_VLLM, wheel_cache  # noqa: E402
 
 

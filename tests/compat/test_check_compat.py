@@ -8,8 +8,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from compat_helpers import DATA, run_cli, write_source
+
 from llmserve.compat import run_checks
 from llmserve.compat.resolve import resolve_lock
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from compat_helpers import DATA, check_golden, run_cli
+
 from llmserve.compat.resolve import export_requirements, read_requirements, resolve_lock
-from llmserve.spec.lock import load_lock, parse_lock
+from llmserve.formats.lock import load_lock, parse_lock
 
 EPOCH = {"SOURCE_DATE_EPOCH": "1767225600"}  # 2026-01-01T00:00:00Z
 REPO = Path(__file__).resolve().parents[2]
@@ -153,7 +153,7 @@ def test_timestamp_is_utc_and_honours_source_date_epoch(monkeypatch):
 
 
 def test_parse_round_trip():
-    from llmserve.spec.lock import dump_lock
+    from llmserve.formats.lock import dump_lock
 
     lock = resolve_lock("triton-26.02").lock
     assert parse_lock(dump_lock(lock)) == lock

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from compat_helpers import DATA, run_cli, write_source
+
 from llmserve.compat.errors import LockFileError
 from llmserve.errors import EngineVersionOverrideError
 from llmserve.packaging import build_package

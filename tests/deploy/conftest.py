@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from deploy_helpers import MODEL, Cli, write_vllm_source
 
 
@@ -47,8 +46,7 @@ def cli(tmp_path_factory):
     c = Cli(tmp_path_factory.mktemp("deploy-state"))
     yield c
     # Tear down whatever the tests left, then make sure no process of ours survives.
-    from llmserve.deploy import StateStore
-    from llmserve.deploy import procs
+    from llmserve.deploy import StateStore, procs
 
     store = StateStore(c.state_dir)
     for dep in store.deployments():

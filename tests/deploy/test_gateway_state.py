@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from llmserve.deploy import procs
-from llmserve.deploy.local import LocalTarget, without
+from llmserve.deploy.errors import DeployInputError
+from llmserve.deploy.local_target import LocalTarget, without
 from llmserve.deploy.rollout import _weighted, parse_steps
 from llmserve.deploy.state import DeploymentLock, Member, Routes, StateStore
-from llmserve.deploy.errors import DeployInputError
 
 HERE = Path(__file__).parent
 

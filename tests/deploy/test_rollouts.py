@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from deploy_helpers import MODEL, Load, gateway_url, kill_pid  # noqa: F401
 
 pytestmark = pytest.mark.timeout(900)

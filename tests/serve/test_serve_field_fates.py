@@ -5,7 +5,6 @@ Honoured fields take effect (checked where cheap); rejected fields give 400 nami
 
 from __future__ import annotations
 
-
 import pytest
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_params

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from llmserve.packaging.local import open_package
+from llmserve.packaging.opened import open_package
 from llmserve.serve.errors import PluginInstallError
-from llmserve.serve.plugins import install_plugins, load_check
+from llmserve.serve.plugin_entry_points import install_plugins, load_check
 
 
 def _source(tmp_path, tiny_model_dir, module_text: str, entry: str, group: str = "vllm.general_plugins"):

@@ -112,11 +112,10 @@ def _observe_not_ready(grpc_url: str, http_url: str) -> dict:
 
 @pytest.fixture(scope="session")
 def kserve_server(tiny_vllm_package):
-    from llmserve.packaging.local import open_package
+    from llmserve.packaging.opened import open_package
+    from llmserve.serve.environment import CACHE_VARS
     from llmserve.serve.kserve import KServeGrpcFrontend, KServeHttpFrontend
     from llmserve.serve.readiness import Readiness
-
-    from llmserve.serve.environment import CACHE_VARS
 
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         pytest.fail(

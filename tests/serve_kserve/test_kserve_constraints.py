@@ -18,9 +18,8 @@ import jsonschema
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from kserve_inputs import text_inputs
+from tritonclient.utils import InferenceServerException
 
 from llmserve.serve import constraint_keys
 from llmserve.serve.kserve.errors import KServeError

@@ -8,11 +8,10 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from kserve_inputs import text_inputs
 from tritonclient.utils import InferenceServerException
 
-from kserve_inputs import text_inputs
-
-from llmserve.spec.tensors import LLM_TEXT_CONTRACT
+from llmserve.formats.tensors import LLM_TEXT_CONTRACT
 
 pytestmark = pytest.mark.engine
 

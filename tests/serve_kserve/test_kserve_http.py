@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from llmserve.spec.tensors import LLM_TEXT_CONTRACT
+from llmserve.formats.tensors import LLM_TEXT_CONTRACT
 
 pytestmark = pytest.mark.engine
 

@@ -9,9 +9,8 @@ from collections import Counter
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from kserve_inputs import text_inputs
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.engine
 

@@ -226,7 +226,7 @@ class KubernetesDeployer:
 
     # -- entry points -------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> dict:
-        from llmserve.packaging.local import open_package
+        from llmserve.packaging.opened import open_package
 
         package = Path(opts.package).resolve()
         opened = open_package(package)

@@ -6,7 +6,7 @@ Public surface:
     KServeHttpFrontend(host, port, *, model_version, api_key, max_body_bytes, metrics)      a Frontend
     build_router(readiness, *, model_version, on_request)    the HTTP routes, to mount on the OpenAI app
 (metrics: a ServerMetrics that counts and times the inference requests; on_request: its observe)
-Tensor names and types: llmserve.spec.tensors.LLM_TEXT_CONTRACT (see protocol.py for semantics);
+Tensor names and types: llmserve.formats.tensors.LLM_TEXT_CONTRACT (see protocol.py for semantics);
 sampling settings: sampling.py (the mapping table). Importing this package does not import vLLM.
 """
 

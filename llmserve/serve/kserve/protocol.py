@@ -1,7 +1,7 @@
 """Transport-independent KServe v2 logic: which model is asked for, what its tensors are, and how
 a set of decoded input tensors becomes one generation request.
 
-The tensors are LLM_TEXT_CONTRACT (llmserve.spec.tensors), the single definition shared with the
+The tensors are LLM_TEXT_CONTRACT (llmserve.formats.tensors), the single definition shared with the
 package builders; nothing here re-declares names or types.
 
 Inputs (Triton vLLM backend convention):
@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve.formats.tensors import LLM_TEXT_CONTRACT, TRITON_DATA_TYPE, TensorSpec
 from llmserve.serve.kserve.errors import invalid, not_found, not_ready
 from llmserve.serve.kserve.sampling import Settings, build_settings, parse_sampling_tensor
-from llmserve.spec.tensors import LLM_TEXT_CONTRACT, TRITON_DATA_TYPE, TensorSpec
 
 SERVER_NAME = "llmserve"
 # Protocol extensions this server implements (reported by ServerMetadata / GET /v2).

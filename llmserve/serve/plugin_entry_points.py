@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from llmserve.packaging.local import OpenedPackage
+from llmserve.packaging.opened import OpenedPackage
 from llmserve.serve.errors import PluginInstallError
 
 HONOURED_GROUPS = ("vllm.general_plugins", "vllm.logits_processors")

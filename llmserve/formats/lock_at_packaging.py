@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmserve.errors import EngineVersionOverrideError
-from llmserve.spec.lock import LOCK_NAME, Lock, load_lock
-from llmserve.spec.manifest import Manifest, load_manifest
+from llmserve.formats.lock import LOCK_NAME, Lock, load_lock
+from llmserve.formats.manifest import Manifest, load_manifest
 
 
 def find_lock(src: Path, lock: Path | None = None) -> Path | None:

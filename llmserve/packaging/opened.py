@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable
 
 from llmserve.errors import IntegrityError, NotFoundError
+from llmserve.formats.manifest import MANIFEST_NAME, Manifest, load_manifest
 from llmserve.packaging.archive import DIGESTS_NAME, PackageIndex, read_index, unpack
 from llmserve.packaging.builders import PACKAGE_SUFFIX, PLUGINS_DIR, REPOSITORY_DIR, weights_dir_in_package
-from llmserve.spec.manifest import MANIFEST_NAME, Manifest, load_manifest
 
 
 def cache_root() -> Path:

@@ -24,6 +24,23 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llmserve.errors import InvalidInputError, NotFoundError
+
+
+class LockFileError(InvalidInputError):
+    """llmserve.lock is missing a key, has a wrong value, or is not YAML."""
+
+    code = "invalid-lock"
+    default_hint = (
+        "Regenerate it: `llmserve lock --target <target> --upgrade` (the lock is written by the tool, not by hand)."
+    )
+
+
+class LockNotFoundError(NotFoundError):
+    code = "lock-not-found"
+    default_hint = "Create one: `llmserve lock --target local-cpu` (or a Triton line, e.g. --target triton-26.02)."
+
+
 LOCK_NAME = "llmserve.lock"
 LOCK_VERSION = 1
 HEADER = (
@@ -142,8 +159,6 @@ def dump_lock(lock: Lock) -> str:
 
 
 def parse_lock(text: str, source: str = LOCK_NAME) -> Lock:
-    from llmserve.compat.errors import LockFileError
-
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -167,8 +182,6 @@ def parse_lock(text: str, source: str = LOCK_NAME) -> Lock:
 
 
 def load_lock(path: Path) -> Lock:
-    from llmserve.compat.errors import LockFileError, LockNotFoundError
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (FileNotFoundError, IsADirectoryError) as exc:

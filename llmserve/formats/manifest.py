@@ -15,8 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmserve.errors import EngineVersionOverrideError, ManifestError
-from llmserve.spec.tensors import IOSpec
-from llmserve.spec.yaml_lines import load_yaml_located
+from llmserve.formats.tensors import IOSpec
+from llmserve.formats.yaml_lines import load_yaml_located
 
 MANIFEST_NAME = "llmserve.yaml"
 SCHEMA_VERSION = "llmserve/v1"
