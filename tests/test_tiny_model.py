@@ -13,7 +13,7 @@ import pytest
 
 # torch, transformers and tokenizers are part of the pinned stack: a missing one fails collection.
 import tokenizers  # noqa: F401
-import torch  # noqa: F401
+import torch
 import transformers  # noqa: F401
 
 MAKER = Path(__file__).resolve().parents[1] / "examples" / "tiny-model" / "make_tiny_model.py"
@@ -164,7 +164,6 @@ def test_chat_template_renders(tokenizer):
 
 
 def test_model_loads_and_runs(tiny, tokenizer):
-    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny))

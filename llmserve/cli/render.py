@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape

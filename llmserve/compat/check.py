@@ -496,4 +496,4 @@ def run_checks(
     return report
 
 
-__all__ = ["CheckReport", "CheckRow", "V1_PROCESSOR_MODULES", "check_code", "run_checks"]
+__all__ = ["V1_PROCESSOR_MODULES", "CheckReport", "CheckRow", "check_code", "run_checks"]

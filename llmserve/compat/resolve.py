@@ -12,7 +12,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from llmserve import __version__
@@ -52,11 +52,11 @@ def timestamp() -> str:
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     if epoch:
         try:
-            moment = datetime.fromtimestamp(int(epoch), tz=timezone.utc)
+            moment = datetime.fromtimestamp(int(epoch), tz=UTC)
         except ValueError as exc:
             raise InvalidInputError(f"SOURCE_DATE_EPOCH={epoch!r} is not an integer number of seconds") from exc
     else:
-        moment = datetime.now(timezone.utc).replace(microsecond=0)
+        moment = datetime.now(UTC).replace(microsecond=0)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

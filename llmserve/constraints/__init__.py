@@ -32,15 +32,15 @@ V2_MODEL_RUNNER_SUPPORTED = False
 REQUIRED_ENGINE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 __all__ = [
+    "PROCESSOR_PATH",
+    "REQUIRED_ENGINE_ENV",
+    "V2_MODEL_RUNNER_SUPPORTED",
     "ByteAutomaton",
     "ByteDFA",
     "CompiledConstraint",
     "ConstraintError",
     "ConstraintSpec",
-    "PROCESSOR_PATH",
-    "REQUIRED_ENGINE_ENV",
     "TokenStateMachine",
-    "V2_MODEL_RUNNER_SUPPORTED",
     "Vocab",
     "automaton_to_dfa",
     "compile_constraint",

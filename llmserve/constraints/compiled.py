@@ -164,7 +164,7 @@ class CompiledConstraint:
         self._finished: threading.Event | None = None  # set by the background finisher
 
     @classmethod
-    def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> "CompiledConstraint":
+    def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> CompiledConstraint:
         """Only the start state's and the dead row are computed now."""
         table = np.ascontiguousarray(dfa.table, dtype=np.int32)
         accept = np.ascontiguousarray(dfa.accept, dtype=np.uint8)
@@ -195,7 +195,7 @@ class CompiledConstraint:
         self.complete()
         return self._masks
 
-    def complete(self) -> "CompiledConstraint":
+    def complete(self) -> CompiledConstraint:
         """Compute every mask row not computed yet; wait for the background cache writer if any."""
         if self._finished is not None and threading.current_thread() is not _FINISHER.thread:
             self._finished.wait()
@@ -325,7 +325,7 @@ _MEMORY: dict[tuple[str, int], CompiledConstraint] = {}
 
 
 def compile_constraint(
-    spec, vocab: Vocab, *, cache_dir: Path | str | None | bool = None, backend: str = "native"
+    spec, vocab: Vocab, *, cache_dir: Path | str | bool | None = None, backend: str = "native"
 ) -> CompiledConstraint:
     """Compile ``spec`` (a ConstraintSpec or its request form) against ``vocab``.
 
@@ -415,7 +415,7 @@ class _Finisher:
             try:
                 compiled._ready = True
                 _try_write_cache(path, compiled)
-            except Exception:  # noqa: BLE001 - a background thread has nobody else to tell
+            except Exception:
                 log.exception("writing the cache of constraint %s failed", compiled.key)
             finally:
                 compiled._finished.set()

@@ -125,7 +125,7 @@ def make_machine(name: str, vocab, args: dict | None):
 class PythonRow:
     """A TokenStateMachine row, with the same history-derived sync as the native rows."""
 
-    __slots__ = ("machine", "tokens", "state", "consumed", "last", "size")
+    __slots__ = ("consumed", "last", "machine", "size", "state", "tokens")
 
     def __init__(self, machine: TokenStateMachine, tokens: list[int], size: int):
         self.machine = machine

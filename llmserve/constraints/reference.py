@@ -65,7 +65,7 @@ def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray, active=None) -> None:
 
 
 class _Row:
-    __slots__ = ("grammar", "tokens", "state", "consumed", "last")
+    __slots__ = ("consumed", "grammar", "last", "state", "tokens")
 
     def __init__(self, grammar=None, tokens=None):
         self.grammar = grammar

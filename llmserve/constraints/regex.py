@@ -156,12 +156,7 @@ class _Parser:
                 k = self.take()
                 if k == ":":
                     pass
-                elif k == "P" and self.peek() == "<":
-                    end = self.p.find(">", self.i)
-                    if end < 0:
-                        raise self.error("unterminated group name")
-                    self.i = end + 1
-                elif k == "<" and self.peek() not in ("=", "!"):
+                elif (k == "P" and self.peek() == "<") or (k == "<" and self.peek() not in ("=", "!")):
                     end = self.p.find(">", self.i)
                     if end < 0:
                         raise self.error("unterminated group name")

@@ -161,12 +161,12 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     instances: list = []  # weak references to live processors (in-process engines: tests, metrics)
 
     @classmethod
-    def validate_params(cls, sampling_params: "SamplingParams"):
+    def validate_params(cls, sampling_params: SamplingParams):
         obj = request_constraint(sampling_params.extra_args)
         if obj is not None:
             validate_constraint(obj)
 
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device, is_pin_memory: bool):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         if getattr(vllm_config, "use_v2_model_runner", False):
             raise RuntimeError(
                 "the llmserve constraint processor needs the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0"

@@ -99,7 +99,7 @@ class Vocab:
     # ---------------------------------------------------------------- constructors
 
     @classmethod
-    def from_hf_tokenizer(cls, tokenizer, *, size: int | None = None, eos_ids=None) -> "Vocab":
+    def from_hf_tokenizer(cls, tokenizer, *, size: int | None = None, eos_ids=None) -> Vocab:
         """From a ``transformers`` tokenizer (fast or slow)."""
         n = len(tokenizer)
         id_to_token = {}
@@ -124,7 +124,7 @@ class Vocab:
         return cls(tokens, tuple(eos_ids), size or 0)
 
     @classmethod
-    def from_tiktoken_ranks(cls, path_or_text, *, eos_ids=None, size: int | None = None) -> "Vocab":
+    def from_tiktoken_ranks(cls, path_or_text, *, eos_ids=None, size: int | None = None) -> Vocab:
         """From a tiktoken ``.tiktoken`` ranks file (``base64(token) rank`` per line) or the
         js-tiktoken JSON ranks (``{"bpe_ranks": "...", "special_tokens": {...}}``)."""
         if isinstance(path_or_text, Path) or (

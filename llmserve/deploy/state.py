@@ -25,10 +25,11 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from llmserve.deploy.errors import DeploymentBusyError, DeploymentNotFoundError
 
@@ -145,7 +146,7 @@ class Routes:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Routes":
+    def from_dict(cls, data: dict) -> Routes:
         return cls(
             data["model_id"],
             [Member(**m) for m in data.get("default", [])],
@@ -533,7 +534,7 @@ class DeploymentLock:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "DeploymentLock":
+    def __enter__(self) -> DeploymentLock:
         if not self.acquire(self.wait_s):
             raise DeploymentBusyError(
                 f"deployment '{self.name}' is being changed by another command (waited {self.wait_s:g} s for its lock)"

@@ -101,7 +101,7 @@ class Packages(_Strict):
     requirements: list[str]
 
     @model_validator(mode="after")
-    def _digest_matches(self) -> "Packages":
+    def _digest_matches(self) -> Packages:
         if self.digest != packages_digest(self.requirements):
             raise ValueError("packages.digest does not match packages.requirements (the file was edited by hand)")
         for line in self.requirements:

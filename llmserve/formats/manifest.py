@@ -134,7 +134,7 @@ class Manifest(BaseModel):
         return engine
 
     @model_validator(mode="after")
-    def _backend_sections(self) -> "Manifest":
+    def _backend_sections(self) -> Manifest:
         if self.backend == "python" and self.python is None:
             raise ValueError("backend 'python' needs a `python:` section with the tensor spec")
         if self.backend == "vllm" and self.python is not None:

@@ -77,7 +77,7 @@ class IOSpec(BaseModel):
     outputs: list[TensorSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "IOSpec":
+    def _unique_names(self) -> IOSpec:
         for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
             seen: set[str] = set()
             for t in tensors:

@@ -26,9 +26,9 @@ import shutil
 import stat
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from llmserve.errors import IntegrityError, NotFoundError, UnsafeArchiveError
 

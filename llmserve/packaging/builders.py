@@ -15,9 +15,9 @@ from __future__ import annotations
 import ast
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from llmserve.errors import InvalidInputError, ManifestError, NotFoundError
 from llmserve.formats.lock_at_packaging import find_lock, load_manifest_under_lock

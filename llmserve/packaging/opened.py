@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from llmserve.errors import IntegrityError, NotFoundError
 from llmserve.formats.manifest import MANIFEST_NAME, Manifest, load_manifest

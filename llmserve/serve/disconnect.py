@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from starlette.requests import Request
 

@@ -136,7 +136,7 @@ def _settle_constraint_processor(eargs) -> None:
         try:
             if eargs.create_model_config().runner_type == "pooling":
                 why = "a pooling model: vLLM runs no logits processors on it"
-        except Exception as exc:  # noqa: BLE001 - the engine build below reports a bad model config
+        except Exception as exc:
             log.debug("model config not readable before the engine build: %s", exc)
     if why:
         log.info("startup: engine      constraint processor left out: %s", why)
@@ -183,7 +183,7 @@ def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str,
         engine = AsyncLLM.from_engine_args(eargs, usage_context=UsageContext.OPENAI_API_SERVER)
     except (ValueError, TypeError) as exc:
         raise EngineArgsError(f"vLLM refused the engine arguments: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - the engine's own failure, reported as a startup error
+    except Exception as exc:
         raise StartupError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
     return engine, ns
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from llmserve.serve.openai.errors import error_body
 

@@ -84,7 +84,7 @@ class UvicornFrontend(abc.ABC):
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout_s + 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("%s frontend: in-flight requests still open after %.0f s; closing them", self.name, timeout_s)
             self._server.force_exit = True
             self._task.cancel()

@@ -96,7 +96,7 @@ def load_check(installed: list[InstalledPlugin]) -> None:
         ep = next(ep for ep in metadata.entry_points(group=plugin.group) if ep.name == plugin.name)
         try:
             obj = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any import error is the plugin's
+        except Exception as exc:
             raise PluginInstallError(
                 f"plugin '{plugin.name}': cannot load {plugin.entry_point}: {type(exc).__name__}: {exc}"
             ) from exc

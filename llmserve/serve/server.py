@@ -19,9 +19,9 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from llmserve.serve.options import ServeOptions
 

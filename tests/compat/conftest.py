@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from compat_helpers import OLD_VLLM, wheel_cache  # noqa: E402
+from compat_helpers import OLD_VLLM, wheel_cache
 
 
 @pytest.fixture(scope="session")

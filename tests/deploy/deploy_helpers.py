@@ -73,7 +73,7 @@ class Load:
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.workers)]
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._t0 = time.monotonic()
         for t in self._threads:
             t.start()
@@ -109,7 +109,7 @@ class Load:
                         self.failures.append(f"{type(exc).__name__}: {exc}")
                 n += self.workers
 
-    def stop(self) -> "Load":
+    def stop(self) -> Load:
         self._stop.set()
         for t in self._threads:
             t.join(120)

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from deploy_helpers import MODEL, Load, gateway_url, kill_pid  # noqa: F401
+from deploy_helpers import MODEL, Load, gateway_url, kill_pid
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -20,7 +20,7 @@ VERSION_LABEL = "llmserve.dev/model-version"
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class NodeAgent:
@@ -36,7 +36,7 @@ class NodeAgent:
         self._thread = threading.Thread(target=self._run, name="node-agent", daemon=True)
         self.errors: list[str] = []
 
-    def start(self) -> "NodeAgent":
+    def start(self) -> NodeAgent:
         capacity = {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(self.gpus)}
         body = {
             "apiVersion": "v1",

@@ -365,6 +365,5 @@ def test_drain_finishes_in_flight_and_refuses_new(kserve_server):
     kserve_server.loop.run(drain(), 90)
     t.join(60)
     assert "text" in outcome, outcome.get("error")
-    with grpcclient.InferenceServerClient(url) as c:
-        with pytest.raises(InferenceServerException):
-            c.is_server_live(client_timeout=5)
+    with grpcclient.InferenceServerClient(url) as c, pytest.raises(InferenceServerException):
+        c.is_server_live(client_timeout=5)

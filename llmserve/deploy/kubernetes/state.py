@@ -207,7 +207,7 @@ def _holder_host_pid() -> str:
 
 
 def _now_micro() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaseLock:
@@ -316,7 +316,7 @@ class LeaseLock:
         except KubernetesAPIError:
             pass  # it expires by itself
 
-    def __enter__(self) -> "LeaseLock":
+    def __enter__(self) -> LeaseLock:
         if not self.acquire():
             holder, _ = self.holder_state()
             raise DeploymentBusyError(
@@ -336,7 +336,7 @@ def _fmt(value) -> str | None:
         return None
     if isinstance(value, str):
         return value
-    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _alive(lease) -> bool:
@@ -354,5 +354,5 @@ def _alive(lease) -> bool:
         return False
     if isinstance(renew, str):
         renew = dt.datetime.fromisoformat(renew.replace("Z", "+00:00"))
-    age = (dt.datetime.now(dt.timezone.utc) - renew).total_seconds()
+    age = (dt.datetime.now(dt.UTC) - renew).total_seconds()
     return age < (lease.spec.lease_duration_seconds or LEASE_S)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from llmserve.serve.kserve.errors import INTERNAL, UNAVAILABLE, KServeError, invalid
 from llmserve.serve.kserve.protocol import GenerationRequest
@@ -79,7 +80,7 @@ async def generate(
         (engine_input,) = await engine.renderer.render_cmpl_async(
             [parse_model_prompt(engine.model_config, {"prompt": req.prompt})], tok
         )
-    except Exception as exc:  # noqa: BLE001 - reported to the client by kind
+    except Exception as exc:
         raise _map_engine_error(exc) from None
     stream = engine.generate(engine_input, params, rid, priority=req.settings.priority)
     try:
@@ -88,7 +89,7 @@ async def generate(
                 out = await stream.__anext__()
             except StopAsyncIteration:
                 return
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 cause = exc.__cause__ if type(exc).__name__ == "EngineGenerateError" and exc.__cause__ else exc
                 raise _map_engine_error(cause) from None
             completion = out.outputs[0]

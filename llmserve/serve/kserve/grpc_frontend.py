@@ -24,7 +24,8 @@ import functools
 import hmac
 import logging
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from tritonclient.grpc import model_config_pb2 as mc
@@ -254,7 +255,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await queue.put(pb.ModelStreamInferResponse(error_message=err.message))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the stream
+            except Exception as exc:
                 log.exception("stream request %s failed", request.id)
                 await queue.put(
                     pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}")

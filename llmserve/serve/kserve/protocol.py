@@ -241,14 +241,14 @@ def encode_bytes(values: list[str | bytes]) -> bytes:
 
 
 __all__ = [
-    "ModelResolver",
-    "build_generation",
-    "model_metadata",
-    "model_config",
-    "server_metadata",
+    "OUTPUT_NAME",
     "DecodedTensor",
     "GenerationRequest",
+    "ModelResolver",
+    "build_generation",
     "decode_raw",
     "encode_bytes",
-    "OUTPUT_NAME",
+    "model_config",
+    "model_metadata",
+    "server_metadata",
 ]

@@ -64,8 +64,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from llmserve.serve.constraint_keys import (
     CONSTRAINT_KEYS,
@@ -389,7 +390,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any]) -
     if problem is None:
         try:
             problem = validation_problem(key, values[key])
-        except Exception as exc:  # noqa: BLE001 - the processor failed, not the request
+        except Exception as exc:
             log.exception("constraint check failed")
             raise KServeError(
                 INTERNAL,

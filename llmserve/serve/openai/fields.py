@@ -13,8 +13,9 @@ of fields to merge into the request).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from llmserve.serve.constraint_keys import (  # noqa: F401 - CONSTRAINTS, set_constraint_support: re-exported
     CONSTRAINT_KEYS,
