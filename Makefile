@@ -1,13 +1,16 @@
 # Two entry points (the README's first two commands):
 #   make demo   set up .venv and run the main job end to end on the embedded CPU default
-#   make test   set up .venv and run the whole test suite (what .ci/run calls)
+#   make test   set up .venv, then the quality gate (lint), the fast unit tier and the whole suite (what .ci/run calls)
+# Pieces: make lint | make test-unit | make test-slow
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 LOCK   := requirements/cpu-stack.lock.txt
+LINT_REQ := requirements/lint.txt
 STAMP  := $(VENV)/.installed
+LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: setup demo test clean k8s-binaries
+.PHONY: setup demo test test-unit test-slow lint format clean k8s-binaries
 
 setup: $(STAMP)
 
@@ -21,6 +24,21 @@ $(STAMP): $(LOCK) pyproject.toml llmserve.lock
 	$(PY) -m pip check 2>&1 | grep -v -E 'torchvision|torchaudio|torchcodec|python-dateutil|not supported on this platform' ; true
 	touch $(STAMP)
 
+$(LINT_STAMP): $(LINT_REQ) $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(LINT_REQ)
+	touch $(LINT_STAMP)
+
+# The quality gate, first in CI (and in .pre-commit-config.yaml): lint rules, formatting, types, layers.
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+format: $(LINT_STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -29,10 +47,16 @@ demo: $(STAMP)
 k8s-binaries:
 	scripts/k8s-test-cluster build
 
+# Seconds, no engine, no Triton, no Kubernetes: tables, state machines, step plans, the error catalogue.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
 # The stack the tests run on is first proven against the lock (the project eats its own cooking).
-test: $(STAMP) k8s-binaries
+test-slow: $(STAMP) k8s-binaries
 	VLLM_USE_V2_MODEL_RUNNER=0 $(VENV)/bin/llmserve check-compat --requirements $(LOCK) --output json > $(VENV)/check-compat.json || { cat $(VENV)/check-compat.json; exit 1; }
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/unit
+
+test: lint test-unit test-slow
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
