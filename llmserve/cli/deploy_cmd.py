@@ -9,42 +9,24 @@ from pathlib import Path
 import typer
 from typer.core import TyperGroup
 
-from llmserve.cli.render import OutputFormat, console, err_console, print_json
+from llmserve.cli.deploy_common import (
+    ContextOpt,
+    KubeconfigOpt,
+    NamespaceOpt,
+    OutputOpt,
+    StateDirOpt,
+    Target,
+    TargetOpt,
+    kube_deployer,
+    render_result,
+    reporter,
+)
+from llmserve.cli.render import OutputFormat, console, print_json
 
 
 class Strategy(str, Enum):
     red_black = "red-black"
     versioned = "versioned"
-
-
-class Target(str, Enum):
-    local = "local"
-    kubernetes = "kubernetes"
-
-
-TARGET_HELP = (
-    "local: `llmserve serve` processes behind a gateway on this machine, state in SQLite. "
-    "kubernetes: Deployments and Services in a cluster (kubeconfig, context and namespace from the usual "
-    "places), state in a ConfigMap there."
-)
-NAMESPACE_HELP = "kubernetes: namespace. Default: the kubeconfig context's namespace, else 'default'."
-CONTEXT_HELP = "kubernetes: kubeconfig context. Default: the current context."
-KUBECONFIG_HELP = "kubernetes: kubeconfig file. Default: $KUBECONFIG, else ~/.kube/config, else in-cluster."
-
-
-def kube_deployer(
-    report,
-    namespace: str | None,
-    context: str | None,
-    kubeconfig: Path | None,
-    pod_spec=None,
-    replicas: int | None = None,
-):
-    """The Kubernetes target's deployer, connected the usual way (imports the client only here)."""
-    from llmserve.deploy.kubernetes import KubernetesDeployer, connect
-
-    cluster = connect(namespace, context, str(kubeconfig) if kubeconfig else None)
-    return KubernetesDeployer(cluster, report, pod_spec, replicas)
 
 
 class _DefaultUp(TyperGroup):
@@ -81,16 +63,6 @@ Examples:
     llmserve deploy dist/tiny-chat-2.llmpkg --target kubernetes --replicas 4 --image registry/llmserve:0.1 --gpus 1
 """,
 )
-
-STATE_HELP = "State folder (SQLite, logs, pid files). Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."
-
-
-def _reporter(output: OutputFormat):
-    def report(msg: str, **kw) -> None:
-        style = "yellow" if kw.get("warning") else "cyan"
-        err_console.print(f"[{style}]deploy[/] {msg}", highlight=False, markup=True, soft_wrap=True)
-
-    return report
 
 
 @deploy_app.command("up")
@@ -135,11 +107,11 @@ def up(
         help="versioned: also send requests that name no version to this version. Default: only for the first version.",
     ),
     kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="Passed to each `llmserve serve`."),
-    state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
-    target: Target = typer.Option(Target.local, "--target", "-t", help=TARGET_HELP),
-    namespace: str = typer.Option(None, "--namespace", "-n", help=NAMESPACE_HELP),
-    context: str = typer.Option(None, "--context", help=CONTEXT_HELP),
-    kubeconfig: Path = typer.Option(None, "--kubeconfig", help=KUBECONFIG_HELP),
+    state_dir: StateDirOpt = None,
+    target: TargetOpt = Target.local,
+    namespace: NamespaceOpt = None,
+    context: ContextOpt = None,
+    kubeconfig: KubeconfigOpt = None,
     replicas: int = typer.Option(
         None,
         "--replicas",
@@ -159,9 +131,7 @@ def up(
     service_type: str = typer.Option(
         "ClusterIP", "--service-type", help="kubernetes: ClusterIP, NodePort or LoadBalancer."
     ),
-    output: OutputFormat = typer.Option(
-        OutputFormat.text, "--output", "-o", help="text or json (the result; progress goes to stderr)."
-    ),
+    output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Roll out PKG. red-black (default): start it beside the live version, wait for /health, shift traffic
     in --steps with a pause and a health gate at each, roll back atomically if a step fails, then drain
@@ -209,22 +179,22 @@ def up(
             service_type=service_type,
             serve_args=serve_args,
         )
-        result = kube_deployer(_reporter(output), namespace, context, kubeconfig, spec, replicas).deploy(opts)
+        result = kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas).deploy(opts)
     else:
-        result = Deployer(StateStore(state_dir), _reporter(output)).deploy(opts)
-    _render(result, output)
+        result = Deployer(StateStore(state_dir), reporter(output)).deploy(opts)
+    render_result(result, output)
 
 
 @deploy_app.command("down")
 def down(
     name: str = typer.Argument(..., help="Deployment to tear down."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get."),
-    state_dir: Path = typer.Option(None, "--state-dir", help=STATE_HELP),
-    target: Target = typer.Option(Target.local, "--target", "-t", help=TARGET_HELP),
-    namespace: str = typer.Option(None, "--namespace", "-n", help=NAMESPACE_HELP),
-    context: str = typer.Option(None, "--context", help=CONTEXT_HELP),
-    kubeconfig: Path = typer.Option(None, "--kubeconfig", help=KUBECONFIG_HELP),
-    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
+    state_dir: StateDirOpt = None,
+    target: TargetOpt = Target.local,
+    namespace: NamespaceOpt = None,
+    context: ContextOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Stop routing, drain and stop every server of NAME and its gateway; the history stays in the state.
 
@@ -235,22 +205,13 @@ def down(
     from llmserve.deploy import Deployer, StateStore
 
     if target is Target.kubernetes:
-        result = kube_deployer(_reporter(output), namespace, context, kubeconfig).down(name, drain_timeout)
+        result = kube_deployer(reporter(output), namespace, context, kubeconfig).down(name, drain_timeout)
     else:
-        result = Deployer(StateStore(state_dir), _reporter(output)).down(name, drain_timeout)
+        result = Deployer(StateStore(state_dir), reporter(output)).down(name, drain_timeout)
     if output is OutputFormat.json:
         print_json(result)
     else:
         console.print(f"[green]removed[/] {name}", highlight=False)
-
-
-def _render(result: dict, output: OutputFormat) -> None:
-    if output is OutputFormat.json:
-        print_json(result)
-        return
-    from llmserve.cli.status_cmd import render_k8s_status, render_status
-
-    (render_k8s_status if result.get("target") == "kubernetes" else render_status)(result)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,16 +6,18 @@ from pathlib import Path
 
 import typer
 
-from llmserve.cli.render import OutputFormat, console, print_json
+from llmserve.cli.render import OutputFormat, console, err_console, print_json
 
 
 def lock(
     target: str = typer.Option(
         None,
-        "--target",
-        "-t",
-        help="local-cpu or a Triton release line (triton-25.09). Default: the existing lock's target.",
+        "--stack",
+        "-s",
+        help="The engine stack to pin: local-cpu or a Triton release line (triton-25.09). "
+        "Default: the existing lock's. (`--target` names a deploy target elsewhere.)",
     ),
+    old_target: str = typer.Option(None, "--target", "-t", hidden=True, help="Former name of --stack."),
     upgrade: bool = typer.Option(
         False, "--upgrade", help="Allow the lock to move (new target, new package set, new knowledge base)."
     ),
@@ -37,7 +39,7 @@ def lock(
         help="Instead of resolving, write the lock in another format: 'requirements' (pip file for `pip install --no-deps -r`).",
     ),
     out: Path = typer.Option(None, "--out", "-O", help="With --export: file to write (default: stdout)."),
-    list_targets: bool = typer.Option(False, "--list", help="List the targets the knowledge base knows and exit."),
+    list_targets: bool = typer.Option(False, "--list", help="List the stacks the knowledge base knows and exit."),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
 ) -> None:
     """Pin a target's engine stack in llmserve.lock (Triton line or local CPU).
@@ -51,9 +53,9 @@ def lock(
 
     Examples:
 
-        llmserve lock --target local-cpu --requirements requirements/cpu-stack.lock.txt
+        llmserve lock --stack local-cpu --requirements requirements/cpu-stack.lock.txt
 
-        llmserve lock --target triton-25.09
+        llmserve lock --stack triton-25.09
 
         llmserve lock --export requirements --out requirements/cpu-stack.lock.txt
     """
@@ -63,6 +65,11 @@ def lock(
     from llmserve.errors import InvalidInputError
     from llmserve.formats.lock import load_lock
 
+    if old_target is not None:
+        if target is not None and target != old_target:
+            raise InvalidInputError(f"--stack {target} and --target {old_target} disagree", hint="Use --stack alone.")
+        target = old_target
+        err_console.print("[yellow]note[/] `llmserve lock --stack` is now `--stack`; --target will go away.")
     if list_targets:
         kb = load_knowledge_base()
         rows = []
@@ -120,7 +127,7 @@ def lock(
         if target is not None and target != current.target.name:
             raise InvalidInputError(
                 f"{lock_file} is locked for {current.target.name}, not {target}",
-                hint=f"Lock {target} first: `llmserve lock --target {target} --lock <file>`.",
+                hint=f"Lock {target} first: `llmserve lock --stack {target} --lock <file>`.",
             )
         text = export_requirements(current)
         if out is None:

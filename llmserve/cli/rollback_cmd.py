@@ -6,7 +6,19 @@ from pathlib import Path
 
 import typer
 
-from llmserve.cli.render import OutputFormat, print_json
+from llmserve.cli.deploy_common import (
+    ContextOpt,
+    KubeconfigOpt,
+    NamespaceOpt,
+    OutputOpt,
+    StateDirOpt,
+    Target,
+    TargetOpt,
+    kube_deployer,
+    render_result,
+    reporter,
+)
+from llmserve.cli.render import OutputFormat, console, print_json
 
 
 def rollback(
@@ -20,16 +32,12 @@ def rollback(
         300.0, "--health-timeout", help="Seconds the restarted version gets to be healthy."
     ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get."),
-    state_dir: Path = typer.Option(
-        None, "--state-dir", help="State folder. Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy."
-    ),
-    target: str = typer.Option("local", "--target", "-t", help="local or kubernetes."),
-    namespace: str = typer.Option(None, "--namespace", "-n", help="kubernetes: namespace. Default: the context's."),
-    context: str = typer.Option(None, "--context", help="kubernetes: kubeconfig context. Default: the current one."),
-    kubeconfig: Path = typer.Option(
-        None, "--kubeconfig", help="kubernetes: kubeconfig file. Default: $KUBECONFIG or ~/.kube/config."
-    ),
-    output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
+    state_dir: StateDirOpt = None,
+    target: TargetOpt = Target.local,
+    namespace: NamespaceOpt = None,
+    context: ContextOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Roll NAME back. An interrupted rollout (its CLI was killed) is undone: one routing swap back to the
     last good table, then the new server is drained and stopped. Otherwise the last finished rollout is
@@ -40,7 +48,6 @@ def rollback(
 
         llmserve rollback tiny-chat
     """
-    from llmserve.cli.deploy_cmd import _render, _reporter
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
     opts = DeployOptions(
@@ -50,23 +57,15 @@ def rollback(
         health_timeout_s=health_timeout,
         drain_timeout_s=drain_timeout,
     )
-    if target == "kubernetes":
-        from llmserve.cli.deploy_cmd import kube_deployer
-
-        result = kube_deployer(_reporter(output), namespace, context, kubeconfig).rollback(name, to_version, opts)
-    elif target == "local":
-        result = Deployer(StateStore(state_dir), _reporter(output)).rollback(name, to_version, opts)
+    if target is Target.kubernetes:
+        result = kube_deployer(reporter(output), namespace, context, kubeconfig).rollback(name, to_version, opts)
     else:
-        from llmserve.deploy.errors import DeployInputError
-
-        raise DeployInputError(f"--target '{target}': expected local or kubernetes")
+        result = Deployer(StateStore(state_dir), reporter(output)).rollback(name, to_version, opts)
     if output is OutputFormat.json:
         print_json(result)
     elif "instances" in result or "deployments" in result:
-        _render(result, output)
+        render_result(result, output)
     else:
-        from llmserve.cli.render import console
-
         console.print(
             f"rollback of '{name}': {result.get('action')} (rollout #{result.get('rollout')}: "
             f"{result.get('recovered')})",

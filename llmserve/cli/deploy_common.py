@@ -1,0 +1,199 @@
+"""What `deploy`, `status` and `rollback` share: the target options (each declared once), the
+Kubernetes connection, the progress reporter and the renderers of deployment status."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from llmserve.cli.render import OutputFormat, console, err_console, print_json
+
+
+class Target(str, Enum):
+    local = "local"
+    kubernetes = "kubernetes"
+
+
+TargetOpt = Annotated[
+    Target,
+    typer.Option(
+        "--target",
+        "-t",
+        help="local: `llmserve serve` processes behind a gateway on this machine, state in SQLite. "
+        "kubernetes: Deployments and Services in a cluster (kubeconfig, context and namespace from the usual "
+        "places), state in a ConfigMap there.",
+    ),
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="State folder (SQLite, logs, pid files). Default: $LLMSERVE_STATE_DIR or ~/.local/share/llmserve/deploy.",
+    ),
+]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="kubernetes: namespace. Default: the kubeconfig context's, else 'default'."),
+]
+ContextOpt = Annotated[
+    str | None, typer.Option("--context", help="kubernetes: kubeconfig context. Default: the current context.")
+]
+KubeconfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kubeconfig", help="kubernetes: kubeconfig file. Default: $KUBECONFIG, else ~/.kube/config, else in-cluster."
+    ),
+]
+OutputOpt = Annotated[
+    OutputFormat, typer.Option("--output", "-o", help="text or json (the result; progress goes to stderr).")
+]
+
+
+def kube_deployer(
+    report,
+    namespace: str | None,
+    context: str | None,
+    kubeconfig: Path | None,
+    pod_spec=None,
+    replicas: int | None = None,
+):
+    """The Kubernetes target's deployer, connected the usual way (the client is imported only here: it is slow)."""
+    from llmserve.deploy.kubernetes import KubernetesDeployer, connect
+
+    cluster = connect(namespace, context, str(kubeconfig) if kubeconfig else None)
+    return KubernetesDeployer(cluster, report, pod_spec, replicas)
+
+
+def reporter(output: OutputFormat):
+    def report(msg: str, **kw) -> None:
+        style = "yellow" if kw.get("warning") else "cyan"
+        err_console.print(f"[{style}]deploy[/] {msg}", highlight=False, markup=True, soft_wrap=True)
+
+    return report
+
+
+def render_result(result: dict, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json(result)
+        return
+    (render_k8s_status if result.get("target") == "kubernetes" else render_status)(result)
+
+
+def render_k8s_status(r: dict) -> None:
+    console.print(
+        f"[bold]{escape(r['deployment'])}[/] (model {escape(str(r['model_id']))}, {r['strategy']})  namespace "
+        f"{escape(r['namespace'])} on {escape(r['server'])}" + (f"  [dim]{r['action']}[/]" if r.get("action") else ""),
+        highlight=False,
+    )
+    table = Table(show_lines=False)
+    for col in ("deployment", "version", "color", "ready", "digest", "package"):
+        table.add_column(col)
+    for i in r["deployments"]:
+        table.add_row(
+            i["object"],
+            f"v{i['version']}",
+            i["color"] or "-",
+            f"{i['ready']}/{i['replicas']}",
+            (i["digest"] or "")[:19],
+            escape(i["package"] or ""),
+        )
+    console.print(table)
+    for s in r["services"]:
+        eps = ", ".join(f"v{v}: {n}" for v, n in sorted(s["ready_endpoints_by_version"].items())) or "none"
+        console.print(
+            f"service {s['service']} -> ready endpoints {eps}"
+            + (f" ({s['not_ready_endpoints']} not ready)" if s["not_ready_endpoints"] else ""),
+            highlight=False,
+        )
+    o = r.get("open_rollout")
+    if o:
+        flag = "[red]interrupted[/] " if o.get("interrupted") else ""
+        console.print(
+            f"{flag}rollout #{o['id']} {o['strategy']} phase {o['phase']} step {o['step']}/{len(o['plan'] or [1])}",
+            highlight=False,
+        )
+        if o.get("interrupted"):
+            console.print(
+                f"hint: `llmserve deploy {o['package']} --target kubernetes` resumes it; `llmserve rollback "
+                f"{r['deployment']} --target kubernetes` undoes it.",
+                highlight=False,
+                markup=False,
+            )
+    if r.get("rollout"):
+        ro = r["rollout"]
+        console.print(f"rollout #{ro['id']} {ro['status']} in {ro.get('seconds', 0):.1f} s", highlight=False)
+    for e in r.get("history", [])[-8:]:
+        console.print(
+            f"  [dim]{time.strftime('%H:%M:%S', time.localtime(e['ts']))}[/] {escape(e['message'])}", highlight=False
+        )
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    s = time.time() - ts
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
+
+
+def render_status(r: dict) -> None:
+    gw = r["gateway"]
+    console.print(
+        f"[bold]{escape(r['deployment'])}[/] (model {escape(r['model_id'])})  gateway {gw['url']} "
+        f"{'[green]up[/]' if gw['alive'] else '[red]down[/]'}  routes generation {r['routes']['generation']}"
+        + (f"  [dim]{r['action']}[/]" if r.get("action") else ""),
+        highlight=False,
+    )
+    table = Table(show_lines=False)
+    for col in (
+        "instance",
+        "version",
+        "status",
+        "pid",
+        "health",
+        "weight",
+        "by version",
+        "in flight",
+        "last request",
+        "url",
+    ):
+        table.add_column(col)
+    for i in r["instances"]:
+        table.add_row(
+            str(i["instance"]),
+            f"v{i['version']}",
+            i["status"],
+            f"{i['pid']}{'' if i['alive'] else ' (dead)'}",
+            str(i["health"] or "-"),
+            f"{i['weight']}%",
+            "yes" if i["routable_by_version"] else "no",
+            str(i["inflight"]),
+            _ago(i["last_request"]),
+            i["url"],
+        )
+    console.print(table)
+    o = r.get("open_rollout")
+    if o:
+        flag = "[red]interrupted[/] " if o.get("interrupted") else ""
+        console.print(
+            f"{flag}rollout #{o['id']} {o['strategy']} phase {o['phase']} step {o['step']}/{len(o['steps'])}",
+            highlight=False,
+        )
+        if o.get("interrupted"):
+            console.print(
+                f"hint: `llmserve deploy {o['package']}` resumes it; `llmserve rollback {r['deployment']}` undoes it.",
+                highlight=False,
+                markup=False,
+            )
+    if r.get("rollout"):
+        ro = r["rollout"]
+        console.print(f"rollout #{ro['id']} {ro['status']} in {ro.get('seconds', 0):.1f} s", highlight=False)
+    for e in r.get("history", [])[-8:]:
+        console.print(
+            f"  [dim]{time.strftime('%H:%M:%S', time.localtime(e['ts']))}[/] {escape(e['message'])}", highlight=False
+        )
