@@ -1,4 +1,6 @@
-// Python binding of the constraint core (module llmserve.constraints._core).
+// Python binding of the constraint core (module llmserve.constraints._core, typed in
+// llmserve/constraints/_core.pyi), the only file that knows about Python. The pure-Python reference
+// with the same interface is llmserve/constraints/reference.py (property tests check they agree exactly).
 // Every call that touches [B, V]-sized memory releases the GIL; Python lists (the engine's running
 // output-token lists) are only read in sync(), with the GIL held.
 
@@ -9,8 +11,13 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "core.h"
+#include "apply.h"
+#include "batch.h"
 #include "dfa.h"
+#include "finisher.h"
+#include "grammar.h"
+#include "thread_pool.h"
+#include "vocab_trie.h"
 
 namespace py = pybind11;
 using namespace llmserve;

@@ -1,0 +1,91 @@
+#include "vocab_trie.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace llmserve {
+
+Vocab::Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vector<int32_t> eos, int64_t size)
+    : offsets_(std::move(offsets)), data_(std::move(data)), eos_(std::move(eos)), size_(size) {
+  words_ = (size_ + 31) / 32;
+  is_eos_.assign(size_, 0);
+  for (int32_t e : eos_)
+    if (e >= 0 && e < size_) is_eos_[e] = 1;
+  std::vector<int32_t> order;  // ids of the tokens with bytes, sorted by their bytes: the trie's preorder
+  for (int64_t i = 0; i < size_; ++i)
+    if (len(i) > 0) order.push_back(static_cast<int32_t>(i));
+  std::sort(order.begin(), order.end(), [this](int32_t a, int32_t b) {
+    const uint8_t *pa = ptr(a), *pb = ptr(b);
+    int64_t la = len(a), lb = len(b);
+    int c = std::memcmp(pa, pb, std::min(la, lb));
+    if (c != 0) return c < 0;
+    if (la != lb) return la < lb;
+    return a < b;
+  });
+  std::vector<int32_t> lcp(order.size(), 0);  // common prefix length with the previous token in order
+  for (size_t k = 1; k < order.size(); ++k) {
+    int32_t a = order[k - 1], b = order[k];
+    int64_t n = std::min(len(a), len(b)), l = 0;
+    const uint8_t *pa = ptr(a), *pb = ptr(b);
+    while (l < n && pa[l] == pb[l]) ++l;
+    lcp[k] = static_cast<int32_t>(l);
+  }
+  max_len_ = 0;
+  for (int64_t i = 0; i < size_; ++i) max_len_ = std::max(max_len_, len(i));
+  build_trie(order, lcp);
+}
+
+void Vocab::build_trie(const std::vector<int32_t>& order, const std::vector<int32_t>& lcp) {
+  // order is sorted by bytes, which is the trie's preorder: each token opens nodes for its bytes
+  // past the prefix it shares with the previous token, closing the deeper nodes of that one.
+  std::vector<int32_t> path;  // path[d] = open node at depth d + 1
+  std::vector<int32_t> tok_node;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int32_t t = order[k];
+    const int64_t n = len(t), l = k ? lcp[k] : 0;
+    while (static_cast<int64_t>(path.size()) > l) {
+      trie_end_[path.back()] = static_cast<int32_t>(trie_byte_.size());
+      path.pop_back();
+    }
+    const uint8_t* p = ptr(t);
+    for (int64_t d = l; d < n; ++d) {
+      path.push_back(static_cast<int32_t>(trie_byte_.size()));
+      trie_byte_.push_back(p[d]);
+      trie_depth_.push_back(static_cast<int32_t>(d + 1));
+      trie_end_.push_back(0);
+    }
+    tok_node.push_back(path.back());  // l == n only for a duplicate of the previous token's bytes
+    trie_tok_.push_back(t);
+  }
+  while (!path.empty()) {
+    trie_end_[path.back()] = static_cast<int32_t>(trie_byte_.size());
+    path.pop_back();
+  }
+  trie_tok_off_.assign(trie_byte_.size() + 1, 0);
+  for (int32_t node : tok_node) ++trie_tok_off_[node + 1];
+  for (size_t i = 0; i < trie_byte_.size(); ++i) trie_tok_off_[i + 1] += trie_tok_off_[i];
+}
+
+void Vocab::state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const {
+  std::memset(out, 0, words_ * sizeof(uint32_t));
+  stack[0] = s;
+  const int32_t n = static_cast<int32_t>(trie_byte_.size());
+  const uint8_t* byte = trie_byte_.data();
+  const int32_t* depth = trie_depth_.data();
+  const int32_t* end = trie_end_.data();
+  const int32_t* off = trie_tok_off_.data();
+  const int32_t* tok = trie_tok_.data();
+  for (int32_t i = 0; i < n;) {
+    const int32_t d = depth[i];
+    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + byte[i]];
+    if (cur < 0) {
+      i = end[i];
+      continue;
+    }
+    stack[d] = cur;
+    for (int32_t k = off[i]; k < off[i + 1]; ++k) out[tok[k] >> 5] |= 1u << (tok[k] & 31);
+    ++i;
+  }
+}
+
+}  // namespace llmserve

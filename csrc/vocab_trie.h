@@ -1,0 +1,45 @@
+// A tokenizer's vocabulary as bytes, with a token trie so that one DFA state's mask row costs a walk
+// over the prefixes the state allows, not over every token.
+//
+// Layout shared with Python (llmserve/constraints/vocab.py, Vocab.packed):
+//   offsets int64[size+1], data uint8: token i = data[offsets[i]:offsets[i+1]] (empty: never allowed)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace llmserve {
+
+class Vocab {
+ public:
+  Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vector<int32_t> eos, int64_t size);
+  int64_t size() const { return size_; }
+  int64_t words() const { return words_; }
+  int64_t len(int64_t t) const { return offsets_[t + 1] - offsets_[t]; }
+  const uint8_t* ptr(int64_t t) const { return data_.data() + offsets_[t]; }
+  bool is_eos(int64_t t) const { return is_eos_[t] != 0; }
+  const std::vector<int32_t>& eos() const { return eos_; }
+  int64_t max_len() const { return max_len_; }
+
+  // Row of the token mask for DFA state s (without the end-of-sequence rule): the tokens whose
+  // bytes walk the DFA from s without dying. A depth-first walk over the token trie that skips
+  // a whole subtree as soon as its prefix dies, so a state that allows few bytes costs little.
+  // `stack` must hold max_len() + 1 entries.
+  void state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const;
+
+ private:
+  // order: the ids of tokens with bytes, sorted by their bytes; lcp: prefix shared with the previous
+  void build_trie(const std::vector<int32_t>& order, const std::vector<int32_t>& lcp);
+  std::vector<int64_t> offsets_;
+  std::vector<uint8_t> data_;
+  std::vector<int32_t> eos_;
+  std::vector<uint8_t> is_eos_;
+  int64_t size_, words_, max_len_;
+  // token trie, nodes in preorder: node i is entered by byte trie_byte_[i] from its parent, the
+  // last node of depth trie_depth_[i] - 1 before it; trie_end_[i] is one past its subtree; the
+  // tokens whose bytes end at node i are trie_tok_[trie_tok_off_[i] .. trie_tok_off_[i + 1]).
+  std::vector<uint8_t> trie_byte_;
+  std::vector<int32_t> trie_depth_, trie_end_, trie_tok_off_, trie_tok_;
+};
+
+}  // namespace llmserve
