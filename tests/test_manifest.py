@@ -90,7 +90,7 @@ def test_engine_version_override_is_refused_with_explanation(extra):
 
 
 def test_engine_version_inside_engine_args_is_refused():
-    with pytest.raises(EngineVersionOverrideError, match="engine.version"):
+    with pytest.raises(EngineVersionOverrideError, match=r"engine\.version"):
         parse_manifest(GOOD + "  version: 0.9.2\n")
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from llmserve.errors import InvalidInputError, NotFoundError
+from llmserve.formats.safe_yaml import dump_yaml, load_yaml
 
 
 class LockFileError(InvalidInputError):
@@ -42,7 +42,7 @@ class LockNotFoundError(NotFoundError):
 
 
 LOCK_NAME = "llmserve.lock"
-LOCK_VERSION = 1
+LOCK_VERSION: Final = 1
 HEADER = (
     "# llmserve.lock: the pinned engine stack. Written by `llmserve lock`; do not edit by hand.\n"
     "# Move it with `llmserve lock --upgrade`; prove fit with `llmserve check-compat`.\n"
@@ -155,7 +155,7 @@ def packages_digest(requirements: list[str]) -> str:
 
 def dump_lock(lock: Lock) -> str:
     data = lock.model_dump(mode="json", exclude_none=True)
-    return HEADER + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=4096)
+    return HEADER + dump_yaml(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=4096)
 
 
 def parse_lock(text: str, source: str = LOCK_NAME) -> Lock:

@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmserve.errors import EngineVersionOverrideError, ManifestError
+from llmserve.formats.safe_yaml import dump_yaml
 from llmserve.formats.tensors import IOSpec
 from llmserve.formats.yaml_lines import load_yaml_located
 
 MANIFEST_NAME = "llmserve.yaml"
-SCHEMA_VERSION = "llmserve/v1"
+SCHEMA_VERSION: Final = "llmserve/v1"
 
 # Keys a model developer might use to choose the engine version. Each is refused with an explanation
 # rather than reported as merely "unknown".
@@ -223,7 +223,7 @@ def load_manifest(path: Path) -> Manifest:
 def dump_manifest(manifest: Manifest) -> str:
     """Canonical YAML of a manifest: fixed key order, defaults spelled out, stable across runs."""
     data = manifest.model_dump(mode="json", exclude_none=True)
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return dump_yaml(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
 def manifest_json_schema() -> dict:

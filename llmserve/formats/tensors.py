@@ -105,7 +105,9 @@ FRONTEND_CONTRACTS: dict[str, IOSpec] = {"llm-text": LLM_TEXT_CONTRACT}
 
 def _dims_accept(model_dims: list[int], sent_dims: list[int]) -> bool:
     """A model dim of -1 accepts any size; otherwise sizes must be equal. Ranks must match."""
-    return len(model_dims) == len(sent_dims) and all(m == -1 or m == s for m, s in zip(model_dims, sent_dims))
+    return len(model_dims) == len(sent_dims) and all(
+        m == -1 or m == s for m, s in zip(model_dims, sent_dims, strict=True)
+    )
 
 
 def contract_problems(model: IOSpec, contract: IOSpec) -> list[tuple[str, str, str, str]]:

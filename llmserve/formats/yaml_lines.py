@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from llmserve.errors import ManifestError
+from llmserve.formats.safe_yaml import compose_yaml
 
 
 class _Located:
@@ -39,15 +40,16 @@ def _walk(node: yaml.Node, path: tuple, located: _Located, source: str) -> Any:
             if key in out:
                 raise ManifestError(
                     f"{source}:{key_node.start_mark.line + 1}: duplicate key '{key}' "
-                    f"(first defined on line {located.lines[path + (key,)]})"
+                    f"(first defined on line {located.lines[(*path, key)]})"
                 )
-            out[key] = _walk(value_node, path + (key,), located, source)
+            out[key] = _walk(value_node, (*path, key), located, source)
             # Errors about a key point at the key's line, not at its value's.
-            located.lines[path + (key,)] = key_node.start_mark.line + 1
+            located.lines[(*path, key)] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(item, path + (i,), located, source) for i, item in enumerate(node.value)]
+        return [_walk(item, (*path, i), located, source) for i, item in enumerate(node.value)]
     # Scalars: let PyYAML's safe resolver decide the type (int, float, bool, null, str).
+    assert isinstance(node, yaml.ScalarNode)
     return _construct_scalar(node)
 
 
@@ -60,16 +62,9 @@ def _construct_scalar(node: yaml.ScalarNode) -> Any:
 
 
 def load_yaml_located(text: str, source: str) -> tuple[Any, _Located]:
-    """Parse one YAML document with the safe loader, keeping line numbers; refuse duplicate keys."""
+    """Parse one YAML document with the bounded safe loader, keeping line numbers; refuse duplicate keys."""
     located = _Located()
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ManifestError(f"{where}: not valid YAML ({exc.problem})") from exc
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{source}: not valid YAML ({exc})") from exc
+    node = compose_yaml(text, source, error=ManifestError)
     if node is None:
         return None, located
     return _walk(node, (), located, source), located
