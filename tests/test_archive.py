@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from llmserve.errors import ExitCode, IntegrityError, UnsafeArchiveError
-from llmserve.packaging.archive import DIGESTS_NAME, ArchiveLimits, read_index, read_member, unpack, write_archive
+from llmserve.packaging.archive import (
+    DIGESTS_NAME,
+    RECORD_NAME,
+    ArchiveLimits,
+    read_index,
+    read_member,
+    unpack,
+    write_archive,
+)
 
 FILES = {"llmserve.yaml": b"modelId: x\n", "model_repository/x/1/weights/w.safetensors": b"W" * 5000}
 
@@ -40,7 +48,7 @@ def _tar(path: Path, members) -> Path:
 
 
 def _hostile(tmp_path, members, files=FILES, **override) -> Path:
-    return _tar(tmp_path / "bad.llmpkg", [_info(DIGESTS_NAME, _index(files, **override))] + members)
+    return _tar(tmp_path / "bad.llmpkg", [_info(DIGESTS_NAME, _index(files, **override)), *members])
 
 
 def _assert_refused(tmp_path, pkg, error, words):
@@ -169,7 +177,7 @@ def test_truncated_archive_refused(tmp_path, cut):
 
 def test_size_bomb_index_refused(tmp_path):
     # The index claims far more content than the file can hold (an uncompressed tar cannot expand).
-    pkg = _hostile(tmp_path, [], **{"huge.bin": {"sha256": "0" * 64, "size": 10**9}})
+    pkg = _hostile(tmp_path, [], **{"huge.dat": {"sha256": "0" * 64, "size": 10**9}})
     _assert_refused(tmp_path, pkg, UnsafeArchiveError, "archive is only")
 
 
@@ -211,3 +219,91 @@ def test_existing_destination_untouched_on_failure(tmp_path):
         unpack(pkg, dest, replace=True)
     assert (dest / "keep.txt").read_text() == "precious"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["pkg"]
+
+
+# --- issue #11: a hand-built package is held to the packager's rules, and nothing hostile reaches an OSError ---
+
+WEIGHTS = "model_repository/x/1/weights/"
+
+
+def _package(tmp_path, files: dict[str, bytes]) -> Path:
+    return _tar(
+        tmp_path / "hand.llmpkg", [_info(DIGESTS_NAME, _index(files))] + [_info(n, d) for n, d in files.items()]
+    )
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "model.PTH", "state.pkl", "last.ckpt", "x.pickle"])
+def test_hand_built_package_with_pickled_weights_refused(tmp_path, name):
+    pkg = _package(tmp_path, {**FILES, WEIGHTS + name: b"\x80\x04K\x01."})
+    err = _assert_refused(tmp_path, pkg, UnsafeArchiveError, "pickled file")
+    assert name in err.message and "llmserve package" in err.hint
+    with pytest.raises(UnsafeArchiveError, match="pickled file"):
+        read_index(pkg, verify=False)  # refused from the index alone, before any content is read
+
+
+@pytest.mark.parametrize(
+    "head", [b"\x80\x02}q\x00.", b"\x80\x04\x95\x05\x00", b"\x80\x05K\x01.", b"PK\x03\x04archive/data.pkl"]
+)
+def test_pickle_content_under_another_name_refused(tmp_path, head):
+    pkg = _package(tmp_path, {**FILES, WEIGHTS + "weights.data": head + b"\x00" * 64})
+    _assert_refused(tmp_path, pkg, UnsafeArchiveError, "pickled (or torch zip) data")
+
+
+def test_pickle_rules_spare_plugins_and_safetensors(tmp_path):
+    # A safetensors header of 640 bytes starts with 0x80 0x02, like a pickle: the name decides the loader.
+    safetensors = (640).to_bytes(8, "little") + b"{" + b" " * 639
+    files = {
+        **FILES,
+        WEIGHTS + "model-2.safetensors": safetensors,
+        "plugins/p/vocab.pkl": b"\x80\x04K\x01.",  # plugins are code already; their data is theirs
+    }
+    pkg = _package(tmp_path, files)
+    unpack(pkg, tmp_path / "u")
+    assert (tmp_path / "u" / WEIGHTS / "model-2.safetensors").read_bytes() == safetensors
+
+
+@pytest.mark.parametrize("name", [RECORD_NAME, DIGESTS_NAME])
+def test_reserved_names_refused_in_index(tmp_path, name):
+    pkg = _hostile(tmp_path, [], **{name: {"sha256": "0" * 64, "size": 1}})
+    _assert_refused(tmp_path, pkg, UnsafeArchiveError, "reserved name")
+    with pytest.raises(ValueError, match="reserved"):
+        write_archive(tmp_path / "w.llmpkg", {name: b"x"})
+
+
+def test_file_and_folder_of_the_same_name_refused(tmp_path):
+    pkg = _package(tmp_path, {**FILES, "a": b"x", "a/b": b"y"})
+    _assert_refused(tmp_path, pkg, UnsafeArchiveError, "'a' is both a file and a folder")
+
+
+def test_overlong_names_refused_not_oserror(tmp_path):
+    pkg = _package(tmp_path, {**FILES, "d/" + "n" * 300: b"x"})
+    _assert_refused(tmp_path, pkg, UnsafeArchiveError, "too long")
+
+
+def test_deeply_nested_index_refused_not_recursion_error(tmp_path):
+    pkg = _tar(tmp_path / "p.llmpkg", [_info(DIGESTS_NAME, b"[" * 100_000 + b"]" * 100_000)])
+    _assert_refused(tmp_path, pkg, IntegrityError, "digest index is malformed")
+
+
+def test_member_larger_than_its_index_entry_refused(tmp_path):
+    # The tar header may not declare more bytes than the index: the size check is per member, not just in total.
+    pkg = _hostile(tmp_path, [_info("llmserve.yaml", FILES["llmserve.yaml"] + b"more")])
+    _assert_refused(tmp_path, pkg, IntegrityError, "bytes but the index says")
+
+
+def test_total_unpacked_bytes_capped(tmp_path):
+    write_archive(tmp_path / "a.llmpkg", dict(FILES))
+    with pytest.raises(UnsafeArchiveError, match="bytes in all, over the 4000-byte limit"):
+        unpack(tmp_path / "a.llmpkg", tmp_path / "u", limits=ArchiveLimits(max_total_bytes=4000))
+    assert not (tmp_path / "u").exists()
+
+
+def test_unpack_records_what_it_verified(tmp_path):
+    index = write_archive(tmp_path / "a.llmpkg", dict(FILES))
+    unpack(tmp_path / "a.llmpkg", tmp_path / "u")
+    record = json.loads((tmp_path / "u" / RECORD_NAME).read_text())
+    assert record["digest"] == index.digest
+    assert set(record["files"]) == set(FILES)
+    st = (tmp_path / "u" / "llmserve.yaml").stat()
+    entry = record["files"]["llmserve.yaml"]
+    assert (entry["size"], entry["ino"], entry["mtime_ns"]) == (st.st_size, st.st_ino, st.st_mtime_ns)

@@ -185,6 +185,7 @@ def test_frontend_none_skips_contract_but_needs_model_py(tmp_path):
         (lambda s: (s / "model" / "config.json").unlink(), InvalidInputError, "no config.json"),
         (lambda s: (s / "model" / "model.safetensors").unlink(), InvalidInputError, "no *.safetensors"),
         (lambda s: (s / "model" / "pytorch_model.bin").write_bytes(b"pickle"), InvalidInputError, "pickled weights"),
+        (lambda s: (s / "model" / "MODEL.PT").write_bytes(b"pickle"), InvalidInputError, "pickled weights"),
         (lambda s: (s / "model" / "link.json").symlink_to(s / "nowhere"), InvalidInputError, "dangling symbolic link"),
         (lambda s: (s / "llmserve.yaml").unlink(), ManifestError, "no manifest here"),
     ],
@@ -196,14 +197,59 @@ def test_bad_sources(tmp_path, setup, error, words):
         build_package(src, tmp_path / "dist")
 
 
-def test_linked_weights_are_packaged_as_their_content(tmp_path):
-    src = _src(tmp_path, VLLM)
-    blob = tmp_path / "blobs" / "abc"
-    blob.parent.mkdir()
+def _link_to_blob(src: Path, blobs: Path) -> None:
+    blob = blobs / "abc"
+    blob.parent.mkdir(parents=True)
     (src / "model" / "tokenizer.json").rename(blob)
     (src / "model" / "tokenizer.json").symlink_to(blob)
+
+
+def test_linked_weights_are_packaged_as_their_content(tmp_path):
+    # A Hugging Face cache layout (snapshot files linking to blobs) kept inside the source folder.
+    src = _src(tmp_path, VLLM)
+    _link_to_blob(src, src / "blobs")
     result = build_package(src, tmp_path / "dist")
     assert read_member(result.path, "model_repository/tiny-chat/2/weights/tokenizer.json") == b"{}"
+
+
+def test_link_leaving_the_source_folder_refused_unless_asked(tmp_path):
+    src = _src(tmp_path, VLLM)
+    secret = tmp_path / "home" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("token=hunter2")
+    (src / "model" / "notes.txt").symlink_to(secret)
+    with pytest.raises(InvalidInputError, match="outside the source folder") as info:
+        build_package(src, tmp_path / "dist")
+    assert "follow_external_links" in info.value.hint
+    assert not (tmp_path / "dist").exists()
+    result = build_package(src, tmp_path / "dist", follow_external_links=True)
+    assert read_member(result.path, "model_repository/tiny-chat/2/weights/notes.txt") == b"token=hunter2"
+
+
+def test_plugin_link_leaving_the_source_folder_refused(tmp_path):
+    src = _src(tmp_path, VLLM + "plugins:\n  - name: p\n    source: plug\n    entryPoint: plugmod:register\n")
+    (src / "plug").mkdir()
+    (tmp_path / "outside.py").write_text("def register():\n    pass\n")
+    (src / "plug" / "plugmod.py").symlink_to(tmp_path / "outside.py")
+    with pytest.raises(InvalidInputError, match="outside the source folder"):
+        build_package(src, tmp_path / "dist")
+
+
+def test_linked_blob_outside_source_needs_the_option(tmp_path):
+    src = _src(tmp_path, VLLM)
+    _link_to_blob(src, tmp_path / "hub-blobs")
+    with pytest.raises(InvalidInputError, match="outside the source folder"):
+        build_package(src, tmp_path / "dist")
+    assert build_package(src, tmp_path / "dist", follow_external_links=True).path.is_file()
+
+
+def test_link_to_a_folder_refused_not_skipped(tmp_path):
+    src = _src(tmp_path, VLLM)
+    (src / "extra").mkdir()
+    (src / "extra" / "tokenizer_config.json").write_text("{}")
+    (src / "model" / "sub").symlink_to(src / "extra", target_is_directory=True)
+    with pytest.raises(InvalidInputError, match="symbolic link to a folder"):
+        build_package(src, tmp_path / "dist")
 
 
 def test_weights_outside_source_refused(tmp_path):

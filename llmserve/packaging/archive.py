@@ -13,6 +13,11 @@ Layout:
 
 Writing is reproducible: members sorted, mtime/uid/gid zeroed, modes normalised, no directory
 entries, so the same inputs give byte-identical archives.
+
+Reading trusts nothing: names, types, sizes and digests are checked while streaming, and pickled
+weights are refused (a package built by hand skips the packager's own refusal). An unpacked folder
+also holds llmserve.unpacked.json, binding each file's digest to the inode it was written to, so
+a later reuse can tell cheaply whether the folder still holds what was verified.
 """
 
 from __future__ import annotations
@@ -29,13 +34,29 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from llmserve.errors import IntegrityError, NotFoundError, UnsafeArchiveError
 
 DIGESTS_NAME = "llmserve.digests.json"
+RECORD_NAME = "llmserve.unpacked.json"
+RESERVED_NAMES = frozenset({DIGESTS_NAME, RECORD_NAME})
+PLUGINS_PREFIX = "plugins/"
 FORMAT_VERSION = 1
 _CHUNK = 1 << 20
 _MAX_INDEX_BYTES = 16 << 20
+# Most file systems cap a name component at 255 bytes and a path at 4096; past that, unpacking
+# would fail with an OSError instead of a clear refusal.
+_MAX_COMPONENT_BYTES = 255
+_MAX_NAME_BYTES = 4096
+
+# Pickle runs code when loaded. Weights must be safetensors; plugins are code already, so their
+# own data files are theirs to choose.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# Pickle protocols 2-5 start with PROTO (0x80) and the protocol number; torch.save's zip format starts
+# like any zip file.
+_PICKLE_MAGIC = tuple(bytes([0x80, proto]) for proto in (2, 3, 4, 5))
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 @dataclass(frozen=True)
@@ -113,7 +134,43 @@ def validate_member_name(name: str) -> str:
     parts = name.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise UnsafeArchiveError(f"archive member '{name}' is not a plain relative path (empty, '.' or '..' parts)")
+    encoded = name.encode("utf-8", "surrogateescape")
+    if len(encoded) > _MAX_NAME_BYTES or any(
+        len(p.encode("utf-8", "surrogateescape")) > _MAX_COMPONENT_BYTES for p in parts
+    ):
+        raise UnsafeArchiveError(f"archive member '{name[:80]}...' has a name too long for a file system")
     return name
+
+
+def pickle_policy_applies(name: str) -> bool:
+    """Whether the pickle refusal covers this member (everything but plugin code and safetensors)."""
+    return not name.startswith(PLUGINS_PREFIX) and not name.endswith(".safetensors")
+
+
+def refuse_pickled_name(name: str, source: str) -> None:
+    if not name.startswith(PLUGINS_PREFIX) and name.lower().endswith(PICKLE_SUFFIXES):
+        raise UnsafeArchiveError(
+            f"{source}: '{name}' is a pickled file, which runs code when loaded; refused",
+            hint="Rebuild the package from safetensors weights with `llmserve package SRC`.",
+        )
+
+
+def refuse_pickled_content(name: str, head: bytes, source: str) -> None:
+    if pickle_policy_applies(name) and head.startswith((*_PICKLE_MAGIC, _ZIP_MAGIC)):
+        raise UnsafeArchiveError(
+            f"{source}: '{name}' holds pickled (or torch zip) data, which runs code when loaded; refused",
+            hint="Rebuild the package from safetensors weights with `llmserve package SRC`.",
+        )
+
+
+def _refuse_file_dir_clash(names: set[str], source: str) -> None:
+    # "a" and "a/b" cannot both be unpacked; catching it here keeps it an integrity error, not an OSError.
+    for name in names:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in names:
+                raise UnsafeArchiveError(f"{source}: '{prefix}' is both a file and a folder in the package")
 
 
 def write_archive(
@@ -126,8 +183,8 @@ def write_archive(
     """
     for name in members:
         validate_member_name(name)
-        if name == DIGESTS_NAME:
-            raise ValueError(f"{DIGESTS_NAME} is reserved")
+        if name in RESERVED_NAMES:
+            raise ValueError(f"{name} is reserved")
     entries: dict[str, FileEntry] = {}
     for name, src in members.items():
         e = _hash_source(src)
@@ -186,6 +243,9 @@ def _parse_index(raw: bytes, source: str, limits: ArchiveLimits) -> PackageIndex
         files = {}
         for name, meta in body["files"].items():
             validate_member_name(name)
+            if name in RESERVED_NAMES:
+                raise UnsafeArchiveError(f"{source}: the digest index lists the reserved name '{name}'")
+            refuse_pickled_name(name, source)
             size, digest = meta["size"], meta["sha256"]
             if not isinstance(size, int) or size < 0 or not isinstance(digest, str) or len(digest) != 64:
                 raise IntegrityError(f"{source}: malformed digest entry for '{name}'")
@@ -196,6 +256,9 @@ def _parse_index(raw: bytes, source: str, limits: ArchiveLimits) -> PackageIndex
             files[name] = FileEntry(name, size, digest)
     except (ValueError, KeyError, AttributeError, TypeError) as exc:
         raise IntegrityError(f"{source}: the digest index is malformed ({exc})") from exc
+    except RecursionError:
+        raise IntegrityError(f"{source}: the digest index is malformed (nested too deeply)") from None
+    _refuse_file_dir_clash(set(files), source)
     if len(files) > limits.max_files:
         raise UnsafeArchiveError(f"{source}: {len(files)} files, over the limit of {limits.max_files}")
     index = PackageIndex(files)
@@ -286,15 +349,23 @@ def _iter_verified(
         tar.close()
 
 
-def _copy_verified(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: FileEntry, out, source: str) -> None:
+def _copy_verified(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, entry: FileEntry, out: BinaryIO | None, source: str
+) -> None:
     fh = tar.extractfile(member)
+    if fh is None:
+        raise UnsafeArchiveError(f"{source}: '{member.name}' is not a regular file")
     h = hashlib.sha256()
     remaining = member.size
+    first = True
     try:
         while remaining:
             chunk = fh.read(min(_CHUNK, remaining))
             if not chunk:
                 raise IntegrityError(f"{source}: truncated archive (inside '{member.name}')")
+            if first:
+                refuse_pickled_content(member.name, chunk, source)
+                first = False
             h.update(chunk)
             if out is not None:
                 out.write(chunk)
@@ -312,7 +383,7 @@ def read_index(path: Path, *, verify: bool = True, limits: ArchiveLimits = Archi
     index: PackageIndex | None = None
     for idx, entry, tar, member in _iter_verified(path, limits):
         index = idx
-        if entry is None:
+        if entry is None or member is None:
             if not verify:
                 return idx
             continue
@@ -325,12 +396,37 @@ def read_member(path: Path, name: str, *, limits: ArchiveLimits = ArchiveLimits(
     """Read one small member (e.g. the manifest), verified against the index, without unpacking."""
     for _idx, entry, tar, member in _iter_verified(path, limits):
         # Other members are skipped unread: tarfile seeks past them.
-        if entry is None or member.name != name:
+        if entry is None or member is None or member.name != name:
             continue
         buf = io.BytesIO()
         _copy_verified(tar, member, entry, buf, str(path))
         return buf.getvalue()
     raise IntegrityError(f"{path}: no member '{name}' in the package")
+
+
+def index_bytes(index: PackageIndex) -> bytes:
+    """The canonical bytes of an index, as written into the archive and into an unpacked folder."""
+    return _index_bytes(index.files)
+
+
+def stat_key(st: os.stat_result) -> dict[str, int]:
+    """What a file's metadata must still say for its recorded digest to stand without rehashing.
+
+    ctime cannot be set from user space, so a file rewritten and re-dated still shows a new ctime.
+    """
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+
+
+def write_record(root: Path, index: PackageIndex) -> None:
+    """Write RECORD_NAME into an unpacked folder: each file's digest bound to its current metadata."""
+    files = {}
+    for name in sorted(index.files):
+        st = os.lstat(root.joinpath(*name.split("/")))
+        files[name] = {"sha256": index.files[name].sha256, **stat_key(st)}
+    body = {"format": FORMAT_VERSION, "digest": index.digest, "files": files}
+    tmp = root / f".{RECORD_NAME}.partial"
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, root / RECORD_NAME)
 
 
 def unpack(
@@ -356,7 +452,7 @@ def unpack(
         index: PackageIndex | None = None
         for idx, entry, tar, member in _iter_verified(path, limits):
             index = idx
-            if entry is None:
+            if entry is None or member is None:
                 continue
             target = staging.joinpath(*member.name.split("/"))
             # validate_member_name already refused '..' and absolute names; this guards the rest.
@@ -370,6 +466,7 @@ def unpack(
                 progress(entry.size)
         assert index is not None
         (staging / DIGESTS_NAME).write_bytes(_index_bytes(index.files))
+        write_record(staging, index)
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -23,7 +23,7 @@ from llmserve.errors import InvalidInputError, ManifestError, NotFoundError
 from llmserve.formats.lock_at_packaging import find_lock, load_manifest_under_lock
 from llmserve.formats.manifest import MANIFEST_NAME, Manifest, dump_manifest
 from llmserve.formats.tensors import TRITON_DATA_TYPE, check_against_contract
-from llmserve.packaging.archive import PackageIndex, Source, write_archive
+from llmserve.packaging.archive import PICKLE_SUFFIXES, PackageIndex, Source, write_archive
 from llmserve.templating import render
 
 REPOSITORY_DIR = "model_repository"
@@ -33,7 +33,6 @@ PLUGINS_DIR = "plugins"
 REPOSITORY_MOUNT = "/models"
 PACKAGE_SUFFIX = ".llmpkg"
 
-_PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 _SKIP_NAMES = {"__pycache__", ".git", ".DS_Store"}
 
 
@@ -52,14 +51,37 @@ def weights_dir_in_package(manifest: Manifest) -> str:
     return f"{version_dir(manifest)}/weights"
 
 
-def _tree(root: Path) -> list[tuple[str, Path]]:
+@dataclass(frozen=True)
+class _Walk:
+    src: Path  # the source folder, resolved: links may not leave it unless follow_external_links
+    follow_external_links: bool
+
+
+def _check_link(p: Path, walk: _Walk) -> None:
+    target = p.resolve()
+    if not walk.follow_external_links and not target.is_relative_to(walk.src):
+        raise InvalidInputError(
+            f"{p}: symbolic link to {target}, outside the source folder {walk.src}",
+            hint="Copy the file into the source folder and package again "
+            "(build_package(..., follow_external_links=True) embeds it as it is).",
+        )
+
+
+def _tree(root: Path, walk: _Walk) -> list[tuple[str, Path]]:
     """(posix relative path, file) for every file under root, sorted.
 
     Symbolic links to files are followed and packaged as the files they point to (a Hugging Face
-    cache snapshot is made of such links); dangling links are an error.
+    cache snapshot is made of such links), as long as they stay inside the source folder; dangling
+    links and links to folders are errors (os.walk would silently skip the latter).
     """
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            if d not in _SKIP_NAMES and (Path(dirpath) / d).is_symlink():
+                raise InvalidInputError(
+                    f"{Path(dirpath) / d}: symbolic link to a folder; its files would be left out",
+                    hint="Replace the link with a real folder (or links to its files), then package again.",
+                )
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_NAMES)
         for fn in filenames:
             p = Path(dirpath) / fn
@@ -71,6 +93,8 @@ def _tree(root: Path) -> list[tuple[str, Path]]:
                         f"{p}: dangling symbolic link", hint="Fix or remove the link, then package again."
                     )
                 continue  # sockets, FIFOs: not content
+            if p.is_symlink():
+                _check_link(p, walk)
             out.append((p.relative_to(root).as_posix(), p))
     return sorted(out)
 
@@ -82,18 +106,18 @@ def _resolve_inside(src: Path, rel: str, what: str) -> Path:
     return path
 
 
-def _weights_members(src: Path, manifest: Manifest) -> dict[str, Source]:
+def _weights_members(src: Path, manifest: Manifest, walk: _Walk) -> dict[str, Source]:
     wdir = _resolve_inside(src, manifest.weights, "weights")
     if not wdir.is_dir():
         raise NotFoundError(
             f"{wdir}: weights folder not found (from `weights: {manifest.weights}`)",
             hint="Point `weights` at a folder with config.json, *.safetensors and the tokenizer files.",
         )
-    files = _tree(wdir)
+    files = _tree(wdir, walk)
     names = {rel for rel, _ in files}
     if "config.json" not in names:
         raise InvalidInputError(f"{wdir}: no config.json; this is not a Hugging Face model folder")
-    pickled = sorted(rel for rel in names if rel.endswith(_PICKLE_WEIGHTS))
+    pickled = sorted(rel for rel in names if rel.lower().endswith(PICKLE_SUFFIXES))
     if pickled:
         raise InvalidInputError(
             f"{wdir}: pickled weights ({pickled[0]}) can run code when loaded and are not packaged",
@@ -105,7 +129,7 @@ def _weights_members(src: Path, manifest: Manifest) -> dict[str, Source]:
     return {f"{prefix}/{rel}": p for rel, p in files}
 
 
-def _plugin_members(src: Path, manifest: Manifest) -> dict[str, Source]:
+def _plugin_members(src: Path, manifest: Manifest, walk: _Walk) -> dict[str, Source]:
     members: dict[str, Source] = {}
     for plugin in manifest.plugins:
         pdir = _resolve_inside(src, plugin.source, f"plugin '{plugin.name}' source")
@@ -117,7 +141,7 @@ def _plugin_members(src: Path, manifest: Manifest) -> dict[str, Source]:
                 f"{src / MANIFEST_NAME}: plugin '{plugin.name}': module '{module}' of entryPoint "
                 f"'{plugin.entryPoint}' is not in {pdir}"
             )
-        for rel, p in _tree(pdir):
+        for rel, p in _tree(pdir, walk):
             members[f"{PLUGINS_DIR}/{plugin.name}/{rel}"] = p
     return members
 
@@ -163,7 +187,8 @@ def _python_members(src: Path, manifest: Manifest) -> dict[str, Source]:
     return {f"{version_dir(manifest)}/model.py": code}
 
 
-def collect_members(src: Path, manifest: Manifest) -> dict[str, Source]:
+def collect_members(src: Path, manifest: Manifest, *, follow_external_links: bool = False) -> dict[str, Source]:
+    walk = _Walk(src.resolve(), follow_external_links)
     members: dict[str, Source] = {"llmserve.yaml": dump_manifest(manifest).encode()}
     config = render("config.pbtxt.j2", manifest=manifest, triton_type=TRITON_DATA_TYPE)
     members[f"{REPOSITORY_DIR}/{manifest.modelId}/config.pbtxt"] = config.encode()
@@ -171,8 +196,8 @@ def collect_members(src: Path, manifest: Manifest) -> dict[str, Source]:
         members[f"{version_dir(manifest)}/model.json"] = _model_json(manifest)
     else:
         members.update(_python_members(src, manifest))
-    members.update(_weights_members(src, manifest))
-    members.update(_plugin_members(src, manifest))
+    members.update(_weights_members(src, manifest, walk))
+    members.update(_plugin_members(src, manifest, walk))
     return members
 
 
@@ -183,15 +208,17 @@ def build_package(
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
     lock: Path | None = None,
+    follow_external_links: bool = False,
 ) -> BuildResult:
     """Validate SRC/llmserve.yaml and write the package; `out` is a file path or a folder.
     `lock` (default: SRC/llmserve.lock when present) is read so that an engine-version override is
-    refused with the versions the lock pins."""
+    refused with the versions the lock pins. Links that leave SRC are refused unless
+    `follow_external_links`: packaging embeds what a link points to, and a package gets shared."""
     src = Path(src)
     if not src.is_dir():
         raise NotFoundError(f"{src}: not a folder", hint="Pass the folder that holds llmserve.yaml.")
     manifest, _lock = load_manifest_under_lock(src / MANIFEST_NAME, find_lock(src, lock))
-    members = collect_members(src, manifest)
+    members = collect_members(src, manifest, follow_external_links=follow_external_links)
     if on_total:
         on_total(sum(len(m) if isinstance(m, bytes) else m.stat().st_size for m in members.values()))
     name = manifest.package_name + PACKAGE_SUFFIX
