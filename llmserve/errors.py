@@ -78,6 +78,22 @@ class UnsafeArchiveError(IntegrityError):
     code = "unsafe-archive"
 
 
+class CacheEntryError(IntegrityError):
+    """An unpacked package in the local cache no longer matches the package and cannot be rebuilt."""
+
+    code = "cache-entry"
+    default_hint = (
+        "Remove the named folder (or point LLMSERVE_CACHE at a folder only you can write) and run the command again."
+    )
+
+
+class UntrustedCodeError(IntegrityError):
+    """A package asks the engine to run code it ships; serving it is the operator's decision."""
+
+    code = "untrusted-code"
+    default_hint = "Review the package's code, then serve it with `llmserve serve PKG --trust-remote-code`."
+
+
 class NotFoundError(LLMServeError):
     code = "not-found"
     exit_code = ExitCode.NOT_FOUND
