@@ -23,7 +23,7 @@ def test_grpc_and_kserve_http_on_the_openai_server(server, client, model_name):
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         assert c.is_server_live() and c.is_server_ready()
         meta = c.get_model_metadata(model_name, headers=auth)
-        assert [i.name for i in meta.inputs][0] == "text_input"
+        assert meta.inputs[0].name == "text_input"
         result = c.infer(model_name, _inputs(grpcclient, "Hello", {"max_tokens": 8, "temperature": 0}), headers=auth)
         grpc_text = result.as_numpy("text_output")[0].decode()
     # The same engine answers the OpenAI API with the same greedy continuation.

@@ -162,7 +162,7 @@ def test_prefill_only_scoring(client, model_name):
     prompts = ["the cat sat on the mat", "mat the on sat cat the"]
     r = client.completions.create(model=model_name, prompt=prompts, echo=True, logprobs=0, max_tokens=0)
     assert len(r.choices) == 2
-    for prompt, choice in zip(prompts, sorted(r.choices, key=lambda c: c.index)):
+    for prompt, choice in zip(prompts, sorted(r.choices, key=lambda c: c.index), strict=True):
         assert choice.text == prompt  # the prompt only: nothing generated
         lp = choice.logprobs.token_logprobs
         assert lp[0] is None and all(isinstance(x, float) and x <= 0 for x in lp[1:])

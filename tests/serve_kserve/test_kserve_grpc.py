@@ -271,7 +271,7 @@ def test_bad_tensors(grpc_client, kserve_server):
 
     bad_json = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
     bad_json.set_data_from_numpy(np.array([b"{temperature: 0"], dtype=object))
-    err = error_of(lambda: grpc_client.infer(kserve_server.model, inputs("x")[:1] + [bad_json]))
+    err = error_of(lambda: grpc_client.infer(kserve_server.model, [*inputs("x")[:1], bad_json]))
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "not valid JSON" in err.message()
 
 

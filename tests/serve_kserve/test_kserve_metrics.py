@@ -53,7 +53,7 @@ def test_kserve_requests_are_counted_by_endpoint_and_status(kserve_server, grpc_
     grpc_client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
         grpc_client.async_stream_infer(model, text_inputs(grpcclient, "Hi", stream=False, sampling=SHORT))
-        result, error = got.get(timeout=120)
+        _result, error = got.get(timeout=120)
         assert error is None
     finally:
         grpc_client.stop_stream()
