@@ -1,6 +1,6 @@
 """Process environment for an embedded vLLM engine, set before vLLM or prometheus_client is imported.
 
-Defaults measured on the CPU build (see DESIGN.md): engine-core threads pinned to one OpenMP
+Defaults measured on the CPU build of vLLM: engine-core threads pinned to one OpenMP
 thread, a bounded CPU KV cache, caches redirected under the llmserve cache, hub access off.
 A variable the operator already set is left alone, except the KV cache size when `--kv-cache-gib`
 says otherwise.

@@ -103,6 +103,7 @@ def load_check(installed: list[InstalledPlugin]) -> None:
         if plugin.group == "vllm.general_plugins" and not callable(obj):
             raise PluginInstallError(f"plugin '{plugin.name}': {plugin.entry_point} is not callable")
         if plugin.group == "vllm.logits_processors":
+            # deferred: vLLM is imported only by a package that ships a logits processor, at startup
             from vllm.v1.sample.logits_processor import LogitsProcessor
 
             if not (isinstance(obj, type) and issubclass(obj, LogitsProcessor)):

@@ -25,7 +25,7 @@ import pytest
 
 from llmserve.serve.environment import CPU_DEFAULTS, RUNNER_DEFAULTS
 
-# Engine settings measured on CPU machines (DESIGN.md); before anything imports vLLM.
+# Engine settings measured on CPU machines (llmserve/serve/environment.py), set before anything imports vLLM.
 for _k, _v in {**CPU_DEFAULTS, **RUNNER_DEFAULTS}.items():
     os.environ.setdefault(_k, _v)
 
