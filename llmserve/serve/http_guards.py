@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmserve.serve.openai.errors import error_body
 
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 # Health probes stay open when an API key is set (load balancers and Kubernetes probe without one).
 OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})
 
@@ -22,7 +23,9 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def _send_json(send: Callable, status: int, body: dict, headers: list | None = None) -> None:
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     data = json.dumps(body).encode()
     await send(
         {
@@ -38,7 +41,7 @@ async def _send_json(send: Callable, status: int, body: dict, headers: list | No
     await send({"type": "http.response.body", "body": data})
 
 
-def _guard_error(path: str, status: int, message: str, code: str) -> dict:
+def _guard_error(path: str, status: int, message: str, code: str) -> dict[str, Any]:
     # Each protocol's clients parse their own error shape: KServe v2 (tritonclient) expects
     # {"error": "<message>"}, OpenAI clients {"error": {"message": ..., "type": ..., "code": ...}}.
     if path == "/v2" or path.startswith("/v2/"):
@@ -62,7 +65,7 @@ class Guards:
     def __repr__(self) -> str:  # never show the key
         return f"Guards(api_key={'set' if self._key else 'unset'}, max_body_bytes={self.max_body_bytes})"
 
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -89,7 +92,7 @@ class Guards:
         seen = 0
         started = False
 
-        async def counted_receive() -> dict:
+        async def counted_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -98,7 +101,7 @@ class Guards:
                     raise BodyTooLarge()
             return message
 
-        async def tracked_send(message: dict) -> None:
+        async def tracked_send(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -110,7 +113,7 @@ class Guards:
             if not started:
                 await self._too_large(send, scope.get("path", ""))
 
-    async def _too_large(self, send: Callable, path: str) -> None:
+    async def _too_large(self, send: Send, path: str) -> None:
         await _send_json(
             send,
             413,

@@ -13,11 +13,20 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Iterator
 from typing import Any
+
+import uvicorn
 
 from llmserve.serve.errors import StartupError
 
 log = logging.getLogger("llmserve.serve")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # the server process owns SIGTERM/SIGINT
+        yield
 
 
 class UvicornFrontend(abc.ABC):
@@ -26,8 +35,8 @@ class UvicornFrontend(abc.ABC):
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
-        self._server = None
-        self._task: asyncio.Task | None = None
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -39,8 +48,6 @@ class UvicornFrontend(abc.ABC):
         """The ASGI app to serve (with its guards)."""
 
     async def start(self, readiness: Any) -> None:
-        import uvicorn
-
         app = self.build(readiness)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -62,13 +69,7 @@ class UvicornFrontend(abc.ABC):
             timeout_keep_alive=5,
             timeout_graceful_shutdown=None,
         )
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):  # the server process owns SIGTERM/SIGINT
-                yield
-
-        server = Server(config)
+        server = _Server(config)
         self._server = server
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name=f"{self.name}-frontend")
         while not server.started:

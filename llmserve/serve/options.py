@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 API_KEY_ENV = "LLMSERVE_API_KEY"
 
@@ -42,8 +43,8 @@ class ServeOptions:
         if self.api_key is None:
             self.api_key = os.environ.get(API_KEY_ENV) or None
 
-    def engine_overrides(self) -> dict:
-        out = {}
+    def engine_overrides(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         if self.max_num_seqs is not None:
             out["max_num_seqs"] = self.max_num_seqs
         if self.max_num_batched_tokens is not None:
