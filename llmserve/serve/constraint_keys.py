@@ -3,7 +3,7 @@
 A request carries at most one constraint, under one of CONSTRAINT_KEYS; it reaches the processor
 (llmserve.constraints.vllm_processor) in SamplingParams.extra_args. The OpenAI frontend takes the keys
 from `vllm_xargs`, the KServe v2 frontends from `sampling_parameters` or the request parameters; both
-ask this module whether the server can honour them (`constraint_problem`) and, KServe, whether the
+ask this module whether the engine they serve can honour them (`constraint_problem`) and, KServe, whether the
 constraint itself is valid (`validation_problem`, the processor's own check). A constraint sent to a
 server without the processor is refused: vLLM would otherwise ignore the extra args, an unconstrained
 answer with a success status.
@@ -22,20 +22,14 @@ from typing import Any
 CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConstraintSupport:
-    """Whether the running engine has the constraint processor; set by the engine at startup
-    (one engine per `llmserve serve` process, shared by all its frontends)."""
+    """Whether an engine runs the constraint processor, and why not: read from the engine's own
+    configuration at startup and carried by its EngineHandle (llmserve/serve/engine.py), so each
+    frontend asks the engine it serves rather than a process-wide flag."""
 
-    loaded: bool = False
-    reason: str = "the engine has not started"
-
-
-CONSTRAINTS = ConstraintSupport()
-
-
-def set_constraint_support(loaded: bool, reason: str = "") -> None:
-    CONSTRAINTS.loaded, CONSTRAINTS.reason = loaded, reason
+    loaded: bool
+    reason: str = ""
 
 
 def given_keys(values: dict[str, Any]) -> list[str]:
@@ -58,10 +52,9 @@ def shape_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def constraint_problem(values: dict[str, Any], support: ConstraintSupport | None = None) -> str | None:
-    """What stops this server honouring the constraint keys in `values` (other keys are not looked at):
-    more than one constraint, no processor on this engine, or a value of the wrong type. None if fine."""
-    support = CONSTRAINTS if support is None else support
+def constraint_problem(values: dict[str, Any], support: ConstraintSupport) -> str | None:
+    """What stops the engine behind `support` honouring the constraint keys in `values` (other keys are
+    not looked at): more than one constraint, no processor on it, or a value of the wrong type. None if fine."""
     given = given_keys(values)
     if len(given) > 1:
         return f"give one constraint per request, got {given}"
@@ -77,6 +70,8 @@ def validation_problem(key: str, value: Any) -> str | None:
     vLLM admits the request), reported with the key; None if valid. Only the processor's
     ConstraintError is the client's fault; anything else it raises propagates (a server fault).
     Imports vLLM."""
+    # deferred to the first constrained request: the processor module imports vLLM (seconds), and
+    # the frontends import this module before the engine step
     from llmserve.constraints.errors import ConstraintError
     from llmserve.constraints.vllm_processor import request_constraint, validate_constraint
 

@@ -12,9 +12,13 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
+from starlette.datastructures import State
+
 from llmserve.packaging.opened import OpenedPackage
+from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.errors import EngineArgsError, StartupError
 from llmserve.serve.options import (
     ADDITIVE_ENGINE_ARGS,
@@ -40,8 +44,10 @@ class EngineHandle:
     model_name: str
     supported_tasks: tuple[str, ...]
     max_model_len: int
+    # whether llmserve's constraint processor runs in this engine (and why not): what the frontends
+    # check a constrained request against
+    constraints: ConstraintSupport
     engine_args: dict[str, Any] = field(default_factory=dict)
-    constraints: bool = False  # llmserve's constraint processor runs in this engine
 
     @property
     def generates(self) -> bool:
@@ -78,7 +84,8 @@ def merged_engine_args(manifest_engine: dict[str, Any], overrides: dict[str, Any
     return args
 
 
-def _vllm_namespace(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]):
+def _vllm_namespace(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]) -> Any:
+    # vLLM (and torch under it) is imported only once a server starts: `llmserve --help` stays fast
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -107,8 +114,6 @@ def _vllm_namespace(package: OpenedPackage, model_name: str, engine_args: dict[s
 def _processor_plugin_installed() -> bool:
     """The constraint processor is registered in the `vllm.logits_processors` entry-point group
     (a package plugin): vLLM loads it from there, so it must not be given a second time."""
-    from importlib import metadata
-
     return any(
         ep.value.replace(" ", "") == CONSTRAINT_PROCESSOR
         for ep in metadata.entry_points(group="vllm.logits_processors")
@@ -142,7 +147,7 @@ def _settle_constraint_processor(eargs) -> None:
         log.info("startup: engine      constraint processor left out: %s", why)
         eargs.logits_processors = procs or None
         return
-    from llmserve.constraints.vllm_processor import check_engine_env
+    from llmserve.constraints.vllm_processor import check_engine_env  # imports vLLM: only when serving
 
     problems = check_engine_env()
     if problems:
@@ -151,24 +156,25 @@ def _settle_constraint_processor(eargs) -> None:
         )
 
 
-def constraint_status(engine) -> tuple[bool, str]:
-    """(loaded, why not) for the constraint processor, read from the engine's own configuration."""
+def constraint_status(engine: Any) -> ConstraintSupport:
+    """Whether the constraint processor runs in `engine` (and why not), from the engine's own configuration."""
     mc = engine.model_config
     if mc.runner_type == "pooling":
-        return False, "this is a pooling model"
+        return ConstraintSupport(False, "this is a pooling model")
     if getattr(engine.vllm_config, "speculative_config", None):
-        return False, "speculative decoding is on"
+        return ConstraintSupport(False, "speculative decoding is on")
     for proc in mc.logits_processors or []:
         path = proc if isinstance(proc, str) else f"{proc.__module__}:{proc.__qualname__}"
         if path == CONSTRAINT_PROCESSOR:
-            return True, ""
+            return ConstraintSupport(True)
     if _processor_plugin_installed():
-        return True, ""
-    return False, "the server was started with --no-constraints"
+        return ConstraintSupport(True)
+    return ConstraintSupport(False, "the server was started with --no-constraints")
 
 
 def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]):
     """Construct AsyncLLM (blocking: loads weights, profiles, allocates the KV cache)."""
+    # deferred like every vLLM import here (a fast `llmserve --help`)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -190,17 +196,14 @@ def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str,
 
 async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any]) -> EngineHandle:
     """Build vLLM's OpenAI serving objects on the engine (chat templates, tokenizer, renderers)."""
-    from starlette.datastructures import State
+    # deferred like every vLLM import here
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-
-    from llmserve.serve.openai.fields import set_constraint_support
 
     tasks = tuple(await engine.get_supported_tasks())
     state = State()
     await init_app_state(engine, state, ns, tasks)
-    constraints, why_not = constraint_status(engine)
-    set_constraint_support(constraints, why_not)
-    if constraints:
+    constraints = constraint_status(engine)
+    if constraints.loaded:
         log.info(
             "startup: engine      constraint processor loaded (%s): requests may carry "
             "constraint keys (OpenAI vllm_xargs, KServe sampling_parameters)",
@@ -210,7 +213,7 @@ async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any
         log.info(
             "startup: engine      constraint processor not loaded: %s; a request carrying a "
             "constraint gets HTTP 400 / INVALID_ARGUMENT",
-            why_not,
+            constraints.reason,
         )
     return EngineHandle(
         engine=engine,

@@ -1,9 +1,17 @@
-"""The server's lifecycle state, shared by every frontend: starting -> ready -> draining -> stopped."""
+"""The server's lifecycle state, shared by every frontend: starting -> ready -> draining -> stopped.
+
+It is also the one gate on inference: every protocol asks `engine_for_inference()` and turns
+`NotReady` into its own error shape (OpenAI 503 not_ready, KServe UNAVAILABLE / 503).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+
+class NotReady(Exception):
+    """Inference refused: the engine is starting or has failed, or the server is draining."""
 
 
 @dataclass
@@ -28,3 +36,9 @@ class Readiness:
         if self.phase == "ready" and self.handle is not None and not self.handle.healthy:
             return "engine-error", False
         return self.phase, self.accepting
+
+    def engine_for_inference(self) -> Any:
+        """The EngineHandle an inference request runs on; NotReady unless `accepting`."""
+        if not self.accepting:
+            raise NotReady()
+        return self.handle

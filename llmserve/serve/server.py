@@ -16,6 +16,7 @@ finish (bounded by --drain-timeout), the engine shuts down, and the process exit
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -23,13 +24,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from llmserve.serve.metrics import ServerMetrics, record_steps
 from llmserve.serve.options import ServeOptions
+from llmserve.serve.readiness import Readiness
 
 log = logging.getLogger("llmserve.serve")
 
 
 def frontend_factories() -> dict[str, Callable]:
     """Frontends this build contains, by name: factory(options, metrics, package) -> Frontend."""
+    # deferred: the frontends import grpc and fastapi (the serve extra), which `llmserve --help` must not need
     from llmserve.serve.kserve import KServeGrpcFrontend, KServeHttpFrontend
     from llmserve.serve.openai.frontend import OpenAIFrontend
 
@@ -88,7 +92,13 @@ class StepLog:
 
 
 async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = None) -> int:
+    # The startup steps' modules are imported when the server starts, not with this module: they
+    # import llmserve.packaging (about a second, measured with -X importtime), and this module is
+    # imported by the CLI for every `llmserve --help`.
+    from llmserve.packaging.opened import cache_root, open_package
+    from llmserve.serve.engine import merged_engine_args, start_engine
     from llmserve.serve.environment import prepare_engine_environment, prepare_metrics_dir
+    from llmserve.serve.plugin_entry_points import install_plugins, load_check
 
     names = requested_frontends(options)
     stop = asyncio.Event()
@@ -98,15 +108,11 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
     steps = StepLog()
     started: list = []
     handle = None
-    from llmserve.serve.readiness import Readiness
-
     readiness = Readiness()
     try:
         with steps.step("environment", "engine and cache settings"):
             prepare_engine_environment(options.kv_cache_gib)
         with steps.step("package", f"open {options.package}"):
-            from llmserve.packaging.opened import cache_root, open_package
-
             package = open_package(Path(options.package))
             log.info(
                 "startup: package     %s v%s (%s)%s",
@@ -116,15 +122,11 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
                 " from cache" if package.from_cache else "",
             )
         with steps.step("plugins", f"{len(package.manifest.plugins)} vLLM plugin(s)"):
-            from llmserve.serve.plugin_entry_points import install_plugins
-
             site = cache_root() / "run" / f"site-{options.port}-{package.manifest.package_name}"
             plugins = install_plugins(package, site)
         with steps.step("metrics-dir", "wipe and set PROMETHEUS_MULTIPROC_DIR"):
             folder = prepare_metrics_dir(options.metrics_dir, options.port)
             log.info("startup: metrics-dir %s", folder)
-            from llmserve.serve.metrics import ServerMetrics
-
             metrics = ServerMetrics()
         with steps.step("listen", ", ".join(names)):
             factories = frontend_factories()
@@ -136,17 +138,12 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
         if stop.is_set():
             return 0
         with steps.step("engine", "build the vLLM engine"):
-            from llmserve.serve.engine import merged_engine_args, start_engine
-            from llmserve.serve.plugin_entry_points import load_check
-
             load_check(plugins)
             engine_args = merged_engine_args(package.manifest.engine, options.engine_overrides())
             model_name = options.served_model_name or package.manifest.modelId
             handle = await start_engine(package, model_name, engine_args)
         readiness.set_ready(handle)
         metrics.ready.set(1)
-        from llmserve.serve.metrics import record_steps
-
         record_steps(metrics, steps.steps)
         total = sum(s for _, s in steps.steps)
         log.info("ready in %.2f s: model '%s' on %s", total, handle.model_name, ", ".join(f.address for f in started))
@@ -164,8 +161,6 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             # Drop every reference now, while modules are alive: AsyncLLM.__del__ would otherwise
             # run its shutdown again during interpreter teardown.
             readiness.handle = handle = None
-            import gc
-
             gc.collect()
         readiness.phase = "stopped"
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from llmserve.serve.openai import fields
+from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.openai.errors import RequestRejected
 from llmserve.serve.openai.request_check import check_request
 
@@ -40,11 +40,9 @@ N = 8
 
 
 @pytest.fixture
-def loaded():
-    saved = (fields.CONSTRAINTS.loaded, fields.CONSTRAINTS.reason)
-    fields.set_constraint_support(True)
-    yield
-    fields.set_constraint_support(*saved)
+def loaded() -> ConstraintSupport:
+    """What an engine running the constraint processor reports (its EngineHandle.constraints)."""
+    return ConstraintSupport(True)
 
 
 def _body(kind: str, xargs) -> dict:
@@ -54,11 +52,11 @@ def _body(kind: str, xargs) -> dict:
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_constraint_keys_are_forwarded_objects_as_json(kind, loaded):
-    fwd, _ = check_request(kind, _body(kind, {"constraint": {"regex": DATE}}))
+    fwd, _ = check_request(kind, _body(kind, {"constraint": {"regex": DATE}}), loaded)
     assert json.loads(fwd["vllm_xargs"]["constraint"]) == {"regex": DATE}
-    fwd, _ = check_request(kind, _body(kind, {"constraint_json_schema": SCHEMA}))
+    fwd, _ = check_request(kind, _body(kind, {"constraint_json_schema": SCHEMA}), loaded)
     assert json.loads(fwd["vllm_xargs"]["constraint_json_schema"]) == SCHEMA
-    fwd, _ = check_request(kind, _body(kind, {"constraint_choice": ["a", "b"]}))
+    fwd, _ = check_request(kind, _body(kind, {"constraint_choice": ["a", "b"]}), loaded)
     assert fwd["vllm_xargs"] == {"constraint_choice": ["a", "b"]}
 
 
@@ -74,20 +72,16 @@ def test_constraint_keys_are_forwarded_objects_as_json(kind, loaded):
 )
 def test_bad_vllm_xargs_shapes(xargs, needle, loaded):
     with pytest.raises(RequestRejected) as info:
-        check_request("completion", _body("completion", xargs))
+        check_request("completion", _body("completion", xargs), loaded)
     assert info.value.status == 400 and info.value.param == "vllm_xargs" and needle in info.value.message
 
 
 def test_constraint_without_the_processor_is_400():
-    saved = (fields.CONSTRAINTS.loaded, fields.CONSTRAINTS.reason)
-    fields.set_constraint_support(False, "the server was started with --no-constraints")
-    try:
-        with pytest.raises(RequestRejected) as info:
-            check_request("chat", _body("chat", {"constraint_regex": DATE}))
-        assert "not loaded" in info.value.message and "--no-constraints" in info.value.message
-        check_request("chat", _body("chat", {}))  # no constraint: nothing to refuse
-    finally:
-        fields.set_constraint_support(*saved)
+    without = ConstraintSupport(False, "the server was started with --no-constraints")
+    with pytest.raises(RequestRejected) as info:
+        check_request("chat", _body("chat", {"constraint_regex": DATE}), without)
+    assert "not loaded" in info.value.message and "--no-constraints" in info.value.message
+    check_request("chat", _body("chat", {}), without)  # no constraint: nothing to refuse
 
 
 def test_the_server_adds_the_processor_to_the_package_list():

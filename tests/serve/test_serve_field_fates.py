@@ -9,6 +9,7 @@ import pytest
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_params
 
+from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.openai.errors import RequestRejected
 from llmserve.serve.openai.fields import TABLES
 from llmserve.serve.openai.request_check import check_request
@@ -19,6 +20,8 @@ BASE = {
     "completion": {"model": "tiny-chat", "prompt": "hi", "max_tokens": 2},
     "embedding": {"model": "tiny-chat", "input": "hi"},
 }
+# no request here carries a constraint: what the engine supports is not looked at
+NO_ENGINE = ConstraintSupport(False, "no engine in these tests")
 ROUTES = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "embedding": "/v1/embeddings"}
 
 
@@ -57,15 +60,15 @@ def _rejected(kind):
 def test_rejected_fields_are_refused_by_the_checker(kind):
     for name in _rejected(kind):
         with pytest.raises(RequestRejected) as info:
-            check_request(kind, {**BASE[kind], name: {"any": "value"}})
+            check_request(kind, {**BASE[kind], name: {"any": "value"}}, NO_ENGINE)
         assert info.value.param == name and info.value.status == 400
 
 
 def test_null_means_not_set_and_unknown_is_refused():
-    forwarded, _ = check_request("chat", {**BASE["chat"], "audio": None, "temperature": None})
+    forwarded, _ = check_request("chat", {**BASE["chat"], "audio": None, "temperature": None}, NO_ENGINE)
     assert "audio" not in forwarded and "temperature" not in forwarded
     with pytest.raises(RequestRejected) as info:
-        check_request("completion", {**BASE["completion"], "typo_field": 1})
+        check_request("completion", {**BASE["completion"], "typo_field": 1}, NO_ENGINE)
     assert info.value.param == "typo_field" and info.value.code == "unknown_parameter"
 
 
@@ -79,6 +82,7 @@ def test_honoured_rewrites():
             "stream": True,
             "stream_options": {"include_usage": True, "include_obfuscation": False},
         },
+        NO_ENGINE,
     )
     assert forwarded["cache_salt"] == "tenant-a" and "prompt_cache_key" not in forwarded
     assert consumed == {"user": "u1"} and forwarded["stream_options"] == {"include_usage": True}
@@ -86,7 +90,7 @@ def test_honoured_rewrites():
 
 @pytest.mark.parametrize("kind", ["chat", "completion", "embedding"])
 def test_rejected_fields_are_400_on_the_wire(http, kind):
-    for name in _rejected(kind) + ["definitely_not_a_field"]:
+    for name in [*_rejected(kind), "definitely_not_a_field"]:
         r = http.post(ROUTES[kind], json={**BASE[kind], name: {"any": "value"}})
         assert r.status_code == 400, (name, r.text)
         assert r.json()["error"]["param"] == name

@@ -10,6 +10,7 @@ No per-request `seed`: with chunked prefill it crashes vLLM's CPU sampler.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import re
@@ -21,7 +22,7 @@ import tritonclient.http as httpclient
 from kserve_inputs import text_inputs
 from tritonclient.utils import InferenceServerException
 
-from llmserve.serve import constraint_keys
+from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
 
@@ -42,20 +43,29 @@ def _text(result) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def _support(kserve_server) -> ConstraintSupport:
+    """What the session engine reports (its EngineHandle.constraints, which the frontends check against)."""
+    return kserve_server.readiness.handle.constraints
+
+
 @pytest.fixture
-def without_processor():
-    """What the frontends see on a server started with --no-constraints (the flag the engine sets at startup)."""
-    saved = (constraint_keys.CONSTRAINTS.loaded, constraint_keys.CONSTRAINTS.reason)
-    constraint_keys.set_constraint_support(False, "the server was started with --no-constraints")
+def without_processor(kserve_server):
+    """What the frontends see on a server started with --no-constraints: the same engine, its handle
+    reporting the processor not loaded (the frontends read it from the readiness they were given)."""
+    readiness = kserve_server.readiness
+    handle = readiness.handle
+    readiness.handle = dataclasses.replace(
+        handle, constraints=ConstraintSupport(False, "the server was started with --no-constraints")
+    )
     yield
-    constraint_keys.set_constraint_support(*saved)
+    readiness.handle = handle
 
 
 # ---- the mapping (no request to the engine; the session engine has reported the processor loaded) --
 
 
 def test_the_engine_reports_the_processor(kserve_server):
-    assert constraint_keys.CONSTRAINTS.loaded, constraint_keys.CONSTRAINTS.reason
+    assert _support(kserve_server).loaded, _support(kserve_server).reason
 
 
 @pytest.mark.parametrize(
@@ -71,7 +81,7 @@ def test_the_engine_reports_the_processor(kserve_server):
     ],
 )
 def test_constraint_keys_reach_extra_args(kserve_server, tensor, params, extra_args):
-    settings = build_settings(tensor, params, transport="grpc")
+    settings = build_settings(tensor, params, transport="grpc", constraints=_support(kserve_server))
     assert settings.sampling.get("extra_args") == extra_args
 
 
@@ -90,7 +100,7 @@ def test_constraint_keys_reach_extra_args(kserve_server, tensor, params, extra_a
 )
 def test_bad_constraints_name_the_key(kserve_server, tensor, params, needle):
     with pytest.raises(KServeError) as info:
-        build_settings(tensor, params, transport="grpc")
+        build_settings(tensor, params, transport="grpc", constraints=_support(kserve_server))
     assert info.value.http_status == 400 and needle in info.value.message
 
 

@@ -6,6 +6,8 @@ accepted instead. The HTTP body is the KServe v2 error object: {"error": "<messa
 
 from __future__ import annotations
 
+from typing import Any
+
 INVALID = "invalid"
 NOT_FOUND = "not-found"
 UNAVAILABLE = "unavailable"
@@ -37,8 +39,8 @@ class KServeError(Exception):
         return HTTP_STATUS[self.kind]
 
     @property
-    def grpc_status(self):
-        import grpc
+    def grpc_status(self) -> Any:
+        import grpc  # deferred: the HTTP routes use this module too, and only the gRPC transport needs grpc
 
         return getattr(grpc.StatusCode, GRPC_STATUS_NAME[self.kind])
 

@@ -5,6 +5,9 @@ non-streaming call asks for FINAL_ONLY: one output with the whole text). Each de
 completes), so streamed pieces never split UTF-8. The prompt is rendered by the engine's renderer
 (the same tokenization vLLM's completions API uses), with the context-length check done there.
 Closing the async iterator (client cancel, disconnect, deadline) aborts the request in the engine.
+
+vLLM is imported inside the functions, on the first request: the frontends that import this module
+open their ports (answering "starting") before the engine step, and importing vLLM takes seconds.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +33,7 @@ class Delta:
 
 
 def _sampling_params(req: GenerationRequest, whole: bool):
-    from vllm.exceptions import VLLMClientError
+    from vllm.exceptions import VLLMClientError  # deferred, as every vLLM import here (module docstring)
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     kind = RequestOutputKind.FINAL_ONLY if whole else RequestOutputKind.DELTA
@@ -47,11 +50,14 @@ def _engine_message(exc: BaseException) -> str:
 def _map_engine_error(exc: BaseException) -> KServeError:
     from vllm.exceptions import VLLMClientError
 
+    dead: tuple[type[BaseException], ...] = ()
     try:
         from vllm.v1.engine.exceptions import EngineDeadError
+
+        dead = (EngineDeadError,)
     except ImportError:  # pragma: no cover - moved in another vLLM
-        EngineDeadError = ()  # type: ignore[assignment]
-    if isinstance(exc, EngineDeadError):
+        pass
+    if isinstance(exc, dead):
         return KServeError(UNAVAILABLE, "the engine has stopped; the server must be restarted")
     if isinstance(exc, (VLLMClientError, ValueError, TypeError, NotImplementedError)):
         return invalid(f"request refused by the engine: {_engine_message(exc)}")
@@ -60,7 +66,7 @@ def _map_engine_error(exc: BaseException) -> KServeError:
 
 async def generate(
     handle: Any, req: GenerationRequest, request_id: str | None = None, *, whole: bool = False
-) -> AsyncIterator[Delta]:
+) -> AsyncGenerator[Delta, None]:
     """Yield text deltas (or, whole=True, one final text); the last one has final=True. Errors are KServeError."""
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
@@ -109,7 +115,9 @@ async def generate_text(handle: Any, req: GenerationRequest, request_id: str | N
     return text
 
 
-async def generate_deltas(handle: Any, req: GenerationRequest, request_id: str | None = None) -> AsyncIterator[Delta]:
+async def generate_deltas(
+    handle: Any, req: GenerationRequest, request_id: str | None = None
+) -> AsyncGenerator[Delta, None]:
     """What a streaming call sends: one response per non-empty delta, then always a final one.
 
     The prompt is sent first (prefixed to the first delta) only when exclude_input_in_output is

@@ -20,32 +20,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, NoReturn
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from llmserve.serve.errors import StartupError
 from llmserve.serve.kserve.errors import KServeError, invalid, not_ready
 from llmserve.serve.kserve.generation import generate_deltas, generate_text
 from llmserve.serve.kserve.protocol import (
     OUTPUT_NAME,
     OUTPUT_SHAPE,
     DecodedTensor,
+    GenerationRequest,
     ModelResolver,
+    Served,
     build_generation,
+    check_tensor_header,
     decode_raw,
     encode_bytes,
     model_config,
     model_metadata,
     server_metadata,
 )
+from llmserve.serve.metrics import ServerMetrics
 
 log = logging.getLogger("llmserve.serve.kserve")
 
@@ -88,8 +93,6 @@ def _params(m) -> dict[str, Any]:
 
 def decode_request(request: pb.ModelInferRequest) -> tuple[list[DecodedTensor], dict[str, Any]]:
     """Input tensors (from raw_input_contents or typed contents) and request parameters."""
-    from llmserve.serve.kserve.protocol import check_tensor_header
-
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise invalid(
@@ -131,8 +134,6 @@ def infer_response(name: str, version: str, request_id: str, text: str, final: b
 
 
 def _config_proto(d: dict) -> mc.ModelConfig:
-    from google.protobuf import json_format
-
     return json_format.ParseDict(d, mc.ModelConfig())
 
 
@@ -148,49 +149,13 @@ def _status_name(context: grpc.aio.ServicerContext, exc: BaseException | None) -
     return code.name if isinstance(code, grpc.StatusCode) and code != grpc.StatusCode.OK else "UNKNOWN"
 
 
-def _timed_unary(endpoint: str, rpc: Callable, on_request: Callable[[str, str, float], None]) -> Callable:
-    @functools.wraps(rpc)
-    async def run(request, context):
-        t0, failed = time.perf_counter(), None
-        try:
-            return await rpc(request, context)
-        except BaseException as exc:
-            failed = exc
-            raise
-        finally:
-            on_request(endpoint, _status_name(context, failed), time.perf_counter() - t0)
-
-    return run
-
-
-def _timed_stream(endpoint: str, rpc: Callable, on_request: Callable[[str, str, float], None]) -> Callable:
-    @functools.wraps(rpc)
-    async def run(request_iterator, context):
-        t0, first, failed = time.perf_counter(), None, None
-        try:
-            async with contextlib.aclosing(rpc(request_iterator, context)) as responses:
-                async for response in responses:
-                    if first is None:
-                        first = time.perf_counter() - t0
-                    yield response
-        except BaseException as exc:
-            failed = exc
-            raise
-        finally:
-            on_request(endpoint, _status_name(context, failed), time.perf_counter() - t0 if first is None else first)
-
-    return run
-
-
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, resolver: ModelResolver, on_request: Callable[[str, str, float], None] | None = None):
+    def __init__(self, resolver: ModelResolver):
         self.r = resolver
-        if on_request is not None:  # the inference RPCs are timed and counted (instance attributes shadow the methods)
-            self.ModelInfer = _timed_unary("kserve_grpc_ModelInfer", self.ModelInfer, on_request)
-            self.ModelStreamInfer = _timed_stream("kserve_grpc_ModelStreamInfer", self.ModelStreamInfer, on_request)
 
-    async def _abort(self, context: grpc.aio.ServicerContext, err: KServeError):
+    async def _abort(self, context: grpc.aio.ServicerContext, err: KServeError) -> NoReturn:
         await context.abort(err.grpc_status, err.message)
+        raise AssertionError("unreachable: context.abort raises")  # grpc.aio types abort as returning
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=True)
@@ -226,75 +191,130 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
-            tensors, params = decode_request(request)
-            req = build_generation(tensors, params, transport="grpc", streaming_transport=False)
+            served, req = self._generation(request, streaming=False)
             text = await generate_text(served.handle, req, request.id)
         except KServeError as err:
             await self._abort(context, err)
         return infer_response(served.name, served.version, request.id, text, None)
 
-    async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        queue: asyncio.Queue = asyncio.Queue()
-        tasks: set[asyncio.Task] = set()
-        done = object()  # each producer (the reader, each request) puts it once when finished
-        active = 1
-
-        async def one(request: pb.ModelInferRequest) -> None:
-            try:
-                served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
-                tensors, params = decode_request(request)
-                req = build_generation(tensors, params, transport="grpc", streaming_transport=True)
-                async for d in generate_deltas(served.handle, req, request.id):
-                    await queue.put(
-                        pb.ModelStreamInferResponse(
-                            infer_response=infer_response(served.name, served.version, request.id, d.text, d.final)
-                        )
-                    )
-            except KServeError as err:
-                await queue.put(pb.ModelStreamInferResponse(error_message=err.message))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("stream request %s failed", request.id)
-                await queue.put(
-                    pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}")
-                )
-            finally:
-                queue.put_nowait(done)
-
-        async def reader() -> None:
-            nonlocal active
-            try:
-                async for request in request_iterator:
-                    if not self.r.server_ready():
-                        # not ready (starting or draining): end the stream with UNAVAILABLE so the
-                        # client sees the status code, as unary ModelInfer does
-                        queue.put_nowait(not_ready())
-                        break
-                    active += 1
-                    task = asyncio.create_task(one(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-            finally:
-                queue.put_nowait(done)
-
-        read_task = asyncio.create_task(reader())
+    async def ModelStreamInfer(self, request_iterator, context) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        stream = _InferStream(self, request_iterator)
         try:
-            while active:
-                item = await queue.get()
-                if item is done:
-                    active -= 1
-                    continue
+            while (item := await stream.next()) is not None:
                 if isinstance(item, KServeError):
                     await self._abort(context, item)
                 yield item
         finally:
-            read_task.cancel()
-            for t in list(tasks):
-                t.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(read_task, *tasks, return_exceptions=True)
+            await stream.close()
+
+    def _generation(self, request: pb.ModelInferRequest, *, streaming: bool) -> tuple[Served, GenerationRequest]:
+        served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
+        tensors, params = decode_request(request)
+        req = build_generation(
+            tensors, params, transport="grpc", streaming_transport=streaming, constraints=served.handle.constraints
+        )
+        return served, req
+
+
+class _InferStream:
+    """One ModelStreamInfer call: its requests run concurrently, their responses merge into one queue.
+
+    Each producer (the reader of the request stream, and each request) puts `_DONE` once when it
+    finishes; the responses end when all have. A KServeError on the queue ends the stream with its status.
+    """
+
+    _DONE = object()
+
+    def __init__(self, servicer: KServeServicer, request_iterator: AsyncIterator[pb.ModelInferRequest]):
+        self.servicer = servicer
+        self.requests = request_iterator
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.active = 1  # the reader
+        self.read_task = asyncio.create_task(self._read())
+
+    async def next(self) -> pb.ModelStreamInferResponse | KServeError | None:
+        """The next response, or a KServeError to end the stream with; None once every producer is done."""
+        while self.active:
+            item = await self.queue.get()
+            if item is self._DONE:
+                self.active -= 1
+                continue
+            return item
+        return None
+
+    async def close(self) -> None:
+        pending = [self.read_task, *self.tasks]
+        for t in pending:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _read(self) -> None:
+        try:
+            async for request in self.requests:
+                if not self.servicer.r.server_ready():
+                    # not ready (starting or draining): end the stream with UNAVAILABLE so the
+                    # client sees the status code, as unary ModelInfer does
+                    self.queue.put_nowait(not_ready())
+                    break
+                self.active += 1
+                task = asyncio.create_task(self._one(request))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        finally:
+            self.queue.put_nowait(self._DONE)
+
+    async def _one(self, request: pb.ModelInferRequest) -> None:
+        try:
+            served, req = self.servicer._generation(request, streaming=True)
+            async for d in generate_deltas(served.handle, req, request.id):
+                response = infer_response(served.name, served.version, request.id, d.text, d.final)
+                await self.queue.put(pb.ModelStreamInferResponse(infer_response=response))
+        except KServeError as err:
+            await self.queue.put(pb.ModelStreamInferResponse(error_message=err.message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("stream request %s failed", request.id)
+            await self.queue.put(
+                pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}")
+            )
+        finally:
+            self.queue.put_nowait(self._DONE)
+
+
+class MeteredServicer(KServeServicer):
+    """KServeServicer whose inference RPCs report (endpoint, gRPC status code name, seconds) to on_request."""
+
+    def __init__(self, resolver: ModelResolver, on_request: Callable[[str, str, float], None]):
+        super().__init__(resolver)
+        self.on_request = on_request
+
+    async def ModelInfer(self, request, context):
+        t0, failed = time.perf_counter(), None
+        try:
+            return await super().ModelInfer(request, context)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            self.on_request("kserve_grpc_ModelInfer", _status_name(context, failed), time.perf_counter() - t0)
+
+    async def ModelStreamInfer(self, request_iterator, context) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        t0, first, failed = time.perf_counter(), None, None
+        try:
+            async with contextlib.aclosing(super().ModelStreamInfer(request_iterator, context)) as responses:
+                async for response in responses:
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    yield response
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            seconds = time.perf_counter() - t0 if first is None else first
+            self.on_request("kserve_grpc_ModelStreamInfer", _status_name(context, failed), seconds)
 
 
 def _unimplemented(name: str):
@@ -363,11 +383,11 @@ class KServeGrpcFrontend:
         model_version: str | int | None = None,
         api_key: str | None = None,
         max_message_bytes: int = 8 * 1024 * 1024,
-        metrics: Any = None,
+        metrics: ServerMetrics | None = None,
     ):
         self.host, self.port = host, port
         self.model_version = model_version
-        self.metrics = metrics  # a ServerMetrics, or None to record nothing
+        self.metrics = metrics  # None: record nothing
         self._api_key = api_key
         self.max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
@@ -378,8 +398,6 @@ class KServeGrpcFrontend:
         return f"grpc://{host}:{self.port}"
 
     async def start(self, readiness: Any) -> None:
-        from llmserve.serve.errors import StartupError
-
         interceptors = [_ApiKeyInterceptor(self._api_key)] if self._api_key else []
         server = grpc.aio.server(
             interceptors=interceptors,
@@ -389,17 +407,15 @@ class KServeGrpcFrontend:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        on_request = self.metrics.observe if self.metrics is not None else None
-        servicer = KServeServicer(ModelResolver(readiness, self.model_version), on_request)
+        resolver = ModelResolver(readiness, self.model_version)
+        servicer = KServeServicer(resolver) if self.metrics is None else MeteredServicer(resolver, self.metrics.observe)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         host = f"[{self.host}]" if ":" in self.host else self.host
+        cause: RuntimeError | None = None
         try:
             port = server.add_insecure_port(f"{host}:{self.port}")
         except RuntimeError as exc:
-            port = 0
-            cause = exc
-        else:
-            cause = None
+            port, cause = 0, exc
         if not port:
             raise StartupError(
                 f"cannot listen for gRPC on {self.host}:{self.port}" + (f": {cause}" if cause else ""),

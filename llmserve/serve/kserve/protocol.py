@@ -22,7 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve import __version__
 from llmserve.formats.tensors import LLM_TEXT_CONTRACT, TRITON_DATA_TYPE, TensorSpec
+from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.kserve.errors import invalid, not_found, not_ready
 from llmserve.serve.kserve.sampling import Settings, build_settings, parse_sampling_tensor
 
@@ -39,8 +41,6 @@ OUTPUT_SHAPE = [1]
 
 
 def server_version() -> str:
-    from llmserve import __version__
-
     return __version__
 
 
@@ -112,7 +112,11 @@ def model_config(served: Served) -> dict:
     """The Triton model configuration (JSON form of model_config.proto), decoupled for token streams."""
 
     def io(t: TensorSpec, is_input: bool) -> dict:
-        d = {"name": t.name, "data_type": TRITON_DATA_TYPE[t.datatype], "dims": [str(x) for x in t.dims]}
+        d: dict[str, Any] = {
+            "name": t.name,
+            "data_type": TRITON_DATA_TYPE[t.datatype],
+            "dims": [str(x) for x in t.dims],
+        }
         if is_input and t.optional:
             d["optional"] = True
         return d
@@ -157,7 +161,7 @@ def check_tensor_header(name: str, datatype: str, shape: list[int]) -> TensorSpe
         raise invalid(f"input '{name}': datatype {datatype} is not accepted; expected {spec.datatype}")
     if any((not isinstance(d, int)) or d < 0 for d in shape):
         raise invalid(f"input '{name}': shape {shape} has a negative or non-integer dimension")
-    if len(shape) != len(spec.dims) or any(m != -1 and m != s for m, s in zip(spec.dims, shape)):
+    if len(shape) != len(spec.dims) or any(m != -1 and m != s for m, s in zip(spec.dims, shape, strict=True)):
         raise invalid(f"input '{name}': shape {shape} does not match the model's {spec.dims}")
     return spec
 
@@ -167,8 +171,15 @@ def element_count(shape: list[int]) -> int:
 
 
 def build_generation(
-    tensors: list[DecodedTensor], request_params: dict[str, Any], *, transport: str, streaming_transport: bool
+    tensors: list[DecodedTensor],
+    request_params: dict[str, Any],
+    *,
+    transport: str,
+    streaming_transport: bool,
+    constraints: ConstraintSupport,
 ) -> GenerationRequest:
+    """One generation request from decoded tensors and request parameters; `constraints`: what the
+    engine it will run on supports (its EngineHandle's)."""
     seen: dict[str, DecodedTensor] = {}
     for t in tensors:
         check_tensor_header(t.name, t.datatype, t.shape)
@@ -196,7 +207,7 @@ def build_generation(
     tensor_settings = (
         parse_sampling_tensor(_text(seen["sampling_parameters"])) if "sampling_parameters" in seen else None
     )
-    settings = build_settings(tensor_settings, request_params, transport=transport)
+    settings = build_settings(tensor_settings, request_params, transport=transport, constraints=constraints)
     return GenerationRequest(prompt=prompt, stream=stream, exclude_input=exclude, settings=settings)
 
 

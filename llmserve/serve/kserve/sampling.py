@@ -70,6 +70,7 @@ from typing import Any
 
 from llmserve.serve.constraint_keys import (
     CONSTRAINT_KEYS,
+    ConstraintSupport,
     constraint_problem,
     extra_args_value,
     given_keys,
@@ -170,7 +171,7 @@ def _n(key: str, value: Any, origin: str) -> int:
 
 
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
-STRUCTURED_OPTIONS = {
+STRUCTURED_OPTIONS: dict[str, Callable[[str, Any, str], Any] | None] = {
     "disable_additional_properties": _boolean,
     "disable_any_whitespace": _boolean,
     "whitespace_pattern": None,
@@ -178,9 +179,21 @@ STRUCTURED_OPTIONS = {
 
 
 def _structured(key: str, value: Any, origin: str) -> Any:
+    # deferred to the first request: the frontends import this module before the engine step, and
+    # importing vLLM takes seconds
     from vllm.sampling_params import StructuredOutputsParams
 
     value = _json_value(key, value, origin)
+    kind = _structured_kind(key, value, origin)
+    args = {kind: _structured_spec(key, kind, value[kind], origin), **_structured_options(key, value, origin)}
+    try:
+        return StructuredOutputsParams(**args)
+    except (ValueError, TypeError) as exc:
+        raise invalid(f"{_where(key, origin)}: {exc}") from None
+
+
+def _structured_kind(key: str, value: Any, origin: str) -> str:
+    """The one kind of STRUCTURED_KINDS that a structured_outputs object gives."""
     if not isinstance(value, dict):
         raise invalid(
             f"{_where(key, origin)}: expected an object with one of {', '.join(STRUCTURED_KINDS)}, "
@@ -198,48 +211,55 @@ def _structured(key: str, value: Any, origin: str) -> Any:
             f"{_where(key, origin)}: give exactly one of {', '.join(STRUCTURED_KINDS)} "
             f"(got {', '.join(kinds) if kinds else 'none'})"
         )
-    kind = kinds[0]
-    spec = value[kind]
-    args: dict[str, Any] = {}
+    return kinds[0]
+
+
+def _structured_spec(key: str, kind: str, spec: Any, origin: str) -> Any:
+    """The value of one structured-output kind, as StructuredOutputsParams takes it."""
     if kind == "json":
-        if isinstance(spec, str):
-            try:
-                spec = json.loads(spec)
-            except ValueError as exc:
-                raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema document: {exc}") from None
-        if not isinstance(spec, dict):
-            raise invalid(f"{_where(key, origin)}: 'json' must be a JSON schema object")
-        _check_schema(key, spec, origin)
-        args["json"] = spec
-    elif kind == "json_object":
+        return _json_schema_spec(key, spec, origin)
+    if kind == "json_object":
         if _boolean(f"{key}.json_object", spec, origin) is not True:
             raise invalid(f"{_where(key, origin)}: 'json_object' must be true when given")
-        args["json_object"] = True
-    elif kind == "choice":
-        args["choice"] = _str_list(f"{key}.choice", spec, origin)
-    elif kind == "structural_tag":
-        args["structural_tag"] = spec if isinstance(spec, str) else json.dumps(spec)
-    else:
-        if not isinstance(spec, str):
-            raise invalid(f"{_where(key, origin)}: '{kind}' must be a string")
-        args[kind] = spec
+        return True
+    if kind == "choice":
+        return _str_list(f"{key}.choice", spec, origin)
+    if kind == "structural_tag":
+        return spec if isinstance(spec, str) else json.dumps(spec)
+    if not isinstance(spec, str):
+        raise invalid(f"{_where(key, origin)}: '{kind}' must be a string")
+    return spec
+
+
+def _json_schema_spec(key: str, spec: Any, origin: str) -> dict[str, Any]:
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError as exc:
+            raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema document: {exc}") from None
+    if not isinstance(spec, dict):
+        raise invalid(f"{_where(key, origin)}: 'json' must be a JSON schema object")
+    _check_schema(key, spec, origin)
+    return spec
+
+
+def _structured_options(key: str, value: dict[str, Any], origin: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
     for opt, conv in STRUCTURED_OPTIONS.items():
-        if value.get(opt) is not None:
-            if conv is None:
-                if not isinstance(value[opt], str):
-                    raise invalid(f"{_where(key, origin)}: '{opt}' must be a string")
-                args[opt] = value[opt]
-            else:
-                args[opt] = conv(f"{key}.{opt}", value[opt], origin)
-    try:
-        return StructuredOutputsParams(**args)
-    except (ValueError, TypeError) as exc:
-        raise invalid(f"{_where(key, origin)}: {exc}") from None
+        if value.get(opt) is None:
+            continue
+        if conv is not None:
+            options[opt] = conv(f"{key}.{opt}", value[opt], origin)
+        elif isinstance(value[opt], str):
+            options[opt] = value[opt]
+        else:
+            raise invalid(f"{_where(key, origin)}: '{opt}' must be a string")
+    return options
 
 
 def _check_schema(key: str, schema: dict, origin: str) -> None:
     try:
-        import jsonschema
+        import jsonschema  # deferred and optional: it comes with vLLM, not with llmserve's own dependencies
     except ImportError:  # vLLM's structured-output backend validates it at admission instead
         return
     try:
@@ -378,15 +398,15 @@ def sampling_kwargs(
         into[target] = convert(key, value, origin)
 
 
-def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any]) -> None:
-    """At most one constraint, honoured only with the processor loaded, valid by the processor's own
-    check; it goes to SamplingParams.extra_args in the form the OpenAI path sends it."""
+def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], support: ConstraintSupport) -> None:
+    """At most one constraint, honoured only with the processor loaded (`support`), valid by the
+    processor's own check; it goes to SamplingParams.extra_args in the form the OpenAI path sends it."""
     values = {key: value for key, (_origin, value) in found.items()}
     given = given_keys(values)
     if not given:
         return
     key = given[0]
-    problem = constraint_problem(values)
+    problem = constraint_problem(values, support)
     if problem is None:
         try:
             problem = validation_problem(key, values[key])
@@ -414,8 +434,15 @@ def parse_sampling_tensor(text: str) -> dict[str, Any]:
     return values
 
 
-def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[str, Any], *, transport: str) -> Settings:
-    """Map the sampling_parameters tensor and the request parameters; refuse anything unknown."""
+def build_settings(
+    tensor_values: dict[str, Any] | None,
+    request_params: dict[str, Any],
+    *,
+    transport: str,
+    constraints: ConstraintSupport,
+) -> Settings:
+    """Map the sampling_parameters tensor and the request parameters; refuse anything unknown.
+    `constraints`: whether the engine the request runs on has the constraint processor."""
     settings = Settings()
     found: dict[str, tuple[str, Any]] = {}
     if tensor_values:
@@ -440,5 +467,5 @@ def build_settings(tensor_values: dict[str, Any] | None, request_params: dict[st
         else:
             rest[key] = value
     sampling_kwargs(rest, "request parameter", settings.sampling, found)
-    settle_constraint(found, settings.sampling)
+    settle_constraint(found, settings.sampling, constraints)
     return settings

@@ -5,7 +5,7 @@ HTTP 400 naming it. A field absent from these tables is rejected as unknown. `nu
 for every optional field, as in OpenAI's API. A conformance test enumerates the fields of the
 installed `openai` package's request TypedDicts and checks each one has an entry here.
 
-`check(value, body)` returns a problem for a value this server cannot honour (the field is then
+`check(value, ctx)` returns a problem for a value this server cannot honour (the field is then
 rejected), or None. `forward` says what reaches vLLM's request model: the field as is (`pass`),
 nothing because llmserve itself honoured it (`consume`), or a rewrite (a callable returning a dict
 of fields to merge into the request).
@@ -15,21 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from llmserve.serve.constraint_keys import (  # noqa: F401 - CONSTRAINTS, set_constraint_support: re-exported
+from llmserve.serve.constraint_keys import (
     CONSTRAINT_KEYS,
-    CONSTRAINTS,
     ConstraintSupport,
     constraint_problem,
     extra_args_value,
     given_keys,
-    set_constraint_support,
     validation_problem,
 )
 
-Check = Callable[[Any, dict], "str | None"]
-Forward = "Literal['pass', 'consume'] | Callable[[Any], dict]"
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What a field's check may look at besides the field's value."""
+
+    body: dict[str, Any]  # the whole request: some values are only valid with another field's value
+    constraints: ConstraintSupport  # whether the engine behind this server runs the constraint processor
+
+
+Check = Callable[[Any, CheckContext], "str | None"]
+# what reaches vLLM's request model: "pass", "consume", or a rewrite into fields to merge
+Forward = Literal["pass", "consume"] | Callable[[Any], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -37,14 +45,14 @@ class Fate:
     honoured: bool
     how: str
     check: Check | None = None
-    forward: Any = "pass"
+    forward: Forward = "pass"
 
 
 def rejected(why: str) -> Fate:
     return Fate(False, why)
 
 
-def honoured(how: str, check: Check | None = None, forward: Any = "pass") -> Fate:
+def honoured(how: str, check: Check | None = None, forward: Forward = "pass") -> Fate:
     return Fate(True, how, check, forward)
 
 
@@ -52,7 +60,7 @@ def honoured(how: str, check: Check | None = None, forward: Any = "pass") -> Fat
 
 
 def _one_of(*allowed: Any) -> Check:
-    def check(value: Any, body: dict) -> str | None:
+    def check(value: Any, ctx: CheckContext) -> str | None:
         if value not in allowed:
             return f"value {value!r} is not supported; supported: {', '.join(repr(a) for a in allowed)}"
         return None
@@ -60,7 +68,7 @@ def _one_of(*allowed: Any) -> Check:
     return check
 
 
-def _check_messages(value: Any, body: dict) -> str | None:
+def _check_messages(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, list) or not value:
         return "must be a non-empty array of messages"
     allowed_roles = {"system", "developer", "user", "assistant"}
@@ -92,7 +100,7 @@ def _check_messages(value: Any, body: dict) -> str | None:
     return None
 
 
-def _check_response_format(value: Any, body: dict) -> str | None:
+def _check_response_format(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, dict):
         return "must be an object with a `type`"
     kind = value.get("type")
@@ -110,7 +118,7 @@ def _check_response_format(value: Any, body: dict) -> str | None:
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         return "json_schema.schema must be a JSON Schema object"
-    import jsonschema
+    import jsonschema  # deferred: it comes with vLLM (the serve extra), not with llmserve's own dependencies
 
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
@@ -120,10 +128,10 @@ def _check_response_format(value: Any, body: dict) -> str | None:
     return None
 
 
-def _check_stream_options(value: Any, body: dict) -> str | None:
+def _check_stream_options(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, dict):
         return "must be an object"
-    if not body.get("stream"):
+    if not ctx.body.get("stream"):
         return "is only allowed with stream: true"
     extra = set(value) - {"include_usage", "include_obfuscation", "continuous_usage_stats"}
     if extra:
@@ -137,23 +145,23 @@ def _strip_obfuscation(value: Any) -> dict:
     return {"stream_options": {k: v for k, v in value.items() if k != "include_obfuscation"}}
 
 
-def _no_tools(value: Any, body: dict) -> str | None:
+def _no_tools(value: Any, ctx: CheckContext) -> str | None:
     if value:
         return "tool calling is not offered by this server (no tool-call parser is configured for this model)"
     return None
 
 
-def _tool_choice(value: Any, body: dict) -> str | None:
+def _tool_choice(value: Any, ctx: CheckContext) -> str | None:
     return None if value == "none" else "only 'none' is supported: this server does not offer tool calling"
 
 
-def _cache_options(value: Any, body: dict) -> str | None:
+def _cache_options(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, dict) or set(value) - {"mode"} or value.get("mode", "implicit") != "implicit":
         return "only {'mode': 'implicit'} is supported (automatic prefix caching; no explicit cache TTL)"
     return None
 
 
-def _completion_prompt(value: Any, body: dict) -> str | None:
+def _completion_prompt(value: Any, ctx: CheckContext) -> str | None:
     def is_tokens(v: Any) -> bool:
         return isinstance(v, list) and bool(v) and all(isinstance(t, int) for t in v)
 
@@ -164,16 +172,18 @@ def _completion_prompt(value: Any, body: dict) -> str | None:
     return "must be a string, an array of strings, an array of token ids or an array of token-id arrays"
 
 
-def _best_of(value: Any, body: dict) -> str | None:
-    return None if value in (1, body.get("n", 1)) else "best_of > n is not supported; use n and choose on the client"
+def _best_of(value: Any, ctx: CheckContext) -> str | None:
+    return (
+        None if value in (1, ctx.body.get("n", 1)) else "best_of > n is not supported; use n and choose on the client"
+    )
 
 
-def _embedding_input(value: Any, body: dict) -> str | None:
-    return _completion_prompt(value, body)
+def _embedding_input(value: Any, ctx: CheckContext) -> str | None:
+    return _completion_prompt(value, ctx)
 
 
 def _empty_or_none(what: str) -> Check:
-    def check(value: Any, body: dict) -> str | None:
+    def check(value: Any, ctx: CheckContext) -> str | None:
         return None if value in ("", [], {}) else f"is not supported: {what}"
 
     return check
@@ -187,7 +197,7 @@ def _empty_or_none(what: str) -> Check:
 # strings, numbers and lists of those into SamplingParams.extra_args.
 
 
-def _check_vllm_xargs(value: Any, body: dict) -> str | None:
+def _check_vllm_xargs(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, dict):
         return "must be an object"
     for key in value:
@@ -196,7 +206,7 @@ def _check_vllm_xargs(value: Any, body: dict) -> str | None:
                 f"key '{key}' is not supported; this server honours only the constraint keys "
                 f"{', '.join(CONSTRAINT_KEYS)}"
             )
-    problem = constraint_problem(value)
+    problem = constraint_problem(value, ctx.constraints)
     given = given_keys(value)
     if problem is None and given:
         # the processor's own check, here rather than in vLLM's validate_params: the 400 then names the key
@@ -218,7 +228,7 @@ _VLLM_XARGS = honoured(
 )
 
 
-_CONSUME = "consume"
+_CONSUME: Forward = "consume"
 
 # ---- shared fields ------------------------------------------------------------------------------
 

@@ -9,7 +9,10 @@ from typing import Any
 
 from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
+from llmserve.serve.kserve.http_routes import build_router
 from llmserve.serve.metrics import ServerMetrics
+from llmserve.serve.openai.app import build_app
+from llmserve.serve.readiness import Readiness
 
 
 class OpenAIFrontend(UvicornFrontend):
@@ -32,9 +35,7 @@ class OpenAIFrontend(UvicornFrontend):
         self.metrics = metrics
         self.kserve_model_version = kserve_model_version
 
-    def build(self, readiness: Any) -> Any:
-        from llmserve.serve.openai.app import build_app
-
+    def build(self, readiness: Readiness) -> Any:
         app = build_app(
             readiness,
             max_prompt_chars=self.max_prompt_chars,
@@ -42,8 +43,6 @@ class OpenAIFrontend(UvicornFrontend):
             on_request=self.metrics.observe,
         )
         if self.kserve_model_version is not None:
-            from llmserve.serve.kserve import build_router
-
             app.include_router(
                 build_router(readiness, model_version=self.kserve_model_version, on_request=self.metrics.observe)
             )

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.openai.errors import RequestRejected
-from llmserve.serve.openai.fields import REQUIRED, TABLES
+from llmserve.serve.openai.fields import REQUIRED, TABLES, CheckContext
 
 
-def check_request(kind: str, body: Any) -> tuple[dict, dict]:
-    """Return (body for vLLM, fields honoured by llmserve itself); raise RequestRejected otherwise."""
+def check_request(kind: str, body: Any, constraints: ConstraintSupport) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return (body for vLLM, fields honoured by llmserve itself); raise RequestRejected otherwise.
+
+    `constraints`: whether the engine the request is for runs the constraint processor (its EngineHandle's)."""
     if not isinstance(body, dict):
         raise RequestRejected("the request body must be a JSON object", code="invalid_json")
     table = TABLES[kind]
+    ctx = CheckContext(body, constraints)
     for name in REQUIRED[kind]:
         if body.get(name) is None:
             raise RequestRejected(f"missing required field '{name}'", param=name, code="missing_required_parameter")
@@ -32,7 +36,7 @@ def check_request(kind: str, body: Any) -> tuple[dict, dict]:
             raise RequestRejected(
                 f"field '{name}' is not supported: {fate.how}", param=name, code="unsupported_parameter"
             )
-        if fate.check is not None and (problem := fate.check(value, body)):
+        if fate.check is not None and (problem := fate.check(value, ctx)):
             raise RequestRejected(f"field '{name}': {problem}", param=name, code="unsupported_value")
         if fate.forward == "pass":
             forwarded[name] = value
