@@ -120,3 +120,74 @@ class EngineError(LLMServeError):
 class UnavailableError(LLMServeError):
     code = "unavailable"
     exit_code = ExitCode.UNAVAILABLE
+
+
+# Third-party modules that come from an optional extra (pyproject.toml, [project.optional-dependencies]),
+# by import name (a dotted key matches that module and its submodules). Everything else llmserve imports
+# is a base dependency or the standard library.
+MODULE_EXTRAS: dict[str, str] = {
+    # `llmserve serve`: engine, frontends, metrics, constraint processor
+    "vllm": "serve",
+    "torch": "serve",
+    "transformers": "serve",
+    "numpy": "serve",
+    "fastapi": "serve",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "jsonschema": "serve",
+    "grpc": "serve",
+    "google.protobuf": "serve",
+    "tritonclient": "serve",
+    # `llmserve deploy | status | rollback`
+    "httpx": "deploy",
+    "aiohttp": "deploy",
+    # `--target kubernetes`
+    "kubernetes": "kubernetes",
+    "urllib3": "kubernetes",
+}
+
+
+class MissingExtraError(IncompatibleError):
+    """A command needs a module from an optional extra that is not installed."""
+
+    code = "missing-extra"
+
+    def __init__(self, module: str, extra: str):
+        super().__init__(
+            f"this command needs the '{module}' module, which comes with llmserve's '{extra}' extra",
+            f"Install the {extra} extra: pip install 'llmserve[{extra}]'",
+        )
+        self.module = module
+        self.extra = extra
+
+
+def extra_module(name: str) -> str | None:
+    """The MODULE_EXTRAS key that module `name` belongs to (itself or a parent package), or None."""
+    parts = name.split(".")
+    return next((k for n in range(len(parts), 0, -1) if (k := ".".join(parts[:n])) in MODULE_EXTRAS), None)
+
+
+def missing_extra(exc: BaseException) -> MissingExtraError | None:
+    """MissingExtraError if exc, or an exception it was raised from, is a ModuleNotFoundError for a
+    module of an extra and that module is absent; None otherwise (a submodule missing from an
+    installed package is version drift, not a missing extra)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ModuleNotFoundError) and cur.name:
+            module = extra_module(cur.name)
+            if module is not None and not _installed(module):
+                return MissingExtraError(module, MODULE_EXTRAS[module])
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package: find_spec("google.protobuf") without google
+        return False

@@ -25,7 +25,7 @@ app = typer.Typer(
     help=(
         "Take an LLM from a folder of weights to a running, observable service on vLLM and Triton.\n\n"
         "Exit codes: 0 ok, 1 internal error, 2 usage, 3 invalid input, 4 integrity, 5 not found, "
-        "6 incompatible, 7 engine, 8 unavailable. Set LLMSERVE_DEBUG=1 for tracebacks."
+        "6 incompatible or missing extra, 7 engine, 8 unavailable. Set LLMSERVE_DEBUG=1 for tracebacks."
     ),
     no_args_is_help=True,
     add_completion=False,
