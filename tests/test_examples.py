@@ -1,8 +1,6 @@
-"""The shipped examples package as documented."""
+"""The shipped examples package as documented (the tiny-model maker has its own tests: test_tiny_model.py)."""
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from llmserve.packaging import build_package, read_index
@@ -28,15 +26,3 @@ def test_json_chat_example_packages(tmp_path, tiny_model_dir):
     shutil.copytree(tiny_model_dir, src / "model")
     result = build_package(src, tmp_path / "dist")
     assert result.manifest.modelId == "tiny-chat"
-
-
-def test_tiny_model_cli_refuses_to_overwrite(tmp_path):
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "keep").write_text("x")
-    r = subprocess.run(
-        [sys.executable, str(REPO / "examples/tiny-model/make_tiny_model.py"), str(tmp_path / "m")],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode != 0
-    assert (tmp_path / "m" / "keep").read_text() == "x"

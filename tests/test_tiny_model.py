@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,18 +14,9 @@ import pytest
 import tokenizers  # noqa: F401
 import torch
 import transformers  # noqa: F401
+from support.models import TINY_MAKER, tiny_maker
 
-MAKER = Path(__file__).resolve().parents[1] / "examples" / "tiny-model" / "make_tiny_model.py"
-
-
-def _load_maker():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", MAKER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-maker = _load_maker()
+maker = tiny_maker()
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -102,10 +92,12 @@ def test_cli_refuses_then_force_replaces(tmp_path):
     out = tmp_path / "busy"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    r = subprocess.run([sys.executable, str(MAKER), str(out)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(TINY_MAKER), str(out)], capture_output=True, text=True)
     assert r.returncode != 0
     assert "not empty" in r.stderr
-    r = subprocess.run([sys.executable, str(MAKER), str(out), "--seed", "0", "--force"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(TINY_MAKER), str(out), "--seed", "0", "--force"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     assert not (out / "stale.txt").exists()
     assert (out / "model.safetensors").is_file()

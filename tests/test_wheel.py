@@ -1,7 +1,8 @@
-"""The built wheel carries what an installed llmserve needs outside Python modules."""
+"""The built wheel carries what an installed llmserve needs outside Python modules, and its license."""
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -34,3 +35,13 @@ def test_wheel_ships_templates_and_data(tmp_path):
     assert "llmserve/compat/data/matrix.yaml" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "llmserve = llmserve.cli.app:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+    # The license pyproject.toml declares, as a file (PEP 639: .dist-info/licenses/) and in the metadata.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    license_file = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+    assert zipfile.ZipFile(wheel).read(license_file) == (REPO / "LICENSE").read_bytes()
+    assert b"Apache License\n                           Version 2.0" in (REPO / "LICENSE").read_bytes()
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
+    assert "License-File: LICENSE" in metadata.splitlines()

@@ -1,17 +1,20 @@
-"""Helpers shared by the compat tests (imported by module name; conftest.py holds the fixtures)."""
+"""Helpers shared by the compat tests (imported by module name; conftest.py holds the fixtures).
+
+The CLI runner is the suite's one runner, support.cli.run_cli (re-exported here for the compat tests)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from support.cli import run_cli
+
+__all__ = ["DATA", "GOLDEN", "OLD_VLLM", "check_golden", "run_cli", "wheel_cache", "write_source"]
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
 DATA = HERE / "data"
-LLMSERVE = str(Path(sys.executable).parent / "llmserve")
 
 # A vLLM release that still has vllm.engine.metrics: the one Triton 25.09's image ships.
 OLD_VLLM = "0.10.1.1"
@@ -19,13 +22,6 @@ OLD_VLLM = "0.10.1.1"
 
 def wheel_cache() -> Path:
     return Path(os.environ.get("LLMSERVE_TEST_WHEELS") or Path.home() / ".cache" / "llmserve-test-wheels")
-
-
-def run_cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "COLUMNS": "250", **(env or {})}
-    return subprocess.run(
-        [LLMSERVE, *map(str, args)], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300
-    )
 
 
 def check_golden(name: str, text: str) -> None:

@@ -1,53 +1,40 @@
-"""Helpers for the deploy tests: the CLI as a subprocess and a bounded load client that counts every response."""
+"""Helpers for the deploy tests: the CLI in a state folder and a bounded load client that counts every response."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from support.cli import cli_argv, popen_cli, run_cli_json
+from support.models import write_vllm_source
 
-
-def _root_conftest():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "llmserve_tests_root_conftest", Path(__file__).parents[1] / "conftest.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-write_vllm_source = _root_conftest().write_vllm_source
+__all__ = ["MODEL", "Cli", "Load", "gateway_url", "kill_pid", "write_vllm_source"]
 
 MODEL = "tiny-chat"
 
 
 @dataclass
 class Cli:
+    """The shared CLI runner (support.cli) with `--state-dir` on every command."""
+
     state_dir: Path
 
+    def args(self, *args: str) -> tuple[str, ...]:
+        return (*args, "--state-dir", str(self.state_dir))
+
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "llmserve.cli.app", *args, "--state-dir", str(self.state_dir)]
+        return cli_argv(*self.args(*args))
 
     def run(self, *args: str, timeout: float = 600) -> tuple[int, dict | None, str]:
-        p = subprocess.run(self.argv(*args, "-o", "json"), capture_output=True, text=True, timeout=timeout)
-        try:
-            data = json.loads(p.stdout) if p.stdout.strip() else None
-        except ValueError:
-            data = None
-        return p.returncode, data, p.stderr + p.stdout
+        return run_cli_json(*self.args(*args), timeout=timeout)
 
-    def popen(self, *args: str, log: Path) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args, "-o", "json"), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    def popen(self, *args: str, log: Path):
+        return popen_cli(*self.args(*args), log=log)
 
     def status(self, name: str = MODEL) -> dict:
         rc, data, text = self.run("status", name)

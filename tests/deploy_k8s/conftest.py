@@ -9,27 +9,19 @@ tests are never skipped.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.cli import popen_cli, run_cli_json
+from support.models import write_vllm_source
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-test-cluster"
 MODEL = "tiny-chat"
-
-
-def _write_vllm_source():
-    spec = importlib.util.spec_from_file_location("llmserve_tests_root_conftest_k8s", REPO / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.write_vllm_source
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +83,6 @@ def k8s_packages(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     """v1, v2, v3: same interface; v4: a changed chat template (another interface)."""
     from llmserve.packaging import build_package
 
-    write_vllm_source = _write_vllm_source()
     root = tmp_path_factory.mktemp("k8s-src")
     dist = tmp_path_factory.mktemp("k8s-dist")
     out = {}
@@ -106,36 +97,22 @@ def k8s_packages(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
 
 @dataclass
 class KubeCli:
+    """The shared CLI runner (support.cli) against the test cluster: `--target kubernetes` in a namespace."""
+
     kubeconfig: str
     namespace: str
 
-    def argv(self, *args: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "llmserve.cli.app",
-            *args,
-            "--target",
-            "kubernetes",
-            "--namespace",
-            self.namespace,
-            "-o",
-            "json",
-        ]
+    def args(self, *args: str) -> tuple[str, ...]:
+        return (*args, "--target", "kubernetes", "--namespace", self.namespace)
 
     def env(self) -> dict:
-        return {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONWARNINGS": "ignore"}
+        return {"KUBECONFIG": self.kubeconfig, "PYTHONWARNINGS": "ignore"}
 
     def run(self, *args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
-        p = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env())
-        try:
-            data = json.loads(p.stdout) if p.stdout.strip() else None
-        except ValueError:
-            data = None
-        return p.returncode, data, p.stderr + p.stdout
+        return run_cli_json(*self.args(*args), env=self.env(), timeout=timeout)
 
     def popen(self, *args: str, log: Path) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), stdout=log.open("wb"), stderr=subprocess.STDOUT, env=self.env())
+        return popen_cli(*self.args(*args), log=log, env=self.env())
 
     def status(self, name: str = MODEL) -> dict:
         rc, data, text = self.run("status", name)
