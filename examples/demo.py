@@ -93,7 +93,7 @@ def main() -> int:
 
     step("serving it with the OpenAI API on the real vLLM engine (CPU)")
     port = free_port()
-    log = open(WORK / "server.log", "w")
+    log = open(WORK / "server.log", "w")  # noqa: SIM115 - the server writes it until it exits; closed in `finally`
     cmd = [LLMSERVE, "serve", built["path"], "--openai", "--port", str(port), "--grpc-port", str(free_port())]
     print("$ " + " ".join(cmd[0:1]).replace(LLMSERVE, "llmserve") + " " + " ".join(cmd[1:]), flush=True)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

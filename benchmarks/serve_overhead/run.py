@@ -103,7 +103,7 @@ async def one_round(url: str, concurrency: int, max_tokens: int, round_no: int) 
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def main() -> None:

@@ -129,7 +129,9 @@ def lock(
                 f"{lock_file} is locked for {current.target.name}, not {target}",
                 hint=f"Lock {target} first: `llmserve lock --stack {target} --lock <file>`.",
             )
-        text = export_requirements(current)
+        text = export_requirements(current)  # refuses a lock without a package set
+        count = len(current.packages.requirements) if current.packages else 0
+        digest = current.packages.digest if current.packages else None
         if out is None:
             typer.echo(text, nl=False)
         else:
@@ -140,14 +142,13 @@ def lock(
                         "exported": str(out),
                         "format": "requirements",
                         "target": current.target.name,
-                        "packages": len(current.packages.requirements),
-                        "digest": current.packages.digest,
+                        "packages": count,
+                        "digest": digest,
                     }
                 )
             else:
                 console.print(
-                    f"[green]exported[/] {len(current.packages.requirements)} pinned packages of "
-                    f"{current.target.name} -> [bold]{out}[/]",
+                    f"[green]exported[/] {count} pinned packages of {current.target.name} -> [bold]{out}[/]",
                     highlight=False,
                 )
         return

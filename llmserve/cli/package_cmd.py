@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -27,7 +28,7 @@ def package(
 
     with byte_progress("packaging", enabled=output is OutputFormat.text) as (set_total, advance):
         result = build_package(src, out, progress=advance, on_total=set_total)
-    data = {
+    data: dict[str, Any] = {
         "path": str(result.path),
         "modelId": result.manifest.modelId,
         "modelVersion": result.manifest.modelVersion,

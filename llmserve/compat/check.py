@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from llmserve.compat.kb import load_knowledge_base, resolve_target
+from llmserve.compat.kb import load_knowledge_base, release_for_vllm, resolve_target
 from llmserve.compat.plugin_imports import (
     V1_PROCESSOR_MODULES,
+    ProcessorClass,
     analyze_sources,
     interface_contract,
     processor_classes,
@@ -24,6 +25,9 @@ from llmserve.compat.resolve import environment_packages, export_requirements
 from llmserve.compat.surface import ModuleIndex, VllmSource, check_surface, open_vllm_source
 from llmserve.errors import LLMServeError
 from llmserve.formats.lock import Lock, normalize
+from llmserve.formats.manifest import MANIFEST_NAME, Manifest, load_manifest, parse_manifest
+from llmserve.formats.tensors import FRONTEND_CONTRACTS, contract_problems
+from llmserve.packaging.archive import read_index, read_member
 
 Status = Literal["ok", "fail", "warn", "skip"]
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -85,8 +89,6 @@ def _check_version(report: CheckReport, lock: Lock, source: VllmSource) -> None:
         return
     fits = []
     if lock.target.kind == "triton":
-        from llmserve.compat.kb import release_for_vllm
-
         fits = release_for_vllm(source.version)
     fix = (
         f"check against the locked version: `pip download --no-deps {want.distribution}=={want.version} -d wheels/` "
@@ -136,10 +138,8 @@ def _check_surface(report: CheckReport, lock: Lock, index: ModuleIndex) -> None:
         report.add("import-surface", subject, "fail", detail, fix)
 
 
-def _collect_package_code(package: Path) -> tuple[object, dict[str, str], dict[str, str]]:
+def _collect_package_code(package: Path) -> tuple[Manifest, dict[str, str], dict[str, tuple[str, str, str]]]:
     """(manifest, plugin files {display path: source}, entry points {plugin name: 'file:attr'})."""
-    from llmserve.formats.manifest import MANIFEST_NAME, load_manifest, parse_manifest
-
     files: dict[str, str] = {}
     entry: dict[str, tuple[str, str, str]] = {}
     if package.is_dir():
@@ -151,8 +151,6 @@ def _collect_package_code(package: Path) -> tuple[object, dict[str, str], dict[s
                     encoding="utf-8", errors="replace"
                 )
     else:
-        from llmserve.packaging.archive import read_index, read_member
-
         manifest = parse_manifest(read_member(package, "llmserve.yaml").decode("utf-8"), f"{package}:llmserve.yaml")
         index = read_index(package, verify=False)
         for name in sorted(index.files):
@@ -208,54 +206,7 @@ def check_code(
     lp = lock.interfaces.logitsProcessor
     procs = processor_classes(facts)
     for proc in procs:
-        subject = (
-            f"{proc.info.file}:{proc.info.line}: class {proc.info.name}({proc.interface.split(':')[0]}.LogitsProcessor)"
-        )
-        if lp.module is None:
-            report.add(
-                what,
-                subject,
-                "fail",
-                f"the lock's processor interface is '{lp.name}' (vLLM {lock.stack.vllm.version} has no V1 LogitsProcessor)",
-                "lock triton-25.09 or later (V1 batch processors): `llmserve lock --stack triton-25.09 --upgrade`",
-            )
-            continue
-        contract = interface_contract(index, lp.module, lp.base or "LogitsProcessor")
-        if contract is None:
-            report.add(
-                what,
-                subject,
-                "fail",
-                f"{lp.module}.{lp.base} is not in {v.name} {v.version}",
-                f"install the locked vLLM ({lock.stack.vllm.version})",
-            )
-            continue
-        arity, abstract = contract
-        missing = sorted(m for m in abstract if m not in proc.methods)
-        bad_arity = sorted(
-            m for m in proc.methods if m in arity and m in abstract | {"__init__"} and proc.methods[m] != arity[m]
-        )
-        problems = []
-        if missing:
-            problems.append(f"does not implement {', '.join(missing)} (abstract in {lp.module}.{lp.base})")
-        for m in bad_arity:
-            problems.append(f"{m}() takes {proc.methods[m]} positional parameters, the interface passes {arity[m]}")
-        has_v2 = (index.source.read("vllm/envs.py") or "").find(V2_RUNNER_ENV) >= 0
-        if has_v2 and lock.env.get(V2_RUNNER_ENV) != "0":
-            problems.append(
-                f"vLLM {v.version} has Model Runner V2, which rejects V1 processors, and the lock does not pin {V2_RUNNER_ENV}=0"
-            )
-        if problems:
-            report.add(
-                what,
-                subject,
-                "fail",
-                "; ".join(problems),
-                f"implement the V1 interface of vLLM {v.version} ({', '.join(sorted(abstract))}); relock to pin {V2_RUNNER_ENV}=0 if needed",
-            )
-        else:
-            pin = f", {V2_RUNNER_ENV}=0 pinned" if has_v2 else ""
-            report.add(what, subject, "ok", f"implements {lp.name} ({', '.join(sorted(abstract))}){pin}")
+        _check_processor(report, lock, index, what, proc)
     for name, (file, attr, group) in sorted((entry_points or {}).items()):
         if group != "vllm.logits_processors":
             continue
@@ -271,8 +222,6 @@ def check_code(
 
 
 def _check_package(report: CheckReport, lock: Lock, index: ModuleIndex | None, package: Path) -> None:
-    from llmserve.formats.tensors import FRONTEND_CONTRACTS, contract_problems
-
     manifest, files, entries = _collect_package_code(package)
     if manifest.backend == "python" and manifest.python and manifest.python.frontend != "none":
         rows = contract_problems(manifest.python.tensors, FRONTEND_CONTRACTS[manifest.python.frontend])
@@ -320,26 +269,83 @@ def _constraint_code() -> dict[str, str]:
     }
 
 
+def _check_processor(report: CheckReport, lock: Lock, index: ModuleIndex, what: str, proc: ProcessorClass) -> None:
+    """One logits-processor class against the locked processor interface and the runner it needs."""
+    lp = lock.interfaces.logitsProcessor
+    v = index.source
+    subject = (
+        f"{proc.info.file}:{proc.info.line}: class {proc.info.name}({proc.interface.split(':')[0]}.LogitsProcessor)"
+    )
+    if lp.module is None:
+        report.add(
+            what,
+            subject,
+            "fail",
+            f"the lock's processor interface is '{lp.name}' (vLLM {lock.stack.vllm.version} has no V1 LogitsProcessor)",
+            "lock triton-25.09 or later (V1 batch processors): `llmserve lock --stack triton-25.09 --upgrade`",
+        )
+        return
+    contract = interface_contract(index, lp.module, lp.base or "LogitsProcessor")
+    if contract is None:
+        report.add(
+            what,
+            subject,
+            "fail",
+            f"{lp.module}.{lp.base} is not in {v.name} {v.version}",
+            f"install the locked vLLM ({lock.stack.vllm.version})",
+        )
+        return
+    arity, abstract = contract
+    missing = sorted(m for m in abstract if m not in proc.methods)
+    bad_arity = sorted(
+        m for m in proc.methods if m in arity and m in abstract | {"__init__"} and proc.methods[m] != arity[m]
+    )
+    problems = []
+    if missing:
+        problems.append(f"does not implement {', '.join(missing)} (abstract in {lp.module}.{lp.base})")
+    for m in bad_arity:
+        problems.append(f"{m}() takes {proc.methods[m]} positional parameters, the interface passes {arity[m]}")
+    has_v2 = (index.source.read("vllm/envs.py") or "").find(V2_RUNNER_ENV) >= 0
+    if has_v2 and lock.env.get(V2_RUNNER_ENV) != "0":
+        problems.append(
+            f"vLLM {v.version} has Model Runner V2, which rejects V1 processors, and the lock does not pin {V2_RUNNER_ENV}=0"
+        )
+    if problems:
+        report.add(
+            what,
+            subject,
+            "fail",
+            "; ".join(problems),
+            f"implement the V1 interface of vLLM {v.version} ({', '.join(sorted(abstract))}); relock to pin {V2_RUNNER_ENV}=0 if needed",
+        )
+    else:
+        pin = f", {V2_RUNNER_ENV}=0 pinned" if has_v2 else ""
+        report.add(what, subject, "ok", f"implements {lp.name} ({', '.join(sorted(abstract))}){pin}")
+
+
+def _check_triton_client(report: CheckReport, want: str | None, got: tuple[str, str] | None) -> None:
+    """On a Triton line only the client runs here; the engine runs in the image."""
+    name = "tritonclient"
+    if got is None:
+        report.add("environment", name, "skip", "not installed here (the engine runs in the image)")
+    elif want and got[1].split(".")[:2] != want.split(".")[:2]:
+        report.add(
+            "environment",
+            f"{name} {got[1]}",
+            "warn",
+            f"the image's server is {want}; clients are compatible across minor versions, but test with {want}",
+            f"pip install tritonclient=={want}",
+        )
+    else:
+        report.add("environment", f"{name} {got[1]}", "ok", f"matches the server line {want}")
+
+
 def _check_environment(report: CheckReport, lock: Lock, site_paths: list[str] | None, env: dict[str, str]) -> None:
     installed = {normalize(n): (n, v) for n, v in environment_packages(site_paths)}
     pinned = lock.pinned()
     py = ".".join(platform.python_version_tuple()[:2])
     if lock.target.kind == "triton":
-        name = "tritonclient"
-        want = pinned.get(name)
-        got = installed.get(name)
-        if got is None:
-            report.add("environment", name, "skip", "not installed here (the engine runs in the image)")
-        elif want and got[1].split(".")[:2] != want.split(".")[:2]:
-            report.add(
-                "environment",
-                f"{name} {got[1]}",
-                "warn",
-                f"the image's server is {want}; clients are compatible across minor versions, but test with {want}",
-                f"pip install tritonclient=={want}",
-            )
-        else:
-            report.add("environment", f"{name} {got[1]}", "ok", f"matches the server line {want}")
+        _check_triton_client(report, pinned.get("tritonclient"), installed.get("tritonclient"))
         return
     if site_paths is None:
         if py != lock.stack.python:

@@ -80,7 +80,9 @@ class _Visitor(ast.NodeVisitor):
         for n in node.body:
             self.visit(n)
         self.optional -= guarded
-        for n in node.handlers + node.orelse + node.finalbody:
+        for h in node.handlers:
+            self.visit(h)
+        for n in node.orelse + node.finalbody:
             self.visit(n)
 
     def visit_Import(self, node: ast.Import) -> None:

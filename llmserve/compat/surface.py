@@ -183,48 +183,54 @@ def _targets(node: ast.expr) -> list[str]:
 
 def _collect(body: list[ast.stmt], mod: _Module, modname: str) -> None:
     for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            mod.names.add(node.name)
-            if node.name == "__getattr__":
-                mod.has_getattr = True
-        elif isinstance(node, ast.Assign):
-            for t in node.targets:
-                mod.names.update(_targets(t))
-            if isinstance(node.value, ast.Dict):
-                _lazy_table(node.value, mod, modname)
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
-            if not isinstance(node, ast.AnnAssign) or node.value is not None:
-                mod.names.add(node.target.id)
-            if isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Dict):
-                _lazy_table(node.value, mod, modname)
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                mod.names.add(a.asname or a.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom):
-            src = _absolute(node.module, node.level, modname, mod.is_package)
-            for a in node.names:
-                if a.name == "*":
-                    mod.star_from.append(src)
-                else:
-                    mod.names.add(a.asname or a.name)
-        elif isinstance(node, ast.If):
-            if _is_type_checking(node.test):
-                _collect(node.orelse, mod, modname)
+        nested = _nested_bodies(node)
+        if nested is None:
+            _bind(node, mod, modname)
+        else:
+            for block in nested:
+                _collect(block, mod, modname)
+
+
+def _nested_bodies(node: ast.stmt) -> list[list[ast.stmt]] | None:
+    """The blocks whose top-level statements still bind module names (TYPE_CHECKING-only ones excluded)."""
+    if isinstance(node, ast.If):
+        return [node.orelse] if _is_type_checking(node.test) else [node.body, node.orelse]
+    if isinstance(node, ast.Try | ast.TryStar):
+        return [node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody]
+    if isinstance(node, ast.With):
+        return [node.body]
+    return None
+
+
+def _bind(node: ast.stmt, mod: _Module, modname: str) -> None:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        mod.names.add(node.name)
+        if node.name == "__getattr__":
+            mod.has_getattr = True
+    elif isinstance(node, ast.Assign):
+        for t in node.targets:
+            mod.names.update(_targets(t))
+        if isinstance(node.value, ast.Dict):
+            _lazy_table(node.value, mod, modname)
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
+        if not isinstance(node, ast.AnnAssign) or node.value is not None:
+            mod.names.add(node.target.id)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Dict):
+            _lazy_table(node.value, mod, modname)
+    elif isinstance(node, ast.Import):
+        for a in node.names:
+            mod.names.add(a.asname or a.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom):
+        src = _absolute(node.module, node.level, modname, mod.is_package)
+        for a in node.names:
+            if a.name == "*":
+                mod.star_from.append(src)
             else:
-                _collect(node.body, mod, modname)
-                _collect(node.orelse, mod, modname)
-        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
-            _collect(node.body, mod, modname)
-            for h in node.handlers:
-                _collect(h.body, mod, modname)
-            _collect(node.orelse, mod, modname)
-            _collect(node.finalbody, mod, modname)
-        elif isinstance(node, ast.With):
-            _collect(node.body, mod, modname)
+                mod.names.add(a.asname or a.name)
 
 
 def _lazy_table(d: ast.Dict, mod: _Module, modname: str) -> None:
-    for k, v in zip(d.keys, d.values):
+    for k, v in zip(d.keys, d.values, strict=True):
         if (
             isinstance(k, ast.Constant)
             and isinstance(k.value, str)
@@ -342,8 +348,9 @@ def check_surface(
             symbols = surface[file][module] or [""]
             for symbol in sorted(set(symbols)):
                 if symbol == "":  # `import module`
-                    status: Status = "ok" if index.module(module) is not None else "missing-module"
-                    ev = index.module(module).relpath if status == "ok" else f"no module {module}"
+                    found = index.module(module)
+                    status: Status = "ok" if found is not None else "missing-module"
+                    ev = found.relpath if found is not None else f"no module {module}"
                 else:
                     status, ev = index.resolve(module, symbol)
                 out.append(SymbolResult(file, module, symbol, status, ev, (file, module, symbol) in optional))

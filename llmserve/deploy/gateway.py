@@ -81,10 +81,10 @@ class Table:
         if not members:
             raise NoRoute(503, "no version of this deployment is serving")
         total = sum(m.weight for m in members)
-        best = None
+        best = members[0]
         for m in members:
             self.current[m.instance] = self.current.get(m.instance, 0.0) + m.weight
-            if best is None or self.current[m.instance] > self.current[best.instance]:
+            if self.current[m.instance] > self.current[best.instance]:
                 best = m
         self.current[best.instance] -= total
         return best
@@ -197,7 +197,7 @@ class Gateway:
             k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != VERSION_HEADER
         }
         tried: set[int] = set()
-        last_exc: Exception | None = None
+        last_exc: BaseException | None = None
         for _attempt in range(MAX_ATTEMPTS):
             try:
                 member = (
@@ -220,12 +220,17 @@ class Gateway:
                 self.inflight[iid] -= 1
         return _error(502, f"no backend answered: {last_exc}")
 
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:  # made in on_startup, inside the running loop
+            raise RuntimeError("gateway used before its HTTP session was started")
+        return self.session
+
     async def _forward(
         self, request: web.Request, member: Member, path: str, headers: dict, body: bytes, version: int | None
     ) -> web.StreamResponse:
         url = member.url + path + (f"?{request.rel_url.query_string}" if request.rel_url.query_string else "")
         try:
-            upstream = await self.session.request(request.method, url, headers=headers, data=body or None)
+            upstream = await self._session().request(request.method, url, headers=headers, data=body or None)
         except RETRYABLE as exc:
             raise _NotStarted() from exc
         async with upstream:
@@ -370,7 +375,7 @@ def build_app(gateway: Gateway) -> web.Application:
 
     async def on_cleanup(app: web.Application) -> None:
         app["poller"].cancel()
-        await gateway.session.close()
+        await gateway._session().close()
         gateway.store.touch_instances(dict(gateway.last_request))
 
     app.on_startup.append(on_startup)

@@ -72,7 +72,7 @@ class LocalTarget:
     def apply_routes(self, dep: Deployment, routes: Routes, *, rollout: int | None = None, why: str = "") -> int:
         """Write the table, then make the gateway load it; return only once it is live there."""
         gen = self.store.set_routes(dep.name, routes, rollout=rollout, why=why)
-        for attempt in range(3):
+        for _attempt in range(3):
             try:
                 r = httpx.post(dep.gateway_url + "/-/reload", timeout=10)
                 if r.status_code == 200 and r.json()["generation"] >= gen:
@@ -119,6 +119,7 @@ class LocalTarget:
         port = procs.free_port()
         inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
         argv = procs.serve_argv(package, port, drain_timeout, serve_args)
+        assert inst.log is not None  # add_instance records the log path with the row
         pid, start = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=os.environ.copy())
         self.store.set_instance_process(inst.id, pid, start)
         self.report(f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (pid {pid}); log {inst.log}")
@@ -187,7 +188,7 @@ class LocalTarget:
         """Make the records tell the truth about processes (after a crash or a reboot): a serving instance
         whose process is gone is marked failed and taken out of the routes."""
         notes = []
-        gen, routes = self.store.routes(dep.name)
+        _gen, routes = self.store.routes(dep.name)
         changed = False
         for inst in self.store.instances(dep.name):
             inst = self.adopt(inst)
@@ -211,9 +212,9 @@ def without(routes: Routes, iids: set[int]) -> Routes:
     default = [m for m in routes.default if m.instance not in iids]
     total = sum(m.weight for m in default)
     if total > 0:
-        scaled = [int(round(m.weight * 100 / total)) for m in default]
+        scaled = [round(m.weight * 100 / total) for m in default]
         scaled[-1] += 100 - sum(scaled)
-        for m, w in zip(default, scaled):
+        for m, w in zip(default, scaled, strict=False):
             m.weight = w
     pinned = {v: [m for m in ms if m.instance not in iids] for v, ms in routes.pinned.items()}
     return Routes(routes.model_id, default, {v: ms for v, ms in pinned.items() if ms})

@@ -74,7 +74,7 @@ def read_pid_file(pid_file: Path) -> int | None:
 
 def terminate(pid: int | None, start: str | None, timeout: float = 60.0) -> bool:
     """SIGTERM, wait up to timeout, then SIGKILL. True if it exited on SIGTERM (or was already gone)."""
-    if not alive(pid, start):
+    if pid is None or not alive(pid, start):
         return True
     try:
         os.kill(pid, signal.SIGTERM)

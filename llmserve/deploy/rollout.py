@@ -167,7 +167,7 @@ class Deployer:
                     message="deployment torn down",
                     event="rollout closed by `deploy down`",
                 )
-            gen, routes = self.store.routes(name)
+            _gen, routes = self.store.routes(name)
             if self.target.gateway_alive(dep):
                 self.target.apply_routes(dep, Routes(routes.model_id), why="teardown")
             stopped = []
@@ -223,7 +223,7 @@ class Deployer:
     # -- red-black ----------------------------------------------------------------------------
     def _red_black(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
         m = opened.manifest
-        gen, routes = self.store.routes(dep.name)
+        _gen, routes = self.store.routes(dep.name)
         live = [self.store.instance(mb.instance) for mb in routes.default if mb.weight > 0]
         if live:
             main = max(live, key=lambda i: routes.weights().get(i.id, 0))
@@ -260,7 +260,7 @@ class Deployer:
 
     def _shift(self, dep: Deployment, rollout: Rollout, opts: DeployOptions, start_index: int) -> dict:
         """Walk the steps from start_index; each: journal intent, apply weights, pause, health gate."""
-        new = self.store.instance(rollout.to_instance)
+        new = self.store.new_instance_of(rollout)
         last_good = Routes.from_dict(rollout.last_good)
         olds = [mb for mb in last_good.default if mb.weight > 0 and mb.instance != new.id]
         steps = rollout.steps
@@ -317,8 +317,8 @@ class Deployer:
 
     def _finish(self, dep: Deployment, rollout: Rollout, opts: DeployOptions) -> dict:
         """Take the replaced version out of every route (default and pinned), then drain and stop it."""
-        new = self.store.instance(rollout.to_instance)
-        gen, routes = self.store.routes(dep.name)
+        new = self.store.new_instance_of(rollout)
+        _gen, routes = self.store.routes(dep.name)
         old_ids = {mb.instance for mb in routes.default if mb.instance != new.id}
         if rollout.from_instance and rollout.from_instance != new.id:
             old_ids.add(rollout.from_instance)
@@ -366,7 +366,7 @@ class Deployer:
     # -- versioned ----------------------------------------------------------------------------
     def _versioned(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
         m = opened.manifest
-        gen, routes = self.store.routes(dep.name)
+        _gen, routes = self.store.routes(dep.name)
         existing = routes.pinned.get(m.modelVersion)
         if existing:
             inst = self.store.instance(existing[0].instance)
@@ -395,8 +395,8 @@ class Deployer:
         return self._publish_version(dep, self.store.rollout(rollout.id), opts)
 
     def _publish_version(self, dep: Deployment, rollout: Rollout, opts: DeployOptions) -> dict:
-        inst = self.store.instance(rollout.to_instance)
-        gen, routes = self.store.routes(dep.name)
+        inst = self.store.new_instance_of(rollout)
+        _gen, routes = self.store.routes(dep.name)
         routes.pinned[inst.model_version] = [inst.member()]
         promote = opts.promote
         if promote is None:
@@ -424,8 +424,8 @@ class Deployer:
         return self._summary(dep, self.store.rollout(rollout.id), "deployed")
 
     def _retire(self, dep: Deployment, last: Rollout, opts: DeployOptions) -> dict:
-        inst = self.store.instance(last.to_instance)
-        gen, routes = self.store.routes(dep.name)
+        inst = self.store.new_instance_of(last)
+        _gen, routes = self.store.routes(dep.name)
         remaining = sorted(v for v in routes.pinned if v != inst.model_version)
         if not remaining:
             raise DeployInputError(
@@ -521,10 +521,10 @@ class Deployer:
 def _weighted(last_good: Routes, olds: list[Member], new, pct: int) -> Routes:
     """The table of one red-black step: the new server at pct, the old ones sharing 100-pct in their old ratio."""
     total_old = sum(mb.weight for mb in olds) or 1
-    default = []
+    default: list[Member] = []
     left = 100 - pct
     for k, mb in enumerate(olds):
-        w = int(round(left * mb.weight / total_old)) if k < len(olds) - 1 else left - sum(d.weight for d in default)
+        w = round(left * mb.weight / total_old) if k < len(olds) - 1 else left - sum(d.weight for d in default)
         default.append(Member(mb.instance, mb.version, mb.url, w))
     default.append(new.member(pct))
     pinned = {v: list(ms) for v, ms in last_good.pinned.items()}

@@ -242,6 +242,13 @@ def _row_deployment(row: sqlite3.Row) -> Deployment:
     return Deployment(**d)
 
 
+def _row_id(cur: sqlite3.Cursor) -> int:
+    """The id SQLite gave the row an INSERT just wrote (never None after a successful INSERT)."""
+    if cur.lastrowid is None:
+        raise RuntimeError("INSERT returned no row id")
+    return cur.lastrowid
+
+
 class StateStore:
     """Typed access to the state database. Every write is one transaction."""
 
@@ -336,13 +343,19 @@ class StateStore:
                 "VALUES (?,?,?,?,?,?,?,?,?)",
                 (deployment, version, package, digest, json.dumps(interface), strategy, port, STARTING, time.time()),
             )
-            iid = cur.lastrowid
+            iid = _row_id(cur)
             log = str(self.log_file(deployment, f"i{iid}-v{version}"))
             db.execute("UPDATE instances SET log=? WHERE id=?", (log, iid))
         return self.instance(iid)
 
     def instance(self, iid: int) -> Instance:
         return _row_instance(self.db.execute("SELECT * FROM instances WHERE id=?", (iid,)).fetchone())
+
+    def new_instance_of(self, rollout: Rollout) -> Instance:
+        """The server a rollout started; every rollout past its first journal entry has one."""
+        if rollout.to_instance is None:
+            raise RuntimeError(f"rollout #{rollout.id} has no new instance recorded")
+        return self.instance(rollout.to_instance)
 
     def instances(self, deployment: str, statuses: tuple[str, ...] | None = LIVE_STATUSES) -> list[Instance]:
         if statuses is None:
@@ -435,7 +448,7 @@ class StateStore:
                     now,
                 ),
             )
-            rid = cur.lastrowid
+            rid = _row_id(cur)
             self._event(db, deployment, rid, "rollout-begin", f"{strategy} rollout #{rid} of {package}")
         return self.rollout(rid)
 
@@ -466,7 +479,8 @@ class StateStore:
         message: str | None = None,
         event: str | None = None,
     ) -> None:
-        sets, args = ["updated=?", "cli_pid=?"], [time.time(), os.getpid()]
+        sets: list[str] = ["updated=?", "cli_pid=?"]
+        args: list[object] = [time.time(), os.getpid()]
         for col, val in (
             ("phase", phase),
             ("step_index", step_index),

@@ -99,7 +99,7 @@ def test_newer_line_against_the_old_wheel_points_to_the_fitting_line(tmp_path, o
     surface = next(f for f in fails if f["check"] == "import-surface")
     assert "StructuredOutputsParams" in surface["subject"] and "triton-25.09" in surface["fix"]
     version = next(f for f in fails if f["check"] == "vllm")
-    assert "--target triton-25.09" in version["fix"]
+    assert "--stack triton-25.09" in version["fix"]
 
 
 def test_triton_lock_without_a_vllm_is_not_proven(tmp_path):

@@ -82,9 +82,8 @@ def test_state_survives_reopen_and_journal(tmp_path):
 
 def test_lock_is_exclusive_and_freed_when_holder_dies(store):
     code = (
-        "import sys,time; sys.path.insert(0, %r); from llmserve.deploy.state import StateStore, DeploymentLock;"
-        "l=DeploymentLock(StateStore(%r),'d'); assert l.acquire(); print('held', flush=True); time.sleep(60)"
-        % (str(Path(__file__).parents[2]), str(store.root))
+        f"import sys,time; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); from llmserve.deploy.state import StateStore, DeploymentLock;"
+        f"l=DeploymentLock(StateStore({str(store.root)!r}),'d'); assert l.acquire(); print('held', flush=True); time.sleep(60)"
     )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -113,8 +112,8 @@ def test_weights_and_without():
 
 def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
     target, dep = gateway
-    _, url1, p1 = backends("1")
-    _, url2, p2 = backends("2")
+    _, url1, _p1 = backends("1")
+    _, url2, _p2 = backends("2")
     a = store.add_instance("m", 1, "/a", None, {}, "versioned", 0)
     b = store.add_instance("m", 2, "/b", None, {}, "versioned", 0)
     m1, m2 = Member(a.id, 1, url1), Member(b.id, 2, url2)
@@ -161,7 +160,7 @@ def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
 
 def test_gateway_retries_a_dead_backend_and_restarts_from_state(store, gateway, backends):
     target, dep = gateway
-    _, url1, p1 = backends("1")
+    _, url1, _p1 = backends("1")
     a = store.add_instance("m", 1, "/a", None, {}, "red-black", 0)
     dead = store.add_instance("m", 2, "/b", None, {}, "red-black", 0)
     dead_url = f"http://127.0.0.1:{procs.free_port()}"  # nothing listens there

@@ -145,12 +145,12 @@ def test_red_black_rollout_completes(kcli, kube_api, k8s_packages):
 
 def test_unready_version_rolls_back(kcli, kube_api, k8s_packages, node_agent):
     ns = kcli.namespace
-    rc, out, text = kcli.run("deploy", str(k8s_packages["v1"]), "--replicas", "2", *FAST)
+    rc, _out, text = kcli.run("deploy", str(k8s_packages["v1"]), "--replicas", "2", *FAST)
     assert rc == 0, text
 
     # v2 never gets ready: the health check fails, the old version keeps its replicas
     node_agent.unready.add("2")
-    rc, out, text = kcli.run("deploy", str(k8s_packages["v2"]), "--pause", "0.5", "--health-timeout", "4")
+    rc, _out, text = kcli.run("deploy", str(k8s_packages["v2"]), "--pause", "0.5", "--health-timeout", "4")
     assert rc == 7, text
     assert "rolled back" in text and "ready replicas" in text
     _wait(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (2, 2, "1")}, what="old version only")
@@ -160,7 +160,7 @@ def test_unready_version_rolls_back(kcli, kube_api, k8s_packages, node_agent):
     # v2 gets only one pod ready: step 1 (1 new / 1 old) passes, step 2 fails -> the old count is restored
     node_agent.unready.clear()
     node_agent.max_ready["2"] = 1
-    rc, out, text = kcli.run(
+    rc, _out, text = kcli.run(
         "deploy", str(k8s_packages["v2"]), "--steps", "50,100", "--pause", "0.5", "--health-timeout", "4"
     )
     assert rc == 7, text

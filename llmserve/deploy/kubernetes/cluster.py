@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmserve.deploy.errors import DeployInputError, GatewayError
 
@@ -42,9 +43,10 @@ class KubernetesAPIError(GatewayError):
 class Cluster:
     """The API clients and the namespace a command works in."""
 
-    core: object
-    apps: object
-    coord: object
+    # kubernetes' generated API clients (CoreV1Api, AppsV1Api, CoordinationV1Api); the library is untyped.
+    core: Any
+    apps: Any
+    coord: Any
     namespace: str
     context: str | None
     server: str

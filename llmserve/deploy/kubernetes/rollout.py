@@ -510,16 +510,15 @@ class KubernetesDeployer:
         self.report(f"rolling back rollout #{rec['id']}: {reason}")
         frm = rec.get("from")
         obj = (rec.get("to") or {}).get("object")
-        if rec["strategy"] == RED_BLACK and frm and frm["object"] != obj:
-            if self._get_dep(frm["object"]) is not None:
-                self._scale(frm["object"], frm["replicas"])
-                try:
-                    self._wait_ready(frm["object"], name, frm["version"], frm["replicas"], opts.health_timeout_s)
-                except HealthCheckFailedError as exc:
-                    self.report(
-                        f"warning: the old version is not fully ready again: {exc.message.splitlines()[0]}",
-                        warning=True,
-                    )
+        if rec["strategy"] == RED_BLACK and frm and frm["object"] != obj and self._get_dep(frm["object"]) is not None:
+            self._scale(frm["object"], frm["replicas"])
+            try:
+                self._wait_ready(frm["object"], name, frm["version"], frm["replicas"], opts.health_timeout_s)
+            except HealthCheckFailedError as exc:
+                self.report(
+                    f"warning: the old version is not fully ready again: {exc.message.splitlines()[0]}",
+                    warning=True,
+                )
         if obj:
             self._delete_dep(obj, opts.drain_timeout_s + 30, name, rec["version"])
             if rec["strategy"] == VERSIONED:
