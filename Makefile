@@ -48,7 +48,7 @@ k8s-binaries:
 	scripts/k8s-test-cluster build
 
 # Seconds, no engine, no Triton, no Kubernetes: tables, state machines, step plans, the error catalogue.
-test-unit: $(STAMP)
+test-unit: $(STAMP) $(LINT_STAMP)
 	$(PY) -m pytest -q tests/unit
 
 # The stack the tests run on is first proven against the lock (the project eats its own cooking).

@@ -38,6 +38,7 @@ def inspect(
         table.add_row(f.path, f"{f.size:,}", f.sha256)
     console.print(table)
     console.print(f"[green]verified[/]: {len(report.files)} files, {report.total_size:,} bytes match their digests")
+    console.print(report.cache.describe(), highlight=False)
 
 
 def register(app: typer.Typer) -> None:

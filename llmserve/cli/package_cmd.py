@@ -15,6 +15,9 @@ def package(
     out: Path = typer.Option(
         None, "--out", "-O", help="Output file (*.llmpkg) or folder. Default: dist/<modelId>-<modelVersion>.llmpkg"
     ),
+    follow_links: bool = typer.Option(
+        False, "--follow-links", help="Embed the files that links point to outside SRC (refused by default)."
+    ),
     output: OutputFormat = typer.Option(OutputFormat.text, "--output", "-o", help="text or json."),
 ) -> None:
     """Build a package: validate llmserve.yaml, render the Triton model repository, write one archive
@@ -27,7 +30,7 @@ def package(
     from llmserve.packaging import build_package
 
     with byte_progress("packaging", enabled=output is OutputFormat.text) as (set_total, advance):
-        result = build_package(src, out, progress=advance, on_total=set_total)
+        result = build_package(src, out, progress=advance, on_total=set_total, follow_external_links=follow_links)
     data: dict[str, Any] = {
         "path": str(result.path),
         "modelId": result.manifest.modelId,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-import yaml
-
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_MANAGED, L_STRATEGY, L_VERSION, LABEL_PREFIX
+from llmserve.formats.safe_yaml import load_yaml
 from llmserve.templating import render
 
 A_PACKAGE = f"{LABEL_PREFIX}/package"
@@ -119,7 +118,7 @@ def deployment(
         limits=limits,
         models_pvc=spec.models_pvc,
     )
-    return yaml.safe_load(text)
+    return load_yaml(text, "deploy/k8s/deployment.yaml.j2 (rendered)")
 
 
 def service(
@@ -143,4 +142,4 @@ def service(
         service_type=spec.service_type,
         service_port=spec.service_port,
     )
-    return yaml.safe_load(text)
+    return load_yaml(text, "deploy/k8s/service.yaml.j2 (rendered)")
