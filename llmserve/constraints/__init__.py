@@ -11,18 +11,13 @@ Public surface:
 * native core ``llmserve.constraints._core`` (C++, csrc/) and its pure-Python reference ``reference``
 """
 
-from llmserve.constraints.compiled import (
-    CompiledConstraint,
-    ConstraintSpec,
-    compile_constraint,
-    compile_dfa,
-    default_cache_dir,
-    load_cached,
-    spec_from_request,
-)
+from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
+from llmserve.constraints.compiler import compile_constraint, load_cached
+from llmserve.constraints.disk_cache import default_cache_dir
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.machine import ByteAutomaton, TokenStateMachine, automaton_to_dfa, register_machine
 from llmserve.constraints.regex import ByteDFA, compile_regex
+from llmserve.constraints.spec import ConstraintSpec, spec_from_request
 from llmserve.constraints.vocab import Vocab
 
 PROCESSOR_PATH = "llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"

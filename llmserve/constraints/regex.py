@@ -15,10 +15,13 @@ accepted; they do not change the language). Back-references and look-around are 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.native import native as core
+from llmserve.constraints.native import require_native
 
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -32,7 +35,7 @@ MAX_DFA_STATES = 20000
 
 
 def _normalize(ranges):
-    out = []
+    out: list[tuple[int, int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
@@ -300,7 +303,7 @@ def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
         if split:
             continue
         ea, eb = chr(a).encode("utf-8"), chr(b).encode("utf-8")
-        out.append(list(zip(ea, eb)))
+        out.append(list(zip(ea, eb, strict=True)))  # same width: the splits above keep a range in one
     return out
 
 
@@ -447,7 +450,7 @@ def _determinize(nfa: _NFA, start: int, final: int) -> tuple[list[list[int]], li
         edges = [e for q in cur for e in nfa.edges[q]]
         if edges:
             cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
-            for a, b in zip(cuts, cuts[1:]):
+            for a, b in pairwise(cuts):
                 tgts = [t for lo, hi, t in edges if lo <= a and b - 1 <= hi]
                 if not tgts:
                     continue
@@ -468,9 +471,19 @@ def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
     n = len(table)
     t = np.asarray(table, dtype=np.int32).reshape(n, 256)
     acc = np.asarray(accept, dtype=bool)
-    # co-reachability: states from which an accepting state is reachable
+    live = _co_reachable(table, acc)
+    if not live[0]:
+        raise ConstraintError("the constraint matches no string at all")
+    t = np.where((t >= 0) & live[np.clip(t, 0, None)], t, -1)
+    cls = _equivalence_classes(t, acc, live)
+    return _renumber(t, acc, live, cls)
+
+
+def _co_reachable(table: list[list[int]], acc: np.ndarray) -> np.ndarray:
+    """Bool [S]: the states from which an accepting state is reachable."""
+    n = len(table)
     live = acc.copy()
-    rev: list[set] = [set() for _ in range(n)]
+    rev: list[set[int]] = [set() for _ in range(n)]
     for s in range(n):
         for d in set(table[s]):
             if d >= 0:
@@ -482,14 +495,16 @@ def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
             if not live[s]:
                 live[s] = True
                 todo.append(s)
-    if not live[0]:
-        raise ConstraintError("the constraint matches no string at all")
-    t = np.where((t >= 0) & live[np.clip(t, 0, None)], t, -1)
-    # Moore partition refinement over the live states (dead = class -1)
+    return live
+
+
+def _equivalence_classes(t: np.ndarray, acc: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """Moore partition refinement over the live states: int64 [S] class per state (dead: -1)."""
+    n = t.shape[0]
     cls = np.where(live, acc.astype(np.int64), -1)
     while True:
         nxt_cls = np.where(t >= 0, cls[np.clip(t, 0, None)], -1)
-        sig = {}
+        sig: dict[tuple[int, bytes], int] = {}
         new = np.full(n, -1, dtype=np.int64)
         for s in range(n):
             if not live[s]:
@@ -497,10 +512,13 @@ def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
             key = (int(cls[s]), nxt_cls[s].tobytes())
             new[s] = sig.setdefault(key, len(sig))
         if len(sig) == len(set(int(c) for c in cls[live])):
-            cls = new
-            break
+            return new
         cls = new
-    # renumber so that the start state is 0, in BFS order
+
+
+def _renumber(t: np.ndarray, acc: np.ndarray, live: np.ndarray, cls: np.ndarray) -> ByteDFA:
+    """One state per class, numbered breadth-first from the start state (which becomes 0)."""
+    n = t.shape[0]
     k = int(cls.max()) + 1
     rep = np.zeros(k, dtype=np.int64)
     for s in range(n - 1, -1, -1):
@@ -555,10 +573,9 @@ def serialize_ast(node) -> np.ndarray:
 
 
 def _native_dfa(node) -> ByteDFA:
-    from llmserve.constraints.compiled import require_native  # compiled imports this module
-
+    require_native()
     try:
-        table, accept = require_native().build_dfa(serialize_ast(node), MAX_DFA_STATES, MAX_NFA_STATES)
+        table, accept = core.build_dfa(serialize_ast(node), MAX_DFA_STATES, MAX_NFA_STATES)
     except ValueError as exc:
         raise ConstraintError(str(exc)) from None
     return ByteDFA(table, accept, 0)

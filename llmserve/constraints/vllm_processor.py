@@ -43,21 +43,16 @@ import json
 import os
 import weakref
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from llmserve.constraints import reference
-from llmserve.constraints.compiled import (
-    ConstraintSpec,
-    compile_constraint,
-    compile_dfa,
-    native_vocab,
-    require_native,
-    spec_from_request,
-)
+from llmserve.constraints.compiled import compile_dfa
+from llmserve.constraints.compiler import compile_constraint
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.machine import (
     ByteAutomaton,
@@ -65,7 +60,11 @@ from llmserve.constraints.machine import (
     TokenStateMachine,
     automaton_to_dfa,
     make_machine,
+    registered_machines,
 )
+from llmserve.constraints.native import native as core
+from llmserve.constraints.native import native_vocab, require_native
+from llmserve.constraints.spec import ConstraintSpec, spec_from_request
 from llmserve.constraints.vocab import Vocab
 
 if TYPE_CHECKING:
@@ -129,8 +128,6 @@ def validate_constraint(obj) -> None:
             or set(obj) - {"machine", "args"}
         ):
             raise ConstraintError('a machine constraint is {"machine": name, "args": {...}}')
-        from llmserve.constraints.machine import registered_machines
-
         if obj["machine"] not in registered_machines():
             raise ConstraintError(f"unknown constraint machine {obj['machine']!r}")
         return
@@ -158,7 +155,8 @@ def vocab_for_model(vllm_config) -> Vocab:
 class ConstraintLogitsProcessor(LogitsProcessor):
     """Batch-level constraint processor (vLLM V1 interface)."""
 
-    instances: list = []  # weak references to live processors (in-process engines: tests, metrics)
+    # weak references to live processors (in-process engines: tests, metrics)
+    instances: ClassVar[list[weakref.ref[ConstraintLogitsProcessor]]] = []
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams):
@@ -175,17 +173,20 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.pin_memory = bool(is_pin_memory) and torch.cuda.is_available()
         self.vocab = vocab_for_model(vllm_config)
         self.backend = os.environ.get("LLMSERVE_CONSTRAINT_BACKEND", "native")
+        self.batch: reference.ReferenceBatch | core.Batch
         if self.backend == "python":
             self.batch = reference.ReferenceBatch(self.vocab)
         else:
-            self.batch = require_native().Batch(native_vocab(self.vocab))
+            require_native()
+            self.batch = core.Batch(native_vocab(self.vocab))
         self.constrained: set[int] = set()  # rows handled by self.batch
         self.python_rows: dict[int, PythonRow] = {}  # TokenStateMachine rows
         # counters, for tests and debugging: readded = an added request that already had output
         # tokens (a preempted request coming back); rebuilt = rows whose state was rebuilt from history
         self.stats = {"added": 0, "readded": 0, "removed": 0, "moved": 0, "swapped": 0, "rebuilt": 0, "applied": 0}
-        self._bitmask = None
-        self._bitmask_host: torch.Tensor | None = None
+        # the packed bitmask of the non-float32 path, allocated on first use (empty: none yet)
+        self._bitmask_host = torch.empty((0, 0), dtype=torch.uint8)
+        self._bitmask: NDArray[np.uint32] = self._bitmask_host.numpy().view(np.uint32)
         ConstraintLogitsProcessor.instances.append(weakref.ref(self))
 
     def is_argmax_invariant(self) -> bool:
@@ -284,7 +285,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         """Other dtypes or devices: fill the packed bitmask natively, apply it with torch."""
         V = logits.shape[1]
         W = (V + 31) // 32
-        if self._bitmask is None or self._bitmask.shape[0] < B or self._bitmask.shape[1] != W:
+        if self._bitmask.shape[0] < B or self._bitmask.shape[1] != W:
             # a torch-owned host buffer, pinned when the engine pins memory (faster copy to the device)
             self._bitmask_host = torch.empty((max(B, 8), 4 * W), dtype=torch.uint8, pin_memory=self.pin_memory)
             self._bitmask = self._bitmask_host.numpy().view(np.uint32)

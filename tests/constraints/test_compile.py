@@ -20,7 +20,8 @@ from llmserve.constraints import (
     compile_regex,
     load_cached,
 )
-from llmserve.constraints.compiled import compile_dfa, spec_from_request
+from llmserve.constraints.compiled import compile_dfa
+from llmserve.constraints.spec import spec_from_request
 
 SCHEMA = {
     "type": "object",
@@ -119,7 +120,7 @@ def test_disk_cache_hit_is_memory_mapped_and_equal(vocab, tmp_path):
     np.testing.assert_array_equal(again.masks, first.masks)
     np.testing.assert_array_equal(again.table, first.table)
     # another tokenizer (different digest) misses
-    other = Vocab(list(vocab.tokens[:-1]) + [b"zz"], vocab.eos_ids, vocab.size)
+    other = Vocab([*vocab.tokens[:-1], b"zz"], vocab.eos_ids, vocab.size)
     assert load_cached(spec, other, tmp_path) is None
     # a corrupt file is ignored and rebuilt
     files[0].write_bytes(b"garbage")
@@ -186,7 +187,7 @@ def test_compile_is_lazy_and_completes_to_the_eager_masks(vocab, tokenizer):
 
 
 def test_batch_fill_computes_missing_rows(vocab, tokenizer):
-    from llmserve.constraints.compiled import native, native_vocab
+    from llmserve.constraints.native import native, native_vocab
 
     spec = spec_from_request({"regex": "[a-z]{2,8}@[a-z]+[.](com|org)"})
     lazy = compile_constraint(spec, vocab, cache_dir=False)
@@ -207,7 +208,8 @@ def test_batch_fill_computes_missing_rows(vocab, tokenizer):
 def test_fills_racing_the_background_finisher_see_complete_rows(vocab, tokenizer, tmp_path):
     """Batch fills compute rows on the pool while the finisher thread completes the same constraint:
     each row is computed once and every fill sees it whole."""
-    from llmserve.constraints.compiled import _MEMORY, native, native_vocab
+    from llmserve.constraints.compiler import _MEMORY
+    from llmserve.constraints.native import native, native_vocab
 
     spec = spec_from_request({"json_schema": SCHEMA})
     eager = compile_dfa(spec.to_dfa(), vocab)
@@ -231,9 +233,9 @@ def test_fills_racing_the_background_finisher_see_complete_rows(vocab, tokenizer
 
 
 def test_large_constraints_are_computed_on_demand_only(vocab, tmp_path, monkeypatch):
-    from llmserve.constraints import compiled as compiled_mod
+    from llmserve.constraints import compiler
 
-    monkeypatch.setattr(compiled_mod, "MAX_COMPLETE_BYTES", 4 * vocab.words * 3)  # three rows' worth
+    monkeypatch.setattr(compiler, "MAX_COMPLETE_BYTES", 4 * vocab.words * 3)  # three rows' worth
     c = compile_constraint({"regex": "[a-z]{3,9}@[a-z]{2,5}"}, vocab, cache_dir=tmp_path)
     assert c.num_states > 3 and c._finished is None  # no background completion queued
     assert c.native.ready_rows == 2 and not list(tmp_path.iterdir())

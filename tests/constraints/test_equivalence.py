@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmserve.constraints import reference
-from llmserve.constraints.compiled import CompiledConstraint, compile_dfa, native, native_vocab
+from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
+from llmserve.constraints.native import native, native_vocab
 from llmserve.constraints.regex import compile_regex
 from llmserve.constraints.vocab import Vocab
 

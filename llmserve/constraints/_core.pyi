@@ -1,0 +1,124 @@
+# Typed interface of the native constraint core, the module csrc/bindings.cpp builds (C++ in csrc/).
+#
+# Shapes and dtypes (every array C-contiguous in its last dimension; the bindings check dtypes and
+# shapes and raise ValueError on a mismatch):
+#   vocabulary  offsets int64[size + 1], data uint8: token i = data[offsets[i]:offsets[i + 1]]
+#               (an empty token is never allowed); W = (size + 31) // 32 uint32 words per mask row
+#   DFA         table int32[S, 256] (-1: dead), accept uint8[S], start state in [0, S)
+#   masks       uint32[S + 1, W]: row s = tokens allowed in state s, row S = the dead row (end of
+#               sequence only); bit (t % 32) of word (t // 32) set = token t allowed
+#   batch       bitmask uint32[B, W'] (W' >= ceil(V / 32)), logits float32[B, V] (rows may be strided),
+#               active uint8[B] (1: the row is constrained)
+#
+# GIL: the calls marked "releases the GIL" run on the core's native thread pool without it; the
+# others hold it (they are O(1) or read Python objects).
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+def default_threads() -> int:
+    """LLMSERVE_CONSTRAINT_THREADS when set, else the hardware threads (at most 16)."""
+
+def pool_size() -> int:
+    """Threads of the native pool (the calling thread included)."""
+
+class Vocab:
+    """A vocabulary as bytes, with the token trie mask rows are computed over."""
+
+    def __init__(self, offsets: NDArray[np.int64], data: NDArray[np.uint8], eos: Sequence[int], size: int) -> None:
+        """offsets int64[size + 1], data uint8[N]; eos ids in [0, size). Copies both; builds the trie
+        with the GIL released."""
+    @property
+    def size(self) -> int: ...
+    @property
+    def words(self) -> int:
+        """uint32 words per mask row: (size + 31) // 32."""
+
+def compile_masks(
+    vocab: Vocab, table: NDArray[np.int32], accept: NDArray[np.uint8], nthreads: int = 0
+) -> NDArray[np.uint32]:
+    """Every mask row at once: table int32[S, 256], accept uint8[S] -> masks uint32[S + 1, W].
+    Releases the GIL. nthreads 0: the whole pool."""
+
+class Grammar:
+    """A DFA compiled against a vocabulary, over buffers the caller owns (kept alive by this object).
+    ready=False: only the dead row is computed now; the others on first use (``ensure``, batch fills)
+    or by ``complete``; ``masks`` must then be writable."""
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        table: NDArray[np.int32],
+        accept: NDArray[np.uint8],
+        masks: NDArray[np.uint32],
+        start: int = 0,
+        ready: bool = True,
+    ) -> None:
+        """table int32[S, 256], accept uint8[S], masks uint32[S + 1, vocab.words]."""
+    def ensure(self, state: int) -> None:
+        """Compute the mask row of ``state`` (-1: the dead row) if it is not ready yet. Releases the GIL.
+        IndexError: a state past S."""
+    def complete(self, nthreads: int = 0) -> None:
+        """Compute every missing mask row (nthreads=1: on this thread only). Releases the GIL."""
+    @property
+    def ready_rows(self) -> int:
+        """Mask rows computed so far (S + 1 when complete)."""
+    def finish_later(self, id: int) -> None:
+        """Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then."""
+    def step(self, state: int, token: int, /) -> int:
+        """Next state after ``token`` (-1: not allowed, or ``state`` was already -1)."""
+    def walk(self, state: int, tokens: Sequence[int], /) -> int:
+        """``step`` over ``tokens`` from ``state``."""
+    @property
+    def num_states(self) -> int:
+        """S."""
+    @property
+    def start(self) -> int: ...
+
+class Batch:
+    """The engine's persistent batch: per row a grammar (or None: unconstrained), its DFA state, and a
+    reference to the engine's output-token list of that row (read by ``sync``, never copied)."""
+
+    def __init__(self, vocab: Vocab, /) -> None: ...
+    def set_row(self, index: int, grammar: Grammar | None, tokens: list[int] | None) -> None:
+        """Row ``index`` starts at the grammar's start state; ``tokens`` grows in place as the engine decodes."""
+    def clear_row(self, index: int, /) -> None: ...
+    def move(self, src: int, dst: int) -> None:
+        """Row ``src`` to ``dst`` (``src`` becomes unconstrained)."""
+    def swap(self, a: int, b: int, /) -> None: ...
+    def sync(self, n: int) -> int:
+        """Advance the first ``n`` rows' states over the tokens appended to their lists since the last
+        sync; a list that shrank or diverged is replayed from the start. Holds the GIL (it reads the
+        lists). Returns how many rows were replayed from the start."""
+    def fill(
+        self, out: NDArray[np.uint32], active: NDArray[np.uint8] | None = None, n: int = -1, nthreads: int = 0
+    ) -> None:
+        """out uint32[B, W'] (C-contiguous): the first n rows (-1: B) get their state's mask row,
+        unconstrained rows all ones; active uint8[>= n] gets 1 per constrained row. Computes the lazy rows
+        it needs. Releases the GIL."""
+    def fill_apply(self, logits: NDArray[np.float32], out: NDArray[np.uint32] | None = None, nthreads: int = 0) -> None:
+        """logits float32[B, V], in place: disallowed tokens become -inf, in one pass; out uint32[B, W']
+        (optional) gets the bitmask too. Releases the GIL."""
+    def row(self, index: int, /) -> tuple[int | None, int]:
+        """(state, tokens consumed); (None, 0) for an unconstrained row."""
+    @property
+    def capacity(self) -> int:
+        """Rows allocated so far."""
+
+def finished_next() -> int:
+    """Wait (without the GIL) for a queued grammar, complete it on this thread, return its id."""
+
+def build_dfa(
+    ast: NDArray[np.int32], max_states: int, max_nfa_states: int
+) -> tuple[NDArray[np.int32], NDArray[np.uint8]]:
+    """Regular-expression AST (int32[N], serialised as in csrc/dfa.h) -> minimal byte DFA
+    (table int32[S, 256], accept uint8[S]). Releases the GIL. ValueError: too many states, or a
+    language with no string."""
+
+def apply_bitmask(
+    logits: NDArray[np.float32], bitmask: NDArray[np.uint32], active: NDArray[np.uint8] | None = None, nthreads: int = 0
+) -> None:
+    """logits float32[B, V] in place: tokens whose bit in bitmask uint32[>= B, W'] is clear become -inf
+    (only rows with active[r] set, when given). Releases the GIL."""

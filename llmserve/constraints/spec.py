@@ -1,0 +1,85 @@
+"""What a request asks for: a ``ConstraintSpec`` (regex, choice or json_schema), parsed from the
+request form, with its canonical text (the cache key's input) and its byte DFA."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.jsonschema import schema_to_ast
+from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
+
+KINDS = ("regex", "choice", "json_schema", "automaton")
+REQUEST_KINDS = KINDS[:3]  # an automaton arrives as {"machine": name} (machine.py), never as a spec
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """One constraint: ``kind`` in regex | choice | json_schema, ``value`` its pattern, list of
+    strings or schema."""
+
+    kind: str
+    value: Any
+
+    def __post_init__(self) -> None:
+        if self.kind not in REQUEST_KINDS:
+            raise ConstraintError(f"unknown constraint kind {self.kind!r} (one of: regex, choice, json_schema)")
+        if self.kind == "regex" and not isinstance(self.value, str):
+            raise ConstraintError("regex must be a string")
+        if self.kind == "choice" and (
+            not isinstance(self.value, (list, tuple))
+            or not self.value
+            or not all(isinstance(c, str) for c in self.value)
+        ):
+            raise ConstraintError("choice must be a non-empty list of strings")
+        if self.kind == "json_schema" and isinstance(self.value, str):
+            try:
+                object.__setattr__(self, "value", json.loads(self.value))
+            except json.JSONDecodeError as exc:
+                raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+        if self.kind == "json_schema" and not isinstance(self.value, dict):
+            raise ConstraintError("json_schema must be a JSON object")
+
+    @property
+    def canonical(self) -> str:
+        value = list(self.value) if self.kind == "choice" else self.value
+        return json.dumps(
+            {"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical.encode()).hexdigest()
+
+    def to_ast(self) -> Any:
+        if self.kind == "regex":
+            return parse(self.value)
+        if self.kind == "choice":
+            return ("alt", [literal(c) for c in self.value])
+        return schema_to_ast(self.value)
+
+    def to_dfa(self, backend: str = "native") -> ByteDFA:
+        return compile_ast(self.to_ast(), backend)
+
+
+def spec_from_request(obj: Any) -> ConstraintSpec:
+    """From the request form: ``{"regex": "..."}``, ``{"choice": [...]}``, ``{"json_schema": {...}}``
+    (exactly one key), or ``{"kind": ..., "value": ...}``."""
+    if isinstance(obj, ConstraintSpec):
+        return obj
+    if isinstance(obj, str):
+        try:
+            obj = json.loads(obj)
+        except json.JSONDecodeError as exc:
+            raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ConstraintError('constraint must be an object such as {"regex": "[0-9]+"}')
+    if set(obj) == {"kind", "value"}:
+        return ConstraintSpec(obj["kind"], obj["value"])
+    keys = [k for k in obj if k in REQUEST_KINDS]
+    if len(keys) != 1 or len(obj) != 1:
+        raise ConstraintError(f"constraint must have exactly one of: regex, choice, json_schema; got {sorted(obj)}")
+    return ConstraintSpec(keys[0], obj[keys[0]])
