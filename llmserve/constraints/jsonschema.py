@@ -104,25 +104,46 @@ class _Converter:
             node = node[part]
         return node
 
-    def convert(self, schema, depth=0, refs=()):
+    def convert(self, schema, depth: int = 0, refs: tuple[str, ...] = ()):
+        self._check_node(schema, depth)
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if ref in refs:
+                raise self.fail(f"recursive $ref {ref!r} is not supported")
+            return self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+        if "const" in schema or "enum" in schema:
+            return self._values(schema)
+        combined = self._combination(schema, depth, refs)
+        if combined is not None:
+            return combined
+        typ = schema.get("type")
+        if isinstance(typ, list):
+            return ("alt", [self.convert({**schema, "type": t}, depth + 1, refs) for t in typ])
+        typ = self._implied_type(schema) if typ is None else typ
+        handler = getattr(self, "_" + str(typ), None)
+        if handler is None:
+            raise self.fail(f"unsupported type {typ!r}")
+        return handler(schema, depth, refs)
+
+    def _check_node(self, schema, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
         if schema is True or schema == {}:
             raise self.fail("an unconstrained value ({} or true) is not a regular language; give it a type")
         if not isinstance(schema, dict):
             raise self.fail(f"schema must be an object, got {type(schema).__name__}")
-        if "$ref" in schema:
-            ref = schema["$ref"]
-            if ref in refs:
-                raise self.fail(f"recursive $ref {ref!r} is not supported")
-            return self.convert(self.resolve(ref), depth + 1, refs + (ref,))
+
+    def _values(self, schema: dict):
+        """``const`` or ``enum``: the listed JSON values, compact."""
         if "const" in schema:
             return _lit(json.dumps(schema["const"], separators=(",", ":"), ensure_ascii=False))
-        if "enum" in schema:
-            values = schema["enum"]
-            if not isinstance(values, list) or not values:
-                raise self.fail("enum must be a non-empty list")
-            return ("alt", [_lit(json.dumps(v, separators=(",", ":"), ensure_ascii=False)) for v in values])
+        values = schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise self.fail("enum must be a non-empty list")
+        return ("alt", [_lit(json.dumps(v, separators=(",", ":"), ensure_ascii=False)) for v in values])
+
+    def _combination(self, schema: dict, depth: int, refs: tuple[str, ...]):
+        """``anyOf``/``oneOf`` (each branch with the rest of the schema), or None when neither is there."""
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 subs = schema[key]
@@ -132,20 +153,14 @@ class _Converter:
                 return ("alt", [self.convert({**base, **s}, depth + 1, refs) for s in subs])
         if "allOf" in schema:
             raise self.fail("allOf is not supported")
-        typ = schema.get("type")
-        if isinstance(typ, list):
-            return ("alt", [self.convert({**schema, "type": t}, depth + 1, refs) for t in typ])
-        if typ is None:
-            if "properties" in schema:
-                typ = "object"
-            elif "items" in schema:
-                typ = "array"
-            else:
-                raise self.fail(f"schema without a type: {json.dumps(schema)[:80]}")
-        handler = getattr(self, "_" + str(typ), None)
-        if handler is None:
-            raise self.fail(f"unsupported type {typ!r}")
-        return handler(schema, depth, refs)
+        return None
+
+    def _implied_type(self, schema: dict) -> str:
+        if "properties" in schema:
+            return "object"
+        if "items" in schema:
+            return "array"
+        raise self.fail(f"schema without a type: {json.dumps(schema)[:80]}")
 
     def _check(self, schema, allowed):
         extra = set(schema) - allowed - _ANNOTATIONS - {"type"}

@@ -98,8 +98,9 @@ def register_machine(name: str, factory: Callable) -> None:
     _REGISTRY[name] = factory
 
 
-def registered_machines() -> dict[str, Callable]:
-    out = {}
+def registered_machines() -> dict[str, Callable | metadata.EntryPoint]:
+    """Name -> factory: the registered ones, and the entry points (loaded by ``make_machine`` on use)."""
+    out: dict[str, Callable | metadata.EntryPoint] = {}
     try:
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             out[ep.name] = ep

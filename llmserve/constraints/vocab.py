@@ -85,7 +85,7 @@ class Vocab:
             np.cumsum(lens, out=offsets[1:])
             data = bytearray()
             for i, t in enumerate(self.tokens):
-                if lens[i]:
+                if t is not None and lens[i]:
                     data += t
             self._packed = (offsets, np.frombuffer(bytes(data), dtype=np.uint8).copy())
         return self._packed

@@ -132,7 +132,7 @@ def main(model_dir: str, out_path: str) -> None:
             )
             used.append(c)
         outs = llm.generate(prompts, params, use_tqdm=False)
-        for c, o in zip(used, outs):
+        for c, o in zip(used, outs, strict=True):  # one output per prompt
             comp = o.outputs[0]
             results.append(
                 {
