@@ -37,14 +37,16 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from llmserve.constraints import Vocab, compile_constraint
-from llmserve.constraints import compiled as compiled_mod
-from llmserve.constraints.compiled import ConstraintSpec, native, native_vocab
+from llmserve.constraints import CompiledConstraint, ConstraintSpec, Vocab, compile_constraint
+from llmserve.constraints import compiler as compiler_mod
+from llmserve.constraints.native import native, native_vocab
 
 CACHE = Path(os.environ.get("LLMSERVE_BENCH_CACHE", Path.home() / ".cache" / "llmserve-bench"))
 JS_TIKTOKEN = "js-tiktoken@1.0.21"
@@ -146,7 +148,7 @@ def complete(ours) -> None:
 
 
 def clear_memo() -> None:
-    memo = getattr(compiled_mod, "_MEMORY", None)
+    memo = getattr(compiler_mod, "_MEMORY", None)
     if memo is not None:
         memo.clear()
 
@@ -441,270 +443,357 @@ def fmt_ratio(key, v):
     return f"{v:.3f}" if key != "disk_cache_compile_ms" else f"{v:.3f} ms"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+@dataclass
+class Setup:
+    """What every case shares: the vocabulary in each engine's form, the run's sizes and repetitions."""
+
+    vocab: Vocab
+    nv: Any  # _core.Vocab
+    byte_ids: dict[int, int]
+    xinfo: Any  # xgrammar.TokenizerInfo
+    lltok: Any  # llguidance.LLTokenizer
+    executor: Any  # llguidance.numpy.LLExecutor
+    cache_root: Path
+    sizes: tuple[int, ...]
+    reps_small: int
+    reps_big: int
+    compile_runs: int
+
+    @property
+    def V(self) -> int:
+        return self.vocab.size
+
+    @property
+    def W(self) -> int:
+        return self.vocab.words
+
+
+class ByteTokenizer:
+    """The tokenizer llguidance's TokenizerWrapper reads: our tokens, encoding text byte by byte."""
+
+    def __init__(self, vocab: Vocab, tokens_bytes: list[bytes], byte_ids: dict[int, int]):
+        self.eos_token_id = vocab.eos_ids[0]
+        self.bos_token_id = None
+        self.tokens = tokens_bytes
+        self.special_token_ids = [i for i, t in enumerate(vocab.tokens) if t is None]
+        self.byte_ids = byte_ids
+
+    def __call__(self, s):
+        data = s if isinstance(s, bytes) else s.encode()
+        return [self.byte_ids[b] for b in data]
+
+
+def setup(quick: bool, cache_root: Path) -> Setup:
     import llguidance as llg
     import llguidance.numpy as lnp
     import xgrammar as xgr
 
-    t0 = time.perf_counter()
     t = time.perf_counter()
     vocab = cl100k_vocab()
-    V = vocab.size
-    W = vocab.words
     nv = native_vocab(vocab)
     prep = time.perf_counter() - t
     byte_ids = byte_token_ids(vocab)
     eos = vocab.eos_ids[0]
-    lazy = hasattr(compiled_mod.CompiledConstraint, "complete")
+    lazy = hasattr(CompiledConstraint, "complete")
     print(
-        f"vocabulary cl100k_base: {V} tokens, eos {eos}; preparation {prep:.2f}s; threads {native.pool_size()}; "
-        f"lazy masks (complete()): {lazy}"
+        f"vocabulary cl100k_base: {vocab.size} tokens, eos {eos}; preparation {prep:.2f}s; "
+        f"threads {native.pool_size()}; lazy masks (complete()): {lazy}"
+    )
+    tokens_bytes = [t if t is not None else b"" for t in vocab.tokens]
+    xinfo = xgr.TokenizerInfo(tokens_bytes, xgr.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=[eos])
+    lltok = llg.LLTokenizer(llg.TokenizerWrapper(ByteTokenizer(vocab, tokens_bytes, byte_ids)))
+    reps_small, reps_big = (5, 3) if quick else (30, 10)
+    return Setup(
+        vocab,
+        nv,
+        byte_ids,
+        xinfo,
+        lltok,
+        lnp.LLExecutor(),
+        cache_root,
+        QUICK_SIZES if quick else SIZES,
+        reps_small,
+        reps_big,
+        3 if quick else 5,
     )
 
-    tokens_bytes = [t if t is not None else b"" for t in vocab.tokens]
-    xinfo = xgr.TokenizerInfo(tokens_bytes, xgr.VocabType.RAW, vocab_size=V, stop_token_ids=[eos])
 
-    class _G:
-        eos_token_id = eos
-        bos_token_id = None
-        tokens = tokens_bytes
-        special_token_ids = [i for i, t in enumerate(vocab.tokens) if t is None]
+def xgr_matchers(xg, prefixes, rejected: dict, vocab: Vocab) -> list:
+    """One xgrammar matcher per prefix; a token it rejects stops that prefix there (recorded)."""
+    import xgrammar as xgr
 
-        def __call__(self, s):
-            data = s if isinstance(s, bytes) else s.encode()
-            return [byte_ids[b] for b in data]
+    xms = []
+    for p in prefixes:
+        m = xgr.GrammarMatcher(xg)
+        for i, tok in enumerate(p):
+            if not m.accept_token(tok):  # xgrammar disagrees with the sample: stay here
+                rejected.setdefault(
+                    len(p),
+                    {
+                        "prefix_len": len(p),
+                        "at": i,
+                        "accepted_prefix": prefix_text(p[:i], vocab),
+                        "token": token_label(vocab, tok),
+                    },
+                )
+                break
+        xms.append(m)
+    return xms
 
-    lltok = llg.LLTokenizer(llg.TokenizerWrapper(_G()))
-    executor = lnp.LLExecutor()
-    cache_root = Path(tempfile.mkdtemp(prefix="llmserve-bench-cache-"))
-    sizes = QUICK_SIZES if args.quick else SIZES
-    reps_small, reps_big = (5, 3) if args.quick else (30, 10)
-    compile_runs = 3 if args.quick else 5
-    results = {
-        "vocab": V,
-        "threads": native.pool_size(),
-        "quick": args.quick,
-        "lazy_masks": lazy,
-        "sizes": list(sizes),
-        "cases": {},
+
+def llg_matchers(env: Setup, lgram, prefixes, rejected: dict) -> list:
+    """One llguidance matcher per prefix (a rejected token would put the matcher in its error state:
+    each token is validated first, and a rejection stops that prefix there, recorded)."""
+    import llguidance as llg
+
+    lms = []
+    for p in prefixes:
+        m = llg.LLMatcher(env.lltok, lgram)
+        for i, tok in enumerate(p):
+            if m.validate_tokens([tok]) != 1 or not m.consume_token(tok):
+                rejected.setdefault(
+                    len(p),
+                    {
+                        "prefix_len": len(p),
+                        "at": i,
+                        "accepted_prefix": prefix_text(p[:i], env.vocab),
+                        "token": token_label(env.vocab, tok),
+                        "error": m.get_error() or "",
+                    },
+                )
+                break
+        lms.append(m)
+    return lms
+
+
+def python_baselines(ours, pyloop, lists, lnp_):
+    """The pure-Python baselines over the same rows, one step per request (advance by the newest
+    token, then the row): fill and fill+apply of ``python_loop`` and of ``python_row_copy``, and the
+    bitmask each fills."""
+    B, W, V = len(lists), ours.vocab.words, ours.vocab.size
+    base = [ours.walk(lst[:-1]) for lst in lists]
+    newest = [lst[-1] if lst else -1 for lst in lists]
+    pbm = np.zeros((B, W), np.uint32)
+
+    def pyloop_fill():
+        pyloop.fill(base, newest, pbm)
+
+    def pyloop_fill_apply():
+        pyloop.fill_apply(base, newest, pbm, lnp_)
+
+    masks = ours.masks
+    cbm = np.zeros((B, W), np.uint32)
+
+    def rowcopy_fill():
+        for r in range(B):
+            s = ours.step(base[r], newest[r]) if newest[r] >= 0 else base[r]
+            cbm[r] = masks[s if s >= 0 else ours.num_states]
+
+    neg = float("-inf")
+
+    def rowcopy_fill_apply():
+        rowcopy_fill()
+        bits = np.unpackbits(cbm.view(np.uint8), axis=1, bitorder="little")[:, :V]
+        for r in range(B):
+            lnp_[r][bits[r] == 0] = neg
+
+    return pyloop_fill, pyloop_fill_apply, rowcopy_fill, rowcopy_fill_apply, pbm, cbm
+
+
+@dataclass
+class BatchRun:
+    fill: dict[str, float]
+    fill_apply: dict[str, float]
+    floor: float
+    masks: dict[str, np.ndarray]  # the bitmask each engine filled: llmserve, xgrammar, llguidance
+    python_agrees: bool  # both pure-Python baselines filled what llmserve filled
+
+
+def measure_batch(env: Setup, B: int, prefixes, ours, xg, lgram, pyloop, rejected: dict) -> BatchRun:
+    """Fill and fill+apply timings of every engine for B rows at the states ``prefixes`` lead to."""
+    import llguidance.numpy as lnp
+    import xgrammar as xgr
+
+    V, W = env.V, env.W
+    reps = env.reps_small if B <= 32 else env.reps_big
+    py_reps = max(3, reps // 5)
+    # ours: rows at different states
+    batch = native.Batch(env.nv)
+    lists = [list(p) for p in prefixes]
+    for r in range(B):
+        batch.set_row(r, ours.native, lists[r])
+    batch.sync(B)
+    bm = np.zeros((B, W), np.uint32)
+    logits = torch.randn(B, V)
+    lnp_ = logits.numpy()
+
+    def ours_fill():
+        batch.sync(B)
+        batch.fill(bm)
+
+    def ours_fill_apply():
+        batch.sync(B)
+        batch.fill_apply(lnp_)
+
+    xms = xgr_matchers(xg, prefixes, rejected["xgrammar"], env.vocab)
+    xbm = xgr.allocate_token_bitmask(B, V)
+    xbatch = xgr.BatchGrammarMatcher(max_threads=native.pool_size())
+
+    def x_fill():
+        xbatch.batch_fill_next_token_bitmask(xms, xbm)
+
+    def x_fill_apply():
+        xbatch.batch_fill_next_token_bitmask(xms, xbm)
+        xgr.apply_token_bitmask_inplace(logits, xbm)
+
+    lms = llg_matchers(env, lgram, prefixes, rejected["llguidance"])
+    lbm = np.zeros((B, W), np.int32)
+    pairs = [(m, i) for i, m in enumerate(lms)]
+
+    def l_fill():
+        lnp.fill_next_token_bitmask_par(env.executor, pairs, lbm)
+
+    def l_fill_apply():
+        lnp.fill_next_token_bitmask_par(env.executor, pairs, lbm)
+        lnp.apply_token_bitmask_inplace(lnp_, lbm)
+
+    pyloop_fill, pyloop_fill_apply, rowcopy_fill, rowcopy_fill_apply, pbm, cbm = python_baselines(
+        ours, pyloop, lists, lnp_
+    )
+
+    def floor():
+        np.multiply(lnp_, 1.0, out=lnp_)
+
+    def floor_torch():
+        logits.mul_(1.0)
+
+    fill = {
+        "llmserve": timeit(ours_fill, reps),
+        "xgrammar": timeit(x_fill, reps),
+        "llguidance": timeit(l_fill, reps),
+        "python_loop": timeit(pyloop_fill, py_reps, 1),
+        "python_row_copy": timeit(rowcopy_fill, py_reps, 1),
+    }
+    # the masks each engine filled, for the agreement check
+    ours_fill(), x_fill(), l_fill(), pyloop_fill(), rowcopy_fill()
+    filled = {"llmserve": bm.copy(), "xgrammar": xbm.numpy().copy(), "llguidance": lbm.copy()}
+    python_agrees = bool(np.array_equal(pbm, filled["llmserve"]) and np.array_equal(cbm, filled["llmserve"]))
+    fa = {
+        "llmserve": timeit(ours_fill_apply, reps),
+        "xgrammar": timeit(x_fill_apply, reps),
+        "llguidance": timeit(l_fill_apply, reps),
+        "python_loop": timeit(pyloop_fill_apply, py_reps, 1),
+        "python_row_copy": timeit(rowcopy_fill_apply, py_reps, 1),
+    }
+    fl = min(timeit(floor, 3 * reps), timeit(floor_torch, 3 * reps))  # cheap: more reps, less noise
+    return BatchRun(fill, fa, fl, filled, python_agrees)
+
+
+def case_ratios(res: dict) -> dict[str, float]:
+    """The ratios the targets and the info columns read, from one case's timings."""
+    fa_b, f_b = res["fill_apply_s"][BIG], res["fill_s"][BIG]
+    others_c = min(res["compile_s"][e] for e in OTHERS)
+    return {
+        "fill_apply_B256_over_floor": fa_b["llmserve"] / res["floor_s"][BIG],
+        "fill_apply_B256_vs_best_other": fa_b["llmserve"] / min(v for k, v in fa_b.items() if k != "llmserve"),
+        "fill_B256_vs_best_other": f_b["llmserve"] / min(v for k, v in f_b.items() if k != "llmserve"),
+        "per_row_fill_B256_over_B8": (f_b["llmserve"] / BIG) / (res["fill_s"][SMALL]["llmserve"] / SMALL),
+        "python_loop_over_llmserve_fill_B256": f_b["python_loop"] / f_b["llmserve"],
+        "python_row_copy_over_llmserve_fill_B256": f_b["python_row_copy"] / f_b["llmserve"],
+        "python_loop_over_llmserve_fill_apply_B256": fa_b["python_loop"] / fa_b["llmserve"],
+        "compile_over_fastest": res["compile_s"]["llmserve"] / others_c,
+        "compile_full_over_fastest": res["compile_s"]["llmserve_full"] / others_c,
+        "disk_cache_compile_ms": res["compile_s"]["llmserve_disk_cache_first_fill"] * 1e3,
     }
 
-    try:
-        for name, (spec_obj, sample) in CASES.items():
-            print(f"\n== {name}")
-            spec = ConstraintSpec(*next(iter(spec_obj.items())))
-            res = results["cases"][name] = {"compile_s": {}, "fill_s": {}, "fill_apply_s": {}, "floor_s": {}}
-            lgram = llg_grammar(spec)
 
-            # ---- compile (median of cold runs), then the instance used below
-            comp, raw = measure_compile(spec, vocab, nv, xinfo, lltok, lgram, executor, compile_runs, cache_root)
-            res["compile_s"], res["compile_runs_s"] = comp, raw
-            print("compile ms (median of %d):" % compile_runs, {k: round(v * 1e3, 3) for k, v in comp.items()})
-            clear_memo()
-            ours = compile_constraint(spec, vocab, cache_dir=cache_root / f"main-{name}")
-            complete(ours)
-            xg = xgr_compile(xgr.GrammarCompiler(xinfo, max_threads=native.pool_size(), cache_enabled=False), spec)
-            pyloop = PythonLoop(ours)
-            res["python_loop_index_build_s"] = pyloop.build_s
-            res["num_states"] = ours.num_states
+def print_agreement(agreement: dict, B: int) -> None:
+    line = []
+    for eng in OTHERS:
+        s = agreement[eng]["by_B"][B]
+        line.append(
+            f"{eng} {s['agree']}/{s['rows']} rows agree"
+            + (
+                f" ({s['rows_on_rejected_prefix']} rows on a prefix it rejected)"
+                if s["rows_on_rejected_prefix"]
+                else ""
+            )
+        )
+    print("  agreement: " + "; ".join(line))
 
-            sample_ids = [byte_ids[b] for b in sample.encode()]
-            agreement = res["agreement"] = {e: {"by_B": {}, "disagreements": [], "rejections": []} for e in OTHERS}
-            seen = {e: set() for e in OTHERS}
-            rejected = {e: {} for e in OTHERS}  # prefix length -> rejection record
-            for B in sizes:
-                prefixes = [sample_ids[: (r * 7) % len(sample_ids)] for r in range(B)]
-                reps = reps_small if B <= 32 else reps_big
-                py_reps = max(3, reps // 5)
-                # ours: rows at different states
-                batch = native.Batch(nv)
-                lists = [list(p) for p in prefixes]
-                for r in range(B):
-                    batch.set_row(r, ours.native, lists[r])
-                batch.sync(B)
-                bm = np.zeros((B, W), np.uint32)
-                logits = torch.randn(B, V)
-                lnp_ = logits.numpy()
 
-                def ours_fill():
-                    batch.sync(B)
-                    batch.fill(bm)
+def finish_agreement(agreement: dict, rejected: dict) -> None:
+    """Sort each engine's rejections and disagreements, and print them."""
+    for eng in OTHERS:
+        a = agreement[eng]
+        a["rejections"] = sorted(rejected[eng].values(), key=lambda d: d["prefix_len"])
+        a["disagreements"].sort(key=lambda d: d["prefix_len"])
+        for rj in a["rejections"]:
+            print(
+                f"  !! {eng} rejected token {rj['token']} after {rj['accepted_prefix']!r} "
+                f"(sample prefix of {rj['prefix_len']} bytes){': ' + rj['error'] if rj.get('error') else ''}"
+            )
+        print_disagreements(eng, a["disagreements"])
 
-                def ours_fill_apply():
-                    batch.sync(B)
-                    batch.fill_apply(lnp_)
 
-                # xgrammar
-                xms = []
-                for p in prefixes:
-                    m = xgr.GrammarMatcher(xg)
-                    for i, tok in enumerate(p):
-                        if not m.accept_token(tok):  # xgrammar disagrees with the sample: stay here
-                            rejected["xgrammar"].setdefault(
-                                len(p),
-                                {
-                                    "prefix_len": len(p),
-                                    "at": i,
-                                    "accepted_prefix": prefix_text(p[:i], vocab),
-                                    "token": token_label(vocab, tok),
-                                },
-                            )
-                            break
-                    xms.append(m)
-                xbm = xgr.allocate_token_bitmask(B, V)
-                xbatch = xgr.BatchGrammarMatcher(max_threads=native.pool_size())
+def run_case(env: Setup, name: str, spec_obj: dict, sample: str) -> dict:
+    import xgrammar as xgr
 
-                def x_fill():
-                    xbatch.batch_fill_next_token_bitmask(xms, xbm)
+    print(f"\n== {name}")
+    spec = ConstraintSpec(*next(iter(spec_obj.items())))
+    res: dict[str, Any] = {"compile_s": {}, "fill_s": {}, "fill_apply_s": {}, "floor_s": {}}
+    lgram = llg_grammar(spec)
 
-                def x_fill_apply():
-                    xbatch.batch_fill_next_token_bitmask(xms, xbm)
-                    xgr.apply_token_bitmask_inplace(logits, xbm)
+    # ---- compile (median of cold runs), then the instance used below
+    comp, raw = measure_compile(
+        spec, env.vocab, env.nv, env.xinfo, env.lltok, lgram, env.executor, env.compile_runs, env.cache_root
+    )
+    res["compile_s"], res["compile_runs_s"] = comp, raw
+    print(f"compile ms (median of {env.compile_runs}):", {k: round(v * 1e3, 3) for k, v in comp.items()})
+    clear_memo()
+    ours = compile_constraint(spec, env.vocab, cache_dir=env.cache_root / f"main-{name}")
+    complete(ours)
+    xg = xgr_compile(xgr.GrammarCompiler(env.xinfo, max_threads=native.pool_size(), cache_enabled=False), spec)
+    pyloop = PythonLoop(ours)
+    res["python_loop_index_build_s"] = pyloop.build_s
+    res["num_states"] = ours.num_states
 
-                # llguidance (a rejected token would put the matcher in its error state: validate first)
-                lms = []
-                for p in prefixes:
-                    m = llg.LLMatcher(lltok, lgram)
-                    for i, tok in enumerate(p):
-                        if m.validate_tokens([tok]) != 1 or not m.consume_token(tok):
-                            rejected["llguidance"].setdefault(
-                                len(p),
-                                {
-                                    "prefix_len": len(p),
-                                    "at": i,
-                                    "accepted_prefix": prefix_text(p[:i], vocab),
-                                    "token": token_label(vocab, tok),
-                                    "error": m.get_error() or "",
-                                },
-                            )
-                            break
-                    lms.append(m)
-                lbm = np.zeros((B, W), np.int32)
-                pairs = [(m, i) for i, m in enumerate(lms)]
+    sample_ids = [env.byte_ids[b] for b in sample.encode()]
+    agreement = res["agreement"] = {e: {"by_B": {}, "disagreements": [], "rejections": []} for e in OTHERS}
+    seen: dict[str, set[int]] = {e: set() for e in OTHERS}
+    rejected: dict[str, dict] = {e: {} for e in OTHERS}  # prefix length -> rejection record
+    for B in env.sizes:
+        prefixes = [sample_ids[: (r * 7) % len(sample_ids)] for r in range(B)]
+        run = measure_batch(env, B, prefixes, ours, xg, lgram, pyloop, rejected)
+        res["fill_s"][B], res["fill_apply_s"][B], res["floor_s"][B] = run.fill, run.fill_apply, run.floor
+        print(
+            f"B={B:4d} fill us: "
+            + " ".join(f"{k}={v * 1e6:.0f}" for k, v in run.fill.items())
+            + " | fill+apply us: "
+            + " ".join(f"{k}={v * 1e6:.0f}" for k, v in run.fill_apply.items())
+            + f" | floor={run.floor * 1e6:.0f}"
+        )
 
-                def l_fill():
-                    lnp.fill_next_token_bitmask_par(executor, pairs, lbm)
+        # ---- mask agreement, row by row, for the same prefix
+        if not run.python_agrees:
+            print(f"  !! python baselines disagree with llmserve's fill at B={B} (harness bug)")
+            res.setdefault("harness_mismatch", []).append(B)
+        for eng in OTHERS:
+            a = agreement[eng]
+            a["by_B"][B] = compare(
+                env.vocab, run.masks["llmserve"], run.masks[eng], prefixes, rejected[eng], a["disagreements"], seen[eng]
+            )
+        print_agreement(agreement, B)
 
-                def l_fill_apply():
-                    lnp.fill_next_token_bitmask_par(executor, pairs, lbm)
-                    lnp.apply_token_bitmask_inplace(lnp_, lbm)
+    finish_agreement(agreement, rejected)
+    res["ratios"] = case_ratios(res)
+    res["targets_met"] = {k: bool(pred(res["ratios"][k])) for k, _, pred in TARGETS}
+    print("ratios:", {k: round(v, 3) for k, v in res["ratios"].items()})
+    return res
 
-                # pure-Python baselines: one step per request (advance by the newest token, then the row)
-                base = [ours.walk(lst[:-1]) for lst in lists]
-                newest = [lst[-1] if lst else -1 for lst in lists]
-                pbm = np.zeros((B, W), np.uint32)
 
-                def pyloop_fill():
-                    pyloop.fill(base, newest, pbm)
-
-                def pyloop_fill_apply():
-                    pyloop.fill_apply(base, newest, pbm, lnp_)
-
-                masks = ours.masks
-                cbm = np.zeros((B, W), np.uint32)
-
-                def rowcopy_fill():
-                    for r in range(B):
-                        s = ours.step(base[r], newest[r]) if newest[r] >= 0 else base[r]
-                        cbm[r] = masks[s if s >= 0 else ours.num_states]
-
-                neg = float("-inf")
-
-                def rowcopy_fill_apply():
-                    rowcopy_fill()
-                    bits = np.unpackbits(cbm.view(np.uint8), axis=1, bitorder="little")[:, :V]
-                    for r in range(B):
-                        lnp_[r][bits[r] == 0] = neg
-
-                def floor():
-                    np.multiply(lnp_, 1.0, out=lnp_)
-
-                def floor_torch():
-                    logits.mul_(1.0)
-
-                fill = {
-                    "llmserve": timeit(ours_fill, reps),
-                    "xgrammar": timeit(x_fill, reps),
-                    "llguidance": timeit(l_fill, reps),
-                    "python_loop": timeit(pyloop_fill, py_reps, 1),
-                    "python_row_copy": timeit(rowcopy_fill, py_reps, 1),
-                }
-                # the masks each engine filled, for the agreement check below
-                ours_fill(), x_fill(), l_fill(), pyloop_fill(), rowcopy_fill()
-                bm_ours, bm_x, bm_l = bm.copy(), xbm.numpy().copy(), lbm.copy()
-                fa = {
-                    "llmserve": timeit(ours_fill_apply, reps),
-                    "xgrammar": timeit(x_fill_apply, reps),
-                    "llguidance": timeit(l_fill_apply, reps),
-                    "python_loop": timeit(pyloop_fill_apply, py_reps, 1),
-                    "python_row_copy": timeit(rowcopy_fill_apply, py_reps, 1),
-                }
-                fl = min(timeit(floor, 3 * reps), timeit(floor_torch, 3 * reps))  # cheap: more reps, less noise
-                res["fill_s"][B], res["fill_apply_s"][B], res["floor_s"][B] = fill, fa, fl
-                print(
-                    f"B={B:4d} fill us: "
-                    + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fill.items())
-                    + " | fill+apply us: "
-                    + " ".join(f"{k}={v * 1e6:.0f}" for k, v in fa.items())
-                    + f" | floor={fl * 1e6:.0f}"
-                )
-
-                # ---- mask agreement, row by row, for the same prefix
-                if not (np.array_equal(pbm, bm_ours) and np.array_equal(cbm, bm_ours)):
-                    print(f"  !! python baselines disagree with llmserve's fill at B={B} (harness bug)")
-                    res.setdefault("harness_mismatch", []).append(B)
-                line = []
-                for eng, obm in (("xgrammar", bm_x), ("llguidance", bm_l)):
-                    a = agreement[eng]
-                    a["by_B"][B] = compare(vocab, bm_ours, obm, prefixes, rejected[eng], a["disagreements"], seen[eng])
-                    s = a["by_B"][B]
-                    line.append(
-                        f"{eng} {s['agree']}/{s['rows']} rows agree"
-                        + (
-                            f" ({s['rows_on_rejected_prefix']} rows on a prefix it rejected)"
-                            if s["rows_on_rejected_prefix"]
-                            else ""
-                        )
-                    )
-                print("  agreement: " + "; ".join(line))
-
-            for eng in OTHERS:
-                a = agreement[eng]
-                a["rejections"] = sorted(rejected[eng].values(), key=lambda d: d["prefix_len"])
-                a["disagreements"].sort(key=lambda d: d["prefix_len"])
-                for rj in a["rejections"]:
-                    print(
-                        f"  !! {eng} rejected token {rj['token']} after {rj['accepted_prefix']!r} "
-                        f"(sample prefix of {rj['prefix_len']} bytes){': ' + rj['error'] if rj.get('error') else ''}"
-                    )
-                print_disagreements(eng, a["disagreements"])
-
-            # ratios vs the issue's targets
-            fa_b, f_b = res["fill_apply_s"][BIG], res["fill_s"][BIG]
-            others_c = min(res["compile_s"][e] for e in OTHERS)
-            res["ratios"] = {
-                "fill_apply_B256_over_floor": fa_b["llmserve"] / res["floor_s"][BIG],
-                "fill_apply_B256_vs_best_other": fa_b["llmserve"] / min(v for k, v in fa_b.items() if k != "llmserve"),
-                "fill_B256_vs_best_other": f_b["llmserve"] / min(v for k, v in f_b.items() if k != "llmserve"),
-                "per_row_fill_B256_over_B8": (f_b["llmserve"] / BIG) / (res["fill_s"][SMALL]["llmserve"] / SMALL),
-                "python_loop_over_llmserve_fill_B256": f_b["python_loop"] / f_b["llmserve"],
-                "python_row_copy_over_llmserve_fill_B256": f_b["python_row_copy"] / f_b["llmserve"],
-                "python_loop_over_llmserve_fill_apply_B256": fa_b["python_loop"] / fa_b["llmserve"],
-                "compile_over_fastest": res["compile_s"]["llmserve"] / others_c,
-                "compile_full_over_fastest": res["compile_s"]["llmserve_full"] / others_c,
-                "disk_cache_compile_ms": res["compile_s"]["llmserve_disk_cache_first_fill"] * 1e3,
-            }
-            res["targets_met"] = {k: bool(pred(res["ratios"][k])) for k, _, pred in TARGETS}
-            print("ratios:", {k: round(v, 3) for k, v in res["ratios"].items()})
-    finally:
-        shutil.rmtree(cache_root, ignore_errors=True)
-
-    # ---- summaries
-    print("\n## Targets (llmserve; quick run)" if args.quick else "\n## Targets (llmserve)")
+def print_summaries(results: dict, quick: bool) -> None:
+    print("\n## Targets (llmserve; quick run)" if quick else "\n## Targets (llmserve)")
     print(
         "| case | "
         + " | ".join(desc for _, desc, _ in TARGETS)
@@ -752,6 +841,32 @@ def main():
             a = res["agreement"][eng]
             s = a["by_B"][BIG]
             print(f"| {name} | {eng} | {s['agree']}/{s['rows']} | {len(a['disagreements'])} | {len(a['rejections'])} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    cache_root = Path(tempfile.mkdtemp(prefix="llmserve-bench-cache-"))
+    env = setup(args.quick, cache_root)
+    results: dict[str, Any] = {
+        "vocab": env.V,
+        "threads": native.pool_size(),
+        "quick": args.quick,
+        "lazy_masks": hasattr(CompiledConstraint, "complete"),
+        "sizes": list(env.sizes),
+        "cases": {},
+    }
+    try:
+        for name, (spec_obj, sample) in CASES.items():
+            results["cases"][name] = run_case(env, name, spec_obj, sample)
+    finally:
+        shutil.rmtree(cache_root, ignore_errors=True)
+
+    print_summaries(results, args.quick)
     results["total_s"] = time.perf_counter() - t0
     print(f"\ntotal {results['total_s']:.1f}s")
     if args.out:
