@@ -144,11 +144,14 @@ def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
         done = {}
         t = threading.Thread(
             target=lambda: done.setdefault(
-                "r", c.post("/v1/chat/completions", json={"model": "m:1"}, headers={"x-delay": "1.0"}).status_code
+                "r", c.post("/v1/chat/completions", json={"model": "m:1"}, headers={"x-delay": "3.0"}).status_code
             )
         )
         t.start()
-        time.sleep(0.3)
+        # polled, not slept: on a loaded machine the request can take a while to reach the gateway
+        deadline = time.monotonic() + 5
+        while target.stats(dep)["inflight"].get(str(a.id)) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert target.stats(dep)["inflight"][str(a.id)] == 1
         target.apply_routes(dep, without(store.routes("m")[1], {a.id}))
         assert c.post("/v1/chat/completions", json={"model": "m"}).json()["version"] == "2"
