@@ -7,8 +7,8 @@
 
 namespace llmserve {
 
-// Words per task of a parallel apply (32k tokens): small enough to spread one wide row over the
-// pool, large enough that the handoff is noise.
+// Words per task of a parallel apply (32k tokens): a row is split in chunks so that a small batch
+// of wide rows still spreads over the pool.
 constexpr int64_t kChunkWords = 1024;
 
 // logits[w0 * 32, min(w1 * 32, V)) of one row: tokens whose bit in m is clear become -inf.
