@@ -14,11 +14,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmserve.compat.errors import UnknownTargetError
 from llmserve.errors import InvalidInputError
+from llmserve.formats.safe_yaml import load_yaml
 
 # file -> module -> symbols
 Surface = dict[str, dict[str, list[str]]]
@@ -134,10 +134,10 @@ def load_knowledge_base() -> KnowledgeBase:
 
 
 def parse_knowledge_base(raw: bytes, source: str) -> KnowledgeBase:
+    data = load_yaml(raw, source)  # InvalidInputError naming the file and line
     try:
-        data = yaml.safe_load(raw)
         kb = KnowledgeBase.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as exc:
+    except ValidationError as exc:
         raise InvalidInputError(f"{source}: the compatibility knowledge base is malformed ({exc})") from exc
     used = {kb.targets.local_cpu.surface, kb.targets.triton.later.surface}
     used |= {r.surface for r in kb.targets.triton.releases.values()}
