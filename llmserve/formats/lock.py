@@ -10,14 +10,25 @@ locked, not against whatever knowledge base the installed llmserve happens to sh
     interfaces:  {structuredOutputs: {key, params}, logitsProcessor: {name, module, base},
                   importSurface: {id, files: {file: {module: [symbols]}}}}
     env:         {VLLM_USE_V2_MODEL_RUNNER: "0", ...}   environment the stack needs at run time
-    packages:    {digest: sha256 of the requirement lines, excluded: {name: why}, requirements: [name==version]}
-                 (local-cpu only; `llmserve lock --export requirements` writes them as a pip file)
+    packages:    {digest, excluded: {name: why}, requirements: [name==version],
+                  hashes: {name: [sha256:hex, ...]}}
+                 (local-cpu only; `llmserve lock --export requirements` writes them as a pip file,
+                 one `name==version --hash=sha256:...` line per package)
+
+`packages.hashes` holds, per pinned package, the sha256 of every distribution file pip may install
+for it on the machines the stack targets (x86-64 Linux, CPython 3.11); with it the export installs
+under `pip install --require-hashes`. It is all or nothing (pip refuses a file where one pin lacks a
+hash), and absent in locks written before hashes existed: those still load and export without hashes.
+`packages.digest` is the sha256 of the pip lines exactly as exported (hashes included), so it names
+the bytes that get installed and catches a hand-edited hash; for a lock without hashes the lines are
+plain `name==version` and the digest is the one such locks always had.
     resolved:    {by: llmserve X, at: ISO-8601 UTC, knowledgeBase: sha256, inputs: [...]}
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Final, Literal
 
@@ -42,6 +53,7 @@ class LockNotFoundError(NotFoundError):
 
 
 LOCK_NAME = "llmserve.lock"
+_SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 LOCK_VERSION: Final = 1
 HEADER = (
     "# llmserve.lock: the pinned engine stack. Written by `llmserve lock`; do not edit by hand.\n"
@@ -99,15 +111,37 @@ class Packages(_Strict):
     digest: str
     excluded: dict[str, str] = Field(default_factory=dict)
     requirements: list[str]
+    hashes: dict[str, list[str]] | None = None
 
     @model_validator(mode="after")
-    def _digest_matches(self) -> Packages:
-        if self.digest != packages_digest(self.requirements):
-            raise ValueError("packages.digest does not match packages.requirements (the file was edited by hand)")
+    def _consistent(self) -> Packages:
+        names = []
         for line in self.requirements:
             if "==" not in line:
                 raise ValueError(f"packages.requirements: '{line}' is not an exact pin (name==version)")
+            names.append(line.split("==", 1)[0])
+        if self.hashes is not None:
+            missing = sorted(set(names) - set(self.hashes), key=normalize)
+            if missing:
+                raise ValueError(
+                    f"packages.hashes: no hash for {', '.join(missing[:5])}"
+                    + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                    + " (pip --require-hashes needs one for every pin)"
+                )
+            unknown = sorted(set(self.hashes) - set(names), key=normalize)
+            if unknown:
+                raise ValueError(f"packages.hashes: {', '.join(unknown[:5])} is not in packages.requirements")
+            for name, values in self.hashes.items():
+                bad = [v for v in values if not _SHA256.match(v)]
+                if bad or not values:
+                    raise ValueError(f"packages.hashes.{name}: expected sha256:<64 hex digits>, got {bad or 'none'}")
+        if self.digest != packages_digest(self.requirements, self.hashes):
+            raise ValueError("packages.digest does not match packages.requirements (the file was edited by hand)")
         return self
+
+    def pip_lines(self) -> list[str]:
+        """The requirement lines as pip reads them: `name==version [--hash=sha256:...]...`."""
+        return pip_lines(self.requirements, self.hashes)
 
 
 class Resolution(_Strict):
@@ -144,13 +178,23 @@ class Lock(_Strict):
 
 def normalize(name: str) -> str:
     """PEP 503 name normalization."""
-    import re
-
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def packages_digest(requirements: list[str]) -> str:
-    return "sha256:" + hashlib.sha256(("\n".join(requirements) + "\n").encode()).hexdigest()
+def pip_lines(requirements: list[str], hashes: dict[str, list[str]] | None = None) -> list[str]:
+    if not hashes:
+        return list(requirements)
+    out = []
+    for line in requirements:
+        values = hashes.get(line.split("==", 1)[0], [])
+        out.append(" ".join([line, *(f"--hash={v}" for v in values)]))
+    return out
+
+
+def packages_digest(requirements: list[str], hashes: dict[str, list[str]] | None = None) -> str:
+    """sha256 of the exported pip lines; without hashes, of the plain pins (the digest older locks carry)."""
+    lines = pip_lines(requirements, hashes)
+    return "sha256:" + hashlib.sha256(("\n".join(lines) + "\n").encode()).hexdigest()
 
 
 def dump_lock(lock: Lock) -> str:

@@ -4,13 +4,26 @@ The CLI runner is the suite's one runner, support.cli.run_cli (re-exported here 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import textwrap
+import zipfile
 from pathlib import Path
 
 from support.cli import run_cli
 
-__all__ = ["DATA", "GOLDEN", "OLD_VLLM", "check_golden", "run_cli", "wheel_cache", "write_source"]
+__all__ = [
+    "DATA",
+    "GOLDEN",
+    "OLD_VLLM",
+    "check_golden",
+    "make_wheel",
+    "run_cli",
+    "sha256_of",
+    "wheel_cache",
+    "write_source",
+]
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
@@ -59,3 +72,29 @@ def write_source(
         )
     (root / "llmserve.yaml").write_text(text + extra)
     return root
+
+
+def make_wheel(folder: Path, name: str, version: str, body: str = "") -> Path:
+    """A tiny pure-Python wheel `name==version` (one module whose text is `body`), for pip to install offline."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{dist}/__init__.py": f"VALUE = {body!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: llmserve-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0)), text)
+    return wheel
+
+
+def sha256_of(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
