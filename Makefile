@@ -19,7 +19,7 @@ setup: $(STAMP)
 $(STAMP): $(LOCK) pyproject.toml llmserve.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet --no-deps -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(LOCK)
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m pip check 2>&1 | grep -v -E 'torchvision|torchaudio|torchcodec|python-dateutil|not supported on this platform' ; true
 	touch $(STAMP)

@@ -95,7 +95,7 @@ def _check_version(report: CheckReport, lock: Lock, source: VllmSource) -> None:
         f"then `llmserve check-compat --vllm wheels/<wheel>`"
     )
     if lock.target.kind == "local-cpu":
-        fix = f"install the locked stack: `pip install --no-deps -r <(llmserve lock --export requirements)` ({want.distribution}=={want.version})"
+        fix = f"install the locked stack: `pip install --no-deps --require-hashes -r <(llmserve lock --export requirements)` ({want.distribution}=={want.version})"
     if fits:
         fix += f"; or lock the line that ships {source.version}: `llmserve lock --stack {fits[0]} --upgrade`"
     report.add(
@@ -368,7 +368,7 @@ def _check_environment(report: CheckReport, lock: Lock, site_paths: list[str] | 
                 f"{key}=={want}",
                 "fail",
                 "locked but not installed",
-                "install the locked set: `llmserve lock --export requirements -O req.txt && pip install --no-deps -r req.txt`",
+                "install the locked set: `llmserve lock --export requirements -O req.txt && pip install --no-deps --require-hashes -r req.txt`",
             )
         elif got[1] != want:
             drifted += 1
