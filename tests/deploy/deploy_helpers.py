@@ -41,6 +41,31 @@ class Cli:
         assert rc == 0, text
         return data
 
+    def serving(self, name: str = MODEL) -> dict[int, int]:
+        """{version: weight} of the live servers; {} when the deployment does not exist."""
+        rc, data, _ = self.run("status", "-o", "json")
+        deps = {d["deployment"]: d for d in (data or {}).get("deployments", [])} if rc == 0 else {}
+        if name not in deps:
+            return {}
+        return {i["version"]: i["weight"] for i in deps[name]["instances"] if i["status"] == "serving"}
+
+    def start_from(self, package: Path | None, version: int | None = None) -> None:
+        """Bring the deployment to a known starting state, so a test runs the same alone or after others:
+        nothing deployed (package None), or `version` alone at 100% from `package`. A no-op when it is
+        already there, which is the case when the module runs in order."""
+        if package is None:
+            if self.serving():
+                rc, _, text = self.run("deploy", "down", MODEL)
+                assert rc == 0, text
+            return
+        if self.serving() == {version: 100}:
+            return
+        if self.serving():
+            rc, _, text = self.run("deploy", "down", MODEL)
+            assert rc == 0, text
+        rc, _, text = self.run("deploy", str(package), "--pause", "0")
+        assert rc == 0, text
+
 
 @dataclass
 class Load:

@@ -1,9 +1,10 @@
 """Rollouts on the local target with real `llmserve serve` processes, under continuous client load.
 
-The tests run in order on one deployment (a few servers at a time on a 2-core machine):
+In file order the tests walk one deployment (a few servers at a time on a 2-core machine):
 first version -> red-black v2 -> refused interface change -> v3 fails its health check (rollback)
 -> versioned v4 beside v2 (+ idle cleanup of v2) -> CLI killed mid red-black, rerun resumes
--> CLI killed again, `llmserve rollback` undoes -> teardown.
+-> CLI killed again, `llmserve rollback` undoes -> teardown. Each test first brings the deployment
+to the state it starts from (`Cli.start_from`, a no-op in file order), so any test also runs alone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def assert_clean(load: Load) -> None:
 
 
 def test_first_version(cli, deploy_packages):
+    cli.start_from(None)
     rc, data, text = cli.run("deploy", str(deploy_packages["v1"]), "--pause", "0")
     assert rc == 0, text
     assert serving(data) == {1: 100}
@@ -40,6 +42,7 @@ def test_first_version(cli, deploy_packages):
 
 
 def test_red_black_under_load_zero_failures(cli, deploy_packages):
+    cli.start_from(deploy_packages["v1"], 1)
     load = Load(gateway_url(cli)).start()
     time.sleep(2)
     rc, data, text = cli.run("deploy", str(deploy_packages["v2"]), "--steps", "10,25,50,100", "--pause", "2")
@@ -57,6 +60,7 @@ def test_red_black_under_load_zero_failures(cli, deploy_packages):
 
 
 def test_red_black_refuses_interface_change(cli, deploy_packages):
+    cli.start_from(deploy_packages["v2"], 2)
     rc, data, text = cli.run("deploy", str(deploy_packages["v4"]))
     assert rc == 6, text
     assert data["error"] == "interface-changed" and "chat_template" in data["message"]
@@ -65,6 +69,7 @@ def test_red_black_refuses_interface_change(cli, deploy_packages):
 
 
 def test_failed_health_check_rolls_back_with_zero_failures(cli, deploy_packages):
+    cli.start_from(deploy_packages["v2"], 2)
     load = Load(gateway_url(cli)).start()
     rc, data, text = cli.run("deploy", str(deploy_packages["bad"]), "--pause", "1")
     time.sleep(1)
@@ -80,6 +85,7 @@ def test_failed_health_check_rolls_back_with_zero_failures(cli, deploy_packages)
 
 
 def test_versioned_side_by_side_and_idle_cleanup(cli, deploy_packages):
+    cli.start_from(deploy_packages["v2"], 2)
     url = gateway_url(cli)
     load = Load(url).start()
     rc, data, text = cli.run(
@@ -131,6 +137,7 @@ def _kill_at_step(cli, package, step: int, tmp_path):
 
 
 def test_killed_cli_then_rerun_resumes(cli, deploy_packages, tmp_path):
+    cli.start_from(deploy_packages["v4"], 4)
     load = Load(gateway_url(cli)).start()
     _kill_at_step(cli, deploy_packages["v5"], 2, tmp_path)
     st = cli.status()
@@ -147,6 +154,7 @@ def test_killed_cli_then_rerun_resumes(cli, deploy_packages, tmp_path):
 
 
 def test_killed_cli_then_rollback_undoes(cli, deploy_packages, tmp_path):
+    cli.start_from(deploy_packages["v5"], 5)
     load = Load(gateway_url(cli)).start()
     _kill_at_step(cli, deploy_packages["v6"], 1, tmp_path)
     rc, data, text = cli.run("rollback", MODEL)
@@ -159,7 +167,8 @@ def test_killed_cli_then_rollback_undoes(cli, deploy_packages, tmp_path):
     assert_clean(load)
 
 
-def test_down(cli):
+def test_down(cli, deploy_packages):
+    cli.start_from(deploy_packages["v5"], 5)
     rc, data, text = cli.run("deploy", "down", MODEL)
     assert rc == 0, text
     rc, data, text = cli.run("status")
