@@ -267,7 +267,7 @@ class Deployer:
         self.store.journal(rollout.id, phase="shifting")
         for i in range(start_index, len(steps)):
             pct = steps[i]
-            target = _weighted(last_good, olds, new, pct)
+            target = step_routes(last_good, olds, new, pct)
             self.store.journal(
                 rollout.id, step_index=i, event=f"step {i + 1}/{len(steps)}: {pct}% to v{new.model_version}"
             )
@@ -518,7 +518,7 @@ class Deployer:
         return out
 
 
-def _weighted(last_good: Routes, olds: list[Member], new, pct: int) -> Routes:
+def step_routes(last_good: Routes, olds: list[Member], new, pct: int) -> Routes:
     """The table of one red-black step: the new server at pct, the old ones sharing 100-pct in their old ratio."""
     total_old = sum(mb.weight for mb in olds) or 1
     default: list[Member] = []
