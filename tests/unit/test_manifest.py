@@ -116,7 +116,7 @@ def test_duplicate_tensor_names_refused():
 def test_published_schema_matches_the_model(tmp_path):
     from pathlib import Path
 
-    published = Path(__file__).resolve().parent.parent / "schemas" / "llmserve.schema.json"
+    published = Path(__file__).resolve().parents[2] / "schemas" / "llmserve.schema.json"
     assert json.loads(published.read_text()) == manifest_json_schema(), (
         "schemas/llmserve.schema.json is stale: regenerate with `llmserve schema > schemas/llmserve.schema.json`"
     )
