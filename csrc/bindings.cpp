@@ -13,6 +13,7 @@
 
 #include "apply.h"
 #include "batch.h"
+#include "checksum.h"
 #include "dfa.h"
 #include "finisher.h"
 #include "grammar.h"
@@ -36,6 +37,35 @@ T* buffer_of(py::array& a, int ndim, const char* what, bool writable) {
   return static_cast<T*>(writable ? a.mutable_data() : const_cast<void*>(a.data()));
 }
 
+// Rows a batch may hold: far above any engine's batch, low enough that a wrong index fails here
+// rather than as an allocation of terabytes.
+constexpr int64_t kMaxRows = int64_t(1) << 24;
+
+void check_row(int64_t i, const char* what) {
+  if (i < 0 || i >= kMaxRows)
+    throw std::invalid_argument(std::string(what) + ": row index " + std::to_string(i) + " out of range");
+}
+
+// A DFA's table: int32[S, 256] with C-contiguous rows and every entry a state or -1.
+const int32_t* dfa_table(py::array& table, py::array& accept, int64_t& S) {
+  const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
+  buffer_of<uint8_t>(accept, 1, "accept", false);
+  S = table.shape(0);
+  if (table.shape(1) != 256 || accept.shape(0) != S) throw std::invalid_argument("table/accept shapes");
+  if (S > 0 && table.strides(0) != 256 * static_cast<py::ssize_t>(sizeof(int32_t)))
+    throw std::invalid_argument("table must be C-contiguous");
+  for (int64_t i = 0; i < S * 256; ++i)
+    if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
+  return t;
+}
+
+// A Python object that must be of a core class (pybind's own cast failure is a RuntimeError).
+template <typename T>
+T& cast_to(const py::object& o, const char* what) {
+  if (!py::isinstance<T>(o)) throw py::type_error(std::string(what) + " has the wrong type");
+  return o.cast<T&>();
+}
+
 struct PyVocab {
   std::shared_ptr<Vocab> v;
 };
@@ -44,6 +74,11 @@ struct PyGrammar {
   std::shared_ptr<Grammar> g;
   py::object table, accept, masks;  // keep the buffers alive
 };
+
+// A state id from Python: one of the grammar's states, or -1 (dead; stepping it stays dead).
+void check_state(const Grammar& g, int64_t state) {
+  if (state < -1 || state >= g.S) throw std::invalid_argument("state " + std::to_string(state) + " out of range");
+}
 
 struct RowPy {
   py::object grammar;  // PyGrammar or None
@@ -62,7 +97,13 @@ class PyBatch {
   }
 
   void set_row(int64_t i, py::object grammar, py::object tokens) {
-    if (i < 0) throw std::out_of_range("row index");
+    check_row(i, "set_row");
+    if (!tokens.is_none() && !PyList_Check(tokens.ptr())) throw py::type_error("tokens must be a list");
+    if (!grammar.is_none()) {
+      auto& pg = cast_to<PyGrammar>(grammar, "grammar");
+      if (pg.g->vocab.get() != core_.vocab().get() && pg.g->vocab->words() != core_.vocab()->words())
+        throw std::invalid_argument("grammar compiled for another vocabulary");
+    }
     ensure(i + 1);
     auto& r = core_.rows()[i];
     auto& p = py_[i];
@@ -70,17 +111,15 @@ class PyBatch {
     r = RowCore{};
     if (!grammar.is_none()) {
       auto& pg = grammar.cast<PyGrammar&>();
-      if (pg.g->vocab.get() != core_.vocab().get() && pg.g->vocab->size() != core_.vocab()->size())
-        throw std::invalid_argument("grammar compiled for another vocabulary");
       r.grammar = pg.g;
       r.state = pg.g->start;
       p.grammar = grammar;
     }
-    if (!tokens.is_none() && !PyList_Check(tokens.ptr())) throw std::invalid_argument("tokens must be a list");
     p.tokens = tokens;
   }
 
   void clear_row(int64_t i) {
+    check_row(i, "clear_row");
     if (i < static_cast<int64_t>(py_.size())) {
       py_[i] = RowPy{};
       core_.rows()[i] = RowCore{};
@@ -88,6 +127,8 @@ class PyBatch {
   }
 
   void move(int64_t src, int64_t dst) {
+    check_row(src, "move");
+    check_row(dst, "move");
     ensure(std::max(src, dst) + 1);
     if (src == dst) return;
     py_[dst] = std::move(py_[src]);
@@ -97,6 +138,8 @@ class PyBatch {
   }
 
   void swap(int64_t a, int64_t b) {
+    check_row(a, "swap");
+    check_row(b, "swap");
     ensure(std::max(a, b) + 1);
     std::swap(py_[a], py_[b]);
     std::swap(core_.rows()[a], core_.rows()[b]);
@@ -134,6 +177,7 @@ class PyBatch {
   void fill(py::array out, py::object active, int64_t n, int nthreads) {
     uint32_t* o = buffer_of<uint32_t>(out, 2, "bitmask", true);
     if (out.strides(0) != out.shape(1) * 4) throw std::invalid_argument("bitmask must be C-contiguous");
+    if (out.shape(0) > kMaxRows) throw std::invalid_argument("bitmask: too many rows");
     const int64_t B = n < 0 ? out.shape(0) : std::min<int64_t>(n, out.shape(0));
     uint8_t* act = nullptr;
     py::array act_arr;
@@ -150,6 +194,8 @@ class PyBatch {
   void fill_apply(py::array logits, py::object out, int nthreads) {
     float* l = buffer_of<float>(logits, 2, "logits", true);
     const int64_t B = logits.shape(0), V = logits.shape(1), stride = logits.strides(0) / 4;
+    if (B > kMaxRows) throw std::invalid_argument("logits: too many rows");
+    if (B > 1 && (logits.strides(0) % 4 != 0 || stride < V)) throw std::invalid_argument("logits: rows overlap");
     uint32_t* o = nullptr;
     int64_t W = (V + 31) / 32;
     py::array out_arr;
@@ -157,6 +203,7 @@ class PyBatch {
       out_arr = out.cast<py::array>();
       o = buffer_of<uint32_t>(out_arr, 2, "bitmask", true);
       if (out_arr.shape(0) < B || out_arr.shape(1) * 32 < V) throw std::invalid_argument("bitmask too small");
+      if (B > 1 && out_arr.strides(0) != out_arr.shape(1) * 4) throw std::invalid_argument("bitmask must be C-contiguous");
       W = out_arr.shape(1);
     }
     ensure(B);
@@ -165,6 +212,7 @@ class PyBatch {
   }
 
   py::tuple row(int64_t i) const {
+    check_row(i, "row");
     if (i >= static_cast<int64_t>(py_.size()) || !core_.rows()[i].grammar) return py::make_tuple(py::none(), 0);
     return py::make_tuple(core_.rows()[i].state, py_[i].consumed);
   }
@@ -187,10 +235,15 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](py::array offsets, py::array data, std::vector<int32_t> eos, int64_t size) {
              const int64_t* o = buffer_of<int64_t>(offsets, 1, "offsets", false);
              const uint8_t* d = buffer_of<uint8_t>(data, 1, "data", false);
+             if (size < 0 || size >= (int64_t(1) << 31)) throw std::invalid_argument("size out of range");
              if (offsets.shape(0) != size + 1) throw std::invalid_argument("offsets must have size+1 entries");
              for (int32_t e : eos)
                if (e < 0 || e >= size) throw std::invalid_argument("eos id out of range");
              std::vector<int64_t> ov(o, o + size + 1);
+             // token i is data[offsets[i]:offsets[i+1]]: offsets must start in the data and never decrease
+             if (ov[0] < 0) throw std::invalid_argument("offsets must start at 0 or more");
+             for (int64_t i = 0; i < size; ++i)
+               if (ov[i + 1] < ov[i]) throw std::invalid_argument("offsets must not decrease");
              if (ov.back() > data.shape(0)) throw std::invalid_argument("offsets past the data");
              std::vector<uint8_t> dv(d, d + data.shape(0));
              PyVocab v;
@@ -207,12 +260,9 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "compile_masks",
       [](const PyVocab& v, py::array table, py::array accept, int nthreads) {
-        const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
-        const uint8_t* a = buffer_of<uint8_t>(accept, 1, "accept", false);
-        const int64_t S = table.shape(0);
-        if (table.shape(1) != 256 || accept.shape(0) != S) throw std::invalid_argument("table/accept shapes");
-        for (int64_t i = 0; i < S * 256; ++i)
-          if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
+        int64_t S = 0;
+        const int32_t* t = dfa_table(table, accept, S);
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
         py::array_t<uint32_t> out({S + 1, v.v->words()});
         uint32_t* o = out.mutable_data();
         {
@@ -229,19 +279,16 @@ PYBIND11_MODULE(_core, m) {
              PyGrammar g;
              g.g = std::make_shared<Grammar>();
              g.g->vocab = v.v;
-             g.g->table = buffer_of<int32_t>(table, 2, "table", false);
-             g.g->accept = buffer_of<uint8_t>(accept, 1, "accept", false);
+             int64_t S = 0;
+             g.g->table = dfa_table(table, accept, S);
+             g.g->accept = static_cast<const uint8_t*>(accept.data());
              // a lazy grammar writes its rows as they are first needed
              g.g->masks = buffer_of<uint32_t>(masks, 2, "masks", !ready);
-             g.g->S = table.shape(0);
+             g.g->S = S;
              g.g->start = start;
-             if (table.shape(1) != 256 || accept.shape(0) != g.g->S || masks.shape(0) != g.g->S + 1 ||
-                 masks.shape(1) != v.v->words() || masks.strides(0) != masks.shape(1) * 4 ||
-                 table.strides(0) != 256 * 4 || start < 0 || start >= g.g->S)
+             if (masks.shape(0) != S + 1 || masks.shape(1) != v.v->words() || masks.strides(0) != masks.shape(1) * 4 ||
+                 start < 0 || start >= S)
                throw std::invalid_argument("grammar buffers do not fit the vocabulary");
-             const int32_t* t = g.g->table;
-             for (int64_t i = 0; i < g.g->S * 256; ++i)
-               if (t[i] < -1 || t[i] >= g.g->S) throw std::invalid_argument("table entry out of range");
              g.g->init(ready);
              g.table = table;
              g.accept = accept;
@@ -254,7 +301,7 @@ PYBIND11_MODULE(_core, m) {
           "ensure",
           [](const PyGrammar& g, int64_t state) {
             const int64_t r = state < 0 ? g.g->S : state;
-            if (r > g.g->S) throw std::out_of_range("state");
+            if (r > g.g->S) throw std::invalid_argument("state " + std::to_string(state) + " out of range");
             py::gil_scoped_release nogil;
             g.g->ensure(r);
           },
@@ -271,11 +318,17 @@ PYBIND11_MODULE(_core, m) {
           "finish_later",
           [](const PyGrammar& g, int64_t id) { Finisher::global().enqueue(id, g.g); }, py::arg("id"),
           "Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then.")
-      .def("step", [](const PyGrammar& g, int32_t state, int64_t token) { return g.g->step(state, token); })
+      .def("step",
+           [](const PyGrammar& g, int64_t state, int64_t token) {
+             check_state(*g.g, state);
+             return g.g->step(static_cast<int32_t>(state), token);
+           })
       .def("walk",
-           [](const PyGrammar& g, int32_t state, const std::vector<int64_t>& tokens) {
-             for (int64_t t : tokens) state = g.g->step(state, t);
-             return state;
+           [](const PyGrammar& g, int64_t state, const std::vector<int64_t>& tokens) {
+             check_state(*g.g, state);
+             int32_t s = static_cast<int32_t>(state);
+             for (int64_t t : tokens) s = g.g->step(s, t);
+             return s;
            })
       .def_property_readonly("num_states", [](const PyGrammar& g) { return g.g->S; })
       .def_property_readonly("start", [](const PyGrammar& g) { return g.g->start; });
@@ -304,15 +357,20 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "build_dfa",
-      [](py::array ast, int64_t max_states, int64_t max_nfa_states) {
+      [](py::array ast, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms, int64_t budget_bytes) {
         const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
         const int64_t n = ast.shape(0);
+        if (max_states <= 0 || max_nfa_states <= 0 || max_states >= (int64_t(1) << 31) ||
+            max_nfa_states >= (int64_t(1) << 31))
+          throw std::invalid_argument("max_states and max_nfa_states must be in [1, 2^31)");
         Dfa d;
         try {
           py::gil_scoped_release nogil;
-          Nfa nfa = build_nfa(a, n, max_nfa_states);
-          Dfa raw = determinize(nfa.view(), max_states);
-          d = minimize(raw.table.data(), raw.accept.data(), raw.states());
+          Budget budget(budget_ms, budget_bytes);
+          Nfa nfa = build_nfa(a, n, max_nfa_states, budget);
+          Dfa raw = determinize(nfa.view(), max_states, budget);
+          budget.check_time();
+          d = minimize(raw.table.data(), raw.accept.data(), raw.states(), budget);
         } catch (const DfaError& e) {
           throw py::value_error(e.message);
         }
@@ -322,8 +380,27 @@ PYBIND11_MODULE(_core, m) {
         std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
         return py::make_tuple(table, accept);
       },
-      py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"),
+      py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"), py::arg("budget_ms") = 0,
+      py::arg("budget_bytes") = 0,
       "Regular-expression AST (serialised, see dfa.h) -> minimal byte DFA (table int32[S,256], accept uint8[S]).");
+
+  m.def(
+      "checksum",
+      [](py::buffer data, uint64_t seed) {
+        py::buffer_info info = data.request();
+        if (info.ndim > 0) {  // C-contiguous only: the checksum is over the bytes in memory order
+          py::ssize_t expect = info.itemsize;
+          for (py::ssize_t k = info.ndim - 1; k >= 0; --k) {
+            if (info.shape[k] > 1 && info.strides[k] != expect) throw std::invalid_argument("checksum: data must be C-contiguous");
+            expect *= info.shape[k];
+          }
+        }
+        const auto* p = static_cast<const uint8_t*>(info.ptr);
+        const int64_t n = static_cast<int64_t>(info.size * info.itemsize);
+        py::gil_scoped_release nogil;
+        return checksum(p, n, seed);
+      },
+      py::arg("data"), py::arg("seed") = 0, "64-bit checksum of a C-contiguous buffer (definition in csrc/checksum.h).");
 
   m.def(
       "apply_bitmask",
@@ -331,6 +408,8 @@ PYBIND11_MODULE(_core, m) {
         float* l = buffer_of<float>(logits, 2, "logits", true);
         const uint32_t* b = buffer_of<uint32_t>(bitmask, 2, "bitmask", false);
         const int64_t B = logits.shape(0), V = logits.shape(1);
+        if (B > 1 && (logits.strides(0) % 4 != 0 || logits.strides(0) / 4 < V))
+          throw std::invalid_argument("logits: rows overlap");
         if (bitmask.shape(0) < B || bitmask.shape(1) * 32 < V || bitmask.strides(0) != bitmask.shape(1) * 4)
           throw std::invalid_argument("bitmask does not fit the logits");
         const uint8_t* act = nullptr;

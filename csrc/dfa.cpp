@@ -14,6 +14,18 @@
 
 namespace llmserve {
 
+Budget::Budget(int64_t ms, int64_t max_bytes)
+    : ms_(ms), max_bytes_(max_bytes), deadline_(std::chrono::steady_clock::now() + std::chrono::milliseconds(ms)) {}
+
+void Budget::check_time() {
+  if (ms_ > 0 && std::chrono::steady_clock::now() > deadline_)
+    throw DfaError{"constraint compile time budget (" + std::to_string(ms_) + " ms) exceeded"};
+}
+
+void Budget::fail_memory() const {
+  throw DfaError{"constraint compile memory budget (" + std::to_string(max_bytes_ >> 20) + " MiB) exceeded"};
+}
+
 namespace {
 
 struct VecHash {
@@ -29,19 +41,22 @@ struct VecHash {
 
 class Subsets {
  public:
-  explicit Subsets(const NfaView& nfa) : nfa_(nfa), closure1_(nfa.n), done1_(nfa.n, 0), mark_(nfa.n, 0), mark1_(nfa.n, 0) {}
+  Subsets(const NfaView& nfa, Budget& budget)
+      : nfa_(nfa), budget_(budget), closure1_(nfa.n), done1_(nfa.n, 0), mark_(nfa.n, 0), mark1_(nfa.n, 0) {}
 
   // Epsilon closure of `qs`, keeping only the states that matter for identity: those with byte
   // edges, and the final state. Sorted, so that equal sets compare equal.
   std::vector<int32_t> closure(const std::vector<int32_t>& qs) {
     ++gen_;
     std::vector<int32_t> out;
-    for (int32_t q : qs)
+    for (int32_t q : qs) {
+      budget_.poll();
       for (int32_t x : closure_of(q)) {
         if (mark_[x] == gen_) continue;
         mark_[x] = gen_;
         if (x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]) out.push_back(x);
       }
+    }
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -55,6 +70,7 @@ class Subsets {
     c.push_back(q);
     mark1_[q] = gen1_;
     while (!todo.empty()) {
+      budget_.poll();
       int32_t x = todo.back();
       todo.pop_back();
       for (int64_t k = nfa_.eps_off[x]; k < nfa_.eps_off[x + 1]; ++k) {
@@ -67,10 +83,13 @@ class Subsets {
       }
     }
     done1_[q] = 1;
+    // cached closures are the quadratic part of the construction's memory ((a?){n}: n closures of n)
+    budget_.charge(static_cast<int64_t>(c.size() * sizeof(int32_t)));
     return c;
   }
 
   const NfaView& nfa_;
+  Budget& budget_;
   std::vector<std::vector<int32_t>> closure1_;
   std::vector<uint8_t> done1_;
   std::vector<uint64_t> mark_, mark1_;
@@ -135,7 +154,8 @@ void utf8_sequences(int32_t lo, int32_t hi, std::vector<std::vector<std::pair<in
 
 class NfaBuilder {
  public:
-  NfaBuilder(const int32_t* ast, int64_t n, int64_t limit) : ast_(ast), n_(n), limit_(limit) {}
+  NfaBuilder(const int32_t* ast, int64_t n, int64_t limit, Budget& budget)
+      : ast_(ast), n_(n), limit_(limit), budget_(budget) {}
 
   Nfa build() {
     int64_t pos = 0;
@@ -150,6 +170,8 @@ class NfaBuilder {
   int32_t state() {
     if (static_cast<int64_t>(nfa_.eps.size()) >= limit_)
       throw DfaError{"constraint too large: more than " + std::to_string(limit_) + " automaton states"};
+    budget_.poll();
+    budget_.charge(64);  // two empty vectors and their first few entries
     nfa_.eps.emplace_back();
     nfa_.edges.emplace_back();
     return static_cast<int32_t>(nfa_.eps.size() - 1);
@@ -166,6 +188,13 @@ class NfaBuilder {
   }
   // the subtree at `pos` (advanced past it) may be built several times (counted repetition)
   std::pair<int32_t, int32_t> node(int64_t& pos) {
+    struct Depth {  // the recursion's depth, bounded (a deep AST would overflow the stack)
+      int& d;
+      explicit Depth(int& d_) : d(d_) {
+        if (++d > kMaxAstDepth) throw std::invalid_argument("AST nested deeper than " + std::to_string(kMaxAstDepth));
+      }
+      ~Depth() { --d; }
+    } depth(depth_);
     const int32_t kind = at(pos++);
     if (kind == 0) {  // set
       const int32_t count = at(pos++);
@@ -261,6 +290,7 @@ class NfaBuilder {
     throw std::invalid_argument("unknown AST node kind");
   }
   void skip(int64_t& pos) {
+    if (++skip_depth_ > kMaxAstDepth) throw std::invalid_argument("AST nested deeper than " + std::to_string(kMaxAstDepth));
     const int32_t kind = at(pos++);
     if (kind == 0) {
       pos += 2 * static_cast<int64_t>(at(pos)) + 1;
@@ -273,10 +303,13 @@ class NfaBuilder {
     } else {
       throw std::invalid_argument("unknown AST node kind");
     }
+    --skip_depth_;
   }
 
   const int32_t* ast_;
   int64_t n_, limit_;
+  Budget& budget_;
+  int depth_ = 0, skip_depth_ = 0;
   Nfa nfa_;
 };
 
@@ -305,12 +338,12 @@ NfaView Nfa::view() {
   return v;
 }
 
-Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states) {
-  return NfaBuilder(ast, n, max_nfa_states).build();
+Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states, Budget& budget) {
+  return NfaBuilder(ast, n, max_nfa_states, budget).build();
 }
 
-Dfa determinize(const NfaView& nfa, int64_t max_states) {
-  Subsets sub(nfa);
+Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
+  Subsets sub(nfa, budget);
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> index;
   std::vector<std::vector<int32_t>> order;
   order.push_back(sub.closure({nfa.start}));
@@ -331,7 +364,9 @@ Dfa determinize(const NfaView& nfa, int64_t max_states) {
     if (cuts.empty()) continue;
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    budget.charge(256 * sizeof(int32_t) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      budget.poll();
       const int32_t a = cuts[c], b = cuts[c + 1];
       tgts.clear();
       for (int32_t q : cur)
@@ -356,7 +391,7 @@ Dfa determinize(const NfaView& nfa, int64_t max_states) {
   return out;
 }
 
-Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
+Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& budget) {
   // Hopcroft's partition refinement on the completed automaton: a sink state `n` takes every
   // missing transition. States that cannot reach acceptance end up in the sink's block, which
   // both trims and minimises; blocks are then numbered canonically.
@@ -444,13 +479,15 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
   }
   std::vector<int32_t> splitter, touched;
   while (!work.empty()) {
+    budget.poll();
     auto [a, l] = work.back();
     work.pop_back();
     in_work[a * L + l] = 0;
     splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
     touched.clear();
     const int64_t* off = inv_off.data() + l * (N + 1);
-    for (int32_t d : splitter)
+    for (int32_t d : splitter) {
+      budget.poll();
       for (int64_t k = off[d]; k < off[d + 1]; ++k) {
         const int32_t s = inv[k];
         const int32_t b = block[s];
@@ -465,6 +502,7 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n) {
         loc[s] = pos;
         ++marked[b];
       }
+    }
     for (int32_t b : touched) {
       const int32_t m = marked[b];
       marked[b] = 0;

@@ -4,6 +4,7 @@
 // the same table for the same NFA; tests compare them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,15 +45,41 @@ struct Nfa {
 //   rep: 3, lo, hi (-1: unbounded), child
 // Code-point ranges become UTF-8 byte-range sequences (surrogates excluded), so the automaton runs
 // over bytes. Mirrors the Python reference (regex.py) state for state.
-Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states);
-
-// Thrown with a message fit for the user (too many states, empty language).
+// Thrown with a message fit for the user (too many states, empty language, a budget exceeded).
 struct DfaError {
   std::string message;
 };
 
-Dfa determinize(const NfaView& nfa, int64_t max_states);
+// What one construction may cost: wall-clock time and memory. A request's constraint is compiled
+// while the client waits and while other requests share the machine, so every loop below that can
+// grow with the input polls it (cheaply: the clock is read once per 256 polls) and gives up with a
+// DfaError naming the limit instead of running for minutes or exhausting memory.
+class Budget {
+ public:
+  // ms <= 0: no time limit; max_bytes <= 0: no memory limit
+  Budget(int64_t ms, int64_t max_bytes);
+  void poll() {
+    if (ms_ > 0 && (++polls_ & 255) == 0) check_time();
+  }
+  void charge(int64_t bytes) {
+    used_ += bytes;
+    if (max_bytes_ > 0 && used_ > max_bytes_) fail_memory();
+  }
+  void check_time();
+
+ private:
+  [[noreturn]] void fail_memory() const;
+  int64_t ms_, max_bytes_, used_ = 0;
+  uint64_t polls_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+// Nesting of the AST, bounded because the builder recurses: deeper input would overflow the stack.
+constexpr int kMaxAstDepth = 2000;
+
+Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states, Budget& budget);
+Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget);
 // Trim states that cannot reach acceptance, merge equivalent states, renumber canonically (start 0).
-Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n);
+Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& budget);
 
 }  // namespace llmserve

@@ -1,7 +1,8 @@
 # Typed interface of the native constraint core, the module csrc/bindings.cpp builds (C++ in csrc/).
 #
-# Shapes and dtypes (every array C-contiguous in its last dimension; the bindings check dtypes and
-# shapes and raise ValueError on a mismatch):
+# Shapes and dtypes (every array C-contiguous in its last dimension; the bindings check dtypes,
+# shapes, lengths, row indices and state ids, and raise ValueError (TypeError for an object of the
+# wrong class) rather than touch memory they do not own):
 #   vocabulary  offsets int64[size + 1], data uint8: token i = data[offsets[i]:offsets[i + 1]]
 #               (an empty token is never allowed); W = (size + 31) // 32 uint32 words per mask row
 #   DFA         table int32[S, 256] (-1: dead), accept uint8[S], start state in [0, S)
@@ -59,7 +60,7 @@ class Grammar:
         """table int32[S, 256], accept uint8[S], masks uint32[S + 1, vocab.words]."""
     def ensure(self, state: int) -> None:
         """Compute the mask row of ``state`` (-1: the dead row) if it is not ready yet. Releases the GIL.
-        IndexError: a state past S."""
+        ValueError: a state past S."""
     def complete(self, nthreads: int = 0) -> None:
         """Compute every missing mask row (nthreads=1: on this thread only). Releases the GIL."""
     @property
@@ -68,7 +69,8 @@ class Grammar:
     def finish_later(self, id: int) -> None:
         """Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then."""
     def step(self, state: int, token: int, /) -> int:
-        """Next state after ``token`` (-1: not allowed, or ``state`` was already -1)."""
+        """Next state after ``token`` (-1: not allowed, or ``state`` was already -1). ValueError: a
+        state outside [-1, S)."""
     def walk(self, state: int, tokens: Sequence[int], /) -> int:
         """``step`` over ``tokens`` from ``state``."""
     @property
@@ -111,11 +113,17 @@ def finished_next() -> int:
     """Wait (without the GIL) for a queued grammar, complete it on this thread, return its id."""
 
 def build_dfa(
-    ast: NDArray[np.int32], max_states: int, max_nfa_states: int
+    ast: NDArray[np.int32], max_states: int, max_nfa_states: int, budget_ms: int = 0, budget_bytes: int = 0
 ) -> tuple[NDArray[np.int32], NDArray[np.uint8]]:
     """Regular-expression AST (int32[N], serialised as in csrc/dfa.h) -> minimal byte DFA
-    (table int32[S, 256], accept uint8[S]). Releases the GIL. ValueError: too many states, or a
-    language with no string."""
+    (table int32[S, 256], accept uint8[S]). Releases the GIL. ValueError: too many states, a
+    language with no string, a malformed AST (or one nested deeper than 2000), or a budget exceeded
+    ("constraint compile time budget (N ms) exceeded" after ``budget_ms``; "... memory budget ..."
+    past ``budget_bytes`` of construction memory; 0: no limit)."""
+
+def checksum(data: object, seed: int = 0) -> int:
+    """64-bit checksum of a C-contiguous buffer (definition in csrc/checksum.h; the cache files'
+    check). Releases the GIL. ValueError: a strided buffer."""
 
 def apply_bitmask(
     logits: NDArray[np.float32], bitmask: NDArray[np.uint32], active: NDArray[np.uint8] | None = None, nthreads: int = 0

@@ -1,0 +1,109 @@
+"""Malformed calls into the native core raise ValueError or TypeError; none crashes the process.
+
+Each call runs in its own subprocess, so a segfault (or an abort) shows up as that case failing with
+its signal, not as a dead test runner. The cases are the inputs a caller can get wrong: shapes,
+dtypes, lengths, row and state indices, null or empty inputs, vocabulary sizes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SETUP = """
+import numpy as np
+from llmserve.constraints import _core as core
+offsets = np.array([0, 1, 2, 3, 3], dtype=np.int64)  # tokens "a", "b", "c", and an empty one (EOS)
+data = np.frombuffer(b"abc", dtype=np.uint8).copy()
+vocab = core.Vocab(offsets, data, [3], 4)
+table = np.full((2, 256), -1, dtype=np.int32); table[0, ord("a")] = 1; table[1, ord("b")] = 1
+accept = np.array([0, 1], dtype=np.uint8)
+masks = np.zeros((3, vocab.words), dtype=np.uint32)
+grammar = core.Grammar(vocab, table, accept, masks, 0, False)
+batch = core.Batch(vocab)
+logits = np.zeros((2, 4), dtype=np.float32)
+bitmask = np.zeros((2, 1), dtype=np.uint32)
+"""
+
+CASES = {
+    # Vocab
+    "vocab_negative_size": "core.Vocab(offsets[:0], data, [], -1)",
+    "vocab_offsets_decreasing": "core.Vocab(np.array([0, 3, 1, 2, 3], np.int64), data, [3], 4)",
+    "vocab_offsets_negative": "core.Vocab(np.array([-5, 1, 2, 3, 3], np.int64), data, [3], 4)",
+    "vocab_offsets_past_data": "core.Vocab(np.array([0, 1, 2, 3, 99], np.int64), data, [3], 4)",
+    "vocab_offsets_wrong_dtype": "core.Vocab(offsets.astype(np.int32), data, [3], 4)",
+    "vocab_eos_out_of_range": "core.Vocab(offsets, data, [7], 4)",
+    "vocab_none": "core.Vocab(None, data, [3], 4)",
+    # tables and grammars
+    "compile_masks_table_entry_out_of_range": "t = table.copy(); t[0, 5] = 9; core.compile_masks(vocab, t, accept)",
+    "compile_masks_strided_table": "core.compile_masks(vocab, np.full((2, 512), -1, np.int32)[:, ::2], accept)",
+    "compile_masks_accept_short": "core.compile_masks(vocab, table, accept[:1])",
+    "compile_masks_table_1d": "core.compile_masks(vocab, table.reshape(-1), accept)",
+    "grammar_masks_wrong_width": "core.Grammar(vocab, table, accept, np.zeros((3, 5), np.uint32), 0, False)",
+    "grammar_masks_read_only_lazy": "m = masks.copy(); m.flags.writeable = False; core.Grammar(vocab, table, accept, m, 0, False)",
+    "grammar_start_out_of_range": "core.Grammar(vocab, table, accept, masks, 5, False)",
+    "grammar_empty_table": "core.Grammar(vocab, table[:0], accept[:0], masks[:1], 0, False)",
+    "grammar_step_state_out_of_range": "grammar.step(1 << 20, 0)",
+    "grammar_step_negative_state": "grammar.step(-7, 0)",
+    "grammar_walk_state_out_of_range": "grammar.walk(2, [0, 1])",
+    "grammar_ensure_state_out_of_range": "grammar.ensure(3)",
+    # the batch
+    "batch_set_row_negative": "batch.set_row(-1, grammar, [])",
+    "batch_set_row_huge": "batch.set_row(1 << 40, grammar, [])",
+    "batch_set_row_not_a_grammar": "batch.set_row(0, 'grammar', [])",
+    "batch_set_row_tokens_not_a_list": "batch.set_row(0, grammar, (1, 2))",
+    "batch_set_row_other_vocab_width": (
+        "big = core.Vocab(np.zeros(65, np.int64), data, [], 64);"
+        "batch.set_row(0, core.Grammar(big, table, accept, np.zeros((3, 2), np.uint32), 0, False), [])"
+    ),
+    "batch_clear_row_negative": "batch.set_row(0, grammar, []); batch.clear_row(-1)",
+    "batch_move_negative": "batch.set_row(0, grammar, []); batch.move(-1, 0)",
+    "batch_swap_negative": "batch.set_row(0, grammar, []); batch.swap(0, -3)",
+    "batch_row_negative": "batch.set_row(0, grammar, []); batch.row(-1)",
+    "batch_fill_wrong_dtype": "batch.fill(np.zeros((2, 1), np.int64))",
+    "batch_fill_active_wrong_dtype": "batch.fill(bitmask, np.zeros(2, np.int64))",
+    "batch_fill_active_short": "batch.fill(bitmask, np.zeros(1, np.uint8))",
+    "batch_fill_apply_overlapping_rows": (
+        "batch.set_row(0, grammar, []); batch.set_row(1, grammar, []);"
+        "big = np.zeros(8, np.float32);"
+        "batch.fill_apply(np.lib.stride_tricks.as_strided(big, (2, 4), (4, 4)))"
+    ),
+    "batch_fill_apply_bitmask_narrow": "batch.fill_apply(np.zeros((2, 64), np.float32), np.zeros((2, 1), np.uint32))",
+    "batch_fill_apply_strided_bitmask": "batch.fill_apply(logits, np.zeros((2, 4), np.uint32)[:, ::4])",
+    "batch_fill_apply_wrong_dtype": "batch.fill_apply(np.zeros((2, 4), np.float64))",
+    "batch_none_vocab": "core.Batch(None)",
+    # apply and build_dfa
+    "apply_bitmask_short": "core.apply_bitmask(np.zeros((4, 64), np.float32), np.zeros((2, 2), np.uint32))",
+    "apply_bitmask_active_short": "core.apply_bitmask(logits, bitmask, np.zeros(1, np.uint8))",
+    "apply_bitmask_overlapping_rows": (
+        "core.apply_bitmask(np.lib.stride_tricks.as_strided(np.zeros(8, np.float32), (2, 4), (4, 4)), bitmask)"
+    ),
+    "build_dfa_empty_ast": "core.build_dfa(np.zeros(0, np.int32), 100, 1000)",
+    "build_dfa_truncated_ast": "core.build_dfa(np.array([1, 5, 0, 1], np.int32), 100, 1000)",
+    "build_dfa_unknown_kind": "core.build_dfa(np.array([9, 0], np.int32), 100, 1000)",
+    "build_dfa_bad_range": "core.build_dfa(np.array([0, 1, 5, 2], np.int32), 100, 1000)",
+    "build_dfa_deep_ast": "core.build_dfa(np.array([1, 1] * 200000 + [1, 0], np.int32), 100, 10**7)",
+    "build_dfa_zero_limits": "core.build_dfa(np.array([1, 0], np.int32), 0, 0)",
+    "build_dfa_wrong_dtype": "core.build_dfa(np.array([1, 0], np.int64), 100, 1000)",
+    "checksum_strided": "core.checksum(np.zeros(16, np.uint8)[::2])",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_malformed_call_raises_instead_of_crashing(name):
+    code = SETUP + textwrap.dedent(f"""
+        try:
+            {CASES[name]}
+        except (ValueError, TypeError) as exc:
+            print("raised", type(exc).__name__, exc)
+        else:
+            print("no error")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (
+        f"{name}: exit {proc.returncode} (a negative code is the signal)\n{proc.stderr[-2000:]}"
+    )
+    assert proc.stdout.startswith("raised"), f"{name}: {proc.stdout}{proc.stderr[-2000:]}"
