@@ -1,34 +1,80 @@
 """``compile_constraint``: a spec (or its request form) to its compiled form, through an in-memory
-memo and the disk cache.
+cache and the disk cache; ``dfa_for``: a spec to its byte automaton, the part that frontend
+validation and the engine share.
 
-A miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start state's
-row exist, so a new constraint is usable within about a millisecond; the background finisher
+A new constraint is compiled once per request, wherever the request is checked first: frontend
+validation builds the automaton (``dfa_for``, bounded by the limits in ``limits.py``), keeps it in
+memory and writes it to the disk cache; the engine's processor (another process) finds it there and
+only compiles it against the vocabulary. A constraint that failed is remembered too (the same bad
+constraint sent again costs nothing), except for a time budget failure, which may pass on a less
+busy machine.
+
+A form miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start
+state's row exist, so a new constraint is usable within about a millisecond; the background finisher
 completes the rest and writes the cache file. ``CompiledConstraint.complete()`` waits for all of it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import time
 from pathlib import Path
 from typing import Any
 
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
-from llmserve.constraints.disk_cache import cache_key, default_cache_dir, read_cache, try_write_cache
+from llmserve.constraints.disk_cache import (
+    cache_key,
+    default_cache_dir,
+    dfa_key,
+    read_cache,
+    read_dfa,
+    try_write_cache,
+    try_write_dfa,
+)
+from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.finisher import FINISHER
-from llmserve.constraints.spec import spec_from_request
+from llmserve.constraints.limits import limits
+from llmserve.constraints.memory_cache import MemoryCache
+from llmserve.constraints.regex import ByteDFA, compile_ast
+from llmserve.constraints.spec import ConstraintSpec, spec_from_request
 from llmserve.constraints.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
-# Larger constraints (e.g. 20k states over a 128k vocabulary: 320 MiB) are neither completed in the
-# background nor cached: only the rows requests actually reach are computed.
-MAX_COMPLETE_BYTES = int(os.environ.get("LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB", "256")) << 20
-MEMO_SIZE = 256
+# Compiled forms ((cache key, id(vocab), cache file) -> CompiledConstraint: a hit must also hold this
+# very vocab object, checked, since an id is reused once its object is gone), automata (dfa key ->
+# ByteDFA) and failures (dfa key -> ConstraintError), in one budget.
+_MEMORY = MemoryCache(lambda: limits().cache_bytes)
 
-# (cache key, id(vocab), cache file): a hit must also hold this very vocab object (checked, since an
-# id is reused once its object is gone)
-_MEMORY: dict[tuple[str, int, str], CompiledConstraint] = {}
+
+def _form_bytes(c: CompiledConstraint) -> int:
+    return int(c.table.nbytes + c.accept.nbytes + c.mask_buffer.nbytes)
+
+
+def dfa_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None, backend: str = "native") -> ByteDFA:
+    """The byte automaton of ``spec``: from memory, from the disk cache, or built (within the
+    compile limits; ConstraintError when over one, or when the constraint is invalid)."""
+    key = dfa_key(spec)
+    memo = ("dfa", key, backend)
+    hit = _MEMORY.get(memo)
+    if isinstance(hit, ConstraintError):
+        raise hit
+    if hit is not None:
+        return hit
+    path = None if cache_dir is False or backend != "native" else _cache_root(cache_dir) / f"{key}.bin"
+    dfa = read_dfa(path) if path is not None else None
+    if dfa is None:
+        started = time.monotonic()
+        try:
+            dfa = compile_ast(spec.to_ast(), backend, started=started)
+        except ConstraintError as exc:
+            if "time budget" not in exc.message:
+                _MEMORY.put(memo, exc, len(exc.message) + 256)
+            raise
+        if path is not None:
+            try_write_dfa(path, key, dfa)
+    _MEMORY.put(memo, dfa, int(dfa.table.nbytes + dfa.accept.nbytes))
+    return dfa
 
 
 def compile_constraint(
@@ -37,7 +83,8 @@ def compile_constraint(
     """Compile ``spec`` (a ConstraintSpec or its request form) against ``vocab``.
 
     ``cache_dir``: None for the default (``$LLMSERVE_CACHE/constraints``), a path, or False to skip
-    the disk cache. Results are also memoised in memory per (digest, vocab object).
+    the disk cache. Results are also kept in memory per (digest, vocab object), within
+    ``LLMSERVE_CONSTRAINT_CACHE_MB``.
     """
     if backend not in ("native", "python"):
         raise ValueError(f"backend must be native or python, not {backend!r}")
@@ -46,24 +93,23 @@ def compile_constraint(
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
     memo = (key, id(vocab), str(path))
     mem = _MEMORY.get(memo)
-    if mem is not None and mem.vocab is vocab:
+    if isinstance(mem, CompiledConstraint) and mem.vocab is vocab:
         return mem
     if path is not None:
         hit = read_cache(path, vocab)
         if hit is not None:
-            _MEMORY[memo] = hit
+            _MEMORY.put(memo, hit, _form_bytes(hit), weak=True)
             return hit
+    dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend)
     if backend == "python":
-        compiled = compile_dfa(spec.to_dfa("python"), vocab, backend="python", key=key)
+        compiled = compile_dfa(dfa, vocab, backend="python", key=key)
         if path is not None:
             try_write_cache(path, compiled)
     else:
-        compiled = CompiledConstraint.lazy(vocab, spec.to_dfa(), key)
+        compiled = CompiledConstraint.lazy(vocab, dfa, key)
         if path is not None:
             _complete_later(compiled, path)
-    _MEMORY[memo] = compiled
-    while len(_MEMORY) > MEMO_SIZE:
-        _MEMORY.pop(next(iter(_MEMORY)))
+    _MEMORY.put(memo, compiled, _form_bytes(compiled), weak=True)
     return compiled
 
 
@@ -74,8 +120,10 @@ def _cache_root(cache_dir: Path | str | bool | None) -> Path:
 
 
 def _complete_later(compiled: CompiledConstraint, path: Path) -> None:
+    # Larger constraints (e.g. 20k states over a 128k vocabulary: 320 MiB) are neither completed in
+    # the background nor cached: only the rows requests actually reach are computed.
     nbytes = compiled.mask_buffer.nbytes
-    if nbytes <= MAX_COMPLETE_BYTES:
+    if nbytes <= limits().complete_max_mb << 20:
         FINISHER.submit(compiled, path)
         return
     log.info(

@@ -89,6 +89,10 @@ def _lit(text):
 class _Converter:
     def __init__(self, root: dict):
         self.root = root
+        # $ref -> its converted tree, built once and shared by every use: a schema whose references
+        # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
+        # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
+        self.converted: dict[str, tuple] = {}
 
     def fail(self, what: str) -> ConstraintError:
         return ConstraintError(f"json_schema: {what}")
@@ -110,7 +114,9 @@ class _Converter:
             ref = schema["$ref"]
             if ref in refs:
                 raise self.fail(f"recursive $ref {ref!r} is not supported")
-            return self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+            if ref not in self.converted:
+                self.converted[ref] = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+            return self.converted[ref]
         if "const" in schema or "enum" in schema:
             return self._values(schema)
         combined = self._combination(schema, depth, refs)
@@ -239,21 +245,38 @@ class _Converter:
             )
             for name, sub in props.items()
         ]
+        return _cat(_lit("{"), _members(kvs), _lit("}"))
 
-        # rest(i, first): the properties i.. given whether nothing was emitted yet
-        def rest(i, first):
-            if i == len(kvs):
-                return ("cat", [])
-            req, kv = kvs[i]
-            here = kv if first else _cat(_lit(","), kv)
-            with_it = _cat(here, rest(i + 1, False))
-            if req:
-                return with_it
-            if not first:
-                return _cat(("rep", here, 0, 1), rest(i + 1, False))
-            return ("alt", [with_it, rest(i + 1, True)])
 
-        return _cat(_lit("{"), rest(0, True), _lit("}"))
+def _members(kvs: list[tuple[bool, tuple]]) -> tuple:
+    """The members of an object: the properties in declared order, each optional one present or
+    not, comma-separated. Linear in the number of properties.
+
+    Reading left to right, two things matter after property i: whether some property was emitted
+    already (the next one then needs a comma) and, if none was, whether that is still allowed (no
+    required property was passed). ``some`` is the language of member lists over properties 0..i
+    that emitted at least one property, ``none_ok`` whether emitting none is still possible:
+
+        some' = some (,kv_i)?  |  kv_i    (kv_i optional; the second branch only while none_ok)
+        some' = some ,kv_i     |  kv_i    (kv_i required; likewise)
+
+    Each step wraps the previous ``some`` once, so the expression (and the automaton built from it)
+    grows linearly; enumerating which optional properties appear would be exponential.
+    """
+    some: tuple | None = None
+    none_ok = True
+    for req, kv in kvs:
+        branches = []
+        if some is not None:
+            after = _cat(_lit(","), kv)
+            branches.append(_cat(some, after if req else ("rep", after, 0, 1)))
+        if none_ok:
+            branches.append(kv)
+        some = branches[0] if len(branches) == 1 else ("alt", branches)
+        none_ok = none_ok and not req
+    if some is None:
+        return ("cat", [])
+    return ("rep", some, 0, 1) if none_ok else some
 
 
 def schema_to_ast(schema) -> tuple:

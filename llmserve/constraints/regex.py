@@ -14,19 +14,21 @@ accepted; they do not change the language). Back-references and look-around are 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.limits import ENV, Limits, budget_error, limits
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import require_native
 
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 MAX_REPEAT = 1000
-MAX_DFA_STATES = 20000
+MAX_DFA_STATES = Limits.max_states  # the default; the limit in force is limits().max_states
 
 # --------------------------------------------------------------------------------------------
 # AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi|None)
@@ -253,7 +255,10 @@ class _Parser:
 
 def parse(pattern: str):
     """Parse ``pattern`` into the AST used by :func:`compile_ast`."""
-    return _Parser(pattern).parse()
+    try:
+        return _Parser(pattern).parse()
+    except RecursionError:  # the parser recurses per group: thousands of nested groups
+        raise ConstraintError(f"regex nested too deeply ({pattern[:40]!r}...)") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,7 +417,9 @@ class ByteDFA:
         return s >= 0 and bool(self.accept[s])
 
 
-def _determinize(nfa: _NFA, start: int, final: int) -> tuple[list[list[int]], list[bool]]:
+def _determinize(
+    nfa: _NFA, start: int, final: int, deadline: float | None = None, max_states: int = MAX_DFA_STATES
+) -> tuple[list[list[int]], list[bool]]:
     closure_cache: dict[int, frozenset] = {}
 
     def closure1(q):
@@ -443,6 +450,7 @@ def _determinize(nfa: _NFA, start: int, final: int) -> tuple[list[list[int]], li
     accept: list[bool] = []
     i = 0
     while i < len(order):
+        _check_deadline(deadline)
         cur = order[i]
         i += 1
         accept.append(final in cur)
@@ -457,14 +465,19 @@ def _determinize(nfa: _NFA, start: int, final: int) -> tuple[list[list[int]], li
                 nxt = closure(tgts)
                 j = index.get(nxt)
                 if j is None:
-                    if len(order) >= MAX_DFA_STATES:
-                        raise ConstraintError(f"constraint too large: more than {MAX_DFA_STATES} automaton states")
+                    if len(order) >= max_states:
+                        raise _states_error(max_states)
                     j = index[nxt] = len(order)
                     order.append(nxt)
                 for x in range(a, b):
                     row[x] = j
         table.append(row)
     return table, accept
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise _time_budget_error()
 
 
 def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
@@ -546,8 +559,45 @@ def _renumber(t: np.ndarray, acc: np.ndarray, live: np.ndarray, cls: np.ndarray)
     return ByteDFA(out, out_acc, 0)
 
 
-MAX_NFA_STATES = 2_000_000  # counted repetitions multiply: bound the work before it starts
+MAX_NFA_STATES = Limits.max_nfa_states  # the default; the limit in force is limits().max_nfa_states
 _SET, _CAT, _ALT, _REP = 0, 1, 2, 3
+
+
+def _states_error(n: int) -> ConstraintError:
+    return budget_error(f"constraint too large: more than {n} automaton states", f"{n} states", ENV["max_states"])
+
+
+def _time_budget_error(ms: int | None = None) -> ConstraintError:
+    ms = limits().compile_ms if ms is None else ms
+    return budget_error(f"constraint compile time budget ({ms} ms) exceeded", f"{ms} ms", ENV["compile_ms"])
+
+
+def expanded_size(node, cap: int) -> int:
+    """About how many NFA states ``node`` becomes once counted repetitions are unrolled (the
+    builder's count, within a small factor), counted without unrolling anything; stops counting
+    past ``cap``. Nodes may be shared (the JSON-schema converter reuses a ``$ref``'s tree): each
+    use counts, as each is built. Iterative: the tree may be deeper than Python's stack."""
+    sizes: dict[int, int] = {}
+    stack = [(node, False)]
+    while stack:
+        n, ready = stack.pop()
+        if id(n) in sizes:
+            continue
+        kind = n[0]
+        children = [n[1]] if kind == "rep" else n[1] if kind in ("cat", "alt") else []
+        if not ready and children:
+            stack.append((n, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        if kind == "set":
+            size = 2 + 3 * len(n[1])
+        elif kind in ("cat", "alt"):
+            size = 2 + sum(sizes[id(c)] for c in n[1])
+        else:
+            child, lo, hi = sizes[id(n[1])], n[2], n[3]
+            size = 3 + child * (lo + (1 if hi is None else hi - lo))
+        sizes[id(n)] = min(size, cap + 1)
+    return sizes[id(node)]
 
 
 def serialize_ast(node) -> np.ndarray:
@@ -572,27 +622,63 @@ def serialize_ast(node) -> np.ndarray:
     return np.array(out, dtype=np.int32)
 
 
-def _native_dfa(node) -> ByteDFA:
+def _check_size(node, lim: Limits) -> None:
+    if expanded_size(node, lim.max_nfa_states) > lim.max_nfa_states:
+        raise budget_error(
+            f"constraint too large: more than {lim.max_nfa_states} automaton states once its repetitions "
+            "and references are expanded",
+            f"{lim.max_nfa_states} states",
+            ENV["max_nfa_states"],
+        )
+
+
+def _native_dfa(node, lim: Limits, deadline: float) -> ByteDFA:
     require_native()
+    left_ms = max(1, int((deadline - time.monotonic()) * 1000))
     try:
-        table, accept = core.build_dfa(serialize_ast(node), MAX_DFA_STATES, MAX_NFA_STATES)
+        table, accept = core.build_dfa(
+            serialize_ast(node), lim.max_states, lim.max_nfa_states, left_ms, lim.compile_mb << 20
+        )
     except ValueError as exc:
-        raise ConstraintError(str(exc)) from None
+        raise _native_error(str(exc), lim) from None
     return ByteDFA(table, accept, 0)
 
 
-def compile_ast(node, backend: str = "native") -> ByteDFA:
-    """``backend``: "native" (the C++ core) or "python" (the reference; same table, tests compare)."""
+def _native_error(message: str, lim: Limits) -> ConstraintError:
+    """The core's ValueError as the ConstraintError that names the limit and its knob."""
+    if "time budget" in message:
+        return _time_budget_error(lim.compile_ms)
+    if "memory budget" in message:
+        return budget_error(message, f"{lim.compile_mb} MiB", ENV["compile_mb"])
+    if f"more than {lim.max_states} automaton" in message:
+        return _states_error(lim.max_states)
+    if "automaton states" in message:
+        return budget_error(message, f"{lim.max_nfa_states} states", ENV["max_nfa_states"])
+    return ConstraintError(message)
+
+
+def compile_ast(node, backend: str = "native", *, started: float | None = None) -> ByteDFA:
+    """``backend``: "native" (the C++ core) or "python" (the reference; same table, tests compare).
+
+    Bounded by the limits in force (``limits.py``): the expanded size is checked before anything
+    is built, and the construction stops once the compile time budget, counted from ``started``
+    (a ``time.monotonic()``; default now), is spent."""
+    lim = limits()
+    deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
+    _check_size(node, lim)
+    if time.monotonic() > deadline:
+        raise _time_budget_error(lim.compile_ms)
     if backend == "native":
-        return _native_dfa(node)
+        return _native_dfa(node, lim, deadline)
     if backend != "python":
         raise ValueError(f"backend must be native or python, not {backend!r}")
     nfa = _NFA()
     s, e = nfa.build(node)
-    table, accept = _determinize(nfa, s, e)
+    table, accept = _determinize(nfa, s, e, deadline, lim.max_states)
     return _trim_and_minimize(table, accept)
 
 
 def compile_regex(pattern: str, backend: str = "native") -> ByteDFA:
     """Compile ``pattern`` (full-match semantics) to a trimmed, minimal byte DFA."""
-    return compile_ast(parse(pattern), backend)
+    started = time.monotonic()
+    return compile_ast(parse(pattern), backend, started=started)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,9 @@ class ConstraintSpec:
         return schema_to_ast(self.value)
 
     def to_dfa(self, backend: str = "native") -> ByteDFA:
-        return compile_ast(self.to_ast(), backend)
+        """Built now, within the compile limits (no cache: ``compiler.dfa_for`` adds those)."""
+        started = time.monotonic()  # converting a schema counts towards the time budget too
+        return compile_ast(self.to_ast(), backend, started=started)
 
 
 def spec_from_request(obj: Any) -> ConstraintSpec:

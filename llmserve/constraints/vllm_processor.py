@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -51,8 +50,8 @@ from numpy.typing import NDArray
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from llmserve.constraints import reference
-from llmserve.constraints.compiled import compile_dfa
-from llmserve.constraints.compiler import compile_constraint
+from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
+from llmserve.constraints.compiler import compile_constraint, dfa_for
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.machine import (
     ByteAutomaton,
@@ -64,7 +63,7 @@ from llmserve.constraints.machine import (
 )
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
-from llmserve.constraints.spec import ConstraintSpec, spec_from_request
+from llmserve.constraints.spec import spec_from_request
 from llmserve.constraints.vocab import Vocab
 
 if TYPE_CHECKING:
@@ -114,13 +113,12 @@ def request_constraint(extra_args: dict | None):
     return {FLAT_KEYS[key]: value}
 
 
-@lru_cache(maxsize=1024)
-def _validate_canonical(canonical: str) -> None:
-    obj = json.loads(canonical)
-    ConstraintSpec(obj["kind"], obj["value"]).to_dfa()
-
-
 def validate_constraint(obj) -> None:
+    """The constraint's check: a machine must be registered; any other constraint is compiled to
+    its automaton, within the compile limits (``limits.py``), and kept (``compiler.dfa_for``: in
+    memory and on disk), so that the engine compiles it only against the vocabulary. Run it off the
+    event loop (``llmserve.serve.constraint_keys.validation_problem_async``): a new constraint can
+    take up to the compile time budget."""
     if "machine" in obj:
         if (
             not isinstance(obj["machine"], str)
@@ -131,7 +129,7 @@ def validate_constraint(obj) -> None:
         if obj["machine"] not in registered_machines():
             raise ConstraintError(f"unknown constraint machine {obj['machine']!r}")
         return
-    _validate_canonical(spec_from_request(obj).canonical)
+    dfa_for(spec_from_request(obj))
 
 
 def vocab_for_model(vllm_config) -> Vocab:
@@ -179,7 +177,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         else:
             require_native()
             self.batch = core.Batch(native_vocab(self.vocab))
-        self.constrained: set[int] = set()  # rows handled by self.batch
+        # rows handled by self.batch -> their compiled form: the processor holds its own reference, so
+        # the compiled-constraint cache may evict a form while a request still uses it (memory.py)
+        self.constrained: dict[int, CompiledConstraint] = {}
         self.python_rows: dict[int, PythonRow] = {}  # TokenStateMachine rows
         # counters, for tests and debugging: readded = an added request that already had output
         # tokens (a preempted request coming back); rebuilt = rows whose state was rebuilt from history
@@ -206,7 +206,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     def _clear(self, i: int) -> None:
         self.batch.clear_row(i)
-        self.constrained.discard(i)
+        self.constrained.pop(i, None)
         self.python_rows.pop(i, None)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
@@ -228,34 +228,18 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 self.python_rows[i] = PythonRow(compiled, output_tokens, self.vocab.size)
             else:
                 self.batch.set_row(i, compiled if self.backend == "python" else compiled.native, output_tokens)
-                self.constrained.add(i)
+                self.constrained[i] = compiled
         for a, b, direction in batch_update.moved:
             if direction == MoveDirectionality.SWAP:
                 st["swapped"] += 1
                 self.batch.swap(a, b)
-                ca, cb = a in self.constrained, b in self.constrained
-                self.constrained.discard(a)
-                self.constrained.discard(b)
-                if ca:
-                    self.constrained.add(b)
-                if cb:
-                    self.constrained.add(a)
-                pa, pb = self.python_rows.pop(a, None), self.python_rows.pop(b, None)
-                if pa is not None:
-                    self.python_rows[b] = pa
-                if pb is not None:
-                    self.python_rows[a] = pb
+                _swap_keys(self.constrained, a, b)
+                _swap_keys(self.python_rows, a, b)
             else:  # a -> b; whatever was at b (possibly a finished request) is overwritten
                 st["moved"] += 1
                 self.batch.move(a, b)
-                self.constrained.discard(b)
-                if a in self.constrained:
-                    self.constrained.discard(a)
-                    self.constrained.add(b)
-                self.python_rows.pop(b, None)
-                pa = self.python_rows.pop(a, None)
-                if pa is not None:
-                    self.python_rows[b] = pa
+                _move_key(self.constrained, a, b)
+                _move_key(self.python_rows, a, b)
 
     # ------------------------------------------------------------------ masks
 
@@ -292,6 +276,22 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         active = np.zeros(B, dtype=np.uint8)
         self.batch.fill(self._bitmask[:B], active, B)
         apply_bitmask_torch(logits, self._bitmask_host[:B], torch.from_numpy(active.view(np.bool_)))
+
+
+def _swap_keys(rows: dict, a: int, b: int) -> None:
+    va, vb = rows.pop(a, None), rows.pop(b, None)
+    if va is not None:
+        rows[b] = va
+    if vb is not None:
+        rows[a] = vb
+
+
+def _move_key(rows: dict, a: int, b: int) -> None:
+    """Row a's entry to b; whatever was at b is dropped."""
+    rows.pop(b, None)
+    va = rows.pop(a, None)
+    if va is not None:
+        rows[b] = va
 
 
 _BIT_VALUES = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)

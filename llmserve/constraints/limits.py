@@ -1,0 +1,109 @@
+"""What compiling and caching constraints may cost: every limit in one place, read from the
+environment once per process (``LIMITS``; tests build their own ``Limits``).
+
+A constraint arrives with a request, so whatever compiling it costs, a client chooses. Each limit
+below turns "too expensive" into a ConstraintError (HTTP 400 / INVALID_ARGUMENT) that names the
+limit, instead of a server that stalls or runs out of memory:
+
+=====================================  =========  ==================================================
+variable                               default    bounds
+=====================================  =========  ==================================================
+LLMSERVE_CONSTRAINT_COMPILE_MS         2000       wall-clock time of one constraint's automaton
+                                                  construction (checked inside the C++ loops)
+LLMSERVE_CONSTRAINT_COMPILE_MB         512        memory of that construction (NFA, subsets)
+LLMSERVE_CONSTRAINT_MAX_STATES         20000      states of the byte automaton (each one a mask row
+                                                  of vocabulary-size bits: 16 KiB at 128k tokens)
+LLMSERVE_CONSTRAINT_MAX_NFA_STATES     2000000    size of the expanded expression: counted
+                                                  repetitions (``{n}``) and ``$ref`` fan-out are
+                                                  counted before anything is built
+LLMSERVE_CONSTRAINT_CACHE_MB           1024       compiled constraints (automata and mask tables)
+                                                  kept in memory, least recently used evicted; those
+                                                  a running request uses stay (it holds them)
+LLMSERVE_CONSTRAINT_DISK_CACHE_MB      4096       the on-disk cache ($LLMSERVE_CACHE/constraints),
+                                                  least recently used files deleted
+LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB    256        mask tables larger than this are never completed
+                                                  in the background nor cached on disk: only the
+                                                  rows requests reach are computed
+=====================================  =========  ==================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from llmserve.constraints.errors import ConstraintError
+
+ENV = {
+    "compile_ms": "LLMSERVE_CONSTRAINT_COMPILE_MS",
+    "compile_mb": "LLMSERVE_CONSTRAINT_COMPILE_MB",
+    "max_states": "LLMSERVE_CONSTRAINT_MAX_STATES",
+    "max_nfa_states": "LLMSERVE_CONSTRAINT_MAX_NFA_STATES",
+    "cache_mb": "LLMSERVE_CONSTRAINT_CACHE_MB",
+    "disk_cache_mb": "LLMSERVE_CONSTRAINT_DISK_CACHE_MB",
+    "complete_max_mb": "LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    compile_ms: int = 2000
+    compile_mb: int = 512
+    max_states: int = 20_000
+    max_nfa_states: int = 2_000_000
+    cache_mb: int = 1024
+    disk_cache_mb: int = 4096
+    complete_max_mb: int = 256
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
+        """The defaults, overridden by the variables in ENV that are set (positive integers)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for field, var in ENV.items():
+            text = env.get(var)
+            if text is None or text == "":
+                continue
+            try:
+                value = int(text)
+            except ValueError:
+                value = -1
+            if value <= 0:
+                # a configuration error, found at the first constraint: never silently unlimited
+                raise ConstraintError(f"{var}={text!r} must be a positive integer", hint=f"Unset {var} or fix it.")
+            values[field] = value
+        return cls(**values)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache_mb << 20
+
+    @property
+    def disk_cache_bytes(self) -> int:
+        return self.disk_cache_mb << 20
+
+
+_LIMITS: Limits | None = None
+
+
+def limits() -> Limits:
+    """The process's limits (read from the environment on first use)."""
+    global _LIMITS
+    if _LIMITS is None:
+        _LIMITS = Limits.from_env()
+    return _LIMITS
+
+
+def set_limits(value: Limits | None) -> None:
+    """Replace the process's limits (None: read the environment again on next use). For tests and
+    for a server that takes them from its own options."""
+    global _LIMITS
+    _LIMITS = value
+
+
+def budget_error(what: str, limit: str, var: str) -> ConstraintError:
+    """A ConstraintError for a constraint over one of the limits: names the limit and the knob."""
+    return ConstraintError(
+        f"{what} (limit: {limit})",
+        hint=f"Simplify the constraint, or raise {var} on the server if such constraints are expected.",
+    )
