@@ -10,13 +10,27 @@ answer with a success status.
 
 Problems are returned as one-line messages naming the key; each frontend wraps them in its own error
 shape (OpenAI: HTTP 400 on `vllm_xargs`; KServe: INVALID_ARGUMENT / HTTP 400).
+
+Checking a new constraint compiles it (up to the compile time budget, LLMSERVE_CONSTRAINT_COMPILE_MS),
+so async frontends call `validation_problem_async`, which runs the check on a small pool of worker
+threads: the event loop keeps serving /health and other requests meanwhile. The compiled automaton
+is kept (memory and disk cache), so vLLM's own validate_params and the engine reuse it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+# Threads that check constraints: a few, so that a burst of new constraints queues here rather than
+# taking every core (or the event loop's default executor, which other work shares).
+CHECK_THREADS = 2
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
 
 # = ("constraint", *llmserve.constraints.vllm_processor.FLAT_KEYS); importing that module imports vLLM.
 CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
@@ -82,6 +96,20 @@ def validation_problem(key: str, value: Any) -> str | None:
     except ConstraintError as exc:
         return f"key '{key}': invalid constraint: {exc.message}"
     return None
+
+
+async def validation_problem_async(key: str, value: Any) -> str | None:
+    """`validation_problem` on a worker thread (see the module doc): the caller's event loop is free
+    while the constraint compiles."""
+    return await asyncio.get_running_loop().run_in_executor(_check_executor(), validation_problem, key, value)
+
+
+def _check_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="llmserve-constraint-check")
+        return _executor
 
 
 def extra_args_value(value: Any) -> Any:
