@@ -1,8 +1,10 @@
 """ASGI guards in front of every HTTP frontend: API key and request-body size.
 
 The API key is compared with hmac.compare_digest (constant time) and never logged. It is required
-on every route but /health. A body over the limit gets 413 before the route reads it: a declared
-Content-Length is checked up front and chunked bodies are counted as they arrive.
+on every route but /health. A body over the limit gets 413 before the route runs: a declared
+Content-Length is checked up front, and a chunked body is counted as it arrives (and held, at most
+the limit, until the route reads it). KServe v2 routes also bound a gzip/deflate body by its
+decompressed size (llmserve/serve/limits.py: inflate).
 """
 
 from __future__ import annotations
@@ -17,10 +19,6 @@ from llmserve.serve.openai.errors import error_body
 
 # Health probes stay open when an API key is set (load balancers and Kubernetes probe without one).
 OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 async def _send_json(
@@ -89,29 +87,41 @@ class Guards:
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._too_large(send, scope.get("path", ""))
             return
+        messages = await self._read_body(receive)
+        if messages is None:
+            await self._too_large(send, scope.get("path", ""))
+            return
+
+        async def replay() -> Message:
+            if messages:
+                return messages.pop(0)
+            return await receive()  # after the body: http.disconnect, which the routes watch for
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive: Receive) -> list[Message] | None:
+        """The request's body messages (merged into one), or None once it is over the limit.
+
+        The whole body is read here, counted as it arrives, before the route runs: a chunked body
+        (no Content-Length) over the limit then gets its 413 from here. Raising from inside the
+        app's receive instead reached the app's own error handling first, which answered 500.
+        Buffering costs nothing extra: every route reads the whole body anyway, and at most
+        max_body_bytes of it are held."""
+        chunks: list[bytes] = []
+        tail: list[Message] = []
         seen = 0
-        started = False
-
-        async def counted_receive() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise BodyTooLarge()
-            return message
-
-        async def tracked_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, tracked_send)
-        except BodyTooLarge:
-            if not started:
-                await self._too_large(send, scope.get("path", ""))
+            if message["type"] != "http.request":
+                tail.append(message)  # http.disconnect: the route sees it in turn
+                break
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.max_body_bytes:
+                return None
+            if not message.get("more_body", False):
+                break
+        return [{"type": "http.request", "body": b"".join(chunks), "more_body": False}, *tail]
 
     async def _too_large(self, send: Send, path: str) -> None:
         await _send_json(
