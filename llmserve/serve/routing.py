@@ -9,7 +9,9 @@ answers the cross-cutting cases in one place, so a route function holds only its
   - timing: given `on_request`, each request is reported once as (endpoint, HTTP status, seconds),
     the endpoint being the route's `name`; seconds run to the response (a streaming route awaits its
     first event before answering, so for a stream: to the first event); an exception that escapes
-    the route counts as 500, what the client gets.
+    the route counts as 500, what the client gets;
+  - a failure of the server's own (any other exception): logged, and a 500 in the protocol's shape
+    whose message says nothing of the exception.
 The route class is carried along when the router is included in an app or another router, so the
 KServe v2 routes keep their own error shape on the OpenAI app's port.
 
@@ -29,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected
+from llmserve.serve.limits import log_safe
 from llmserve.serve.readiness import NotReady, Readiness
 
 log = logging.getLogger("llmserve.serve")
@@ -44,6 +47,7 @@ class ErrorShape:
 
     refused: tuple[type[Exception], ...]  # the protocol's own error types, raised by its routes
     render: Callable[[Exception], Response]  # one of `refused`, or NotReady -> the protocol's error response
+    internal: Callable[[], Response]  # the protocol's 500 for a failure of the server's own
 
 
 def protocol_router(shape: ErrorShape, on_request: OnRequest | None = None) -> APIRouter:
@@ -65,11 +69,17 @@ def _answering(handler: Handler, shape: ErrorShape, on_request: OnRequest | None
             return await handler(request)
         except ClientDisconnected:
             log.info(
-                "request %s: the client disconnected; its work was aborted", request.headers.get("x-request-id", "-")
+                "request %s: the client disconnected; its work was aborted",
+                log_safe(request.headers.get("x-request-id", "-")),
             )
             return Response(status_code=CLIENT_CLOSED)
         except refused as exc:
             return shape.render(exc)
+        except Exception:
+            # a failure of the server's own: 500 in the protocol's shape, with a generic message;
+            # the exception (which can name files and internals) goes to the log only
+            log.exception("request %s on %s failed", log_safe(request.headers.get("x-request-id", "-")), endpoint)
+            return shape.internal()
 
     if on_request is None:
         return answer

@@ -1,7 +1,8 @@
 """One error type for both KServe v2 transports: a kind that maps to a gRPC status and an HTTP status.
 
 The message is what the client reads; it names the offending tensor, parameter or key and what is
-accepted instead. The HTTP body is the KServe v2 error object: {"error": "<message>"}.
+accepted instead. It never carries an exception's own text (that is logged): a message built from
+one could show files, paths or internals of the server. The HTTP body is the KServe v2 error object: {"error": "<message>"}.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ UNAVAILABLE = "unavailable"
 UNIMPLEMENTED = "unimplemented"
 UNAUTHENTICATED = "unauthenticated"
 INTERNAL = "internal"
+TOO_LARGE = "too-large"
 
-HTTP_STATUS = {INVALID: 400, NOT_FOUND: 404, UNAVAILABLE: 503, UNIMPLEMENTED: 501, UNAUTHENTICATED: 401, INTERNAL: 500}
+HTTP_STATUS = {
+    INVALID: 400,
+    NOT_FOUND: 404,
+    UNAVAILABLE: 503,
+    UNIMPLEMENTED: 501,
+    UNAUTHENTICATED: 401,
+    INTERNAL: 500,
+    TOO_LARGE: 413,
+}
 GRPC_STATUS_NAME = {
     INVALID: "INVALID_ARGUMENT",
     NOT_FOUND: "NOT_FOUND",
@@ -23,6 +33,7 @@ GRPC_STATUS_NAME = {
     UNIMPLEMENTED: "UNIMPLEMENTED",
     UNAUTHENTICATED: "UNAUTHENTICATED",
     INTERNAL: "INTERNAL",
+    TOO_LARGE: "RESOURCE_EXHAUSTED",
 }
 
 
@@ -50,6 +61,19 @@ class KServeError(Exception):
 
 def invalid(message: str) -> KServeError:
     return KServeError(INVALID, message)
+
+
+def too_large(limit: int) -> KServeError:
+    return KServeError(
+        TOO_LARGE,
+        f"the request body exceeds this server's limit of {limit} bytes once decompressed (--max-body-bytes)",
+    )
+
+
+def internal(what: str) -> KServeError:
+    """A failure of the server's own: the message says what failed, never the exception's text
+    (it can name files and internals); the caller logs the exception."""
+    return KServeError(INTERNAL, f"{what} failed on the server; its log has the details")
 
 
 def not_found(message: str) -> KServeError:

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from llmserve.serve.kserve.errors import INTERNAL, UNAVAILABLE, KServeError, invalid
+from llmserve.serve.kserve.errors import UNAVAILABLE, KServeError, internal, invalid
 from llmserve.serve.kserve.protocol import GenerationRequest
 
 log = logging.getLogger("llmserve.serve.kserve")
@@ -61,7 +61,8 @@ def _map_engine_error(exc: BaseException) -> KServeError:
         return KServeError(UNAVAILABLE, "the engine has stopped; the server must be restarted")
     if isinstance(exc, (VLLMClientError, ValueError, TypeError, NotImplementedError)):
         return invalid(f"request refused by the engine: {_engine_message(exc)}")
-    return KServeError(INTERNAL, f"generation failed: {type(exc).__name__}: {exc}")
+    log.error("generation failed", exc_info=exc)
+    return internal("generation")
 
 
 async def generate(

@@ -6,7 +6,10 @@ ModelReady, ServerMetadata, ModelMetadata, ModelConfig (decoupled transaction po
 text delta; every response carries the `triton_final_response` parameter, true on the last one, as
 Triton does for decoupled models). Requests on one stream run concurrently; responses carry the
 request's `id`. A bad request on a stream gets an error_message response and the stream stays open.
-Every other RPC answers UNIMPLEMENTED naming the RPC. Inference before ready (or while draining):
+Every other RPC answers UNIMPLEMENTED naming the RPC. Limits: messages over max_message_bytes
+(--max-body-bytes; grpc checks the decompressed size too) are RESOURCE_EXHAUSTED, a text_input over
+max_prompt_chars (--max-prompt-chars) or an `id` over 256 characters INVALID_ARGUMENT; a failure of
+the server's own is INTERNAL with a generic message (the exception goes to the log). Inference before ready (or while draining):
 UNAVAILABLE; on a stream, the stream ends with that status when such a request arrives.
 
 Metrics: ModelInfer and ModelStreamInfer call on_request("kserve_grpc_<RPC>", <gRPC status code name>,
@@ -33,7 +36,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from llmserve.serve.errors import StartupError
-from llmserve.serve.kserve.errors import KServeError, invalid, not_ready
+from llmserve.serve.kserve.errors import KServeError, internal, invalid, not_ready
 from llmserve.serve.kserve.generation import generate_deltas, generate_text
 from llmserve.serve.kserve.protocol import (
     OUTPUT_NAME,
@@ -45,11 +48,13 @@ from llmserve.serve.kserve.protocol import (
     build_generation,
     check_tensor_header,
     decode_raw,
+    element_count,
     encode_bytes,
     model_config,
     model_metadata,
     server_metadata,
 )
+from llmserve.serve.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_CHARS, MAX_ID_CHARS, log_safe
 from llmserve.serve.metrics import ServerMetrics
 
 log = logging.getLogger("llmserve.serve.kserve")
@@ -105,14 +110,16 @@ def decode_request(request: pb.ModelInferRequest) -> tuple[list[DecodedTensor], 
         check_tensor_header(t.name, t.datatype, shape)
         if t.parameters:
             raise invalid(f"input '{t.name}': tensor parameters ({', '.join(t.parameters)}) are not supported")
+        count = element_count(shape)
         if raw:
             if t.HasField("contents"):
                 raise invalid(f"input '{t.name}': data given both raw and in contents")
-            values = decode_raw(t.name, t.datatype, raw[i])
-        elif t.datatype == "BYTES":
-            values = list(t.contents.bytes_contents)
+            values = decode_raw(t.name, t.datatype, raw[i], count)
         else:
-            values = list(t.contents.bool_contents)
+            contents = t.contents.bytes_contents if t.datatype == "BYTES" else t.contents.bool_contents
+            if len(contents) > count:
+                raise invalid(f"input '{t.name}': its data has more elements than its shape's {count}")
+            values = list(contents)
         tensors.append(DecodedTensor(t.name, t.datatype, shape, values))
     for o in request.outputs:
         if o.name != OUTPUT_NAME:
@@ -150,8 +157,9 @@ def _status_name(context: grpc.aio.ServicerContext, exc: BaseException | None) -
 
 
 class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, resolver: ModelResolver):
+    def __init__(self, resolver: ModelResolver, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS):
         self.r = resolver
+        self.max_prompt_chars = max_prompt_chars
 
     async def _abort(self, context: grpc.aio.ServicerContext, err: KServeError) -> NoReturn:
         await context.abort(err.grpc_status, err.message)
@@ -195,6 +203,10 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             text = await generate_text(served.handle, req, request.id)
         except KServeError as err:
             await self._abort(context, err)
+        except Exception:
+            # grpc.aio would send the exception's text to the client: log it, answer INTERNAL
+            log.exception("ModelInfer request %s failed", log_safe(request.id))
+            await self._abort(context, internal("the request"))
         return infer_response(served.name, served.version, request.id, text, None)
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
@@ -209,9 +221,17 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _generation(self, request: pb.ModelInferRequest, *, streaming: bool) -> tuple[Served, GenerationRequest]:
         served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
+        if len(request.id) > MAX_ID_CHARS:
+            # echoed in every response and carried into engine request ids and log lines
+            raise invalid(f"'id' is {len(request.id)} characters; at most {MAX_ID_CHARS} are accepted")
         tensors, params = decode_request(request)
         req = build_generation(
-            tensors, params, transport="grpc", streaming_transport=streaming, constraints=served.handle.constraints
+            tensors,
+            params,
+            transport="grpc",
+            streaming_transport=streaming,
+            constraints=served.handle.constraints,
+            max_prompt_chars=self.max_prompt_chars,
         )
         return served, req
 
@@ -275,11 +295,9 @@ class _InferStream:
             await self.queue.put(pb.ModelStreamInferResponse(error_message=err.message))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            log.exception("stream request %s failed", request.id)
-            await self.queue.put(
-                pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}")
-            )
+        except Exception:
+            log.exception("stream request %s failed", log_safe(request.id))
+            await self.queue.put(pb.ModelStreamInferResponse(error_message=internal("the request").message))
         finally:
             self.queue.put_nowait(self._DONE)
 
@@ -287,8 +305,13 @@ class _InferStream:
 class MeteredServicer(KServeServicer):
     """KServeServicer whose inference RPCs report (endpoint, gRPC status code name, seconds) to on_request."""
 
-    def __init__(self, resolver: ModelResolver, on_request: Callable[[str, str, float], None]):
-        super().__init__(resolver)
+    def __init__(
+        self,
+        resolver: ModelResolver,
+        on_request: Callable[[str, str, float], None],
+        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+    ):
+        super().__init__(resolver, max_prompt_chars)
         self.on_request = on_request
 
     async def ModelInfer(self, request, context):
@@ -382,7 +405,8 @@ class KServeGrpcFrontend:
         *,
         model_version: str | int | None = None,
         api_key: str | None = None,
-        max_message_bytes: int = 8 * 1024 * 1024,
+        max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
         metrics: ServerMetrics | None = None,
     ):
         self.host, self.port = host, port
@@ -390,6 +414,7 @@ class KServeGrpcFrontend:
         self.metrics = metrics  # None: record nothing
         self._api_key = api_key
         self.max_message_bytes = max_message_bytes
+        self.max_prompt_chars = max_prompt_chars
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -408,7 +433,11 @@ class KServeGrpcFrontend:
             ],
         )
         resolver = ModelResolver(readiness, self.model_version)
-        servicer = KServeServicer(resolver) if self.metrics is None else MeteredServicer(resolver, self.metrics.observe)
+        servicer = (
+            KServeServicer(resolver, self.max_prompt_chars)
+            if self.metrics is None
+            else MeteredServicer(resolver, self.metrics.observe, self.max_prompt_chars)
+        )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         host = f"[{self.host}]" if ":" in self.host else self.host
         cause: RuntimeError | None = None

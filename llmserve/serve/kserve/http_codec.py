@@ -1,6 +1,6 @@
 """KServe v2 over HTTP: request bodies in, response bodies out (no routing, no engine).
 
-Bodies may be gzip/deflate encoded. /infer takes JSON tensors or the binary tensor extension (a JSON
+Bodies may be gzip/deflate encoded (bounded by their decompressed size). /infer takes JSON tensors or the binary tensor extension (a JSON
 header of Inference-Header-Content-Length bytes, then the tensors' raw bytes); the generate
 extension takes one JSON object whose keys naming an input are tensors and whose other keys are
 parameters. Every problem is a KServeError naming the field, tensor or header at fault.
@@ -8,15 +8,13 @@ parameters. Every problem is a KServeError naming the field, tensor or header at
 
 from __future__ import annotations
 
-import gzip
 import json
-import zlib
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from llmserve.serve.kserve.errors import invalid
+from llmserve.serve.kserve.errors import invalid, too_large
 from llmserve.serve.kserve.protocol import (
     INPUTS,
     OUTPUT_NAME,
@@ -25,35 +23,41 @@ from llmserve.serve.kserve.protocol import (
     Served,
     check_tensor_header,
     decode_raw,
+    element_count,
     encode_bytes,
 )
+from llmserve.serve.limits import MAX_ID_CHARS, JsonProblem, TooLarge, inflate, load_json, short
 
 HEADER_LENGTH = "inference-header-content-length"
 REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
 INPUT_FIELDS = ("name", "datatype", "shape", "parameters", "data")
 
 
-async def request_body(request: Request) -> bytes:
-    """The request body, decoded from its Content-Encoding."""
+async def request_body(request: Request, limit: int) -> bytes:
+    """The request body, decoded from its Content-Encoding to at most `limit` bytes.
+
+    The guards (llmserve/serve/http_guards.py) bounded the body as sent; a compressed body is bounded
+    again by what it inflates to (a 1 MB gzip body can inflate to gigabytes), and inflated in slices
+    so the event loop keeps serving other requests meanwhile (llmserve/serve/limits.py: inflate)."""
     raw = await request.body()
     enc = (request.headers.get("content-encoding") or "identity").strip().lower()
-    try:
-        if enc == "gzip":
-            return gzip.decompress(raw)
-        if enc == "deflate":
-            return zlib.decompress(raw)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise invalid(f"the request body is not valid {enc} data: {exc}") from None
-    if enc != "identity":
+    if enc == "identity":
+        return raw
+    if enc not in ("gzip", "deflate"):
         raise invalid(f"Content-Encoding '{enc}' is not supported; send identity, gzip or deflate")
-    return raw
+    try:
+        return await inflate(raw, enc, limit)
+    except TooLarge:
+        raise too_large(limit) from None
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid(f"the {what} is not valid JSON: {exc}") from None
+        body = load_json(raw)
+    except JsonProblem as exc:
+        raise invalid(f"the {what} is {exc}") from None
     if not isinstance(body, dict):
         raise invalid(f"the {what} must be a JSON object")
     return body
@@ -67,12 +71,20 @@ def _scalar_params(where: str, params: Any) -> dict[str, Any]:
     return dict(params)
 
 
-def _flatten(data: Any) -> list[Any]:
-    if not isinstance(data, list):
-        return [data]
+def _flatten(name: str, data: Any, count: int) -> list[Any]:
+    """The values of a JSON tensor (nested lists flattened), refused once there are more than
+    `count`, the element count its shape declares: a shape-[1] tensor cannot make the server walk a
+    million values. Iterative: the nesting is bounded by the JSON depth limit, but a walk needs no stack."""
     out: list[Any] = []
-    for item in data:
-        out.extend(_flatten(item))
+    stack: list[Any] = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+            continue
+        out.append(item)
+        if len(out) > count:
+            raise invalid(f"input '{name}': its data has more elements than its shape's {count}")
     return out
 
 
@@ -93,6 +105,9 @@ def decode_infer_body(
     request_id = body.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
+    if len(request_id) > MAX_ID_CHARS:
+        # echoed in the response and carried into engine request ids and log lines
+        raise invalid(f"'id' is {len(request_id)} characters; at most {MAX_ID_CHARS} are accepted")
     params = _scalar_params("parameters", body.get("parameters"))
     tensors = _decode_inputs(body.get("inputs"), binary)
     return tensors, params, _binary_output(body.get("outputs")), request_id
@@ -119,9 +134,9 @@ def _decode_inputs(inputs: Any, binary: bytes) -> list[DecodedTensor]:
     for i, t in enumerate(inputs):
         name, datatype, shape, size = _input_header(i, t)
         if size is None:
-            values = _json_data(name, datatype, t)
+            values = _json_data(name, datatype, shape, t)
         else:
-            values = decode_raw(name, datatype, _binary_part(name, size, t, binary, offset))
+            values = decode_raw(name, datatype, _binary_part(name, size, t, binary, offset), element_count(shape))
             offset += size
         tensors.append(DecodedTensor(name, datatype, shape, values))
     if offset != len(binary):
@@ -158,16 +173,16 @@ def _binary_part(name: str, size: Any, t: dict[str, Any], binary: bytes, offset:
     return binary[offset : offset + size]
 
 
-def _json_data(name: str, datatype: str, t: dict[str, Any]) -> list[Any]:
+def _json_data(name: str, datatype: str, shape: list[int], t: dict[str, Any]) -> list[Any]:
     if "data" not in t:
         raise invalid(f"input '{name}' has no 'data'")
-    values = _flatten(t["data"])
+    values = _flatten(name, t["data"], element_count(shape))
     want = str if datatype == "BYTES" else bool
     for v in values:
         if not isinstance(v, want):
             raise invalid(
                 f"input '{name}': {datatype} data must be JSON "
-                f"{'strings' if want is str else 'booleans'}, got {json.dumps(v)}"
+                f"{'strings' if want is str else 'booleans'}, got {short(v)}"
             )
     return values
 
@@ -234,6 +249,8 @@ def decode_generate_body(raw: bytes) -> tuple[list[DecodedTensor], dict[str, Any
             params[key] = value
             continue
         values = value if isinstance(value, list) else [value]
+        if len(values) > element_count(list(spec.dims)):
+            raise invalid(f"'{key}' has {len(values)} elements; the input takes {element_count(list(spec.dims))}")
         if key == "sampling_parameters" and len(values) == 1 and isinstance(values[0], dict):
             values = [json.dumps(values[0])]
         want = str if spec.datatype == "BYTES" else bool

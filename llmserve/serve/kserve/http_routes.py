@@ -10,10 +10,12 @@ Routes ({v} optional everywhere as /versions/{v}):
     GET  /v2/models/{m}/ready         200 or 503 (404 for a model this server does not serve)
     GET  /v2/models/{m}/config        Triton model configuration (decoupled)
     POST /v2/models/{m}/infer         JSON tensors, or the binary tensor extension
-                                      (Inference-Header-Content-Length); gzip/deflate bodies accepted
+                                      (Inference-Header-Content-Length); gzip/deflate bodies accepted,
+                                      413 once one inflates past --max-body-bytes
     POST /v2/models/{m}/generate      generate extension: one JSON response
     POST /v2/models/{m}/generate_stream  SSE: one `data:` event per text delta
-Errors are {"error": "<message>"} with 400 (bad request), 404 (unknown model/version/route),
+Errors are {"error": "<message>"} with 400 (bad request; a prompt over --max-prompt-chars too),
+413 (a body over --max-body-bytes, decompressed), 404 (unknown model/version/route),
 501 (a Triton extension this server does not implement), 503 (not ready); the shared route class
 (llmserve/serve/routing.py) renders them, and answers 499 for a client gone mid-request.
 Metrics: infer, generate and generate_stream call on_request(endpoint, HTTP status, seconds) with
@@ -25,13 +27,14 @@ the OpenAI app does not count /health and /v1/models.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmserve.serve.disconnect import unless_disconnected
-from llmserve.serve.kserve.errors import UNIMPLEMENTED, KServeError, invalid, not_found, not_ready
+from llmserve.serve.kserve.errors import UNIMPLEMENTED, KServeError, internal, invalid, not_found, not_ready
 from llmserve.serve.kserve.generation import Delta, generate_deltas, generate_text
 from llmserve.serve.kserve.http_codec import (
     HEADER_LENGTH,
@@ -51,6 +54,7 @@ from llmserve.serve.kserve.protocol import (
     model_metadata,
     server_metadata,
 )
+from llmserve.serve.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_CHARS
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.routing import ErrorShape, OnRequest, protocol_router
 
@@ -70,14 +74,20 @@ def _render(exc: Exception) -> Response:
     return JSONResponse(err.body(), status_code=err.http_status)
 
 
-KSERVE_ERRORS = ErrorShape(refused=(KServeError,), render=_render)
+def _internal() -> Response:
+    err = internal("the request")
+    return JSONResponse(err.body(), status_code=err.http_status)
+
+
+KSERVE_ERRORS = ErrorShape(refused=(KServeError,), render=_render, internal=_internal)
 
 
 class KServeRoutes:
     """The route functions, over the model resolver (readiness, served model name and version)."""
 
-    def __init__(self, readiness: Readiness, model_version: str | int | None):
+    def __init__(self, readiness: Readiness, model_version: str | int | None, limits: BodyLimits):
         self.resolver = ModelResolver(readiness, model_version)
+        self.limits = limits
 
     async def server_meta(self) -> Response:
         return JSONResponse(server_metadata())
@@ -109,10 +119,15 @@ class KServeRoutes:
     async def infer(self, model: str, request: Request, version: str = "") -> Response:
         served = self.resolver.resolve(model, version, for_inference=True)
         tensors, params, binary_out, request_id = decode_infer_body(
-            await request_body(request), request.headers.get(HEADER_LENGTH)
+            await request_body(request, self.limits.max_body_bytes), request.headers.get(HEADER_LENGTH)
         )
         req = build_generation(
-            tensors, params, transport="http", streaming_transport=False, constraints=served.handle.constraints
+            tensors,
+            params,
+            transport="http",
+            streaming_transport=False,
+            constraints=served.handle.constraints,
+            max_prompt_chars=self.limits.max_prompt_chars,
         )
         if binary_out is None:
             binary_out = bool(req.settings.binary_data_output)
@@ -151,12 +166,17 @@ class KServeRoutes:
                 "the generate extension takes a JSON body; the binary tensor extension "
                 "(Inference-Header-Content-Length) is for /infer"
             )
-        tensors, params = decode_generate_body(await request_body(request))
+        tensors, params = decode_generate_body(await request_body(request, self.limits.max_body_bytes))
         if streaming and not any(t.name == "stream" for t in tensors):
             # generate_stream streams unless the body says "stream": false
             tensors.append(DecodedTensor("stream", "BOOL", [1], [True]))
         req = build_generation(
-            tensors, params, transport="generate", streaming_transport=streaming, constraints=served.handle.constraints
+            tensors,
+            params,
+            transport="generate",
+            streaming_transport=streaming,
+            constraints=served.handle.constraints,
+            max_prompt_chars=self.limits.max_prompt_chars,
         )
         if req.settings.binary_data_output is not None:
             raise invalid("parameter 'binary_data_output' belongs to /infer; generate answers JSON")
@@ -179,17 +199,27 @@ async def _events(served: Served, first: Delta, deltas: AsyncGenerator[Delta, No
         await deltas.aclose()
 
 
+@dataclass(frozen=True)
+class BodyLimits:
+    """The server's --max-body-bytes (for a decompressed body) and --max-prompt-chars."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+
+
 def build_router(
     readiness: Readiness,
     *,
     model_version: str | int | None = None,
     on_request: OnRequest | None = None,
+    limits: BodyLimits | None = None,
 ) -> APIRouter:
     """KServe v2 routes on the shared engine; mount with app.include_router(...).
 
     on_request(endpoint, status, seconds), e.g. ServerMetrics.observe, is called once per inference request.
+    limits: the server's body and prompt limits (default: `llmserve serve`'s defaults).
     """
-    routes = KServeRoutes(readiness, model_version)
+    routes = KServeRoutes(readiness, model_version, limits or BodyLimits())
     router = protocol_router(KSERVE_ERRORS)
     router.add_api_route("/v2", routes.server_meta, methods=["GET"], include_in_schema=False)
     router.add_api_route("/v2/health/live", routes.live, methods=["GET"], include_in_schema=False)

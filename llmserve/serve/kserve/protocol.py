@@ -177,9 +177,11 @@ def build_generation(
     transport: str,
     streaming_transport: bool,
     constraints: ConstraintSupport,
+    max_prompt_chars: int,
 ) -> GenerationRequest:
     """One generation request from decoded tensors and request parameters; `constraints`: what the
-    engine it will run on supports (its EngineHandle's)."""
+    engine it will run on supports (its EngineHandle's); `max_prompt_chars`: --max-prompt-chars, the
+    limit the OpenAI routes apply too (tokenizing a huge prompt is work before any context check)."""
     seen: dict[str, DecodedTensor] = {}
     for t in tensors:
         check_tensor_header(t.name, t.datatype, t.shape)
@@ -197,6 +199,11 @@ def build_generation(
     prompt = _text(seen["text_input"])
     if not prompt:
         raise invalid("input 'text_input' is empty; send the prompt text")
+    if len(prompt) > max_prompt_chars:
+        raise invalid(
+            f"input 'text_input' is {len(prompt)} characters; this server's limit is {max_prompt_chars} "
+            "(--max-prompt-chars)"
+        )
     stream = bool(seen["stream"].values[0]) if "stream" in seen else False
     if stream and not streaming_transport:
         raise invalid(
@@ -224,10 +231,15 @@ def _text(t: DecodedTensor) -> str:
 # --- BYTES / BOOL wire formats (gRPC raw_input_contents and the HTTP binary tensor extension) -----
 
 
-def decode_raw(name: str, datatype: str, raw: bytes) -> list[Any]:
+def decode_raw(name: str, datatype: str, raw: bytes, count: int) -> list[Any]:
+    """The elements of a raw tensor, refused past `count` (its shape's element count): without the
+    bound, a shape-[1] BYTES tensor of 8 MB of empty elements is two million loop turns."""
     if datatype == "BYTES":
-        out, i = [], 0
+        out: list[Any] = []
+        i = 0
         while i < len(raw):
+            if len(out) == count:
+                raise invalid(f"input '{name}': its data has more elements than its shape's {count}")
             if i + 4 > len(raw):
                 raise invalid(f"input '{name}': truncated BYTES element (a 4-byte length prefix is incomplete)")
             n = int.from_bytes(raw[i : i + 4], "little")
@@ -238,6 +250,8 @@ def decode_raw(name: str, datatype: str, raw: bytes) -> list[Any]:
             i += n
         return out
     if datatype == "BOOL":
+        if len(raw) > count:
+            raise invalid(f"input '{name}': its data has more elements than its shape's {count}")
         return [b != 0 for b in raw]
     raise invalid(f"input '{name}': datatype {datatype} is not accepted")
 
@@ -258,6 +272,7 @@ __all__ = [
     "ModelResolver",
     "build_generation",
     "decode_raw",
+    "element_count",
     "encode_bytes",
     "model_config",
     "model_metadata",

@@ -14,10 +14,12 @@ Mapping table (key -> vLLM 0.32 SamplingParams field):
     presence_penalty, frequency_penalty,
     repetition_penalty                            -> same name        (number)
     max_tokens, min_tokens, seed                  -> same name        (integer; max_tokens default 16)
-    stop                                          -> stop             (string or list of strings)
-    stop_token_ids, allowed_token_ids             -> same name        (list of integers)
-    bad_words                                     -> bad_words        (list of strings)
-    logit_bias                                    -> logit_bias       (object: token id -> bias)
+    stop                                          -> stop             (string or list of at most 16 strings
+                                                                       of at most 1000 characters)
+    stop_token_ids, allowed_token_ids             -> same name        (list of integers: at most 1024;
+                                                                       allowed_token_ids at most 262144)
+    bad_words                                     -> bad_words        (list of at most 1024 strings)
+    logit_bias                                    -> logit_bias       (object: token id -> bias, at most 1024)
     ignore_eos, include_stop_str_in_output,
     skip_special_tokens,
     spaces_between_special_tokens                 -> same name        (boolean)
@@ -76,7 +78,16 @@ from llmserve.serve.constraint_keys import (
     given_keys,
     validation_problem,
 )
-from llmserve.serve.kserve.errors import INTERNAL, KServeError, invalid
+from llmserve.serve.kserve.errors import internal, invalid
+from llmserve.serve.limits import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOKEN_LIST,
+    JsonProblem,
+    load_json,
+    short,
+)
 
 log = logging.getLogger("llmserve.serve.kserve")
 
@@ -90,9 +101,9 @@ def _number(key: str, value: Any, origin: str) -> float:
         try:
             value = float(value)
         except ValueError:
-            raise invalid(f"{_where(key, origin)}: expected a number, got {value!r}") from None
+            raise invalid(f"{_where(key, origin)}: expected a number, got {short(value)}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(f"{_where(key, origin)}: expected a finite number, got {value!r}")
+        raise invalid(f"{_where(key, origin)}: expected a finite number, got {short(value)}")
     return float(value)
 
 
@@ -101,11 +112,11 @@ def _integer(key: str, value: Any, origin: str) -> int:
         try:
             value = int(value.strip())
         except ValueError:
-            raise invalid(f"{_where(key, origin)}: expected an integer, got {value!r}") from None
+            raise invalid(f"{_where(key, origin)}: expected an integer, got {short(value)}") from None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"{_where(key, origin)}: expected an integer, got {value!r}")
+        raise invalid(f"{_where(key, origin)}: expected an integer, got {short(value)}")
     return value
 
 
@@ -113,7 +124,7 @@ def _boolean(key: str, value: Any, origin: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     if not isinstance(value, bool):
-        raise invalid(f"{_where(key, origin)}: expected true or false, got {value!r}")
+        raise invalid(f"{_where(key, origin)}: expected true or false, got {short(value)}")
     return value
 
 
@@ -123,37 +134,60 @@ def _json_value(key: str, value: Any, origin: str) -> Any:
         stripped = value.strip()
         if stripped[:1] in ("[", "{"):
             try:
-                return json.loads(stripped)
-            except ValueError as exc:
-                raise invalid(f"{_where(key, origin)}: not valid JSON: {exc}") from None
+                return load_json(stripped)
+            except JsonProblem as exc:
+                raise invalid(f"{_where(key, origin)}: the value is {exc}") from None
     return value
 
 
-def _int_list(key: str, value: Any, origin: str) -> list[int]:
+def _at_most(key: str, value: Any, origin: str, limit: int, what: str) -> None:
+    # the lists below are applied at every decode step (stop strings, banned words, biases):
+    # their size is bounded as the OpenAI routes bound it (llmserve/serve/limits.py)
+    if len(value) > limit:
+        raise invalid(f"{_where(key, origin)}: at most {limit} {what} are accepted, got {len(value)}")
+
+
+def _int_list(key: str, value: Any, origin: str, limit: int = MAX_TOKEN_LIST) -> list[int]:
     value = _json_value(key, value, origin)
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise invalid(f"{_where(key, origin)}: expected a list of integers, got {value!r}")
+    if not isinstance(value, list):
+        raise invalid(f"{_where(key, origin)}: expected a list of integers, got {short(value)}")
+    _at_most(key, value, origin, limit, "token ids")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise invalid(f"{_where(key, origin)}: expected a list of integers, got {short(value)}")
     return value
+
+
+def _allowed_ids(key: str, value: Any, origin: str) -> list[int]:
+    return _int_list(key, value, origin, MAX_ALLOWED_TOKEN_IDS)
 
 
 def _str_list(key: str, value: Any, origin: str) -> list[str]:
     value = _json_value(key, value, origin)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise invalid(f"{_where(key, origin)}: expected a list of strings, got {value!r}")
+        raise invalid(f"{_where(key, origin)}: expected a list of strings, got {short(value)}")
+    return value
+
+
+def _bad_words(key: str, value: Any, origin: str) -> list[str]:
+    value = _str_list(key, value, origin)
+    _at_most(key, value, origin, MAX_TOKEN_LIST, "words")
     return value
 
 
 def _stop(key: str, value: Any, origin: str) -> str | list[str]:
     value = _json_value(key, value, origin)
-    if isinstance(value, str):
-        return value
-    return _str_list(key, value, origin)
+    stops = [value] if isinstance(value, str) else _str_list(key, value, origin)
+    _at_most(key, stops, origin, MAX_STOP_STRINGS, "stop strings")
+    if any(len(v) > MAX_STOP_CHARS for v in stops):
+        raise invalid(f"{_where(key, origin)}: a stop string may have at most {MAX_STOP_CHARS} characters")
+    return value
 
 
 def _logit_bias(key: str, value: Any, origin: str) -> dict[int, float]:
     value = _json_value(key, value, origin)
     if not isinstance(value, dict):
-        raise invalid(f"{_where(key, origin)}: expected an object of token id -> bias, got {value!r}")
+        raise invalid(f"{_where(key, origin)}: expected an object of token id -> bias, got {short(value)}")
+    _at_most(key, value, origin, MAX_TOKEN_LIST, "entries")
     out: dict[int, float] = {}
     for tok, bias in value.items():
         out[_integer(f"{key}.{tok}", tok, origin)] = _number(f"{key}.{tok}", bias, origin)
@@ -234,9 +268,9 @@ def _structured_spec(key: str, kind: str, spec: Any, origin: str) -> Any:
 def _json_schema_spec(key: str, spec: Any, origin: str) -> dict[str, Any]:
     if isinstance(spec, str):
         try:
-            spec = json.loads(spec)
-        except ValueError as exc:
-            raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema document: {exc}") from None
+            spec = load_json(spec)
+        except JsonProblem as exc:
+            raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema document: it is {exc}") from None
     if not isinstance(spec, dict):
         raise invalid(f"{_where(key, origin)}: 'json' must be a JSON schema object")
     _check_schema(key, spec, origin)
@@ -284,8 +318,8 @@ SAMPLING_KEYS: dict[str, tuple[str, Converter]] = {
     "seed": ("seed", _integer),
     "stop": ("stop", _stop),
     "stop_token_ids": ("stop_token_ids", _int_list),
-    "allowed_token_ids": ("allowed_token_ids", _int_list),
-    "bad_words": ("bad_words", _str_list),
+    "allowed_token_ids": ("allowed_token_ids", _allowed_ids),
+    "bad_words": ("bad_words", _bad_words),
     "logit_bias": ("logit_bias", _logit_bias),
     "ignore_eos": ("ignore_eos", _boolean),
     "include_stop_str_in_output": ("include_stop_str_in_output", _boolean),
@@ -375,7 +409,7 @@ def sampling_kwargs(
             if not isinstance(extra, dict):
                 raise invalid(
                     f"{_where(key, origin)}: expected an object of constraint keys "
-                    f"({', '.join(CONSTRAINT_KEYS)}), got {extra!r}"
+                    f"({', '.join(CONSTRAINT_KEYS)}), got {short(extra)}"
                 )
             for inner, inner_value in extra.items():
                 if inner not in CONSTRAINT_KEYS:
@@ -412,10 +446,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
             problem = validation_problem(key, values[key])
         except Exception as exc:
             log.exception("constraint check failed")
-            raise KServeError(
-                INTERNAL,
-                f"{_where(key, found[key][0])}: the constraint check failed on the server: {type(exc).__name__}: {exc}",
-            ) from None
+            raise internal(f"{_where(key, found[key][0])}: the constraint check") from exc
     if problem is not None:  # "key 'k': ..." gets where it came from; "give one constraint ..." names them all
         raise invalid(f"{found[key][0]} {problem}" if problem.startswith("key '") else problem)
     into["extra_args"] = {key: extra_args_value(values[key])}
@@ -423,9 +454,9 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
 
 def parse_sampling_tensor(text: str) -> dict[str, Any]:
     try:
-        values = json.loads(text) if text.strip() else {}
-    except ValueError as exc:
-        raise invalid(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
+        values = load_json(text) if text.strip() else {}
+    except JsonProblem as exc:
+        raise invalid(f"input 'sampling_parameters' is {exc}") from None
     if not isinstance(values, dict):
         raise invalid(
             "input 'sampling_parameters' must be a JSON object of sampling settings, "

@@ -14,7 +14,6 @@ Readiness, refusals, client disconnects and timing are answered by the shared ro
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -22,9 +21,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from llmserve.serve.disconnect import unless_disconnected
+from llmserve.serve.limits import JsonProblem, load_json, log_safe
 from llmserve.serve.openai.engine_calls import engine_call, result_response, validated
 from llmserve.serve.openai.errors import RequestRejected
 from llmserve.serve.openai.fields import TABLES
+from llmserve.serve.openai.logprobs import fix_logprobs
 from llmserve.serve.openai.request_check import check_request, prompt_chars
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.routing import ErrorShape, Exposition, OnRequest, new_app, operations_router, protocol_router
@@ -46,7 +47,12 @@ def _render(exc: Exception) -> Response:
     return JSONResponse(rejected.body(), status_code=rejected.status)
 
 
-OPENAI_ERRORS = ErrorShape(refused=(RequestRejected,), render=_render)
+def _internal() -> Response:
+    failed = RequestRejected("the request failed on the server; its log has the details", code=None, status=500)
+    return JSONResponse(failed.body(), status_code=500)
+
+
+OPENAI_ERRORS = ErrorShape(refused=(RequestRejected,), render=_render, internal=_internal)
 
 
 def _name_param(exc: RequestRejected, kind: str) -> None:
@@ -66,8 +72,13 @@ class OpenAIRoutes:
 
     async def models(self) -> Response:
         handle = self.readiness.engine_for_inference()
-        listing = await handle.state.openai_serving_models.show_available_models()
-        return JSONResponse(listing.model_dump())
+        listing = (await handle.state.openai_serving_models.show_available_models()).model_dump()
+        for card in listing.get("data", []):
+            # vLLM reports the weights folder as `root`: a path inside this server's cache, which is
+            # no client's business; the served name is what `root` means for a base model
+            card["root"] = card["id"]
+            card["parent"] = None
+        return JSONResponse(listing)
 
     async def chat(self, request: Request) -> Response:
         return await self._generate("chat", request)
@@ -99,6 +110,7 @@ class OpenAIRoutes:
                     code="model_not_supported",
                 )
             state = handle.state
+            fix_logprobs(state)  # top_logprobs: the k most likely tokens (logprobs.py)
             call = (
                 state.openai_serving_chat.create_chat_completion
                 if kind == "chat"
@@ -116,17 +128,18 @@ class OpenAIRoutes:
         handle = self.readiness.engine_for_inference()
         raw = await request.body()
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestRejected(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+            body = load_json(raw)
+        except JsonProblem as exc:
+            raise RequestRejected(f"the request body is {exc}", code="invalid_json") from None
         forwarded, consumed = check_request(kind, body, handle.constraints)
         self._check_model_and_size(kind, body, handle)
         if consumed.get("user") or consumed.get("safety_identifier"):
+            # client-supplied text: escaped and bounded, so it cannot forge or flood log lines
             log.info(
                 "request %s user=%s safety_identifier=%s",
-                request.headers.get("x-request-id", "-"),
-                consumed.get("user"),
-                consumed.get("safety_identifier"),
+                log_safe(request.headers.get("x-request-id", "-")),
+                log_safe(consumed.get("user")),
+                log_safe(consumed.get("safety_identifier")),
             )
         return handle, forwarded
 
@@ -137,6 +150,10 @@ class OpenAIRoutes:
                 param="model",
                 code="model_not_found",
             )
+        max_n, n = getattr(handle, "max_n", None), body.get("n")
+        if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
+            # each choice is a sequence in the batch and in the KV cache (--max-n, EngineHandle.max_n)
+            raise RequestRejected(f"n is {n}; this server's limit is {max_n} choices per request (--max-n)", param="n")
         chars = prompt_chars(kind, body)
         if chars > self.max_prompt_chars:
             raise RequestRejected(

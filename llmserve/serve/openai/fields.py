@@ -25,6 +25,14 @@ from llmserve.serve.constraint_keys import (
     given_keys,
     validation_problem,
 )
+from llmserve.serve.limits import (
+    MAX_EMBEDDING_INPUTS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOKEN_LIST,
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,8 @@ def _one_of(*allowed: Any) -> Check:
 def _check_messages(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, list) or not value:
         return "must be a non-empty array of messages"
+    if len(value) > MAX_MESSAGES:  # each message is a turn of the chat template's render
+        return f"at most {MAX_MESSAGES} messages are accepted, got {len(value)}"
     allowed_roles = {"system", "developer", "user", "assistant"}
     for i, msg in enumerate(value):
         if not isinstance(msg, dict):
@@ -161,15 +171,20 @@ def _cache_options(value: Any, ctx: CheckContext) -> str | None:
     return None
 
 
-def _completion_prompt(value: Any, ctx: CheckContext) -> str | None:
+def _prompts(value: Any, most: int) -> str | None:
     def is_tokens(v: Any) -> bool:
         return isinstance(v, list) and bool(v) and all(isinstance(t, int) for t in v)
 
     if isinstance(value, str) or is_tokens(value):
         return None
     if isinstance(value, list) and value and all(isinstance(v, str) or is_tokens(v) for v in value):
-        return None
+        # each prompt of a batch is its own engine request
+        return f"at most {most} prompts are accepted in one request, got {len(value)}" if len(value) > most else None
     return "must be a string, an array of strings, an array of token ids or an array of token-id arrays"
+
+
+def _completion_prompt(value: Any, ctx: CheckContext) -> str | None:
+    return _prompts(value, MAX_PROMPTS)
 
 
 def _best_of(value: Any, ctx: CheckContext) -> str | None:
@@ -179,7 +194,31 @@ def _best_of(value: Any, ctx: CheckContext) -> str | None:
 
 
 def _embedding_input(value: Any, ctx: CheckContext) -> str | None:
-    return _completion_prompt(value, ctx)
+    return _prompts(value, MAX_EMBEDDING_INPUTS)
+
+
+# Sizes of the fields applied at every decode step (llmserve/serve/limits.py); vLLM's own request
+# model checks their types and values after these.
+
+
+def _check_stop(value: Any, ctx: CheckContext) -> str | None:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list):
+        return None  # the type is vLLM's request model's to refuse
+    if len(stops) > MAX_STOP_STRINGS:
+        return f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(stops)}"
+    if any(isinstance(v, str) and len(v) > MAX_STOP_CHARS for v in stops):
+        return f"a stop string may have at most {MAX_STOP_CHARS} characters"
+    return None
+
+
+def _at_most_entries(what: str) -> Check:
+    def check(value: Any, ctx: CheckContext) -> str | None:
+        if isinstance(value, (list, dict)) and len(value) > MAX_TOKEN_LIST:
+            return f"at most {MAX_TOKEN_LIST} {what} are accepted, got {len(value)}"
+        return None
+
+    return check
 
 
 def _empty_or_none(what: str) -> Check:
@@ -235,16 +274,21 @@ _CONSUME: Forward = "consume"
 _SAMPLING = {
     "frequency_penalty": honoured("vLLM SamplingParams.frequency_penalty"),
     "presence_penalty": honoured("vLLM SamplingParams.presence_penalty"),
-    "logit_bias": honoured("vLLM logit-bias logits processor (token id -> bias)"),
+    "logit_bias": honoured(
+        "vLLM logit-bias logits processor (token id -> bias; at most 1024 entries)", _at_most_entries("entries")
+    ),
     "max_tokens": honoured("vLLM SamplingParams.max_tokens (default: the rest of the context)"),
     "n": honoured("vLLM SamplingParams.n: n choices from one prompt"),
     "seed": honoured("vLLM SamplingParams.seed: per-request generator"),
-    "stop": honoured("vLLM SamplingParams.stop"),
+    "stop": honoured("vLLM SamplingParams.stop (at most 16 strings of at most 1000 characters)", _check_stop),
     "stream": honoured("server-sent events, one chunk per engine step, then [DONE]"),
     "stream_options": honoured("include_usage: a final usage chunk", _check_stream_options, _strip_obfuscation),
     "temperature": honoured("vLLM SamplingParams.temperature"),
     "top_p": honoured("vLLM SamplingParams.top_p"),
-    "user": honoured("recorded in this server's request log line; not sent to the engine", forward=_CONSUME),
+    "user": honoured(
+        "recorded in this server's request log line (escaped, at most 200 characters); not sent to the engine",
+        forward=_CONSUME,
+    ),
     "model": honoured("must name the served model (400 model_not_found otherwise)"),
 }
 
@@ -255,7 +299,9 @@ VLLM_EXTENSIONS = {
     "repetition_penalty": honoured("vLLM SamplingParams.repetition_penalty (extension)"),
     "min_tokens": honoured("vLLM SamplingParams.min_tokens (extension)"),
     "ignore_eos": honoured("vLLM SamplingParams.ignore_eos (extension): fixed-length outputs"),
-    "stop_token_ids": honoured("vLLM SamplingParams.stop_token_ids (extension)"),
+    "stop_token_ids": honoured(
+        "vLLM SamplingParams.stop_token_ids (extension; at most 1024)", _at_most_entries("token ids")
+    ),
     "include_stop_str_in_output": honoured("vLLM SamplingParams.include_stop_str_in_output (extension)"),
     "skip_special_tokens": honoured("vLLM SamplingParams.skip_special_tokens (extension)"),
     "prompt_logprobs": honoured("vLLM SamplingParams.prompt_logprobs (extension): log-probabilities of prompt tokens"),
@@ -265,8 +311,11 @@ VLLM_EXTENSIONS = {
 CHAT_FIELDS: dict[str, Fate] = {
     **_SAMPLING,
     "messages": honoured("rendered with the model's chat template (text parts only)", _check_messages),
-    "logprobs": honoured("vLLM SamplingParams.logprobs of sampled tokens"),
-    "top_logprobs": honoured("vLLM SamplingParams.logprobs = top_logprobs alternatives"),
+    "logprobs": honoured("vLLM SamplingParams.logprobs of sampled tokens (llmserve/serve/openai/logprobs.py)"),
+    "top_logprobs": honoured(
+        "the k most likely tokens at each position, most likely first, from vLLM SamplingParams.logprobs "
+        "(llmserve/serve/openai/logprobs.py)"
+    ),
     "max_completion_tokens": honoured("vLLM SamplingParams.max_tokens"),
     "response_format": honoured(
         "text: unconstrained; json_object / json_schema: vLLM structured outputs (guidance backend, "
@@ -315,7 +364,10 @@ COMPLETION_FIELDS: dict[str, Fate] = {
         "the prompt is returned before the completion (with its log-probs when logprobs is set); "
         "with max_tokens 0 this is prefill-only scoring"
     ),
-    "logprobs": honoured("vLLM SamplingParams.logprobs: top-N alternatives per token"),
+    "logprobs": honoured(
+        "top_logprobs: the N most likely tokens per position, most likely first; the sampled token's in "
+        "token_logprobs (llmserve/serve/openai/logprobs.py)"
+    ),
     "best_of": honoured("only equal to n (or 1)", _best_of, _CONSUME),
     "suffix": honoured(
         "empty only: insertion (fill-in-the-middle) is not offered",

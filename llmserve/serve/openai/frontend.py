@@ -9,7 +9,7 @@ from typing import Any
 
 from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
-from llmserve.serve.kserve.http_routes import build_router
+from llmserve.serve.kserve.http_routes import BodyLimits, build_router
 from llmserve.serve.metrics import ServerMetrics
 from llmserve.serve.openai.app import build_app
 from llmserve.serve.readiness import Readiness
@@ -44,6 +44,11 @@ class OpenAIFrontend(UvicornFrontend):
         )
         if self.kserve_model_version is not None:
             app.include_router(
-                build_router(readiness, model_version=self.kserve_model_version, on_request=self.metrics.observe)
+                build_router(
+                    readiness,
+                    model_version=self.kserve_model_version,
+                    on_request=self.metrics.observe,
+                    limits=BodyLimits(self.max_body_bytes, self.max_prompt_chars),
+                )
             )
         return Guards(app, api_key=self._api_key, max_body_bytes=self.max_body_bytes)
