@@ -7,6 +7,10 @@ write a minimal `.dist-info` (METADATA + entry_points.txt) into a per-server sit
 folder and the plugin's source folder on `sys.path` and `PYTHONPATH` (spawned engine processes
 inherit both). vLLM swallows a plugin that fails to load (it only logs), so `load_check` imports
 every entry point here first and turns any failure into a startup error.
+
+llmserve's own engine-process fixes (llmserve/serve/vllm_patches.py) travel the same way, as one
+general plugin every server installs: it must run inside the engine-core process, which vLLM
+starts with `spawn` on CPU, and entry points are how vLLM runs code there.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from pathlib import Path
 
 from llmserve.packaging.opened import OpenedPackage
 from llmserve.serve.errors import PluginInstallError
+from llmserve.serve.vllm_patches import PLUGIN_ENTRY_POINT, PLUGIN_NAME
 
 HONOURED_GROUPS = ("vllm.general_plugins", "vllm.logits_processors")
+# Installed for every server, before the package's own plugins (name, group, entry point).
+BUILTIN_PLUGINS = ((PLUGIN_NAME, "vllm.general_plugins", PLUGIN_ENTRY_POINT),)
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,7 @@ class InstalledPlugin:
     name: str
     group: str
     entry_point: str
-    source: Path
+    source: Path | None  # the package's plugin folder; None for llmserve's own (importable already)
 
 
 def _dist_name(plugin_name: str) -> str:
@@ -47,26 +54,26 @@ def _prepend_path(entries: list[Path]) -> None:
 
 
 def install_plugins(package: OpenedPackage, site_dir: Path) -> list[InstalledPlugin]:
-    """Write entry-point metadata for every plugin of the package and make it discoverable."""
-    plugins = package.manifest.plugins
-    if not plugins:
-        return []
-    if site_dir.exists():
-        shutil.rmtree(site_dir)
-    site_dir.mkdir(parents=True)
-    installed: list[InstalledPlugin] = []
-    for plugin in plugins:
+    """Write entry-point metadata for llmserve's own plugins and every plugin of the package; make them discoverable."""
+    installed = [InstalledPlugin(name, group, entry, None) for name, group, entry in BUILTIN_PLUGINS]
+    for plugin in package.manifest.plugins:
         if plugin.group not in HONOURED_GROUPS:
             raise PluginInstallError(f"plugin '{plugin.name}': group '{plugin.group}' is not loaded by this vLLM build")
+        if plugin.name in {p.name for p in installed}:
+            raise PluginInstallError(f"plugin '{plugin.name}': the name is taken (llmserve's own plugin)")
         source = package.plugin_source(plugin.name)
         if not source.is_dir():
             raise PluginInstallError(f"plugin '{plugin.name}': source folder {source} is missing from the package")
-        dist = site_dir / f"{_dist_name(plugin.name)}-0.0.0.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {_dist_name(plugin.name)}\nVersion: 0.0.0\n")
-        (dist / "entry_points.txt").write_text(f"[{plugin.group}]\n{plugin.name} = {plugin.entryPoint}\n")
         installed.append(InstalledPlugin(plugin.name, plugin.group, plugin.entryPoint, source))
-    _prepend_path([site_dir, *[p.source for p in installed]])
+    if site_dir.exists():
+        shutil.rmtree(site_dir)
+    site_dir.mkdir(parents=True)
+    for entry in installed:
+        dist = site_dir / f"{_dist_name(entry.name)}-0.0.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {_dist_name(entry.name)}\nVersion: 0.0.0\n")
+        (dist / "entry_points.txt").write_text(f"[{entry.group}]\n{entry.name} = {entry.entry_point}\n")
+    _prepend_path([site_dir, *[p.source for p in installed if p.source is not None]])
     _check_discoverable(installed)
     return installed
 
