@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from llmserve.serve.options import API_KEY_ENV
+from llmserve.serve.options import API_KEY_ENV, DEFAULT_MAX_N
 
 
 def serve(
@@ -30,7 +30,14 @@ def serve(
         "--api-key",
         envvar=API_KEY_ENV,
         show_envvar=True,
-        help="Require 'Authorization: Bearer KEY' on every route but /health.",
+        help="Require 'Authorization: Bearer KEY' on every route but /health. Prefer the environment "
+        "variable or --api-key-file: a key given here shows in the process list.",
+    ),
+    api_key_file: Path = typer.Option(
+        None,
+        "--api-key-file",
+        help="Read the API key from this file (one line; trailing newline stripped). Refused if other "
+        "users can read it (chmod 600).",
     ),
     served_model_name: str = typer.Option(
         None, "--served-model-name", help="Model id clients send. Default: the manifest's modelId."
@@ -62,6 +69,15 @@ def serve(
         "On by default for generating models; without it a request carrying a constraint "
         "gets HTTP 400 / INVALID_ARGUMENT.",
     ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Serve a package whose engine arguments make vLLM load code (trust_remote_code, worker_cls, "
+        "logits_processors, ...); such a package is refused without it (exit 4).",
+    ),
+    max_n: int = typer.Option(
+        DEFAULT_MAX_N, "--max-n", min=1, help="Most choices (`n`) one request may ask for (HTTP 400 above)."
+    ),
 ) -> None:
     """Serve a package: one process, one vLLM engine, OpenAI-compatible HTTP and KServe v2 HTTP/gRPC.
 
@@ -71,11 +87,14 @@ def serve(
     With --openai, --port serves the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...); without it,
     --port serves KServe v2 HTTP only. KServe v2 gRPC (tritonclient.grpc) is on --grpc-port.
 
+    The API key comes from LLMSERVE_API_KEY or --api-key-file (a key on the command line is visible
+    to every local user in the process list); it is never logged.
+
     Example:
 
-        llmserve serve dist/tiny-chat-1.llmpkg --openai --port 8000 --api-key "$KEY"
+        llmserve serve dist/tiny-chat-1.llmpkg --openai --port 8000 --api-key-file ~/.config/llmserve/key
 
-        curl -H "Authorization: Bearer $KEY" localhost:8000/v1/models
+        curl -H "Authorization: Bearer $(cat ~/.config/llmserve/key)" localhost:8000/v1/models
     """
     from llmserve.serve import ServeOptions
     from llmserve.serve import serve as run_server
@@ -92,6 +111,7 @@ def serve(
         port=port,
         grpc_port=grpc_port,
         api_key=api_key or None,
+        api_key_file=api_key_file,
         served_model_name=served_model_name,
         kv_cache_gib=kv_cache_gib,
         max_num_seqs=max_num_seqs,
@@ -101,6 +121,8 @@ def serve(
         drain_timeout_s=drain_timeout,
         metrics_dir=metrics_dir,
         constraints=constraints,
+        trust_remote_code=trust_remote_code,
+        max_n=max_n,
     )
     code = run_server(options)
     raise typer.Exit(code)

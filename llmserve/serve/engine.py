@@ -17,12 +17,14 @@ from typing import Any
 
 from starlette.datastructures import State
 
+from llmserve.formats.engine_trust import CodeArg, require_code_trust
 from llmserve.packaging.opened import OpenedPackage
 from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.errors import EngineArgsError, StartupError
 from llmserve.serve.options import (
     ADDITIVE_ENGINE_ARGS,
     CONSTRAINT_PROCESSOR,
+    DEFAULT_MAX_N,
     OVERRIDABLE_ENGINE_ARGS,
 )
 
@@ -48,6 +50,8 @@ class EngineHandle:
     # check a constrained request against
     constraints: ConstraintSupport
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # the server's request limits the frontends enforce (400 above): most choices per request
+    max_n: int = DEFAULT_MAX_N
 
     @property
     def generates(self) -> bool:
@@ -61,8 +65,41 @@ class EngineHandle:
     def healthy(self) -> bool:
         return not self.engine.errored
 
+    def failure_cause(self) -> str:
+        """Why the engine stopped, as far as this process can tell (the engine core logs its own traceback)."""
+        resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
+        manager = getattr(resources, "engine_manager", None)
+        try:
+            exited = manager.finished_procs() if manager is not None else {}
+        except Exception as exc:  # best effort: this runs on a dead engine
+            log.debug("engine processes not readable: %s", exc)
+            exited = {}
+        if exited:
+            return "; ".join(f"{name} process exited with {_exit_status(code)}" for name, code in exited.items())
+        if resources is not None and getattr(resources, "engine_dead", False):
+            return "the engine core reported a fatal error (EngineDeadError; its traceback is logged above)"
+        return "the engine's output loop stopped (its traceback is logged above)"
+
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _exit_status(code: int | None) -> str:
+    if code is None:
+        return "an unknown status"
+    return f"signal {-code}" if code < 0 else f"code {code}"
+
+
+def require_trust(engine_args: dict[str, Any], *, trusted: bool, source: str) -> list[CodeArg]:
+    """The code-loading engine arguments of the package (UntrustedCodeError unless `trusted`).
+
+    Checked on the merged arguments the engine gets, less what the server itself adds: llmserve's
+    constraint processor is the operator's choice (--constraints), not the package's.
+    """
+    own = dict(engine_args)
+    procs = [p for p in own.get("logits_processors") or [] if p != CONSTRAINT_PROCESSOR]
+    own["logits_processors"] = procs or None
+    return require_code_trust(own, trusted=trusted, source=source)
 
 
 def merged_engine_args(manifest_engine: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -179,6 +216,10 @@ def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str,
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from llmserve.serve.vllm_patches import check_before_engine
+
+    for patch in check_before_engine():
+        log.info("startup: engine      vLLM patch %s", patch)
     ns = _vllm_namespace(package, model_name, engine_args)
     try:
         eargs = AsyncEngineArgs.from_cli_args(ns)
@@ -194,7 +235,9 @@ def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str,
     return engine, ns
 
 
-async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any]) -> EngineHandle:
+async def attach_serving(
+    engine, ns, model_name: str, engine_args: dict[str, Any], max_n: int = DEFAULT_MAX_N
+) -> EngineHandle:
     """Build vLLM's OpenAI serving objects on the engine (chat templates, tokenizer, renderers)."""
     # deferred like every vLLM import here
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -223,14 +266,17 @@ async def attach_serving(engine, ns, model_name: str, engine_args: dict[str, Any
         max_model_len=engine.model_config.max_model_len,
         engine_args=engine_args,
         constraints=constraints,
+        max_n=max_n,
     )
 
 
-async def start_engine(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]) -> EngineHandle:
+async def start_engine(
+    package: OpenedPackage, model_name: str, engine_args: dict[str, Any], max_n: int = DEFAULT_MAX_N
+) -> EngineHandle:
     # Built in a worker thread so the event loop keeps answering /health (503) meanwhile.
     engine, ns = await asyncio.to_thread(build_engine, package, model_name, engine_args)
     try:
-        return await attach_serving(engine, ns, model_name, engine_args)
+        return await attach_serving(engine, ns, model_name, engine_args, max_n)
     except Exception:
         engine.shutdown()
         raise

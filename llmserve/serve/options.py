@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmserve.errors import InvalidInputError
+
+log = logging.getLogger("llmserve.serve")
+
 API_KEY_ENV = "LLMSERVE_API_KEY"
+# Most choices (`n`) one request may ask for. vLLM's own cap is 16384: one request could fill the
+# batch and the KV cache with copies of itself. The frontends refuse more with a 400 (EngineHandle.max_n).
+DEFAULT_MAX_N = 8
 
 # Engine arguments the command line may override: operational settings only. The model, its
 # weights, tokenizer, dtype and context length come from the package, never from the command line.
@@ -18,6 +27,41 @@ ADDITIVE_ENGINE_ARGS = ("logits_processors",)
 CONSTRAINT_PROCESSOR = "llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"
 
 
+class ApiKeyError(InvalidInputError):
+    """The API key was given in more than one way, or its file cannot be used."""
+
+    code = "serve-api-key"
+    default_hint = (
+        "Give the key once: --api-key-file PATH (a file only you can read: chmod 600 PATH) "
+        f"or the {API_KEY_ENV} environment variable."
+    )
+
+
+def read_api_key_file(path: Path) -> str:
+    """The key in `path` (surrounding whitespace and the trailing newline stripped).
+
+    A file other users can read is refused, as ssh refuses a private key they can read: the key would
+    be as exposed as on the command line. Group-readable is accepted with a warning (Kubernetes secret
+    volumes with an fsGroup are group-readable by design).
+    """
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ApiKeyError(f"--api-key-file {path}: cannot read it: {exc}") from exc
+    if mode & stat.S_IROTH:
+        raise ApiKeyError(
+            f"--api-key-file {path}: the file is readable by other users (mode {stat.S_IMODE(mode):o})",
+            hint=f"chmod 600 {path}, then serve again.",
+        )
+    if mode & stat.S_IRGRP:
+        log.warning("--api-key-file %s is readable by its group (mode %o)", path, stat.S_IMODE(mode))
+    key = text.strip()
+    if not key or "\n" in key:
+        raise ApiKeyError(f"--api-key-file {path}: expected one line holding the key, found {len(key.splitlines())}")
+    return key
+
+
 @dataclass
 class ServeOptions:
     package: Path
@@ -26,6 +70,8 @@ class ServeOptions:
     port: int = 8000  # HTTP: OpenAI (+ KServe v2 routes) with --openai, KServe v2 HTTP alone without
     grpc_port: int = 8001  # KServe v2 gRPC (Triton's default port)
     api_key: str | None = field(default=None, repr=False)
+    # A file holding the key (kept out of the process arguments, which every local user can read).
+    api_key_file: Path | None = None
     served_model_name: str | None = None  # default: the manifest's modelId
     kv_cache_gib: float | None = None  # CPU KV cache size (VLLM_CPU_KVCACHE_SPACE); default 1 GiB on CPU
     max_num_seqs: int | None = None
@@ -38,10 +84,21 @@ class ServeOptions:
     # llmserve's constraint processor (per-request regex / choice / JSON Schema via `vllm_xargs`):
     # loaded by default on generating models; --no-constraints leaves it out (constrained requests: 400).
     constraints: bool = True
+    # Serve a package whose engine arguments make vLLM load code (llmserve/formats/engine_trust.py).
+    trust_remote_code: bool = False
+    max_n: int = DEFAULT_MAX_N
 
     def __post_init__(self) -> None:
-        if self.api_key is None:
-            self.api_key = os.environ.get(API_KEY_ENV) or None
+        env_key = os.environ.get(API_KEY_ENV) or None
+        if self.api_key_file is not None:
+            if self.api_key is not None or env_key is not None:
+                given = "--api-key" if self.api_key is not None and self.api_key != env_key else API_KEY_ENV
+                raise ApiKeyError(f"the API key is given twice: by --api-key-file and by {given}")
+            self.api_key = read_api_key_file(Path(self.api_key_file))
+        elif self.api_key is None:
+            self.api_key = env_key
+        if self.max_n < 1:
+            raise InvalidInputError(f"--max-n must be at least 1, not {self.max_n}")
 
     def engine_overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

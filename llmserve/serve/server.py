@@ -2,8 +2,10 @@
 
 Startup steps, in order, each logged with its duration (and exported as llmserve_startup_step_seconds):
   1. environment   engine/cache environment variables (before vLLM is imported)
-  2. package       open the package: verify and unpack a .llmpkg (reusing the local cache)
-  3. plugins       register the package's vLLM plugins as Python entry points
+  2. package       open the package: verify and unpack a .llmpkg (reusing the local cache); refuse
+                   engine arguments that load code unless --trust-remote-code
+  3. plugins       register llmserve's engine-process fixes and the package's vLLM plugins as
+                   Python entry points
   4. metrics-dir   wipe and set PROMETHEUS_MULTIPROC_DIR (before prometheus_client is imported)
   5. listen        bind the frontends' ports: /health answers 503 "starting", inference is refused
   6. engine        import-check plugins, build AsyncLLM from the manifest's engine args, attach
@@ -11,6 +13,9 @@ Startup steps, in order, each logged with its duration (and exported as llmserve
   7. ready         /health answers 200 and inference is accepted
 SIGTERM or SIGINT at any point: /health turns 503 "draining", listeners close, in-flight requests
 finish (bounded by --drain-timeout), the engine shuts down, and the process exits 0.
+An engine that dies once ready (its engine-core process killed, a fatal error inside it) ends the
+process at once with exit code 7 (ExitCode.ENGINE) and the cause logged: a server that cannot answer
+must not look alive to its supervisor, which restarts it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from llmserve.errors import ExitCode
 from llmserve.serve.metrics import ServerMetrics, record_steps
 from llmserve.serve.options import ServeOptions
 from llmserve.serve.readiness import Readiness
 
 log = logging.getLogger("llmserve.serve")
+
+# How often the engine's liveness is read once ready (a flag read: cheap), and how long requests
+# still in flight get to end after the engine died (they are failing already; a supervisor waits).
+ENGINE_WATCH_INTERVAL_S = 0.25
+DEAD_ENGINE_DRAIN_S = 2.0
 
 
 def frontend_factories() -> dict[str, Callable]:
@@ -77,6 +88,20 @@ def requested_frontends(options: ServeOptions) -> list[str]:
     return ["openai", "kserve-grpc"] if options.openai else ["kserve-http", "kserve-grpc"]
 
 
+async def watch_engine(handle, stop: asyncio.Event, died: list[str]) -> None:
+    """Set `stop` (with the cause in `died`) when the engine stops being able to serve.
+
+    vLLM marks a dead engine core (killed, or crashed in a step) and fails every request after it,
+    but its process stays up: without this, /health would say 503 engine-error forever.
+    """
+    while not stop.is_set():
+        if not handle.healthy:
+            died.append(handle.failure_cause())
+            stop.set()
+            return
+        await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+
+
 class StepLog:
     def __init__(self) -> None:
         self.steps: list[tuple[str, float]] = []
@@ -96,7 +121,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
     # import llmserve.packaging (about a second, measured with -X importtime), and this module is
     # imported by the CLI for every `llmserve --help`.
     from llmserve.packaging.opened import cache_root, open_package
-    from llmserve.serve.engine import merged_engine_args, start_engine
+    from llmserve.serve.engine import merged_engine_args, require_trust, start_engine
     from llmserve.serve.environment import prepare_engine_environment, prepare_metrics_dir
     from llmserve.serve.plugin_entry_points import install_plugins, load_check
 
@@ -108,6 +133,8 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
     steps = StepLog()
     started: list = []
     handle = None
+    watcher: asyncio.Task | None = None
+    died: list[str] = []
     readiness = Readiness()
     try:
         with steps.step("environment", "engine and cache settings"):
@@ -121,7 +148,17 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
                 package.root,
                 " from cache" if package.from_cache else "",
             )
-        with steps.step("plugins", f"{len(package.manifest.plugins)} vLLM plugin(s)"):
+            log.info("startup: package     verified: %s", package.verification)
+            if package.discarded:
+                log.warning("startup: package     cache entry discarded and unpacked again: %s", package.discarded)
+            engine_args = merged_engine_args(package.manifest.engine, options.engine_overrides())
+            trusted = require_trust(engine_args, trusted=options.trust_remote_code, source=str(options.package))
+            if trusted:
+                log.info(
+                    "startup: package     trusted by --trust-remote-code: %s",
+                    ", ".join(f"engine.{a.key}" for a in trusted),
+                )
+        with steps.step("plugins", f"llmserve's own and {len(package.manifest.plugins)} from the package"):
             site = cache_root() / "run" / f"site-{options.port}-{package.manifest.package_name}"
             plugins = install_plugins(package, site)
         with steps.step("metrics-dir", "wipe and set PROMETHEUS_MULTIPROC_DIR"):
@@ -139,10 +176,10 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             return 0
         with steps.step("engine", "build the vLLM engine"):
             load_check(plugins)
-            engine_args = merged_engine_args(package.manifest.engine, options.engine_overrides())
             model_name = options.served_model_name or package.manifest.modelId
-            handle = await start_engine(package, model_name, engine_args)
+            handle = await start_engine(package, model_name, engine_args, options.max_n)
         readiness.set_ready(handle)
+        watcher = asyncio.create_task(watch_engine(handle, stop, died))
         metrics.ready.set(1)
         record_steps(metrics, steps.steps)
         total = sum(s for _, s in steps.steps)
@@ -150,12 +187,21 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
         if on_ready:
             on_ready([f.address for f in started])
         await stop.wait()
+        if died:
+            log.error(
+                "engine: the vLLM engine died: %s; exiting with exit code %d so that a supervisor restarts the server",
+                died[0],
+                ExitCode.ENGINE,
+            )
+            return ExitCode.ENGINE
         log.info("shutdown: signal received; draining in-flight requests (at most %.0f s)", options.drain_timeout_s)
         return 0
     finally:
+        if watcher is not None:
+            watcher.cancel()
         readiness.set_draining()
         for frontend in started:
-            await frontend.drain(options.drain_timeout_s)
+            await frontend.drain(min(options.drain_timeout_s, DEAD_ENGINE_DRAIN_S) if died else options.drain_timeout_s)
         if handle is not None:
             handle.shutdown()
             # Drop every reference now, while modules are alive: AsyncLLM.__del__ would otherwise
