@@ -5,9 +5,10 @@
 //
 // Definition (disk_cache.py has the same in numpy, for builds without the core): the data, padded
 // with zeros to a multiple of 8 bytes, as little-endian uint64 words x_i;
-//   h = sum_i mix((x_i ^ (i * K1)) + seed)  (mod 2^64),  result = mix(h ^ (len * K2))
-// with mix(z) = splitmix64's finaliser. Each word is mixed with its index, so moved or swapped
-// words change the sum; the terms are independent, so the loop vectorises.
+//   h = sum_i term((x_i ^ (i * K1)) + seed)  (mod 2^64),  result = finish(h ^ (len * K2))
+// with term(z) = z' ^ (z' >> 29), z' = (z ^ (z >> 32)) * K3, and finish = splitmix64's finaliser.
+// Each word is mixed with its index, so moved or swapped words change the sum; the terms are
+// independent, so the loop vectorises and large buffers split over the thread pool.
 #pragma once
 
 #include <cstdint>

@@ -51,9 +51,17 @@ def _form_bytes(c: CompiledConstraint) -> int:
     return int(c.table.nbytes + c.accept.nbytes + c.mask_buffer.nbytes)
 
 
-def dfa_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None, backend: str = "native") -> ByteDFA:
+def dfa_for(
+    spec: ConstraintSpec,
+    *,
+    cache_dir: Path | str | bool | None = None,
+    backend: str = "native",
+    keep_on_disk: bool = True,
+) -> ByteDFA:
     """The byte automaton of ``spec``: from memory, from the disk cache, or built (within the
-    compile limits; ConstraintError when over one, or when the constraint is invalid)."""
+    compile limits; ConstraintError when over one, or when the constraint is invalid).
+    ``keep_on_disk``: write a built automaton to the disk cache (validation does, for the engine
+    process; the engine does not, its complete form is cached instead)."""
     key = dfa_key(spec)
     memo = ("dfa", key, backend)
     hit = _MEMORY.get(memo)
@@ -71,7 +79,7 @@ def dfa_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None,
             if "time budget" not in exc.message:
                 _MEMORY.put(memo, exc, len(exc.message) + 256)
             raise
-        if path is not None:
+        if path is not None and keep_on_disk:
             try_write_dfa(path, key, dfa)
     _MEMORY.put(memo, dfa, int(dfa.table.nbytes + dfa.accept.nbytes))
     return dfa
@@ -100,7 +108,7 @@ def compile_constraint(
         if hit is not None:
             _MEMORY.put(memo, hit, _form_bytes(hit), weak=True)
             return hit
-    dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend)
+    dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend, keep_on_disk=False)
     if backend == "python":
         compiled = compile_dfa(dfa, vocab, backend="python", key=key)
         if path is not None:

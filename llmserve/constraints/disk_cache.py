@@ -73,9 +73,17 @@ def is_valid_key(text: str) -> bool:
 # ---- checksum ---------------------------------------------------------------------------------
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+_K3, _K4 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _term(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(32))) * _K3
+    return z ^ (z >> np.uint64(29))
+
+
+def _finish(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _K3
+    z = (z ^ (z >> np.uint64(27))) * _K4
     return z ^ (z >> np.uint64(31))
 
 
@@ -89,9 +97,9 @@ def checksum_numpy(data: bytes | np.ndarray, seed: int = 0) -> int:
     words = padded.view("<u8").astype(np.uint64)
     idx = np.arange(words.shape[0], dtype=np.uint64)
     with np.errstate(over="ignore"):
-        terms = _mix((words ^ (idx * np.uint64(_K1))) + np.uint64(seed & _M64))
+        terms = _term((words ^ (idx * np.uint64(_K1))) + np.uint64(seed & _M64))
         h = int(terms.sum(dtype=np.uint64))
-        return int(_mix(np.array([(h ^ (n * _K2)) & _M64], dtype=np.uint64))[0])
+        return int(_finish(np.array([(h ^ (n * _K2)) & _M64], dtype=np.uint64))[0])
 
 
 def checksum(data: bytes | np.ndarray, seed: int = 0) -> int:

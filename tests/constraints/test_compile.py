@@ -243,7 +243,7 @@ def test_large_constraints_are_computed_on_demand_only(vocab, tmp_path):
         set_limits(None)
     assert c.num_states > 8 and c._finished is None  # no background completion queued
     assert c.native.ready_rows == 2
-    assert [p.name[:4] for p in tmp_path.iterdir()] == ["dfa-"]  # only the automaton was kept
+    assert not list(tmp_path.iterdir())
 
 
 def test_unwritable_cache_does_not_fail_compilation(vocab, tmp_path):
