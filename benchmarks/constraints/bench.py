@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmserve.constraints import CompiledConstraint, ConstraintSpec, Vocab, compile_constraint
+from llmserve.constraints import CompiledConstraint, ConstraintError, ConstraintSpec, Vocab, compile_constraint
 from llmserve.constraints import compiler as compiler_mod
 from llmserve.constraints.native import native, native_vocab
 
@@ -843,6 +843,61 @@ def print_summaries(results: dict, quick: bool) -> None:
             print(f"| {name} | {eng} | {s['agree']}/{s['rows']} | {len(a['disagreements'])} | {len(a['rejections'])} |")
 
 
+def optional_properties_schema(n: int) -> dict:
+    """n optional properties of mixed types (issue #11: 25 of them took 63 s before compilation
+    became linear in the number of optional properties)."""
+    kinds = ({"type": ["integer", "null"]}, {"type": "string", "maxLength": 8}, {"type": "boolean"})
+    return {"type": "object", "properties": {f"field_{i}": kinds[i % 3] for i in range(n)}}
+
+
+# Constraints that used to take the server down (issue #11), compiled cold: the optional-property
+# schema must compile in under 100 ms; the others must be refused within their budget.
+HOSTILE = {
+    "optional_64": ({"json_schema": optional_properties_schema(64)}, "compiles < 100 ms"),
+    "regex_(x?){1000}": ({"regex": "((a|b|c|d|e|f|g|h)?){1000}"}, "refused: time budget"),
+    "ref_fan_out_4^11": (
+        {
+            "json_schema": {
+                "$defs": {
+                    **{
+                        f"L{i}": {
+                            "type": "object",
+                            "properties": {k: {"$ref": f"#/$defs/L{i + 1}"} for k in "abcd"},
+                            "required": list("abcd"),
+                        }
+                        for i in range(11)
+                    },
+                    "L11": {"type": "integer"},
+                },
+                "$ref": "#/$defs/L0",
+            }
+        },
+        "refused: expanded size",
+    ),
+}
+
+
+def measure_hostile(vocab: Vocab, cache_root: Path, runs: int) -> dict[str, dict]:
+    """Cold compile (empty cache folder, memo cleared) up to the first mask, median of ``runs``."""
+    out: dict[str, dict] = {}
+    for name, (spec_obj, expect) in HOSTILE.items():
+        times, outcome = [], ""
+        for k in range(runs):
+            clear_memo()
+            folder = cache_root / f"hostile-{name}-{k}"
+            t = time.perf_counter()
+            try:
+                c = compile_constraint(spec_obj, vocab, cache_dir=folder)
+                c.allowed(c.start)
+                outcome = f"compiled, {c.num_states} states"
+            except ConstraintError as exc:
+                outcome = f"refused: {exc.message}"
+            times.append((time.perf_counter() - t) * 1000)
+        out[name] = {"ms": statistics.median(times), "outcome": outcome, "expect": expect}
+        print(f"hostile {name}: {out[name]['ms']:.1f} ms, {outcome} (target: {expect})")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -863,6 +918,8 @@ def main():
     try:
         for name, (spec_obj, sample) in CASES.items():
             results["cases"][name] = run_case(env, name, spec_obj, sample)
+        print("\n== hostile constraints (issue #11)")
+        results["hostile"] = measure_hostile(env.vocab, cache_root, 3)
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)
 
