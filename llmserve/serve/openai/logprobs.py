@@ -10,7 +10,8 @@ own (`logprobs.content[i]`: token, logprob, bytes in chat; `tokens` / `token_log
 
 The fix sorts each position's dict by logprob before vLLM's serving objects pick from it, so the
 first k are the k most likely (the sampled token falls out unless it is one of them), and the
-completions' legacy `top_logprobs` dicts are rebuilt with exactly those k. `fix_logprobs` installs
+completions' legacy `top_logprobs` dicts are rebuilt with exactly those k (a dict is keyed by
+text: of two tokens that decode alike, the less likely is keyed "token_id:<id>"). `fix_logprobs` installs
 this on the serving objects of one engine, once; nothing else of vLLM's response building changes.
 
 Which distribution: the engine's `logprobs_mode`, default `raw_logprobs`: log-softmax of the model's
@@ -88,10 +89,14 @@ def _fix_completion(serving: Any) -> None:
             ranked = ranked if k < 0 else ranked[:k]
             top: dict[str, float] = {}
             for token_id, lp in ranked:
-                # two ids can decode to the same text (e.g. partial UTF-8 bytes): the likelier one
-                # keeps the key, where vLLM's dict let the later one overwrite its value
                 token = serving._get_decoded_token(lp, token_id, tokenizer, return_as_token_id=as_id)
-                top.setdefault(token, max(lp.logprob, -9999.0))
+                if token in top:
+                    # two ids decode to the same text (partial UTF-8 bytes both decode to ""): the
+                    # likelier keeps the text, the other is keyed "token_id:<id>" (vLLM's spelling
+                    # for return_tokens_as_token_ids), so the dict still holds all k; vLLM's own dict
+                    # let the later one overwrite the likelier one's value
+                    token = f"token_id:{token_id}"
+                top[token] = max(lp.logprob, -9999.0)
             result.top_logprobs[i] = top
         return result
 
