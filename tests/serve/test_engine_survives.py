@@ -215,7 +215,7 @@ def _engine_core(pid: int) -> psutil.Process:
 
 
 def test_a_dead_engine_ends_the_server_with_a_nonzero_code_and_the_cause(trusted):
-    """Runs last in this file: it ends the `trusted` server."""
+    """The last test on the `trusted` server: it ends it."""
     core = _engine_core(trusted.proc.pid)
     core.send_signal(signal.SIGKILL)
     t0 = time.monotonic()
@@ -226,3 +226,17 @@ def test_a_dead_engine_ends_the_server_with_a_nonzero_code_and_the_cause(trusted
     log = trusted.log_text()
     assert "engine: the vLLM engine died" in log, log[-3000:]
     assert f"exit code {ExitCode.ENGINE}" in log
+
+
+# -- 5. n is bounded by the server ----------------------------------------------------------------------
+
+
+def test_n_above_max_n_is_a_400_in_openai_shape(chunked):
+    def ask(n: int) -> httpx.Response:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 1, "n": n}
+        return httpx.post(chunked.base_url + "/v1/completions", json=body, timeout=120)
+
+    refused = ask(9)  # the default --max-n is 8
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "n" and "--max-n" in refused.json()["error"]["message"]
+    assert len(ask(8).json()["choices"]) == 8
