@@ -26,7 +26,11 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import logging
+import multiprocessing
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -206,8 +210,30 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
+def _exit_with_parent(poll_s: float = 0.5) -> None:
+    """In a process vLLM spawned (the engine core): exit when the server that spawned it is gone.
+
+    A server killed with SIGKILL cannot stop its children, and an orphaned engine core keeps its KV
+    cache (GiBs) until someone finds it. Polling the parent pid is used rather than PR_SET_PDEATHSIG,
+    which fires when the spawning *thread* ends, and vLLM may spawn from a worker thread."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    parent_pid = parent.pid
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        log.warning("llmserve: the server (pid %s) is gone; this engine process exits with it", parent_pid)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="llmserve-exit-with-parent", daemon=True).start()
+
+
 def register() -> None:
-    """The vLLM general plugin (every vLLM process): patch the CPU model runner wherever it is loaded."""
+    """The vLLM general plugin (every vLLM process): patch the CPU model runner wherever it is loaded, and
+    tie a spawned engine process's life to the server's."""
+    _exit_with_parent()
     if CPU_RUNNER_MODULE in sys.modules:
         _apply(sys.modules[CPU_RUNNER_MODULE])
     elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):

@@ -240,3 +240,19 @@ def test_n_above_max_n_is_a_400_in_openai_shape(chunked):
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "n" and "--max-n" in refused.json()["error"]["message"]
     assert len(ask(8).json()["choices"]) == 8
+
+
+# -- 6. nothing is left running when the server is killed ---------------------------------------------
+
+
+def test_a_killed_server_takes_its_engine_process_with_it(chunked):
+    """The last test on the `chunked` server: SIGKILL gives the server no chance to stop its engine core,
+    which holds the KV cache; the engine process notices its parent is gone and exits by itself."""
+    core = _engine_core(chunked.proc.pid)
+    chunked.proc.send_signal(signal.SIGKILL)
+    chunked.proc.wait(30)
+    try:
+        core.wait(15)
+    except psutil.TimeoutExpired:
+        core.kill()
+        raise AssertionError("the engine core outlived its killed server by 15 s") from None

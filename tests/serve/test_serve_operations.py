@@ -67,12 +67,12 @@ def _sample(text: str, name: str, **labels) -> float:
 @pytest.mark.parametrize(
     "endpoint,path,body,clients",
     [
-        # one request asking for 32 x 480 tokens
+        # 4 requests each asking for 8 x 480 tokens (8 is the server's default --max-n)
         (
             "completion",
             "/v1/completions",
-            {"model": "tiny-chat", "prompt": "x", "max_tokens": 480, "ignore_eos": True, "n": 32},
-            1,
+            {"model": "tiny-chat", "prompt": "x", "max_tokens": 480, "ignore_eos": True, "n": 8},
+            4,
         ),
         # KServe answers one text per request: 16 requests of 480 tokens
         (
