@@ -1,0 +1,327 @@
+#!/usr/bin/env python
+"""Normal requests' latency alone, then mixed with hostile requests, on a real `llmserve serve` (#11).
+
+Bounded: it talks to 127.0.0.1 only, sends a fixed number of requests, and stops by itself (a time
+cap on each phase, the server stopped at the end). See README.md next to this file.
+
+    .venv/bin/python benchmarks/hostile_load/run.py [--normal 60] [--concurrency 2] [--hostile-workers 2]
+        [--phase-cap-s 600] [--json out.json] [--constraints]
+
+Targets: the normal requests' p50 and p99 with hostile traffic within 1.5x of alone, and no failed
+normal request. Every hostile request must get its 4xx (a 500 or a connection error is a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import importlib.util
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "tiny-chat"
+KEY = "hostile-load-key"
+MANIFEST = textwrap.dedent(f"""\
+    modelId: {MODEL}
+    modelVersion: 1
+    backend: vllm
+    engine:
+      max_model_len: 512
+      dtype: float32
+      enforce_eager: true
+    """)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_package(work: Path) -> Path:
+    """The tiny model (examples/tiny-model) packaged as tests/serve does it."""
+    from llmserve.packaging import build_package
+
+    spec = importlib.util.spec_from_file_location("make_tiny_model", REPO / "examples/tiny-model/make_tiny_model.py")
+    assert spec is not None and spec.loader is not None
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    src = work / "src"
+    maker.make_tiny_model(src / "model", seed=0)
+    (src / "llmserve.yaml").write_text(MANIFEST)
+    return build_package(src, work / "dist").path
+
+
+def start_server(package: Path, work: Path, ready_cap_s: float) -> tuple[subprocess.Popen, str, Path]:
+    port, grpc_port = free_port(), free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LLMSERVE_API_KEY": KEY}
+    for var, sub in (
+        ("LLMSERVE_CACHE", "llmserve"),
+        ("VLLM_CACHE_ROOT", "vllm"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("HF_HOME", "hf"),
+        ("VLLM_RPC_BASE_PATH", "rpc"),
+    ):
+        env[var] = str(work / "caches" / sub)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log = work / "server.log"
+    cmd = [sys.executable, "-m", "llmserve.cli.app", "serve", str(package), "--openai"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_cap_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return proc, base, log
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise SystemExit(f"server not ready after {ready_cap_s} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ---- requests --------------------------------------------------------------------------------------
+
+
+def normal_request(i: int) -> tuple[str, dict]:
+    return "/v1/chat/completions", {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"tell me about item {i}"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+
+
+def hostile_requests(with_constraints: bool) -> list[tuple[str, str, dict]]:
+    """(name, path, httpx request kwargs): each must be refused with a 4xx. JSON bodies are encoded
+    once here, so the hostile client spends its CPU sending, not serializing."""
+    json_h = {"content-type": "application/json"}
+    bomb = gzip.compress(b'{"inputs": [{"name": "text_input", "data": ["' + b" " * (64 * 1024 * 1024))
+    infer = f"/v2/models/{MODEL}/infer"
+    msg = [{"role": "user", "content": "hi"}]
+
+    async def chunked():  # an async generator: httpx's AsyncClient sends it chunked, without a length
+        for _ in range(10):
+            yield b"x" * (1024 * 1024)
+
+    out = [
+        ("gzip_bomb", infer, {"content": bomb, "headers": {**json_h, "content-encoding": "gzip"}}),
+        ("deep_json_openai", "/v1/chat/completions", {"content": "[" * 200_000 + "]" * 200_000, "headers": json_h}),
+        ("deep_json_kserve", f"/v2/models/{MODEL}/generate", {"content": "{" + '"a":{' * 100_000, "headers": json_h}),
+        (
+            "huge_prompt_openai",
+            "/v1/completions",
+            {"json": {"model": MODEL, "prompt": "x" * 1_000_000, "max_tokens": 1}},
+        ),
+        ("huge_prompt_kserve", f"/v2/models/{MODEL}/generate", {"json": {"text_input": "x" * 1_000_000}}),
+        (
+            "many_stop_strings",
+            "/v1/chat/completions",
+            {"json": {"model": MODEL, "messages": msg, "stop": [f"s{i}" for i in range(100_000)]}},
+        ),
+        ("many_messages", "/v1/chat/completions", {"json": {"model": MODEL, "messages": msg * 100_000}}),
+        ("chunked_oversize", "/v1/completions", {"content": chunked, "headers": json_h}),
+        (
+            "many_bytes_elements",
+            infer,
+            {
+                "content": json.dumps(
+                    {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"] * 500_000}]}
+                ).encode(),
+                "headers": json_h,
+            },
+        ),
+    ]
+    if with_constraints:
+        schema = {
+            "type": "object",
+            "properties": {f"p{i}": {"type": "string", "pattern": "a{1,99}b{1,99}"} for i in range(300)},
+        }
+        out.append(
+            (
+                "constraint_schema",
+                "/v1/chat/completions",
+                {"json": {"model": MODEL, "messages": msg, "vllm_xargs": {"constraint_json_schema": schema}}},
+            )
+        )
+    return [
+        (name, path, {"content": json.dumps(kw["json"]).encode(), "headers": json_h} if "json" in kw else kw)
+        for name, path, kw in out
+    ]
+
+
+async def run_normal(client: httpx.AsyncClient, n: int, concurrency: int, cap_s: float) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    failed = 0
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+    deadline = time.monotonic() + cap_s
+
+    async def worker() -> None:
+        nonlocal failed
+        while not queue.empty() and time.monotonic() < deadline:
+            i = queue.get_nowait()
+            path, body = normal_request(i)
+            t0 = time.perf_counter()
+            try:
+                r = await client.post(path, json=body)
+                ok = r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+            except (httpx.HTTPError, ValueError, KeyError):
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                failed += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    failed += queue.qsize()  # not sent within the cap: counted as failed
+    return latencies, failed
+
+
+def hostile_process(base: str, workers: int, constraints: bool, stop: Any, results: Any) -> None:
+    """The hostile clients, in their own process: their work (multi-megabyte bodies) does not run on
+    the normal clients' event loop, so what the normal requests measure is the server."""
+
+    async def main() -> Counter:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120) as client:
+            done = asyncio.Event()
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+                done.set()
+
+            watcher = asyncio.create_task(watch())
+            outcomes = await run_hostile(client, done, workers, constraints)
+            await watcher
+            return outcomes
+
+    results.put(dict(asyncio.run(main())))
+
+
+async def run_hostile(client: httpx.AsyncClient, stop: asyncio.Event, workers: int, constraints: bool) -> Counter:
+    outcomes: Counter = Counter()
+    cases = hostile_requests(constraints)
+
+    async def worker(offset: int) -> None:
+        i = offset
+        while not stop.is_set():
+            name, path, kwargs = cases[i % len(cases)]
+            if callable(kwargs.get("content")):  # a generator is consumed once: a fresh one each time
+                kwargs = {**kwargs, "content": kwargs["content"]()}
+            try:
+                r = await client.post(path, **kwargs)
+                outcomes[(name, r.status_code)] += 1
+            except Exception as exc:  # a refused connection or a reset: counted, not fatal to the run
+                outcomes[(name, type(exc).__name__)] += 1
+            i += 1
+
+    await asyncio.gather(*(worker(k) for k in range(workers)))
+    return outcomes
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def measure(base: str, args: argparse.Namespace) -> dict:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120, limits=limits) as client:
+        # warm-up (first requests compile the chat template, fill caches)
+        await run_normal(client, 4, 1, args.phase_cap_s)
+        alone, failed_alone = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
+        ctx = multiprocessing.get_context("spawn")
+        stop, results = ctx.Event(), ctx.Queue()
+        proc = ctx.Process(target=hostile_process, args=(base, args.hostile_workers, args.constraints, stop, results))
+        proc.start()
+        await asyncio.sleep(3)  # the hostile clients are sending before the normal ones start
+        mixed, failed_mixed = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
+        stop.set()
+        outcomes = Counter(await asyncio.to_thread(results.get, True, 300))
+        proc.join(60)
+    p50a, p99a, p50m, p99m = pct(alone, 0.5), pct(alone, 0.99), pct(mixed, 0.5), pct(mixed, 0.99)
+    bad = {f"{n}:{s}": c for (n, s), c in outcomes.items() if not (isinstance(s, int) and 400 <= s < 500)}
+    return {
+        "normal_requests": args.normal,
+        "concurrency": args.concurrency,
+        "hostile_workers": args.hostile_workers,
+        "alone": {"p50_s": p50a, "p99_s": p99a, "mean_s": statistics.fmean(alone) if alone else None},
+        "mixed": {"p50_s": p50m, "p99_s": p99m, "mean_s": statistics.fmean(mixed) if mixed else None},
+        "ratio_p50": p50m / p50a,
+        "ratio_p99": p99m / p99a,
+        "failed_normal": {"alone": failed_alone, "mixed": failed_mixed},
+        "hostile_outcomes": {f"{n}:{s}": c for (n, s), c in sorted(outcomes.items(), key=str)},
+        "hostile_not_4xx": bad,
+        "targets_met": p50m / p50a <= 1.5 and p99m / p99a <= 1.5 and failed_mixed == 0 and not bad,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--normal", type=int, default=60, help="normal requests per phase")
+    ap.add_argument("--concurrency", type=int, default=2, help="concurrent normal clients")
+    ap.add_argument("--hostile-workers", type=int, default=2, help="concurrent hostile clients (mixed phase)")
+    ap.add_argument("--phase-cap-s", type=float, default=600, help="time cap of each phase")
+    ap.add_argument("--ready-cap-s", type=float, default=900, help="time cap for the server to get ready")
+    ap.add_argument("--constraints", action="store_true", help="also send hostile constraint schemas")
+    ap.add_argument("--json", type=Path, help="write the result here too")
+    args = ap.parse_args()
+    # SIGTERM ends the run like Ctrl-C: the finally below still stops the server and cleans up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix="llmserve-hostile-"))
+    proc = None
+    try:
+        package = make_package(work)
+        proc, base, log = start_server(package, work, args.ready_cap_s)
+        result = asyncio.run(measure(base, args))
+        result["server_alive_after"] = proc.poll() is None
+        result["server_log_tracebacks"] = log.read_text(errors="replace").count("Traceback")
+    finally:
+        if proc is not None:
+            stop_server(proc)
+        shutil.rmtree(work, ignore_errors=True)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if result["targets_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
