@@ -4,7 +4,8 @@ A protocol's routes live on an APIRouter from `protocol_router(shape, on_request
 answers the cross-cutting cases in one place, so a route function holds only its own logic:
   - refusals: the protocol's own error types and readiness.NotReady become that protocol's error
     response (an `ErrorShape`: OpenAI {"error": {...}}, KServe v2 {"error": "..."});
-  - a client that went away while its answer was computed (disconnect.ClientDisconnected) gets 499,
+  - a client that went away while its answer was computed (disconnect.ClientDisconnected), or before
+    its body was read (starlette's ClientDisconnect), gets 499,
     the status the metrics record;
   - timing: given `on_request`, each request is reported once as (endpoint, HTTP status, seconds),
     the endpoint being the route's `name`; seconds run to the response (a streaming route awaits its
@@ -29,6 +30,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 
 from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected
 from llmserve.serve.limits import log_safe
@@ -67,7 +69,7 @@ def _answering(handler: Handler, shape: ErrorShape, on_request: OnRequest | None
     async def answer(request: Request) -> Response:
         try:
             return await handler(request)
-        except ClientDisconnected:
+        except (ClientDisconnected, ClientDisconnect):
             log.info(
                 "request %s: the client disconnected; its work was aborted",
                 log_safe(request.headers.get("x-request-id", "-")),

@@ -67,6 +67,7 @@ def frontend_factories() -> dict[str, Callable]:
             model_version=package.manifest.modelVersion,
             api_key=options.api_key,
             max_body_bytes=options.max_body_bytes,
+            max_prompt_chars=options.max_prompt_chars,
             metrics=metrics,
         )
 
@@ -77,6 +78,7 @@ def frontend_factories() -> dict[str, Callable]:
             model_version=package.manifest.modelVersion,
             api_key=options.api_key,
             max_message_bytes=options.max_body_bytes,
+            max_prompt_chars=options.max_prompt_chars,
             metrics=metrics,
         )
 

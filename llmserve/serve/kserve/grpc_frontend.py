@@ -199,7 +199,7 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            served, req = self._generation(request, streaming=False)
+            served, req = await self._generation(request, streaming=False)
             text = await generate_text(served.handle, req, request.id)
         except KServeError as err:
             await self._abort(context, err)
@@ -219,13 +219,15 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             await stream.close()
 
-    def _generation(self, request: pb.ModelInferRequest, *, streaming: bool) -> tuple[Served, GenerationRequest]:
+    async def _generation(self, request: pb.ModelInferRequest, *, streaming: bool) -> tuple[Served, GenerationRequest]:
         served = self.r.resolve(request.model_name, request.model_version, for_inference=True)
         if len(request.id) > MAX_ID_CHARS:
             # echoed in every response and carried into engine request ids and log lines
             raise invalid(f"'id' is {len(request.id)} characters; at most {MAX_ID_CHARS} are accepted")
         tensors, params = decode_request(request)
-        req = build_generation(
+        # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
+        req = await asyncio.to_thread(
+            build_generation,
             tensors,
             params,
             transport="grpc",
@@ -287,7 +289,7 @@ class _InferStream:
 
     async def _one(self, request: pb.ModelInferRequest) -> None:
         try:
-            served, req = self.servicer._generation(request, streaming=True)
+            served, req = await self.servicer._generation(request, streaming=True)
             async for d in generate_deltas(served.handle, req, request.id):
                 response = infer_response(served.name, served.version, request.id, d.text, d.final)
                 await self.queue.put(pb.ModelStreamInferResponse(infer_response=response))

@@ -26,6 +26,7 @@ the OpenAI app does not count /health and /v1/models.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +122,9 @@ class KServeRoutes:
         tensors, params, binary_out, request_id = decode_infer_body(
             await request_body(request, self.limits.max_body_bytes), request.headers.get(HEADER_LENGTH)
         )
-        req = build_generation(
+        # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
+        req = await asyncio.to_thread(
+            build_generation,
             tensors,
             params,
             transport="http",
@@ -170,7 +173,9 @@ class KServeRoutes:
         if streaming and not any(t.name == "stream" for t in tensors):
             # generate_stream streams unless the body says "stream": false
             tensors.append(DecodedTensor("stream", "BOOL", [1], [True]))
-        req = build_generation(
+        # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
+        req = await asyncio.to_thread(
+            build_generation,
             tensors,
             params,
             transport="generate",

@@ -14,6 +14,7 @@ Readiness, refusals, client disconnects and timing are answered by the shared ro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -131,7 +132,8 @@ class OpenAIRoutes:
             body = load_json(raw)
         except JsonProblem as exc:
             raise RequestRejected(f"the request body is {exc}", code="invalid_json") from None
-        forwarded, consumed = check_request(kind, body, handle.constraints)
+        # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
+        forwarded, consumed = await asyncio.to_thread(check_request, kind, body, handle.constraints)
         self._check_model_and_size(kind, body, handle)
         if consumed.get("user") or consumed.get("safety_identifier"):
             # client-supplied text: escaped and bounded, so it cannot forge or flood log lines
