@@ -111,27 +111,7 @@ def render_k8s_status(r: dict) -> None:
             + (f" ({s['not_ready_endpoints']} not ready)" if s["not_ready_endpoints"] else ""),
             highlight=False,
         )
-    o = r.get("open_rollout")
-    if o:
-        flag = "[red]interrupted[/] " if o.get("interrupted") else ""
-        console.print(
-            f"{flag}rollout #{o['id']} {o['strategy']} phase {o['phase']} step {o['step']}/{len(o['plan'] or [1])}",
-            highlight=False,
-        )
-        if o.get("interrupted"):
-            console.print(
-                f"hint: `llmserve deploy {o['package']} --target kubernetes` resumes it; `llmserve rollback "
-                f"{r['deployment']} --target kubernetes` undoes it.",
-                highlight=False,
-                markup=False,
-            )
-    if r.get("rollout"):
-        ro = r["rollout"]
-        console.print(f"rollout #{ro['id']} {ro['status']} in {ro.get('seconds', 0):.1f} s", highlight=False)
-    for e in r.get("history", [])[-8:]:
-        console.print(
-            f"  [dim]{time.strftime('%H:%M:%S', time.localtime(e['ts']))}[/] {escape(e['message'])}", highlight=False
-        )
+    _render_rollouts(r, len(r["open_rollout"]["plan"] or [1]) if r.get("open_rollout") else 0, " --target kubernetes")
 
 
 def _ago(ts: float | None) -> str:
@@ -177,16 +157,21 @@ def render_status(r: dict) -> None:
             i["url"],
         )
     console.print(table)
+    _render_rollouts(r, len(r["open_rollout"]["steps"]) if r.get("open_rollout") else 0, "")
+
+
+def _render_rollouts(r: dict, steps: int, target_flag: str) -> None:
+    """The rollout in progress (with the commands that resume or undo it), the last one, recent history."""
     o = r.get("open_rollout")
     if o:
         flag = "[red]interrupted[/] " if o.get("interrupted") else ""
         console.print(
-            f"{flag}rollout #{o['id']} {o['strategy']} phase {o['phase']} step {o['step']}/{len(o['steps'])}",
-            highlight=False,
+            f"{flag}rollout #{o['id']} {o['strategy']} phase {o['phase']} step {o['step']}/{steps}", highlight=False
         )
         if o.get("interrupted"):
             console.print(
-                f"hint: `llmserve deploy {o['package']}` resumes it; `llmserve rollback {r['deployment']}` undoes it.",
+                f"hint: `llmserve deploy {o['package']}{target_flag}` resumes it; `llmserve rollback "
+                f"{r['deployment']}{target_flag}` undoes it.",
                 highlight=False,
                 markup=False,
             )
