@@ -56,7 +56,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # kube-apiserver, controller-manager and scheduler for the Kubernetes-target tests, built once from
-# Debian's source package and cached outside the repository (~7 min cold, instant when cached).
+# Debian 12's source package (on Debian 12 or 13) and cached outside the repository (~7 min cold, instant when cached).
 k8s-binaries:
 	scripts/k8s-test-cluster build
 
