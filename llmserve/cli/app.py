@@ -18,6 +18,7 @@ from llmserve.cli import (
     schema_cmd,
     serve_cmd,
     status_cmd,
+    store_cmd,
 )
 
 app = typer.Typer(
@@ -58,6 +59,7 @@ serve_cmd.register(app)
 deploy_cmd.register(app)
 status_cmd.register(app)
 rollback_cmd.register(app)
+store_cmd.register(app)
 
 
 def main() -> None:

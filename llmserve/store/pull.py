@@ -1,0 +1,163 @@
+"""`pull`'s transfer half: resolve a reference, download an archive in parallel ranges, verify it.
+
+Verification has two layers, both before the file is handed to the cache for its atomic rename:
+each part is hashed as it arrives and checked against the parts record written at push (which
+names the corrupted part, and runs in parallel); then the whole archive is checked against the
+package digest the reference resolved to (every member hashed against the archive's digest index,
+whose sha256 is that digest).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmserve.errors import IntegrityError
+from llmserve.packaging.archive import read_index
+from llmserve.store.client import is_not_found, store_errors, translate
+from llmserve.store.errors import CorruptObjectError, DiskFullError, ModelNotFoundError
+from llmserve.store.objects import check_bucket, get_bytes
+from llmserve.store.records import PartsRecord, VersionIndex, load_record
+from llmserve.store.reference import ModelReference, StoreLocation
+
+Advance = Callable[[int], None]
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Resolved:
+    reference: ModelReference
+    record: PartsRecord
+    index: VersionIndex | None  # None for a reference by digest
+
+    @property
+    def digest(self) -> str:
+        return self.record.digest
+
+
+def read_parts_record(client: Any, store: StoreLocation, digest: str, named_by: str) -> PartsRecord:
+    key = store.parts_key(digest)
+    raw = get_bytes(client, store.bucket, key)
+    if raw is None:
+        check_bucket(client, store)
+        raise ModelNotFoundError(
+            f"{named_by}: package sha256:{digest[:16]}… is not (completely) in the store",
+            hint="Push it (again) with `llmserve push PKG " + store.url + "`; an interrupted push continues.",
+        )
+    record = load_record(PartsRecord, raw, f"s3://{store.bucket}/{key}")
+    if record.digest != digest:
+        raise CorruptObjectError(f"s3://{store.bucket}/{key}: describes sha256:{record.digest[:16]}…, not {digest}")
+    return record
+
+
+def resolve(client: Any, ref: ModelReference) -> Resolved:
+    store = ref.store
+    if ref.digest:
+        return Resolved(ref, read_parts_record(client, store, ref.digest, ref.url), None)
+    assert ref.model_id is not None and ref.version is not None
+    key = store.index_key(ref.model_id, ref.version)
+    raw = get_bytes(client, store.bucket, key)
+    if raw is None:
+        check_bucket(client, store)
+        raise ModelNotFoundError(f"{ref.url}: no such model version in the store")
+    index = load_record(VersionIndex, raw, f"s3://{store.bucket}/{key}")
+    return Resolved(ref, read_parts_record(client, store, index.digest, ref.url), index)
+
+
+def list_store(client: Any, store: StoreLocation) -> list[VersionIndex]:
+    """Every version index under the store, sorted by modelId then version."""
+    check_bucket(client, store)
+    keys: list[str] = []
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=store.index_prefix):
+            keys += [o["Key"] for o in page.get("Contents", []) if o["Key"].endswith(".json")]
+    except store_errors() as exc:
+        raise translate(exc, f"listing {store.url}", bucket=store.bucket) from exc
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="list") as pool:
+        raws = list(pool.map(lambda k: (k, get_bytes(client, store.bucket, k)), keys))
+    found = [load_record(VersionIndex, raw, f"s3://{store.bucket}/{k}") for k, raw in raws if raw is not None]
+    return sorted(found, key=lambda v: (v.modelId, v.modelVersion))
+
+
+def _disk_error(exc: OSError, path: Path) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"{path.parent}: no space left on the device while pulling")
+    return exc
+
+
+def _part(
+    client: Any, store: StoreLocation, record: PartsRecord, i: int, fd: int, path: Path, advance: Advance
+) -> None:
+    offset, length = record.ranges()[i]
+    key = store.blob_key(record.digest)
+    url = f"s3://{store.bucket}/{key}"
+    h = hashlib.sha256()
+    got = 0
+    if length:
+        try:
+            body = client.get_object(Bucket=store.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")[
+                "Body"
+            ]
+            for chunk in body.iter_chunks(_CHUNK):
+                chunk = chunk[: length - got]  # a store that ignores Range sends the whole object
+                h.update(chunk)
+                try:
+                    os.pwrite(fd, chunk, offset + got)
+                except OSError as exc:
+                    raise _disk_error(exc, path) from exc
+                got += len(chunk)
+                advance(len(chunk))
+                if got >= length:
+                    break
+        except store_errors() as exc:
+            if is_not_found(exc):
+                raise ModelNotFoundError(
+                    f"{url}: the archive is missing from the store (its parts record is there)"
+                ) from exc
+            raise translate(exc, f"pulling part {i + 1} of {url}", bucket=store.bucket, during_transfer=True) from exc
+    if got != length or h.hexdigest() != record.parts[i]:
+        raise CorruptObjectError(
+            f"{url}: part {i + 1} of {len(record.parts)} (bytes {offset}-{offset + length - 1}) does not match the "
+            "sha256 recorded at push: the object in the store is corrupted"
+        )
+
+
+def download(
+    client: Any, store: StoreLocation, record: PartsRecord, path: Path, *, concurrency: int, advance: Advance
+) -> None:
+    """Write the archive into `path` (an existing file, preallocated by the cache), part by part."""
+    fd = os.open(path, os.O_WRONLY)
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pull")
+    try:
+        futures: list[Future] = [
+            pool.submit(_part, client, store, record, i, fd, path, advance) for i in range(len(record.parts))
+        ]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for fut in futures:
+            if fut in done and fut.exception() is not None:
+                raise fut.exception()  # type: ignore[misc]
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _disk_error(exc, path) from exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        os.close(fd)
+
+
+def verify_package(path: Path, digest: str, url: str) -> None:
+    """The archive at path is the package `digest` names: every member against its index, and the index's digest."""
+    try:
+        index = read_index(path, verify=True)
+    except IntegrityError as exc:
+        raise CorruptObjectError(f"{url}: the downloaded archive fails verification ({exc.message})") from exc
+    if index.digest != digest:
+        raise CorruptObjectError(
+            f"{url}: the archive is package sha256:{index.digest[:16]}…, not sha256:{digest[:16]}…"
+        )
