@@ -21,6 +21,7 @@ KServe v2 routes keep their own error shape on the OpenAI app's port.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -39,7 +40,7 @@ from llmserve.serve.readiness import NotReady, Readiness
 log = logging.getLogger("llmserve.serve")
 
 OnRequest = Callable[[str, int, float], None]  # e.g. ServerMetrics.observe
-Exposition = Callable[[], tuple[bytes, str]]  # e.g. ServerMetrics.exposition
+Exposition = Callable[[str | None], tuple[bytes, str]]  # Accept header -> page; e.g. ServerMetrics.exposition
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
@@ -109,8 +110,10 @@ def operations_router(readiness: Readiness, exposition: Exposition | None) -> AP
     router.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
     if exposition is not None:
 
-        async def metrics() -> Response:
-            body, content_type = exposition()
+        async def metrics(request: Request) -> Response:
+            # on a worker thread: reading the multiprocess files and any remote scrape (bounded by its timeout)
+            # never hold the event loop that serves inference
+            body, content_type = await asyncio.to_thread(exposition, request.headers.get("accept"))
             return Response(body, media_type=content_type)
 
         router.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
