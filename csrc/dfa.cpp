@@ -287,6 +287,28 @@ class NfaBuilder {
       if (lo == 0 && hi == 0) skip(pos);  // the child was never built: step over it
       return {s, end};
     }
+    if (kind == 4) {  // an automaton over bytes, embedded as it is (an intersection built in Python)
+      const int32_t count = at(pos), start = at(pos + 1);
+      pos += 2;
+      if (count <= 0 || start < 0 || start >= count) throw std::invalid_argument("embedded DFA: bad size or start");
+      std::vector<int32_t> ids(count);
+      for (int32_t q = 0; q < count; ++q) ids[q] = state();
+      const int32_t e = state();
+      for (int32_t q = 0; q < count; ++q)
+        if (at(pos + q)) nfa_.eps[ids[q]].push_back(e);
+      pos += count;
+      for (int32_t q = 0; q < count; ++q) {
+        const int32_t ranges = at(pos++);
+        for (int32_t k = 0; k < ranges; ++k) {
+          const int32_t lo = at(pos), hi = at(pos + 1), to = at(pos + 2);
+          pos += 3;
+          if (lo < 0 || hi > 255 || lo > hi || to < 0 || to >= count)
+            throw std::invalid_argument("embedded DFA: bad edge");
+          edge(ids[q], lo, hi, ids[to]);
+        }
+      }
+      return {ids[start], e};
+    }
     throw std::invalid_argument("unknown AST node kind");
   }
   void skip(int64_t& pos) {
@@ -300,6 +322,10 @@ class NfaBuilder {
     } else if (kind == 3) {
       pos += 2;
       skip(pos);
+    } else if (kind == 4) {
+      const int32_t count = at(pos);
+      pos += 2 + static_cast<int64_t>(count);
+      for (int32_t q = 0; q < count; ++q) pos += 3 * static_cast<int64_t>(at(pos)) + 1;
     } else {
       throw std::invalid_argument("unknown AST node kind");
     }

@@ -43,6 +43,8 @@ struct Nfa {
 //   set: 0, n, lo_1, hi_1, ..., lo_n, hi_n  (inclusive code-point ranges, sorted and merged)
 //   cat: 1, n, child_1 ... child_n          alt: 2, n, child_1 ... child_n
 //   rep: 3, lo, hi (-1: unbounded), child
+//   dfa: 4, S, start, accept_1 ... accept_S, then per state: n, (lo, hi, target) x n  (byte ranges,
+//        no UTF-8 step: an automaton over bytes built elsewhere, e.g. an intersection, used as it is)
 // Code-point ranges become UTF-8 byte-range sequences (surrogates excluded), so the automaton runs
 // over bytes. Mirrors the Python reference (regex.py) state for state.
 // Thrown with a message fit for the user (too many states, empty language, a budget exceeded).

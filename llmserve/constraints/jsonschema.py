@@ -1,251 +1,450 @@
-"""JSON Schema (the common subset) to a regular language over compact JSON.
+"""JSON Schema to a regular language over compact JSON.
 
 Output is compact JSON (no whitespace between tokens, ``,`` and ``:`` separators) with object
 properties in the schema's order; optional properties may be left out. Compactness matters on a
 random or weak model: with whitespace allowed, it can emit whitespace until ``max_tokens``.
 
-Supported: ``type`` string/number/integer/boolean/null/object/array (or a list of those), ``enum``,
-``const``, ``properties`` + ``required``, ``items`` with ``minItems``/``maxItems``, string
-``minLength``/``maxLength``/``pattern``/``format`` (date, date-time, time, email, uuid), ``anyOf``/``oneOf``,
-non-recursive ``$ref`` into ``$defs``/``definitions``, nesting. Anything else that would change the
-accepted language is rejected with a ``ConstraintError`` rather than ignored.
+The language is always a *subset* of what the schema accepts, so every answer validates; where the
+subset is narrower than the schema it says so here:
 
-Generated objects hold only the declared properties, whatever ``additionalProperties`` says (as in
-OpenAI's strict mode and xgrammar's default): the language is a subset of what the schema accepts,
-so every output still validates. llguidance, by contrast, follows the JSON Schema default and lets
-a model add undeclared properties when ``additionalProperties`` is absent.
+* ``type`` (or a list), ``enum``/``const`` (values also checked against the keywords beside them),
+  ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer;
+  not recursive), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
+  (``schema_merge.py``); ``oneOf`` only where its branches cannot both match (different types or
+  different ``const``/``enum`` values), since generating "exactly one" in general is not regular.
+* strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
+  time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
+  (``schema_strings.py``).
+* integers and numbers with ``minimum``/``maximum``/``exclusive*`` (``schema_numbers.py``).
+* objects: declared ``properties`` with ``required``; only declared properties are generated when
+  there are any (as in OpenAI's strict mode), whatever ``additionalProperties`` says; without
+  ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
+  when it is true or absent); ``patternProperties`` apply to the declared names they match.
+* arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
+  ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item (``minItems`` > 1 is
+  refused).
+* an unconstrained value (``{}``, ``true``, a free-form member) is any compact JSON value nested at
+  most ``ANY_DEPTH`` deep.
+
+Keywords that only annotate (``title``, ``description``, ``id``, ``x-*``, ``markdownDescription``,
+...) and keywords outside the JSON Schema vocabulary are ignored, as validators ignore them. Every
+other keyword that would change the accepted language and is not supported is refused with a
+``ConstraintError`` naming it, never ignored.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import literal, parse
+from llmserve.constraints.regex import compile_ast, literal, parse
+from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
+from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
+from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, string_ast
 
 MAX_DEPTH = 32
+ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the automaton's states)
 
-_STR_CHAR = (
-    "alt",
-    [
-        ("set", [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)]),
-        (
-            "cat",
-            [
-                ("set", [(0x5C, 0x5C)]),
-                (
-                    "alt",
-                    [
-                        ("set", [(ord(c), ord(c)) for c in '"\\/bfnrt']),
-                        (
-                            "cat",
-                            [("set", [(ord("u"), ord("u"))])]
-                            + [("set", [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)])] * 4,
-                        ),
-                    ],
-                ),
-            ],
-        ),
-    ],
-)
-_QUOTE = ("set", [(0x22, 0x22)])
-_INT = parse(r"-?(0|[1-9][0-9]{0,15})")
-_NUMBER = parse(r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?")
-_FORMATS = {
-    "date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
-    "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?",
-    "date-time": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
-    r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
-    "email": r"[a-zA-Z0-9_.+-]{1,64}@[a-zA-Z0-9-]{1,63}(\.[a-zA-Z0-9-]{1,63}){1,4}",
-    "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+# keywords each type reads; a keyword of another type says nothing about this one (JSON Schema:
+# ``minLength`` does not constrain a number), so it is dropped from that type's branch
+_TYPE_KEYWORDS = {
+    "string": {"minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding"},
+    "number": {*BOUND_KEYS, "multipleOf"},
+    "integer": {*BOUND_KEYS, "multipleOf"},
+    "object": {
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "unevaluatedProperties",
+    },
+    "array": {
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "unevaluatedItems",
+    },
+    "boolean": set(),
+    "null": set(),
 }
-# keywords that only annotate (never change the language); additionalProperties only widens it,
-# and generation stays within the declared properties (see the module doc)
-_ANNOTATIONS = {
-    "title",
-    "description",
-    "examples",
-    "default",
-    "$schema",
-    "$id",
-    "$comment",
-    "$defs",
-    "definitions",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "additionalProperties",
+_ALL_TYPE_KEYWORDS = set().union(*_TYPE_KEYWORDS.values())
+# the vocabulary that may change validation and that no branch below implements
+_UNSUPPORTED = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"}
+_SUPPORTED = {
+    "string": {"minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding"},
+    "number": {*BOUND_KEYS, "multipleOf"},
+    "integer": {*BOUND_KEYS, "multipleOf"},
+    "object": {"properties", "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "boolean": set(),
+    "null": set(),
 }
+_STRUCTURE = {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable"}
+
+
+def _lit(text: str):
+    return literal(text)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _cat(*items):
     return ("cat", list(items))
 
 
-def _lit(text):
-    return literal(text)
+def _alt(branches: list):
+    return branches[0] if len(branches) == 1 else ("alt", branches)
+
+
+def _string_any():
+    return _cat(QUOTE, ("rep", encode(ANY_CHAR), 0, None), QUOTE)
+
+
+def any_value(depth: int = ANY_DEPTH):
+    """Any compact JSON value nested at most ``depth`` deep (arrays and objects count one each)."""
+    scalars = [_string_any(), parse(NUMBER), _lit("true"), _lit("false"), _lit("null")]
+    if depth <= 0:
+        return ("alt", scalars)
+    inner = any_value(depth - 1)
+    array = _cat(_lit("["), ("rep", _cat(inner, ("rep", _cat(_lit(","), inner), 0, None)), 0, 1), _lit("]"))
+    member = _cat(_string_any(), _lit(":"), inner)
+    obj = _cat(_lit("{"), ("rep", _cat(member, ("rep", _cat(_lit(","), member), 0, None)), 0, 1), _lit("}"))
+    return ("alt", [*scalars, array, obj])
 
 
 class _Converter:
-    def __init__(self, root: dict):
+    def __init__(self, root: Any):
         self.root = root
         # $ref -> its converted tree, built once and shared by every use: a schema whose references
         # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[str, tuple] = {}
+        self._any: tuple | None = None
 
     def fail(self, what: str) -> ConstraintError:
         return ConstraintError(f"json_schema: {what}")
 
-    def resolve(self, ref: str):
-        if not ref.startswith("#/"):
+    def any(self):
+        if self._any is None:
+            self._any = any_value()
+        return self._any
+
+    def resolve(self, ref: Any):
+        if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.fail(f"only local $ref is supported, got {ref!r}")
         node = self.root
-        for part in ref[2:].split("/"):
+        for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
             part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or part not in node:
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
                 raise self.fail(f"$ref {ref!r} does not resolve")
-            node = node[part]
         return node
 
-    def convert(self, schema, depth: int = 0, refs: tuple[str, ...] = ()):
-        self._check_node(schema, depth)
-        if "$ref" in schema:
+    # ------------------------------------------------------------------ normalising
+
+    def normalize(self, schema: Any, refs: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+        """``schema`` without ``$ref`` or ``allOf`` at its top (merged into one schema), and the
+        references followed to get there (a reference met again is recursion)."""
+        for _ in range(MAX_DEPTH):
+            if not isinstance(schema, dict):
+                return schema, refs
+            if "$ref" in schema:
+                ref = schema["$ref"]
+                if ref in refs:
+                    raise self.fail(f"recursive $ref {ref!r} is not supported")
+                refs = (*refs, ref)
+                rest = {k: v for k, v in schema.items() if k != "$ref"}
+                target, refs = self.normalize(self.resolve(ref), refs)
+                schema = self._merge(target, rest) if _constrains(rest) else target
+                continue
+            if "allOf" in schema:
+                subs = schema["allOf"]
+                if not isinstance(subs, list) or not subs:
+                    raise self.fail("allOf must be a non-empty list")
+                out = {k: v for k, v in schema.items() if k != "allOf"}
+                for sub in subs:
+                    sub, refs = self.normalize(sub, refs)
+                    out = self._merge(out, sub)
+                schema = out
+                continue
+            return schema, refs
+        raise self.fail(f"$ref/allOf chain deeper than {MAX_DEPTH}")
+
+    def _merge(self, a: Any, b: Any) -> Any:
+        if a is False or b is False:
+            raise Unsatisfiable("json_schema: a false schema admits no value")
+        return merge(a, b)
+
+    # ------------------------------------------------------------------ converting
+
+    def convert(self, schema: Any, depth: int = 0, refs: tuple[str, ...] = ()):
+        if depth > MAX_DEPTH:
+            raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+        if isinstance(schema, dict) and set(schema) == {"$ref"} and schema["$ref"] not in refs:
             ref = schema["$ref"]
-            if ref in refs:
-                raise self.fail(f"recursive $ref {ref!r} is not supported")
             if ref not in self.converted:
                 self.converted[ref] = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
             return self.converted[ref]
-        if "const" in schema or "enum" in schema:
-            return self._values(schema)
-        combined = self._combination(schema, depth, refs)
-        if combined is not None:
-            return combined
-        typ = schema.get("type")
-        if isinstance(typ, list):
-            return ("alt", [self.convert({**schema, "type": t}, depth + 1, refs) for t in typ])
-        typ = self._implied_type(schema) if typ is None else typ
-        handler = getattr(self, "_" + str(typ), None)
-        if handler is None:
-            raise self.fail(f"unsupported type {typ!r}")
-        return handler(schema, depth, refs)
-
-    def _check_node(self, schema, depth: int) -> None:
-        if depth > MAX_DEPTH:
-            raise self.fail(f"nesting deeper than {MAX_DEPTH}")
-        if schema is True or schema == {}:
-            raise self.fail("an unconstrained value ({} or true) is not a regular language; give it a type")
+        schema, refs = self.normalize(schema, refs)
+        if schema is True:
+            return self.any()
+        if schema is False:
+            raise Unsatisfiable("json_schema: a false schema admits no value")
         if not isinstance(schema, dict):
-            raise self.fail(f"schema must be an object, got {type(schema).__name__}")
+            raise self.fail(f"schema must be an object or a boolean, got {type(schema).__name__}")
+        for key in schema:
+            if key in _UNSUPPORTED:
+                raise self.fail(f"keyword {key!r} is not supported")
+        if schema.get("nullable") is True:
+            rest = {k: v for k, v in schema.items() if k != "nullable"}
+            return ("alt", [self.convert(rest, depth + 1, refs), _lit("null")])
+        if "anyOf" in schema or "oneOf" in schema:
+            return self._branches(schema, depth, refs)
+        values = values_of(schema)
+        if values is not None:
+            return self._values(values, schema, depth, refs)
+        types = types_of(schema)
+        if types is None:
+            types = self._implied_types(schema)
+            if types is None:
+                return self.any()
+        if "integer" in types and "number" in types:
+            types = types - {"integer"}
+        order = [t for t in ("object", "array", "string", "integer", "number", "boolean", "null") if t in types]
+        return _alt([self._typed(t, schema, depth, refs) for t in order])
 
-    def _values(self, schema: dict):
-        """``const`` or ``enum``: the listed JSON values, compact."""
-        if "const" in schema:
-            return _lit(json.dumps(schema["const"], separators=(",", ":"), ensure_ascii=False))
-        values = schema["enum"]
-        if not isinstance(values, list) or not values:
-            raise self.fail("enum must be a non-empty list")
-        return ("alt", [_lit(json.dumps(v, separators=(",", ":"), ensure_ascii=False)) for v in values])
+    def _implied_types(self, schema: dict) -> set[str] | None:
+        """Without ``type``: the types whose keywords appear (the others are unconstrained; generating
+        only these is a subset), or None when nothing constrains the value."""
+        found = {t for t, keys in _TYPE_KEYWORDS.items() if keys & set(schema) and t != "integer"}
+        return found or None
 
-    def _combination(self, schema: dict, depth: int, refs: tuple[str, ...]):
-        """``anyOf``/``oneOf`` (each branch with the rest of the schema), or None when neither is there."""
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                subs = schema[key]
-                if not isinstance(subs, list) or not subs:
-                    raise self.fail(f"{key} must be a non-empty list")
-                base = {k: v for k, v in schema.items() if k != key}
-                return ("alt", [self.convert({**base, **s}, depth + 1, refs) for s in subs])
-        if "allOf" in schema:
-            raise self.fail("allOf is not supported")
-        return None
+    def _typed(self, typ: str, schema: dict, depth: int, refs):
+        own = {k: v for k, v in schema.items() if k not in _ALL_TYPE_KEYWORDS or k in _TYPE_KEYWORDS[typ]}
+        unsupported = sorted(k for k in own if k in _TYPE_KEYWORDS[typ] and k not in _SUPPORTED[typ])
+        if unsupported:
+            raise self.fail(f"keyword(s) {unsupported} for type {typ!r} are not supported")
+        return getattr(self, "_" + typ)(own, depth, refs)
 
-    def _implied_type(self, schema: dict) -> str:
-        if "properties" in schema:
-            return "object"
-        if "items" in schema:
-            return "array"
-        raise self.fail(f"schema without a type: {json.dumps(schema)[:80]}")
+    def _branches(self, schema: dict, depth: int, refs):
+        """``anyOf``/``oneOf``: each branch merged with the keywords beside it (never overwriting
+        them); branches that cannot be satisfied together with them are dropped."""
+        key = "anyOf" if "anyOf" in schema else "oneOf"
+        subs = schema[key]
+        if not isinstance(subs, list) or not subs:
+            raise self.fail(f"{key} must be a non-empty list")
+        base = {k: v for k, v in schema.items() if k != key}
+        merged = []
+        for sub in subs:
+            sub, sub_refs = self.normalize(sub, refs)
+            try:
+                merged.append((self._merge(base, sub) if _constrains(base) else sub, sub_refs))
+            except Unsatisfiable:
+                continue
+        if not merged:
+            raise self.fail(f"no branch of {key} is satisfiable together with the keywords beside it")
+        if key == "oneOf":
+            _check_exclusive([m for m, _ in merged])
+        branches = []
+        for m, sub_refs in merged:
+            try:
+                branches.append(self.convert(m, depth + 1, sub_refs))
+            except Unsatisfiable:
+                continue
+        if not branches:
+            raise self.fail(f"no branch of {key} is satisfiable")
+        return _alt(branches)
 
-    def _check(self, schema, allowed):
-        extra = set(schema) - allowed - _ANNOTATIONS - {"type"}
-        if extra:
-            raise self.fail(f"unsupported keyword(s) {sorted(extra)} for type {schema.get('type')!r}")
+    def _values(self, values: list, schema: dict, depth: int, refs):
+        """``const``/``enum``: the listed values that also satisfy the keywords beside them."""
+        rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
+        if _constrains(rest):
+            dfa = compile_ast(self.convert(rest, depth + 1, refs))
+            values = [v for v in values if dfa.matches(_dumps(v).encode())]
+            if not values:
+                raise Unsatisfiable("json_schema: no enum/const value satisfies the keywords beside it")
+        return _alt([_lit(_dumps(v)) for v in values])
 
     def _null(self, schema, depth, refs):
-        self._check(schema, set())
         return _lit("null")
 
     def _boolean(self, schema, depth, refs):
-        self._check(schema, set())
         return ("alt", [_lit("true"), _lit("false")])
 
     def _integer(self, schema, depth, refs):
-        self._check(schema, set())
-        return _INT
+        return number_ast(schema, integer=True)
 
     def _number(self, schema, depth, refs):
-        self._check(schema, set())
-        return _NUMBER
+        return number_ast(schema, integer=False)
 
     def _string(self, schema, depth, refs):
-        self._check(schema, {"minLength", "maxLength", "pattern", "format"})
-        if "pattern" in schema:
-            pat = schema["pattern"]
-            if pat.startswith("^"):
-                pat = pat[1:]
-            if pat.endswith("$") and not pat.endswith("\\$"):
-                pat = pat[:-1]
-            return _cat(_QUOTE, parse(pat), _QUOTE)
-        if "format" in schema:
-            fmt = schema["format"]
-            if fmt not in _FORMATS:
-                raise self.fail(f"unsupported string format {fmt!r} (supported: {sorted(_FORMATS)})")
-            return _cat(_QUOTE, parse(_FORMATS[fmt]), _QUOTE)
-        lo = int(schema.get("minLength", 0))
-        hi = schema.get("maxLength")
-        hi = None if hi is None else int(hi)
-        if lo < 0 or (hi is not None and hi < lo):
-            raise self.fail("bad minLength/maxLength")
-        return _cat(_QUOTE, ("rep", _STR_CHAR, lo, hi), _QUOTE)
+        pattern = schema.get("pattern")
+        patterns = [] if pattern is None else list(pattern) if isinstance(pattern, list) else [pattern]
+        fmt = schema.get("format")
+        lo = _count(schema, "minLength", 0)
+        hi = _count(schema, "maxLength", None)
+        return string_ast(patterns, fmt, lo, hi)
 
     def _array(self, schema, depth, refs):
-        self._check(schema, {"items", "minItems", "maxItems"})
         items = schema.get("items")
-        if not isinstance(items, dict):
-            raise self.fail("arrays need an 'items' schema")
-        item = self.convert(items, depth + 1, refs)
-        lo = int(schema.get("minItems", 0))
-        hi = schema.get("maxItems")
-        hi = None if hi is None else int(hi)
-        if lo < 0 or (hi is not None and hi < lo):
-            raise self.fail("bad minItems/maxItems")
-        if hi == 0:
-            return _lit("[]")
-        more = ("rep", _cat(_lit(","), item), max(lo - 1, 0), None if hi is None else hi - 1)
-        body = _cat(item, more)
-        if lo == 0:
-            body = ("rep", body, 0, 1)
-        return _cat(_lit("["), body, _lit("]"))
+        prefix = schema.get("prefixItems")
+        if isinstance(items, list):  # draft 4-7 tuple form
+            prefix, items = items, schema.get("additionalItems")
+        lo = _count(schema, "minItems", 0)
+        hi = _count(schema, "maxItems", None)
+        if schema.get("uniqueItems") is True:
+            # a regular language cannot remember which items it produced; arrays of at most one
+            # item are always unique (a subset)
+            if lo > 1:
+                raise self.fail("uniqueItems with minItems > 1 is not supported")
+            hi = 1 if hi is None else min(hi, 1)
+        if hi is not None and hi < lo:
+            raise Unsatisfiable("json_schema: maxItems < minItems")
+        prefix = prefix or []
+        if not isinstance(prefix, list):
+            raise self.fail("prefixItems must be a list")
+        heads = [self.convert(p, depth + 1, refs) for p in prefix[: hi if hi is not None else len(prefix)]]
+        tail_allowed = items is not False and (hi is None or hi > len(heads))
+        item = self.convert(True if items is None else items, depth + 1, refs) if tail_allowed else None
+        return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
 
     def _object(self, schema, depth, refs):
-        self._check(schema, {"properties", "required"})
         props = schema.get("properties") or {}
-        if not props:
-            raise self.fail("objects need 'properties' (a free-form object is not a regular language)")
-        required = set(schema.get("required", []))
-        unknown = required - set(props)
-        if unknown:
-            raise self.fail(f"required names unknown properties {sorted(unknown)}")
+        required = list(schema.get("required", []))
+        additional = schema.get("additionalProperties", True)
+        patterns = schema.get("patternProperties") or {}
+        for name, sub in list(props.items()) + [(n, None) for n in required if n not in props]:
+            matching = [s for p, s in patterns.items() if _search(p, name)]
+            if matching:
+                props = {**props, name: {"allOf": [sub if sub is not None else True, *matching]}}
+        undeclared = [n for n in required if n not in props]
+        if undeclared:
+            if additional is False:
+                raise Unsatisfiable(f"json_schema: required properties {undeclared} are not allowed")
+            props = {**props, **{n: additional for n in undeclared}}
         kvs = [
-            (
-                name in required,
-                _cat(_lit(json.dumps(name, ensure_ascii=False) + ":"), self.convert(sub, depth + 1, refs)),
-            )
+            (name in required, _cat(_lit(_dumps(name) + ":"), self.convert(sub, depth + 1, refs)))
             for name, sub in props.items()
         ]
-        return _cat(_lit("{"), _members(kvs), _lit("}"))
+        n_required = sum(1 for req, _ in kvs if req)
+        lo = _count(schema, "minProperties", 0)
+        hi = _count(schema, "maxProperties", None)
+        if props:
+            if lo > n_required or (hi is not None and hi < len(props)):
+                raise self.fail("minProperties/maxProperties beyond the declared properties are not supported")
+            return _cat(_lit("{"), _members(kvs), _lit("}"))
+        # no declared property: members whose names are free and whose values follow additionalProperties
+        if additional is False or hi == 0:
+            if lo > 0:
+                raise Unsatisfiable("json_schema: minProperties > 0 with no property allowed")
+            return _lit("{}")
+        if len(patterns) > 1:
+            raise self.fail("patternProperties with several patterns and no properties are not supported")
+        if patterns:
+            ((pattern, value_schema),) = patterns.items()
+            key = string_ast([pattern], None, 0, None)
+        else:
+            value_schema, key = additional, _string_any()
+        member = _cat(key, _lit(":"), self.convert(value_schema, depth + 1, refs))
+        return _cat(_lit("{"), _sequence([], member, lo, hi), _lit("}"))
+
+
+def _count(schema: dict, key: str, default: int | None) -> Any:
+    value = schema.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or int(value) != value:
+        raise ConstraintError(f"json_schema: {key} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _search(pattern: str, name: str) -> bool:
+    """Whether a patternProperties pattern matches a declared name (names are fixed strings: Python's
+    ``re`` reads the common ECMA-262 subset alike)."""
+    import re
+
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as exc:
+        raise ConstraintError(f"json_schema: patternProperties {pattern!r}: {exc}") from None
+
+
+def _constrains(schema: Any) -> bool:
+    """Whether ``schema`` has any keyword that may reject a value."""
+    if not isinstance(schema, dict):
+        return schema is False
+    return any(k in _STRUCTURE or k in _ALL_TYPE_KEYWORDS or k in _UNSUPPORTED for k in schema)
+
+
+def _check_exclusive(branches: list) -> None:
+    """``oneOf`` is ``anyOf`` when no value can match two branches: refuse it otherwise."""
+    for i, a in enumerate(branches):
+        for b in branches[i + 1 :]:
+            if not _disjoint(a, b):
+                raise ConstraintError(
+                    "json_schema: oneOf branches that a value could match both of are not supported "
+                    "(give them different types or different const/enum values of a required property)"
+                )
+
+
+def _disjoint(a: Any, b: Any) -> bool:
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a is False or b is False
+    ta, tb = types_of(a), types_of(b)
+    if ta is not None and tb is not None:
+        wa = ta | ({"integer"} if "number" in ta else set())
+        wb = tb | ({"integer"} if "number" in tb else set())
+        if not wa & wb:
+            return True
+    va, vb = values_of(a), values_of(b)
+    if va is not None and vb is not None and not {canonical(v) for v in va} & {canonical(v) for v in vb}:
+        return True
+    # a discriminator: a property both require, with values that differ
+    pa, pb = a.get("properties") or {}, b.get("properties") or {}
+    for name in set(a.get("required", [])) & set(b.get("required", [])):
+        sa, sb = pa.get(name), pb.get(name)
+        if isinstance(sa, dict) and isinstance(sb, dict) and _disjoint(sa, sb):
+            return True
+    return False
+
+
+def _sequence(heads: list, item, lo: int, hi: int | None) -> tuple:
+    """Comma-separated elements, ``lo`` to ``hi`` of them (``hi`` None: unbounded): the ``heads`` in
+    order (positional), then ``item`` repeated (``item`` None: nothing after the heads)."""
+    n = len(heads)
+    if item is None and lo > n:
+        raise Unsatisfiable("json_schema: minItems beyond the items allowed")
+    rest: tuple = ("cat", [])
+    if item is not None and (hi is None or hi > n):
+        rest = ("rep", _cat(_lit(","), item), max(lo - n, 0), None if hi is None else hi - n)
+    for k in range(n - 1, 0, -1):  # each head after the first, after a comma; leaving one out ends the list
+        node = _cat(_lit(","), heads[k], rest)
+        rest = ("rep", node, 0, 1) if k >= lo else node
+    if n > 0:
+        first = _cat(heads[0], rest)
+    elif item is not None and hi != 0:
+        first = _cat(item, ("rep", _cat(_lit(","), item), max(lo - 1, 0), None if hi is None else hi - 1))
+    else:
+        return ("cat", [])
+    return ("rep", first, 0, 1) if lo == 0 else first
 
 
 def _members(kvs: list[tuple[bool, tuple]]) -> tuple:
@@ -285,4 +484,7 @@ def schema_to_ast(schema) -> tuple:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
-    return _Converter(schema).convert(schema)
+    try:
+        return _Converter(schema).convert(schema)
+    except RecursionError:
+        raise ConstraintError("json_schema: nested too deeply") from None

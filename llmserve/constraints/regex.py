@@ -32,6 +32,7 @@ MAX_DFA_STATES = Limits.max_states  # the default; the limit in force is limits(
 
 # --------------------------------------------------------------------------------------------
 # AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi|None)
+#      | ("dfa", ByteDFA): an automaton over bytes used as it is (intersections, dfa_ops.py)
 # ranges: sorted, merged list of inclusive (lo, hi) code-point pairs.
 # --------------------------------------------------------------------------------------------
 
@@ -69,10 +70,18 @@ def literal(text: str):
     return ("cat", [("set", [(ord(c), ord(c))]) for c in text])
 
 
+# ECMA-262's ``.`` leaves out every line terminator, Python's only ``\n``: a JSON Schema pattern
+# (validated by either) gets the set both accept
+_SCHEMA_DOT = _negate([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
+
+
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, schema: bool = False):
         self.p = pattern
         self.i = 0
+        # schema mode: ``^``/``$`` become ("anchor", c) nodes (a JSON Schema pattern is a search
+        # unless anchored, see schema_strings.py) and ``.`` is _SCHEMA_DOT
+        self.schema = schema
 
     def error(self, what: str) -> ConstraintError:
         return ConstraintError(f"regex {self.p!r}: {what} at position {self.i}")
@@ -175,9 +184,9 @@ class _Parser:
         if c == "[":
             return ("set", self._class())
         if c == ".":
-            return ("set", _negate([(0x0A, 0x0A)]))
+            return ("set", _SCHEMA_DOT if self.schema else _negate([(0x0A, 0x0A)]))
         if c in "^$":
-            return ("cat", [])
+            return ("anchor", c) if self.schema else ("cat", [])
         if c == "\\":
             return ("set", self._escape(in_class=False))
         if c in "*+?":
@@ -253,10 +262,12 @@ class _Parser:
         return _negate(ranges) if negate else ranges
 
 
-def parse(pattern: str):
-    """Parse ``pattern`` into the AST used by :func:`compile_ast`."""
+def parse(pattern: str, *, schema: bool = False):
+    """Parse ``pattern`` into the AST used by :func:`compile_ast`. ``schema``: JSON Schema's reading
+    (anchors kept as ("anchor", "^" | "$") nodes for the caller to resolve; ``.`` without line
+    terminators)."""
     try:
-        return _Parser(pattern).parse()
+        return _Parser(pattern, schema).parse()
     except RecursionError:  # the parser recurses per group: thousands of nested groups
         raise ConstraintError(f"regex nested too deeply ({pattern[:40]!r}...)") from None
 
@@ -327,26 +338,43 @@ class _NFA:
         self.edges.append([])
         return len(self.eps) - 1
 
+    def embed(self, dfa: ByteDFA) -> tuple[int, int]:
+        """A byte automaton as it is: one NFA state per DFA state, its byte edges, accepting
+        states joined to one end."""
+        ids = [self.state() for _ in range(dfa.num_states)]
+        e = self.state()
+        for q, row in enumerate(dfa.table):
+            if dfa.accept[q]:
+                self.eps[ids[q]].append(e)
+            for lo, hi, to in byte_ranges(row):
+                self.edges[ids[q]].append((lo, hi, ids[to]))
+        return ids[dfa.start], e
+
+    def code_points(self, ranges) -> tuple[int, int]:
+        s, e = self.state(), self.state()
+        trie: dict = {}
+        for lo, hi in ranges:
+            for seq in utf8_sequences(lo, hi):
+                # share common leading byte ranges between sequences
+                cur = s
+                for k, rng in enumerate(seq):
+                    if k == len(seq) - 1:
+                        self.edges[cur].append((rng[0], rng[1], e))
+                    else:
+                        key = (cur, rng)
+                        nxt = trie.get(key)
+                        if nxt is None:
+                            nxt = trie[key] = self.state()
+                            self.edges[cur].append((rng[0], rng[1], nxt))
+                        cur = nxt
+        return s, e
+
     def build(self, node) -> tuple[int, int]:
         kind = node[0]
         if kind == "set":
-            s, e = self.state(), self.state()
-            trie: dict = {}
-            for lo, hi in node[1]:
-                for seq in utf8_sequences(lo, hi):
-                    # share common leading byte ranges between sequences
-                    cur = s
-                    for k, rng in enumerate(seq):
-                        if k == len(seq) - 1:
-                            self.edges[cur].append((rng[0], rng[1], e))
-                        else:
-                            key = (cur, rng)
-                            nxt = trie.get(key)
-                            if nxt is None:
-                                nxt = trie[key] = self.state()
-                                self.edges[cur].append((rng[0], rng[1], nxt))
-                            cur = nxt
-            return s, e
+            return self.code_points(node[1])
+        if kind == "dfa":
+            return self.embed(node[1])
         if kind == "cat":
             s = e = self.state()
             for child in node[1]:
@@ -386,6 +414,19 @@ class _NFA:
                 e = ce
             return s, end
         raise AssertionError(kind)
+
+
+def byte_ranges(row) -> list[tuple[int, int, int]]:
+    """A DFA table row (256 targets, -1 dead) as (lo, hi, target) runs of equal live targets."""
+    out: list[tuple[int, int, int]] = []
+    for b, to in enumerate(int(x) for x in row):
+        if to < 0:
+            continue
+        if out and out[-1][1] == b - 1 and out[-1][2] == to:
+            out[-1] = (out[-1][0], b, to)
+        else:
+            out.append((b, b, to))
+    return out
 
 
 @dataclass(frozen=True)
@@ -560,7 +601,7 @@ def _renumber(t: np.ndarray, acc: np.ndarray, live: np.ndarray, cls: np.ndarray)
 
 
 MAX_NFA_STATES = Limits.max_nfa_states  # the default; the limit in force is limits().max_nfa_states
-_SET, _CAT, _ALT, _REP = 0, 1, 2, 3
+_SET, _CAT, _ALT, _REP, _DFA = 0, 1, 2, 3, 4
 
 
 def _states_error(n: int) -> ConstraintError:
@@ -584,13 +625,15 @@ def expanded_size(node, cap: int) -> int:
         if id(n) in sizes:
             continue
         kind = n[0]
-        children = [n[1]] if kind == "rep" else n[1] if kind in ("cat", "alt") else []
+        children = [n[1]] if kind == "rep" else [] if kind == "dfa" else n[1] if kind in ("cat", "alt") else []
         if not ready and children:
             stack.append((n, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
             continue
         if kind == "set":
             size = 2 + 3 * len(n[1])
+        elif kind == "dfa":
+            size = 1 + n[1].num_states
         elif kind in ("cat", "alt"):
             size = 2 + sum(sizes[id(c)] for c in n[1])
         else:
@@ -617,6 +660,14 @@ def serialize_ast(node) -> np.ndarray:
         elif kind == "rep":
             out += (_REP, n[2], -1 if n[3] is None else n[3])
             stack.append(n[1])
+        elif kind == "dfa":
+            dfa = n[1]
+            out += (_DFA, dfa.num_states, dfa.start, *(int(a) for a in dfa.accept))
+            for row in dfa.table:
+                runs = byte_ranges(row)
+                out.append(len(runs))
+                for run in runs:
+                    out += run
         else:
             raise AssertionError(kind)
     return np.array(out, dtype=np.int32)

@@ -1,0 +1,81 @@
+"""How far each automaton state is from the end of the answer: what lets a constrained answer close
+within ``max_tokens``.
+
+``distances(dfa, bytes_usable)`` is, per state, the fewest steps to an accepting state when every
+step is one byte from ``bytes_usable`` (the bytes the vocabulary holds as single-byte tokens; a
+byte-level BPE holds all 256). Each step is then one token, so the distance is a number of tokens
+that is always *achievable*: a state at distance d can end the answer in d tokens, plus one for
+end of sequence. Multi-byte tokens can only shorten that, so the figure is an upper bound of the
+true fewest tokens, and steering by it is safe:
+
+    invariant: distance(state) + 1 <= tokens left
+    allow token t in state s only if distance(step(s, t)) + 1 <= tokens left - 1
+
+The token that takes the first byte of a shortest completion always qualifies, so the invariant
+holds at every step and the answer ends in an accepting state with end of sequence within the
+budget. When ``distance(start) + 1`` exceeds ``max_tokens`` no steering can help: the request is
+refused up front (``BudgetError``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from llmserve.constraints.errors import ConstraintError
+
+UNREACHABLE = np.iinfo(np.int32).max
+
+
+class BudgetError(ConstraintError):
+    """Even the shortest answer the constraint allows does not fit in ``max_tokens``."""
+
+    code = "constraint-budget"
+    default_hint = "Raise max_tokens, or loosen the constraint (fewer required properties, shorter minimums)."
+
+
+def distances(table: NDArray[np.int32], accept: NDArray[np.uint8], bytes_usable: NDArray[np.bool_] | None = None):
+    """int32 [S]: fewest single-byte steps to an accepting state (UNREACHABLE where none), a
+    breadth-first search backwards from the accepting states."""
+    table = np.asarray(table)
+    n = table.shape[0]
+    usable = np.ones(256, dtype=bool) if bytes_usable is None else np.asarray(bytes_usable, dtype=bool)
+    # reverse edges over usable bytes: (target, source) pairs
+    src, byte = np.nonzero((table >= 0) & usable[None, :])
+    dst = table[src, byte]
+    order = np.argsort(dst, kind="stable")
+    src_by_dst = src[order]
+    starts = np.searchsorted(dst[order], np.arange(n + 1))
+    dist = np.full(n, UNREACHABLE, dtype=np.int32)
+    frontier = np.flatnonzero(np.asarray(accept, dtype=bool))
+    dist[frontier] = 0
+    d = 0
+    while frontier.size:
+        d += 1
+        preds = np.unique(np.concatenate([src_by_dst[starts[q] : starts[q + 1]] for q in frontier]))
+        preds = preds[dist[preds] == UNREACHABLE]
+        dist[preds] = d
+        frontier = preds
+    return dist
+
+
+def usable_bytes(vocab) -> NDArray[np.bool_]:
+    """bool [256]: the bytes some token of ``vocab`` is exactly (a one-byte token)."""
+    out = np.zeros(256, dtype=bool)
+    for data in vocab.tokens:
+        if data is not None and len(data) == 1:
+            out[data[0]] = True
+    return out
+
+
+def check_fits(shortest: int, max_tokens: int | None) -> None:
+    """Refuse a request whose shortest answer (``shortest`` tokens, end of sequence not counted)
+    cannot fit in ``max_tokens``."""
+    if max_tokens is None:
+        return
+    if shortest == UNREACHABLE or shortest + 1 > max_tokens:
+        need = "no number of" if shortest == UNREACHABLE else str(shortest + 1)
+        raise BudgetError(
+            f"max_tokens={max_tokens} is too small for this constraint: its shortest answer needs "
+            f"{need} tokens (end of sequence included)"
+        )

@@ -1,0 +1,186 @@
+"""The conjunction of two JSON schemas as one schema: how ``allOf`` and the branches of
+``anyOf``/``oneOf`` combine with the keywords beside them.
+
+``{**parent, **branch}`` is wrong: a branch would overwrite the parent's ``properties`` or
+``required`` and the answer could fail the parent. A value must satisfy *both*, so each keyword
+combines by its meaning: types intersect, ``required`` unites, lower bounds take the larger, upper
+bounds the smaller, ``properties`` merge per name (recursively), patterns accumulate (all must
+match), enums intersect. Two different values of any other keyword cannot be combined here and are
+refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
+``anyOf`` that branch is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llmserve.constraints.errors import ConstraintError
+
+TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+_LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
+_UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
+
+
+class Unsatisfiable(ConstraintError):
+    """No JSON value satisfies the combined schema."""
+
+
+def types_of(schema: dict) -> set[str] | None:
+    """The schema's ``type`` as a set (None: any type)."""
+    typ = schema.get("type")
+    if typ is None:
+        return None
+    out = {typ} if isinstance(typ, str) else set(typ) if isinstance(typ, list) else None
+    if out is None or not out <= set(TYPES):
+        raise ConstraintError(f"json_schema: bad type {typ!r}")
+    return out
+
+
+def _meet_types(a: set[str] | None, b: set[str] | None) -> set[str] | None:
+    if a is None or b is None:
+        return b if a is None else a
+    out = a & b
+    if ("integer" in a and "number" in b) or ("number" in a and "integer" in b):
+        out.add("integer")  # every integer is a number
+    if not out:
+        raise Unsatisfiable(f"json_schema: types {sorted(a)} and {sorted(b)} have no value in common")
+    return out
+
+
+def canonical(value: Any) -> str:
+    """JSON equality as JSON Schema defines it (1 == 1.0; key order does not matter)."""
+
+    def norm(v):
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return v
+        if isinstance(v, (int, float)):
+            return float(v) if isinstance(v, float) and not v.is_integer() else int(v)
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(norm(value), sort_keys=True, separators=(",", ":"))
+
+
+def values_of(schema: dict) -> list | None:
+    """``const`` / ``enum`` as a list of values (None: neither)."""
+    if "const" in schema:
+        values = [schema["const"]]
+        if "enum" in schema:
+            allowed = {canonical(v) for v in _enum(schema)}
+            values = [v for v in values if canonical(v) in allowed]
+        return values
+    if "enum" in schema:
+        return _enum(schema)
+    return None
+
+
+def _enum(schema: dict) -> list:
+    values = schema["enum"]
+    if not isinstance(values, list) or not values:
+        raise ConstraintError("json_schema: enum must be a non-empty list")
+    return values
+
+
+def _patterns(schema: dict) -> list[str]:
+    p = schema.get("pattern")
+    return [] if p is None else list(p) if isinstance(p, list) else [p]
+
+
+def both(a: Any, b: Any) -> Any:
+    """Nested conjunction, left for the converter to resolve when it reaches it (either side may
+    still hold a ``$ref`` or an ``allOf``)."""
+    if a is False or b is False:
+        return False
+    if a is None or a is True or a == {}:
+        return b
+    if b is None or b is True or b == {}:
+        return a
+    return {"allOf": [a, b]}
+
+
+def _merge_properties(a: dict, b: dict, out: dict) -> None:
+    """Names declared by one side must also satisfy the other side's ``additionalProperties``."""
+    pa, pb = a.get("properties") or {}, b.get("properties") or {}
+    if not pa and not pb:
+        return
+    required = set(out.get("required", []))
+    merged: dict[str, Any] = {}
+    for name in [*pa, *(n for n in pb if n not in pa)]:
+        sides = []
+        for mine, other, other_props in ((pa, b, pb), (pb, a, pa)):
+            if name in mine:
+                sides.append(mine[name])
+                if name not in other_props and "additionalProperties" in other:
+                    sides.append(other["additionalProperties"])
+        schema: Any = sides[0]
+        for s in sides[1:]:
+            schema = both(schema, s)
+        if schema is False:
+            if name in required:
+                raise Unsatisfiable(f"json_schema: required property {name!r} is not allowed by additionalProperties")
+            continue
+        merged[name] = schema
+    out["properties"] = merged
+
+
+def merge(a: Any, b: Any) -> dict:
+    """A schema whose values are exactly those satisfying both ``a`` and ``b`` (both already free
+    of ``$ref`` and ``allOf`` at the top; nested ones are left as ``allOf`` for the converter)."""
+    if a is True or a == {}:
+        return b if isinstance(b, dict) else {}
+    if b is True or b == {}:
+        return a if isinstance(a, dict) else {}
+    if a is False or b is False:
+        raise Unsatisfiable("json_schema: a false schema admits no value")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        raise ConstraintError("json_schema: a schema must be an object or a boolean")
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out:
+            out[key] = value
+        elif key not in ("properties", "const", "enum"):  # those three below
+            out[key] = _merge_keyword(key, out[key], value, a, b)
+    _merge_properties(a, b, out)
+    values_a, values_b = values_of(a), values_of(b)
+    if values_a is not None and values_b is not None:
+        allowed = {canonical(v) for v in values_b}
+        kept = [v for v in values_a if canonical(v) in allowed]
+        if not kept:
+            raise Unsatisfiable("json_schema: enum/const values have nothing in common")
+        out.pop("const", None)
+        out["enum"] = kept
+    if out.get("type", "") is None:
+        del out["type"]
+    return out
+
+
+def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
+    """The conjunction of one keyword's two values (``a`` and ``b``: the schemas they come from)."""
+    if key == "type":
+        return sorted(_meet_types(types_of(a), types_of(b)) or []) or None
+    if key == "required":
+        return list(dict.fromkeys([*mine, *value]))
+    if key in _LOWER and not isinstance(mine, bool) and not isinstance(value, bool):
+        return max(mine, value)
+    if key in _UPPER and not isinstance(mine, bool) and not isinstance(value, bool):
+        return min(mine, value)
+    if key == "pattern":
+        return list(dict.fromkeys([*_patterns(a), *_patterns(b)]))
+    if key in ("items", "additionalItems", "additionalProperties"):
+        return both(mine, value) if key == "additionalProperties" or isinstance(mine, dict) else _same(key, mine, value)
+    if key == "anyOf":
+        # (A1 | A2) & (B1 | B2): every pair, as an anyOf of the two lists' conjunctions
+        return [{"allOf": [x, y]} for x in mine for y in value]
+    if key == "oneOf":
+        raise ConstraintError("json_schema: oneOf on both sides of allOf is not supported")
+    return _same(key, mine, value)
+
+
+def _same(key: str, a: Any, b: Any) -> Any:
+    if canonical(a) != canonical(b):
+        raise ConstraintError(f"json_schema: allOf with two different values of {key!r} is not supported")
+    return a

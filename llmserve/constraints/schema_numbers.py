@@ -1,0 +1,121 @@
+"""JSON numbers with JSON Schema's bounds (``minimum``/``maximum``, ``exclusiveMinimum``/``exclusiveMaximum``).
+
+An integer range becomes a regular expression over its decimal digits (one branch per digit count,
+the classic split of a range into prefixes that share digits), so the automaton stays linear in
+the number of digits. Numbers at most 16 digits long, as the unbounded ``integer``.
+
+A bounded ``number`` is generated as an integer in the range (a subset of the numbers the schema
+accepts: every answer validates; fractions are not produced when bounds are given).
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.regex import parse
+
+MAX_DIGITS = 16
+_CAP = 10**MAX_DIGITS - 1
+INTEGER = r"-?(0|[1-9][0-9]{0,15})"
+NUMBER = r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?"
+
+
+def _same_length(lo: str, hi: str) -> str:
+    """Digit strings of one length between ``lo`` and ``hi`` (inclusive)."""
+    if lo == hi:
+        return lo
+    if lo[0] == hi[0]:
+        return lo[0] + "(" + _same_length(lo[1:], hi[1:]) + ")"
+    rest = len(lo) - 1
+    if rest == 0:
+        return f"[{lo[0]}-{hi[0]}]"
+    branches = []
+    if lo[1:] == "0" * rest:
+        low_first = int(lo[0])
+    else:
+        branches.append(lo[0] + "(" + _same_length(lo[1:], "9" * rest) + ")")
+        low_first = int(lo[0]) + 1
+    if hi[1:] == "9" * rest:
+        high_first = int(hi[0])
+        tail = None
+    else:
+        high_first = int(hi[0]) - 1
+        tail = hi[0] + "(" + _same_length("0" * rest, hi[1:]) + ")"
+    if low_first <= high_first:
+        branches.append(f"[{low_first}-{high_first}][0-9]{{{rest}}}")
+    if tail is not None:
+        branches.append(tail)
+    return "(" + "|".join(branches) + ")"
+
+
+def natural_range(a: int, b: int) -> str:
+    """A regex of the decimal numerals (no leading zeros) of a <= n <= b, 0 <= a <= b."""
+    parts = []
+    for length in range(len(str(a)), len(str(b)) + 1):
+        lo = max(a, 10 ** (length - 1) if length > 1 else 0)
+        hi = min(b, 10**length - 1)
+        if lo <= hi:
+            parts.append(_same_length(str(lo), str(hi)))
+    return "(" + "|".join(parts) + ")"
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """A regex of the integers in [lo, hi] (None: unbounded on that side, within 16 digits)."""
+    lo = -_CAP if lo is None else max(lo, -_CAP)
+    hi = _CAP if hi is None else min(hi, _CAP)
+    if lo > hi:
+        raise ConstraintError(f"json_schema: no integer lies between the bounds {lo} and {hi}")
+    branches = []
+    if lo < 0:
+        branches.append("-" + natural_range(max(1, -hi), -lo))
+    if hi >= 0:
+        branches.append(natural_range(max(lo, 0), hi))
+    return "(" + "|".join(branches) + ")"
+
+
+def _bound(schema: dict, key: str):
+    value = schema.get(key)
+    if value is None or isinstance(value, bool):
+        return None
+    if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise ConstraintError(f"json_schema: {key} must be a number, got {value!r}")
+    return value
+
+
+def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """The integer range a schema's bounds leave (draft 4's boolean exclusive* included)."""
+    lo, hi = _bound(schema, "minimum"), _bound(schema, "maximum")
+    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    ilo = None if lo is None else math.ceil(lo)
+    ihi = None if hi is None else math.floor(hi)
+    if ex_lo is True and lo is not None and ilo == lo:  # draft 4: a flag on minimum
+        ilo = int(lo) + 1
+    if ex_hi is True and hi is not None and ihi == hi:
+        ihi = int(hi) - 1
+    x_lo, x_hi = _bound(schema, "exclusiveMinimum"), _bound(schema, "exclusiveMaximum")
+    if x_lo is not None:
+        candidate = math.floor(x_lo) + 1
+        ilo = candidate if ilo is None else max(ilo, candidate)
+    if x_hi is not None:
+        candidate = math.ceil(x_hi) - 1
+        ihi = candidate if ihi is None else min(ihi, candidate)
+    return ilo, ihi
+
+
+BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def number_ast(schema: dict, integer: bool):
+    """``integer`` or ``number`` with its bounds; ``multipleOf`` only where it says "integer"."""
+    multiple = schema.get("multipleOf")
+    if multiple is not None:
+        if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or multiple <= 0:
+            raise ConstraintError(f"json_schema: multipleOf must be a positive number, got {multiple!r}")
+        if multiple != 1:
+            raise ConstraintError(f"json_schema: multipleOf {multiple} is not supported (only 1)")
+        integer = True
+    if not any(k in schema for k in BOUND_KEYS):
+        return parse(INTEGER if integer else NUMBER)
+    lo, hi = integer_bounds(schema)
+    return parse(integer_range(lo, hi))

@@ -1,0 +1,175 @@
+"""JSON strings with JSON Schema's string keywords: ``pattern``, ``format``, ``minLength``/``maxLength``.
+
+Every keyword speaks about the *decoded* value, while the automaton reads the JSON text. So each
+condition is first written over decoded characters, then mapped character by character to the
+JSON encodings of those characters (``encode``): ``"`` only as ``\\"``, ``\\`` only as ``\\\\``,
+control characters only escaped. A pattern can therefore never let a raw quote or a lone backslash
+into the JSON text. Only one spelling per character is generated (the raw character where JSON
+allows it, else its short escape or ``\\u00XX``), a subset of the encodings JSON allows, and the
+lengths count decoded characters exactly (``\\uXXXX`` surrogate pairs are never generated, so one
+escape is always one character).
+
+``pattern`` is a search, as JSON Schema defines it (ECMA-262 ``RegExp.test``): it may match
+anywhere in the value unless anchored with ``^``/``$``. Anchors are supported at the start and end
+of the pattern (of each top-level alternative); anywhere else they are refused.
+
+When more than one condition applies (pattern and length bounds, pattern and format, two patterns
+from ``allOf``), each is compiled to a byte automaton and the value's automaton is their
+intersection (``dfa_ops.intersect``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from llmserve.constraints.dfa_ops import intersect
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.regex import MAX_CODEPOINT, SURROGATES, compile_ast, literal, parse
+
+QUOTE = ("set", [(0x22, 0x22)])
+# characters JSON lets stand for themselves inside a string
+_RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, SURROGATES[0] - 1), (SURROGATES[1] + 1, MAX_CODEPOINT)]
+_SHORT = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+# any character, decoded: what an unconstrained string holds and what a search may skip over
+ANY_CHAR = ("set", [(0, SURROGATES[0] - 1), (SURROGATES[1] + 1, MAX_CODEPOINT)])
+
+# days that exist in every year (29 February left out: leap years are not regular enough to bother)
+_DATE = (
+    r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+)
+FORMATS = {
+    "date": _DATE,
+    "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+    "date-time": _DATE + r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+    "email": r"[a-zA-Z0-9_+-]{1,32}(\.[a-zA-Z0-9_+-]{1,32}){0,3}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
+    r"(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,12}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+    # the full form only (eight groups): every generated value is a valid address, not every address
+    "ipv6": r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}",
+    "hostname": r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}",
+    # scheme ":" then characters RFC 3986 allows unescaped (or percent-escaped), no spaces or quotes
+    "uri": r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[a-zA-Z0-9\-._~:/?#\[\]@!$&'()*+,;=]{1,200}",
+}
+
+
+def _escape_node(cp: int):
+    if cp in _SHORT:
+        return literal(_SHORT[cp])
+    return literal(f"\\u{cp:04x}")
+
+
+def _encode_set(ranges: list[tuple[int, int]]):
+    """The JSON encodings of the characters in ``ranges``."""
+    raw = []
+    for lo, hi in ranges:
+        for rlo, rhi in _RAW:
+            a, b = max(lo, rlo), min(hi, rhi)
+            if a <= b:
+                raw.append((a, b))
+    escaped = [_escape_node(cp) for cp in (*range(0x20), 0x22, 0x5C) if any(lo <= cp <= hi for lo, hi in ranges)]
+    branches = ([("set", raw)] if raw else []) + escaped
+    if not branches:
+        return ("set", [])
+    return branches[0] if len(branches) == 1 else ("alt", branches)
+
+
+def encode(node):
+    """An AST over decoded characters -> the AST of their JSON-string encodings (no quotes)."""
+    kind = node[0]
+    if kind == "set":
+        return _encode_set(node[1])
+    if kind in ("cat", "alt"):
+        return (kind, [encode(c) for c in node[1]])
+    if kind == "rep":
+        return ("rep", encode(node[1]), node[2], node[3])
+    raise AssertionError(kind)
+
+
+_ANY = ("rep", ANY_CHAR, 0, None)
+
+
+def _with_left(node):
+    """``node`` as a search from the left: anything may come first unless it starts with ``^``."""
+    kind = node[0]
+    if kind == "anchor" and node[1] == "^":
+        return ("cat", [])
+    if kind == "alt":
+        return ("alt", [_with_left(b) for b in node[1]])
+    if kind == "cat" and node[1]:
+        first = node[1][0]
+        if first[0] == "anchor" and first[1] == "^":
+            return ("cat", node[1][1:])
+        if first[0] in ("cat", "alt"):
+            return ("cat", [_with_left(first), *node[1][1:]])
+    return ("cat", [_ANY, node])
+
+
+def _with_right(node):
+    kind = node[0]
+    if kind == "anchor" and node[1] == "$":
+        return ("cat", [])
+    if kind == "alt":
+        return ("alt", [_with_right(b) for b in node[1]])
+    if kind == "cat" and node[1]:
+        last = node[1][-1]
+        if last[0] == "anchor" and last[1] == "$":
+            return ("cat", node[1][:-1])
+        if last[0] in ("cat", "alt"):
+            return ("cat", [*node[1][:-1], _with_right(last)])
+    return ("cat", [node, _ANY])
+
+
+def _has_anchor(node) -> bool:
+    kind = node[0]
+    if kind == "anchor":
+        return True
+    if kind in ("cat", "alt"):
+        return any(_has_anchor(c) for c in node[1])
+    if kind == "rep":
+        return _has_anchor(node[1])
+    return False
+
+
+def pattern_ast(pattern: str):
+    """The decoded values ``pattern`` finds a match in (JSON Schema: a search unless anchored)."""
+    if not isinstance(pattern, str):
+        raise ConstraintError(f"json_schema: pattern must be a string, got {pattern!r}")
+    node = _with_right(_with_left(parse(pattern, schema=True)))
+    if _has_anchor(node):
+        raise ConstraintError(
+            f"json_schema: pattern {pattern!r}: '^' and '$' are supported only at the start and end of the pattern"
+        )
+    return node
+
+
+def format_ast(fmt: str):
+    if fmt not in FORMATS:
+        raise ConstraintError(f"json_schema: unsupported string format {fmt!r} (supported: {sorted(FORMATS)})")
+    return parse(FORMATS[fmt])
+
+
+def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None):
+    """A JSON string (quotes included) whose decoded value matches every pattern (as a search), the
+    format if any, and has ``lo`` to ``hi`` characters (``hi`` None: unbounded)."""
+    if lo < 0 or (hi is not None and hi < lo):
+        raise ConstraintError(f"json_schema: bad minLength/maxLength ({lo}, {hi})")
+    conditions = [pattern_ast(p) for p in patterns]
+    if fmt is not None:
+        conditions.append(format_ast(fmt))
+    if lo > 0 or hi is not None or not conditions:
+        conditions.append(("rep", ANY_CHAR, lo, hi))
+    bodies = [encode(c) for c in conditions]
+    if len(bodies) == 1:
+        return ("cat", [QUOTE, bodies[0], QUOTE])
+    started = time.monotonic()
+    try:
+        dfa = intersect([compile_ast(b, started=started) for b in bodies])
+    except ConstraintError as exc:
+        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            raise ConstraintError(
+                f"json_schema: no string satisfies pattern {patterns}, format {fmt!r} and length {lo}..{hi} together"
+            ) from None
+        raise
+    return ("cat", [QUOTE, ("dfa", dfa), QUOTE])

@@ -1,0 +1,313 @@
+"""JSON Schema semantics of the constraint engine, checked against the ``jsonschema`` package: every
+answer the automaton accepts (sampled by random walks) validates, and the cases of issue #17 that
+used to be wrong are refused or accepted as JSON Schema says. No vocabulary, no engine."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import jsonschema
+import numpy as np
+import pytest
+
+from llmserve.constraints import ConstraintError
+from llmserve.constraints.budget import UNREACHABLE, distances
+from llmserve.constraints.spec import ConstraintSpec
+
+
+def dfa_of(schema):
+    return ConstraintSpec("json_schema", schema).to_dfa()
+
+
+def walk(dfa, rng: random.Random, budget: int) -> bytes:
+    """A random accepted string of at most ``budget`` bytes: random live bytes while the distance
+    to an accepting state leaves room, then only bytes that keep it (the steered walk)."""
+    dist = distances(dfa.table, dfa.accept)
+    state, out = dfa.start, bytearray()
+    assert dist[state] <= budget
+    while True:
+        left = budget - len(out)
+        row = dfa.table[state]
+        ok = [b for b in range(256) if row[b] >= 0 and dist[row[b]] <= left - 1]
+        if dfa.accept[state] and (not ok or rng.random() < 0.15):
+            return bytes(out)
+        assert ok, "the steered walk can always continue"
+        b = rng.choice(ok)
+        out.append(b)
+        state = int(row[b])
+
+
+def assert_samples_valid(schema, n=60, budget=120, seed=0):
+    dfa = dfa_of(schema)
+    rng = random.Random(seed)
+    for _ in range(n):
+        text = walk(dfa, rng, budget).decode("utf-8")
+        jsonschema.validate(json.loads(text), schema)
+
+
+def accepts(schema, text: str) -> bool:
+    return dfa_of(schema).matches(text.encode())
+
+
+# ------------------------------------------------------------------ strings
+
+
+PATTERN_5 = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "pattern": "^.{1,5}$"}},
+    "required": ["s"],
+}
+
+
+@pytest.mark.parametrize("text", ['{"s":"a"b"}', '{"s":"a\\"}', '{"s":"\\"}', '{"s":"a\nb"}'])
+def test_a_pattern_never_lets_a_raw_quote_backslash_or_control_character_into_the_json(text):
+    assert not accepts(PATTERN_5, text)
+
+
+def test_a_pattern_applies_to_the_decoded_value():
+    assert accepts(PATTERN_5, '{"s":"a\\"b"}')  # decoded: a"b, 3 characters
+    assert accepts(PATTERN_5, '{"s":"\\\\"}')  # decoded: one backslash
+    assert not accepts(PATTERN_5, '{"s":"abcdef"}')
+    assert_samples_valid(PATTERN_5)
+
+
+def test_an_unanchored_pattern_is_a_search_and_anchors_hold():
+    assert accepts({"type": "string", "pattern": "abc"}, '"xabcx"')
+    assert accepts({"type": "string", "pattern": "^abc"}, '"abcx"')
+    assert not accepts({"type": "string", "pattern": "^abc"}, '"xabc"')
+    assert accepts({"type": "string", "pattern": "abc$"}, '"xabc"')
+    assert not accepts({"type": "string", "pattern": "abc$"}, '"abcx"')
+    assert accepts({"type": "string", "pattern": "^a$|^b"}, '"bzz"')
+    assert not accepts({"type": "string", "pattern": "^a$|^b"}, '"az"')
+    assert_samples_valid({"type": "string", "pattern": "[0-9]{3}", "maxLength": 8})
+
+
+def test_an_anchor_inside_a_pattern_is_refused_not_misread():
+    with pytest.raises(ConstraintError, match="'\\^' and '\\$'"):
+        dfa_of({"type": "string", "pattern": "a^b"})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+        {"type": "string", "pattern": "x", "minLength": 4, "maxLength": 6},
+        {"type": "string", "format": "uuid", "pattern": "^0"},
+        {"type": "string", "pattern": ["^a", "b$"]},
+    ],
+)
+def test_length_bounds_and_patterns_hold_together(schema):
+    assert_samples_valid(schema if not isinstance(schema.get("pattern"), list) else _two_patterns())
+
+
+def _two_patterns():
+    return {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}], "maxLength": 6}
+
+
+def test_length_and_pattern_count_decoded_characters():
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}
+    assert accepts(schema, '"abcde"')
+    assert not accepts(schema, '"abcdef"')
+    assert accepts({"type": "string", "maxLength": 1}, '"\\n"')
+    assert accepts({"type": "string", "minLength": 2, "maxLength": 2}, '"é\\""')
+
+
+def test_no_string_satisfying_all_conditions_is_an_error():
+    with pytest.raises(ConstraintError, match="no string satisfies"):
+        dfa_of({"type": "string", "pattern": "^abc$", "maxLength": 2})
+
+
+@pytest.mark.parametrize("fmt", ["date", "time", "date-time", "email", "uuid", "ipv4", "ipv6", "hostname", "uri"])
+def test_formats_generate_values_the_format_checker_accepts(fmt):
+    schema = {"type": "string", "format": fmt}
+    dfa = dfa_of(schema)
+    rng = random.Random(1)
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for _ in range(30):
+        value = json.loads(walk(dfa, rng, 120))
+        if fmt in checker.checkers:  # some checkers need optional packages
+            checker.check(value, fmt)
+        jsonschema.validate(value, schema)
+
+
+# ------------------------------------------------------------------ numbers
+
+
+def test_integer_bounds_accept_exactly_the_range():
+    dfa = dfa_of({"type": "integer", "minimum": -15, "exclusiveMaximum": 231})
+    for i in range(-400, 400):
+        assert dfa.matches(str(i).encode()) == (-15 <= i <= 230), i
+
+
+def test_number_bounds_and_multiple_of_one():
+    assert_samples_valid({"type": "number", "minimum": 0.5, "maximum": 99.5})
+    assert_samples_valid({"type": "number", "exclusiveMinimum": 0, "multipleOf": 1})
+    with pytest.raises(ConstraintError, match="multipleOf"):
+        dfa_of({"type": "integer", "multipleOf": 3})
+
+
+# ------------------------------------------------------------------ combinators
+
+
+def test_anyof_branches_keep_the_parents_keywords():
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "x": {"type": "string", "maxLength": 2}},
+        "required": ["id"],
+        "anyOf": [
+            {"properties": {"x": {"type": "string", "minLength": 1}}, "required": ["x"]},
+            {"properties": {"y": {"type": "null"}}, "required": ["y"]},
+        ],
+    }
+    assert not accepts(schema, '{"x":"a"}')  # the parent's required id
+    assert not accepts(schema, '{"id":1,"x":"abc"}')  # the parent's maxLength
+    assert accepts(schema, '{"id":1,"x":"ab"}')
+    assert accepts(schema, '{"id":1,"y":null}')
+    assert_samples_valid(schema)
+
+
+def test_allof_merges_every_branch():
+    schema = {
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]},
+            {"properties": {"a": {"maximum": 9}, "b": {"type": "boolean"}}, "required": ["b"]},
+        ]
+    }
+    assert accepts(schema, '{"a":5,"b":true}')
+    assert not accepts(schema, '{"a":10,"b":true}')
+    assert not accepts(schema, '{"a":5}')
+    assert_samples_valid(schema)
+
+
+def test_allof_respects_a_branchs_additional_properties_false():
+    schema = {
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+            {"properties": {"b": {"type": "integer"}}},
+        ]
+    }
+    assert not accepts(schema, '{"a":1,"b":2}')
+    assert_samples_valid(schema)
+
+
+def test_refs_with_siblings_and_nested_definitions():
+    schema = {
+        "$defs": {"pos": {"type": "integer", "minimum": 1}, "name": {"type": "string", "maxLength": 3}},
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/pos", "maximum": 3}, "s": {"$ref": "#/$defs/name"}},
+        "required": ["n", "s"],
+    }
+    assert accepts(schema, '{"n":3,"s":"abc"}')
+    assert not accepts(schema, '{"n":4,"s":"abc"}')
+    assert_samples_valid(schema)
+
+
+def test_oneof_with_exclusive_branches_is_served_and_overlapping_ones_refused():
+    exclusive = {
+        "oneOf": [
+            {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
+            {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind"]},
+            {"type": "null"},
+        ]
+    }
+    assert_samples_valid(exclusive)
+    with pytest.raises(ConstraintError, match="oneOf"):
+        dfa_of({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+
+
+def test_enum_values_are_checked_against_the_keywords_beside_them():
+    schema = {"type": "string", "enum": ["a", "bb", 3], "maxLength": 1}
+    assert accepts(schema, '"a"')
+    assert not accepts(schema, '"bb"')
+    assert not accepts(schema, "3")
+
+
+def test_nullable_and_type_lists_take_each_types_own_keywords():
+    schema = {"type": ["string", "integer"], "maxLength": 2, "minimum": 5, "nullable": True}
+    assert accepts(schema, '"ab"') and accepts(schema, "7") and accepts(schema, "null")
+    assert not accepts(schema, "4") and not accepts(schema, '"abc"')
+    assert_samples_valid({k: v for k, v in schema.items() if k != "nullable"})
+
+
+# ------------------------------------------------------------------ objects and arrays
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object"},
+        {"type": "object", "additionalProperties": {"type": "integer"}},
+        {"type": "object", "additionalProperties": False},
+        {"type": "object", "required": ["k"], "additionalProperties": {"type": "string"}},
+        {"type": "object", "patternProperties": {"^x-": {"type": "boolean"}}},
+        {"type": "object", "properties": {"x-a": {"type": "integer"}}, "patternProperties": {"^x-": {"minimum": 3}}},
+        {"type": "array"},
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False},
+        {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "null"}, "minItems": 2},
+        {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 3},
+        {},
+    ],
+)
+def test_free_form_and_open_shapes_generate_valid_values(schema):
+    assert_samples_valid(schema, n=40)
+
+
+def test_annotations_are_ignored():
+    schema = {
+        "id": "http://example.com/s",
+        "$id": "x",
+        "x-internal": {"anything": 1},
+        "markdownDescription": "**m**",
+        "type": "object",
+        "properties": {"a": {"type": "integer", "title": "A", "examples": [1], "deprecated": True}},
+    }
+    assert accepts(schema, '{"a":1}')
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "string", "not": {"const": "a"}}, "not"),
+        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),
+        ({"type": "string", "format": "iri-reference"}, "format"),
+    ],
+)
+def test_unsupported_keywords_are_refused_by_name(schema, keyword):
+    with pytest.raises(ConstraintError, match=keyword):
+        dfa_of(schema)
+
+
+def test_thirty_five_optional_properties_compile_in_well_under_a_second():
+    schema = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": ["string", "integer", "null"]} for i in range(35)},
+    }
+    started = time.monotonic()
+    dfa = dfa_of(schema)
+    assert time.monotonic() - started < 0.5
+    assert dfa.matches(b'{"p3":1,"p34":null}') and not dfa.matches(b'{"p34":null,"p3":1}')
+
+
+def test_distances_count_the_fewest_bytes_to_an_accepting_state():
+    dfa = dfa_of({"type": "object", "properties": {"ab": {"type": "string"}}, "required": ["ab"]})
+    dist = distances(dfa.table, dfa.accept)
+    assert dist[dfa.start] == len('{"ab":""}')
+    restricted = distances(dfa.table, dfa.accept, np.array([b != ord("}") for b in range(256)]))
+    assert restricted[dfa.start] == UNREACHABLE
+
+
+def test_an_intersection_builds_the_same_automaton_natively_and_in_the_python_reference():
+    spec = ConstraintSpec(
+        "json_schema",
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-c]+$", "maxLength": 4}}},
+    )
+    native, python = spec.to_dfa("native"), spec.to_dfa("python")
+    np.testing.assert_array_equal(native.table, python.table)
+    np.testing.assert_array_equal(native.accept, python.accept)
