@@ -13,6 +13,7 @@ from llmserve.cli import (
     deploy_cmd,
     inspect_cmd,
     lock_cmd,
+    metrics_cmd,
     package_cmd,
     rollback_cmd,
     schema_cmd,
@@ -59,6 +60,7 @@ serve_cmd.register(app)
 deploy_cmd.register(app)
 status_cmd.register(app)
 rollback_cmd.register(app)
+metrics_cmd.register(app)
 store_cmd.register(app)
 
 
