@@ -1,0 +1,117 @@
+"""push and pull through the real `llmserve` entry point against a real S3 API (moto's server)."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+from store_helpers import free_port
+from support.cli import run_cli, run_cli_json
+
+from llmserve.packaging import read_index
+from llmserve.store import pull, push
+
+
+def test_push_then_pull_round_trip(tmp_path, aws_env, s3, bucket, multipart_package):
+    store = f"s3://{bucket}/prod"
+    code, pushed, out = run_cli_json("push", multipart_package, store, "--part-size", "5MiB", env=aws_env)
+    assert code == 0, out
+    digest = read_index(multipart_package, verify=False).digest
+    size = multipart_package.stat().st_size
+    assert pushed["digest"] == digest and pushed["size"] == size
+    assert pushed["url"] == f"{store}/big-model:3" and not pushed["alreadyPresent"]
+    assert pushed["partsTotal"] == 5 and pushed["partsUploaded"] == 5 and pushed["bytesUploaded"] == size
+
+    # content-addressed layout: the archive under its digest, its parts record, one index per version
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {
+        f"prod/blobs/sha256/{digest}.llmpkg",
+        f"prod/blobs/sha256/{digest}.parts.json",
+        "prod/index/big-model/3.json",
+    }
+    head = s3.head_object(Bucket=bucket, Key=f"prod/blobs/sha256/{digest}.llmpkg", ChecksumMode="ENABLED")
+    assert head["ContentLength"] == size and head["ChecksumSHA256"]  # uploaded with SHA256 part checksums
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+    cache = tmp_path / "cache"
+    code, pulled, out = run_cli_json("pull", f"{store}/big-model:3", "--cache", cache, env=aws_env)
+    assert code == 0, out
+    assert pulled["digest"] == digest and pulled["downloaded"] is True and pulled["modelVersion"] == 3
+    path = cache / "blobs" / "sha256" / f"{digest}.llmpkg"
+    assert pulled["path"] == str(path)
+    assert path.read_bytes() == multipart_package.read_bytes()
+    assert not stat.S_IMODE(path.stat().st_mode) & 0o222  # cached archives are read-only
+    assert list((cache / "tmp").iterdir()) == []
+
+    # by digest, from the cache: nothing to download
+    code, again, out = run_cli_json("pull", f"{store}/sha256:{digest}", "--cache", cache, env=aws_env)
+    assert code == 0 and again["downloaded"] is False and again["path"] == str(path), out
+
+
+def test_second_push_transfers_nothing(aws_env, s3, bucket, small_packages):
+    store = f"s3://{bucket}"
+    code, first, out = run_cli_json("push", small_packages["a"], store, env=aws_env)
+    assert code == 0 and first["bytesUploaded"] == first["size"] and first["indexUpdated"], out
+    blob = f"blobs/sha256/{first['digest']}.llmpkg"
+    modified = s3.head_object(Bucket=bucket, Key=blob)["LastModified"]
+    code, second, out = run_cli_json("push", small_packages["a"], store, env=aws_env)
+    assert code == 0, out
+    assert second["alreadyPresent"] is True and second["bytesUploaded"] == 0 and second["partsUploaded"] == 0
+    assert second["indexUpdated"] is False
+    assert s3.head_object(Bucket=bucket, Key=blob)["LastModified"] == modified
+
+    r = run_cli("push", small_packages["a"], store, env=aws_env)
+    assert r.returncode == 0 and "already in the store, nothing transferred" in r.stdout
+
+
+def test_list_shows_every_version(aws_env, bucket, small_packages):
+    store = f"s3://{bucket}/team/models"
+    for name in ("a", "b"):
+        code, _, out = run_cli_json("push", small_packages[name], store, "--endpoint-url", aws_env["AWS_ENDPOINT_URL"])
+        assert code == 0, out
+    r = run_cli("pull", "--list", store, "-o", "json", env=aws_env)
+    assert r.returncode == 0, r.stderr
+    listed = json.loads(r.stdout)
+    assert [(v["modelId"], v["modelVersion"]) for v in listed] == [("model-a", 1), ("model-b", 1)]
+    assert all(len(v["digest"]) == 64 and v["backend"] == "vllm" for v in listed)
+    r = run_cli("pull", "--list", store, env=aws_env)
+    assert r.returncode == 0 and "model-a" in r.stdout and "model-b" in r.stdout
+
+
+def test_endpoint_flag_without_env(tmp_path, aws_env, bucket, small_packages):
+    env = {**aws_env, "AWS_ENDPOINT_URL": ""}
+    endpoint = aws_env["AWS_ENDPOINT_URL"]
+    code, pushed, out = run_cli_json("push", small_packages["b"], f"s3://{bucket}", "--endpoint-url", endpoint, env=env)
+    assert code == 0, out
+    code, pulled, out = run_cli_json(
+        "pull", f"s3://{bucket}/model-b:1", "--cache", tmp_path, "--endpoint-url", endpoint, env=env
+    )
+    assert code == 0 and pulled["digest"] == pushed["digest"], out
+
+
+def test_a_new_build_of_a_version_replaces_its_index(tmp_path, aws_env, s3, bucket, small_packages):
+    from store_helpers import make_package
+
+    store = f"s3://{bucket}"
+    first = push(small_packages["a"], store).to_dict()
+    rebuilt = make_package(tmp_path / "rebuilt", "model-a", 1, 1 << 20, seed=99)
+    code, second, out = run_cli_json("push", rebuilt, store, env=aws_env)
+    assert code == 0 and second["replacedDigest"] == first["digest"], out
+    index = json.loads(s3.get_object(Bucket=bucket, Key="index/model-a/1.json")["Body"].read())
+    assert index["digest"] == second["digest"] and index["previous"] == [first["digest"]]
+    # both blobs stay: a digest reference to the first build still resolves
+    code, pulled, out = run_cli_json(
+        "pull", f"{store}/sha256:{first['digest']}", "--cache", tmp_path / "c", env=aws_env
+    )
+    assert code == 0 and pulled["digest"] == first["digest"], out
+
+
+def test_offline_pull_needs_no_store(tmp_path, aws_env, bucket, small_packages):
+    pushed = push(small_packages["c"], f"s3://{bucket}").to_dict()
+    ref = f"s3://{bucket}/model-c:1"
+    pull(ref, tmp_path)
+    dead = {**aws_env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    code, pulled, out = run_cli_json("pull", ref, "--cache", tmp_path, "--offline", env=dead)
+    assert code == 0 and pulled["digest"] == pushed["digest"] and pulled["downloaded"] is False, out
+    code, err, out = run_cli_json("pull", f"s3://{bucket}/model-a:1", "--cache", tmp_path, "--offline", env=dead)
+    assert code == 5 and err["error"] == "store-model-not-found" and "llmserve pull" in err["hint"], out
