@@ -330,6 +330,54 @@ PYBIND11_MODULE(_core, m) {
              for (int64_t t : tokens) s = g.g->step(s, t);
              return s;
            })
+      .def(
+          "budget_row",
+          [](const PyGrammar& g, int64_t state, py::array dist, int32_t k, py::array out) {
+            check_state(*g.g, state);
+            const Grammar& gr = *g.g;
+            const int32_t* d = buffer_of<int32_t>(dist, 1, "dist", false);
+            uint32_t* o = buffer_of<uint32_t>(out, 1, "out", true);
+            if (dist.shape(0) != gr.S || out.shape(0) != gr.vocab->words())
+              throw std::invalid_argument("budget_row: dist must be [S], out [W]");
+            std::vector<int32_t> stack(gr.vocab->max_len() + 2);
+            {
+              py::gil_scoped_release nogil;
+              gr.vocab->state_mask_within(gr.table, static_cast<int32_t>(state), d, k, o, stack.data());
+            }
+            if (gr.accept[state])
+              for (int32_t e : gr.vocab->eos()) o[e >> 5] |= 1u << (e & 31);
+          },
+          py::arg("state"), py::arg("dist"), py::arg("k"), py::arg("out"),
+          "out[W] = the tokens allowed in `state` whose end state q has dist[q] <= k, and end of sequence "
+          "when `state` accepts.")
+      .def(
+          "token_distances",
+          [](const PyGrammar& g, py::array dist, py::array order) {
+            const Grammar& gr = *g.g;
+            int32_t* d = buffer_of<int32_t>(dist, 1, "dist", true);
+            const int32_t* ord = buffer_of<int32_t>(order, 1, "order", false);
+            if (dist.shape(0) != gr.S || order.shape(0) != gr.S)
+              throw std::invalid_argument("token_distances: dist and order must be [S]");
+            std::vector<int32_t> stack(gr.vocab->max_len() + 2);
+            int64_t rounds = 0;
+            py::gil_scoped_release nogil;
+            for (bool changed = true; changed; ++rounds) {
+              changed = false;
+              for (int64_t i = 0; i < gr.S; ++i) {
+                const int32_t s = ord[i];
+                if (gr.accept[s]) continue;
+                const int32_t m = gr.vocab->min_successor(gr.table, s, d, stack.data());
+                if (m != INT32_MAX && m + 1 < d[s]) {
+                  d[s] = m + 1;
+                  changed = true;
+                }
+              }
+            }
+            return rounds;
+          },
+          py::arg("dist"), py::arg("order"),
+          "Lower dist[S] in place to the fewest tokens to an accepting state (dist: an upper bound, e.g. "
+          "single-byte steps; order: the states in increasing dist, which makes few rounds). Returns the rounds.")
       .def_property_readonly("num_states", [](const PyGrammar& g) { return g.g->S; })
       .def_property_readonly("start", [](const PyGrammar& g) { return g.g->start; });
 

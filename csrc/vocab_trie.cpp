@@ -1,6 +1,7 @@
 #include "vocab_trie.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace llmserve {
@@ -86,6 +87,44 @@ void Vocab::state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* 
     for (int32_t k = off[i]; k < off[i + 1]; ++k) out[tok[k] >> 5] |= 1u << (tok[k] & 31);
     ++i;
   }
+}
+
+void Vocab::state_mask_within(const int32_t* table, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
+                              int32_t* stack) const {
+  std::memset(out, 0, words_ * sizeof(uint32_t));
+  stack[0] = s;
+  const int32_t n = static_cast<int32_t>(trie_byte_.size());
+  for (int32_t i = 0; i < n;) {
+    const int32_t d = trie_depth_[i];
+    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + trie_byte_[i]];
+    if (cur < 0) {
+      i = trie_end_[i];
+      continue;
+    }
+    stack[d] = cur;
+    if (dist[cur] <= k)
+      for (int32_t j = trie_tok_off_[i]; j < trie_tok_off_[i + 1]; ++j)
+        out[trie_tok_[j] >> 5] |= 1u << (trie_tok_[j] & 31);
+    ++i;
+  }
+}
+
+int32_t Vocab::min_successor(const int32_t* table, int32_t s, const int32_t* dist, int32_t* stack) const {
+  int32_t best = INT32_MAX;
+  stack[0] = s;
+  const int32_t n = static_cast<int32_t>(trie_byte_.size());
+  for (int32_t i = 0; i < n;) {
+    const int32_t d = trie_depth_[i];
+    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + trie_byte_[i]];
+    if (cur < 0) {
+      i = trie_end_[i];
+      continue;
+    }
+    stack[d] = cur;
+    if (trie_tok_off_[i + 1] > trie_tok_off_[i] && dist[cur] < best) best = dist[cur];
+    ++i;
+  }
+  return best;
 }
 
 }  // namespace llmserve

@@ -26,6 +26,12 @@ class Vocab {
   // a whole subtree as soon as its prefix dies, so a state that allows few bytes costs little.
   // `stack` must hold max_len() + 1 entries.
   void state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const;
+  // The same walk, keeping only the tokens that end in a state q with dist[q] <= k: the tokens that
+  // still let the answer end within k more tokens (dist: fewest tokens to an accepting state).
+  void state_mask_within(const int32_t* table, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
+                         int32_t* stack) const;
+  // min over the tokens that walk from s of dist[end state] (INT32_MAX when none).
+  int32_t min_successor(const int32_t* table, int32_t s, const int32_t* dist, int32_t* stack) const;
 
  private:
   // order: the ids of tokens with bytes, sorted by their bytes; lcp: prefix shared with the previous

@@ -73,6 +73,11 @@ class Grammar:
         state outside [-1, S)."""
     def walk(self, state: int, tokens: Sequence[int], /) -> int:
         """``step`` over ``tokens`` from ``state``."""
+    def budget_row(self, state: int, dist: NDArray[np.int32], k: int, out: NDArray[np.uint32]) -> None:
+        """``out`` [W] = the tokens allowed in ``state`` that end in a state q with ``dist[q] <= k``,
+        and end of sequence when ``state`` accepts."""
+    def token_distances(self, dist: NDArray[np.int32], order: NDArray[np.int32]) -> int:
+        """Lower ``dist`` [S] in place to the fewest tokens to an accepting state; returns the rounds."""
     @property
     def num_states(self) -> int:
         """S."""

@@ -59,13 +59,16 @@ def distances(table: NDArray[np.int32], accept: NDArray[np.uint8], bytes_usable:
     return dist
 
 
-def usable_bytes(vocab) -> NDArray[np.bool_]:
-    """bool [256]: the bytes some token of ``vocab`` is exactly (a one-byte token)."""
-    out = np.zeros(256, dtype=bool)
-    for data in vocab.tokens:
-        if data is not None and len(data) == 1:
-            out[data[0]] = True
-    return out
+def token_distances(table, accept, vocab, grammar=None) -> NDArray[np.int32]:
+    """int32 [S]: fewest tokens to an accepting state. Single-byte steps over the vocabulary's
+    one-byte tokens give an achievable upper bound; the native core (``grammar``: the constraint's
+    ``_core.Grammar``) then lowers it to the exact figure over whole tokens (Bellman-Ford over token
+    steps, states in increasing distance)."""
+    dist = distances(table, accept, vocab.single_bytes)
+    if grammar is not None:
+        order = np.argsort(dist, kind="stable").astype(np.int32)
+        grammar.token_distances(dist, order)
+    return dist
 
 
 def check_fits(shortest: int, max_tokens: int | None) -> None:

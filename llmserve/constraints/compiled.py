@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from llmserve.constraints import reference
+from llmserve.constraints.budget import UNREACHABLE, token_distances
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.regex import ByteDFA
@@ -64,6 +65,7 @@ class CompiledConstraint:
         self._ready = ready
         self._native: core.Grammar | None = None
         self._finished: Completion | None = None  # set by the background finisher
+        self._distances: NDArray[np.int32] | None = None
 
     @classmethod
     def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> CompiledConstraint:
@@ -90,6 +92,21 @@ class CompiledConstraint:
                 native_vocab(self.vocab), self.table, self.accept, self._masks, self.start, self._ready
             )
         return self._native
+
+    @property
+    def distances(self) -> NDArray[np.int32]:
+        """Per state, the fewest tokens to an accepting state (``budget.py``), computed on first use."""
+        if self._distances is None:
+            grammar = None if self._native is None and not _native_available() else self.native
+            self._distances = token_distances(self.table, self.accept, self.vocab, grammar)
+        return self._distances
+
+    @property
+    def max_distance(self) -> int:
+        """The largest finite distance: a row with more tokens left than this needs no steering."""
+        d = self.distances
+        finite = d[d != UNREACHABLE]
+        return int(finite.max()) if finite.size else 0
 
     @property
     def masks(self) -> NDArray[np.uint32]:
@@ -140,6 +157,10 @@ class CompiledConstraint:
 
     def is_accepting(self, state: int) -> bool:
         return state >= 0 and bool(self.accept[state])
+
+
+def _native_available() -> bool:
+    return core is not None
 
 
 def compile_dfa(dfa: ByteDFA, vocab: Vocab, *, backend: str = "native", key: str = "") -> CompiledConstraint:

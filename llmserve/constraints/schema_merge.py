@@ -25,6 +25,9 @@ _UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum
 class Unsatisfiable(ConstraintError):
     """No JSON value satisfies the combined schema."""
 
+    code = "unsatisfiable-schema"
+    default_hint = "Check the schema: its keywords (or allOf/anyOf branches) contradict each other."
+
 
 def types_of(schema: dict) -> set[str] | None:
     """The schema's ``type`` as a set (None: any type)."""

@@ -25,6 +25,18 @@ For example::
 An invalid constraint raises ``ConstraintError`` (a ``ValueError``) from ``validate_params``: vLLM
 answers HTTP 400. Requests without these keys are not touched.
 
+Answers that complete within ``max_tokens``
+------------------------------------------
+Each compiled constraint knows, per automaton state, the fewest tokens to an accepting state
+(``budget.py``). While a row has more tokens left than its constraint's largest such distance
+nothing changes; past that, only the tokens after which the answer can still end in time (end of
+sequence included) are allowed, so the model is steered to close strings, arrays and objects and to
+stop adding optional members: the answer ends with ``finish_reason: "stop"``. A request whose
+shortest answer cannot fit at all is refused in ``validate_params`` (HTTP 400) wherever the
+vocabulary is known in that process (an in-process engine, or ``register_vocab``); elsewhere the
+engine still steers as far as the budget allows. ``extra_args["constraint_budget"] = false`` turns
+the steering off for one request.
+
 How state survives batch changes
 --------------------------------
 Each row holds a reference to the engine's running output-token list (handed over in
@@ -50,6 +62,7 @@ from numpy.typing import NDArray
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from llmserve.constraints import reference
+from llmserve.constraints.budget import check_fits
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.compiler import compile_constraint, dfa_for
 from llmserve.constraints.errors import ConstraintError
@@ -76,6 +89,37 @@ PROCESSOR_PATH = "llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"
 V2_MODEL_RUNNER_SUPPORTED = False
 REQUIRED_ENGINE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 FLAT_KEYS = {"constraint_regex": "regex", "constraint_choice": "choice", "constraint_json_schema": "json_schema"}
+BUDGET_KEY = "constraint_budget"  # false: no steering towards an answer that ends within max_tokens
+_VALIDATION_VOCAB: list[Vocab] = []  # set by register_vocab
+
+
+def register_vocab(vocab: Vocab) -> None:
+    """The model's vocabulary for ``validate_params`` in a process without an in-process engine (a
+    frontend): with it a request whose shortest answer cannot fit in ``max_tokens`` is a 400 there."""
+    _VALIDATION_VOCAB[:] = [vocab]
+
+
+def budget_enabled(extra_args: dict | None) -> bool:
+    value = (extra_args or {}).get(BUDGET_KEY, True)
+    return value not in (False, "false", "False", 0, "0")
+
+
+def _validation_vocab() -> Vocab | None:
+    for ref in ConstraintLogitsProcessor.instances:
+        proc = ref()
+        if proc is not None:
+            return proc.vocab
+    return _VALIDATION_VOCAB[0] if _VALIDATION_VOCAB else None
+
+
+def check_budget(obj, max_tokens: int | None) -> None:
+    """BudgetError (a 400) when even the shortest answer of ``obj`` needs more than ``max_tokens``
+    tokens; nothing when the vocabulary is not known in this process (see the module doc)."""
+    vocab = _validation_vocab()
+    if max_tokens is None or vocab is None or "machine" in obj:
+        return
+    compiled = compile_constraint(obj, vocab)
+    check_fits(int(compiled.distances[compiled.start]), max_tokens)
 
 
 def check_engine_env(environ=None) -> list[str]:
@@ -161,6 +205,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         obj = request_constraint(sampling_params.extra_args)
         if obj is not None:
             validate_constraint(obj)
+            if budget_enabled(sampling_params.extra_args):
+                check_budget(obj, sampling_params.max_tokens)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         if getattr(vllm_config, "use_v2_model_runner", False):
@@ -181,9 +227,22 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         # the compiled-constraint cache may evict a form while a request still uses it (memory.py)
         self.constrained: dict[int, CompiledConstraint] = {}
         self.python_rows: dict[int, PythonRow] = {}  # TokenStateMachine rows
+        # rows steered to end within their budget -> (most output tokens, the output-token list)
+        self.budgets: dict[int, tuple[int, list[int]]] = {}
+        self.max_model_len = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
+        self._budget_row = np.zeros(self.vocab.words, dtype=np.uint32)
         # counters, for tests and debugging: readded = an added request that already had output
         # tokens (a preempted request coming back); rebuilt = rows whose state was rebuilt from history
-        self.stats = {"added": 0, "readded": 0, "removed": 0, "moved": 0, "swapped": 0, "rebuilt": 0, "applied": 0}
+        self.stats = {
+            "added": 0,
+            "readded": 0,
+            "removed": 0,
+            "moved": 0,
+            "swapped": 0,
+            "rebuilt": 0,
+            "applied": 0,
+            "steered": 0,  # row-steps whose tokens were narrowed to end within max_tokens
+        }
         # the packed bitmask of the non-float32 path, allocated on first use (empty: none yet)
         self._bitmask_host = torch.empty((0, 0), dtype=torch.uint8)
         self._bitmask: NDArray[np.uint32] = self._bitmask_host.numpy().view(np.uint32)
@@ -208,6 +267,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self.batch.clear_row(i)
         self.constrained.pop(i, None)
         self.python_rows.pop(i, None)
+        self.budgets.pop(i, None)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
@@ -216,7 +276,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         st["removed"] += len(batch_update.removed)
         for i in batch_update.removed:
             self._clear(i)
-        for i, params, _prompt, output_tokens in batch_update.added:
+        for i, params, prompt, output_tokens in batch_update.added:
             self._clear(i)
             obj = request_constraint(params.extra_args if params is not None else None)
             if obj is None:
@@ -229,17 +289,30 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             else:
                 self.batch.set_row(i, compiled if self.backend == "python" else compiled.native, output_tokens)
                 self.constrained[i] = compiled
+                limit = self._token_limit(params, prompt)
+                if limit is not None and budget_enabled(params.extra_args):
+                    self.budgets[i] = (limit, output_tokens)
         for a, b, direction in batch_update.moved:
             if direction == MoveDirectionality.SWAP:
                 st["swapped"] += 1
                 self.batch.swap(a, b)
                 _swap_keys(self.constrained, a, b)
                 _swap_keys(self.python_rows, a, b)
+                _swap_keys(self.budgets, a, b)
             else:  # a -> b; whatever was at b (possibly a finished request) is overwritten
                 st["moved"] += 1
                 self.batch.move(a, b)
                 _move_key(self.constrained, a, b)
                 _move_key(self.python_rows, a, b)
+                _move_key(self.budgets, a, b)
+
+    def _token_limit(self, params, prompt) -> int | None:
+        """The most output tokens the request may have: max_tokens, and what the context leaves."""
+        limit = getattr(params, "max_tokens", None)
+        if self.max_model_len and prompt is not None:
+            room = self.max_model_len - len(prompt)
+            limit = room if limit is None else min(limit, room)
+        return limit
 
     # ------------------------------------------------------------------ masks
 
@@ -254,6 +327,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 self.batch.fill_apply(logits.detach().numpy())
             else:
                 self._apply_via_bitmask(logits, B)
+            if self.budgets:
+                self._steer(logits, B)
         for i, row in self.python_rows.items():
             if i >= B:
                 continue
@@ -264,6 +339,27 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             if logits.shape[1] > n:
                 logits[i, n:] = float("-inf")
         return logits
+
+    def _steer(self, logits: torch.Tensor, B: int) -> None:
+        """Rows close to their token limit: only the tokens after which the answer can still end
+        in time (budget.py has the invariant). A row far from its limit costs one comparison."""
+        for i, (limit, tokens) in self.budgets.items():
+            compiled = self.constrained.get(i)
+            if i >= B or compiled is None:
+                continue
+            left = limit - len(tokens)  # tokens still to come, this one included
+            if left - 2 >= compiled.max_distance:
+                continue
+            state, _ = self.batch.row(i)
+            if state is None or state < 0:
+                continue
+            row = self._budget_row
+            compiled.native.budget_row(state, compiled.distances, left - 2, row)
+            if not row.any():  # nothing fits any more (admitted without a vocabulary): leave the row be
+                continue
+            self.stats["steered"] += 1
+            allowed = np.unpackbits(row.view(np.uint8), bitorder="little")[: logits.shape[1]].astype(bool)
+            logits[i].masked_fill_(~torch.from_numpy(allowed).to(logits.device), float("-inf"))
 
     def _apply_via_bitmask(self, logits: torch.Tensor, B: int) -> None:
         """Other dtypes or devices: fill the packed bitmask natively, apply it with torch."""

@@ -49,10 +49,22 @@ class Vocab:
     size: int = 0
     _digest: str | None = field(default=None, repr=False)
     _packed: tuple | None = field(default=None, repr=False)
+    _single_bytes: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.size = max(self.size, len(self.tokens), max(self.eos_ids, default=-1) + 1)
         self.eos_ids = tuple(sorted(set(int(e) for e in self.eos_ids)))
+
+    @property
+    def single_bytes(self) -> np.ndarray:
+        """bool [256]: the bytes some token is exactly (one-byte tokens; a byte-level BPE has all 256)."""
+        if self._single_bytes is None:
+            out = np.zeros(256, dtype=bool)
+            for data in self.tokens:
+                if data is not None and len(data) == 1:
+                    out[data[0]] = True
+            self._single_bytes = out
+        return self._single_bytes
 
     @property
     def words(self) -> int:

@@ -1,0 +1,54 @@
+"""Constrained answers that always complete (issue #17, item 3), on the real vLLM engine (CPU,
+in-process) with the tiny random-weight model, which never closes anything by itself: at small
+max_tokens every json_object and json_schema answer is valid JSON that validates and ends with
+finish_reason "stop"; an impossible budget is refused before the engine runs it. One engine start,
+in a child process (spawn-safe script budget_run.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def budget_results(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("budget") / "results.json"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_USE_V2_MODEL_RUNNER="0")
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "budget_run.py"), str(tiny_model_dir), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_every_answer_is_complete_valid_json_within_max_tokens(budget_results):
+    results = budget_results["results"]
+    assert len(results) == 32
+    for r in results:
+        assert r["finish_reason"] == "stop", r
+        assert r["tokens"] <= r["max_tokens"], r
+        jsonschema.validate(json.loads(r["text"]), r["schema"])
+
+
+def test_the_steering_did_the_closing(budget_results):
+    # the random model reaches its budget on most requests: the processor narrowed rows near the end
+    assert budget_results["stats"]["steered"] > 0
+    assert any(r["tokens"] == r["max_tokens"] for r in budget_results["results"])
+
+
+def test_an_impossible_budget_is_refused_with_the_tokens_needed(budget_results):
+    refused = budget_results["refused"]
+    assert refused is not None and "max_tokens=5 is too small" in refused and "needs" in refused, refused
