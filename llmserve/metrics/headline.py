@@ -23,8 +23,9 @@ TTFT = ("vllm:time_to_first_token_seconds",)
 # vLLM 0.32's per-request TPOT; older vLLM (and Triton's bridge) used the second name for the per-token one
 TPOT = ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds")
 REQUESTS = "llmserve_requests_total"
-TRITON_SUCCESS = "nv_inference_request_success"
-TRITON_FAILURE = "nv_inference_request_failure"
+# prometheus_client's parser names a counter's samples `..._total` even where Triton's page has no suffix
+TRITON_SUCCESS = "nv_inference_request_success_total"
+TRITON_FAILURE = "nv_inference_request_failure_total"
 SOURCE_UP = "llmserve_metrics_source_up"
 
 
