@@ -87,7 +87,18 @@ _SUPPORTED = {
     "string": {"minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding"},
     "number": {*BOUND_KEYS, "multipleOf"},
     "integer": {*BOUND_KEYS, "multipleOf"},
-    "object": {"properties", "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties"},
+    "object": {
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
+        "dependencies",
+        "dependentSchemas",
+        "dependentRequired",
+    },
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
     "boolean": set(),
     "null": set(),
@@ -327,42 +338,87 @@ class _Converter:
         return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
 
     def _object(self, schema, depth, refs):
-        props = schema.get("properties") or {}
-        required = list(schema.get("required", []))
-        additional = schema.get("additionalProperties", True)
-        patterns = schema.get("patternProperties") or {}
-        for name, sub in list(props.items()) + [(n, None) for n in required if n not in props]:
-            matching = [s for p, s in patterns.items() if _search(p, name)]
-            if matching:
-                props = {**props, name: {"allOf": [sub if sub is not None else True, *matching]}}
-        undeclared = [n for n in required if n not in props]
-        if undeclared:
-            if additional is False:
-                raise Unsatisfiable(f"json_schema: required properties {undeclared} are not allowed")
-            props = {**props, **{n: additional for n in undeclared}}
+        props, required = self._declared(schema, depth, refs)
+        lo = _count(schema, "minProperties", 0)
+        hi = _count(schema, "maxProperties", None)
+        if not props:
+            return self._free_members(schema, depth, refs, lo, hi)
         kvs = [
             (name in required, _cat(_lit(_dumps(name) + ":"), self.convert(sub, depth + 1, refs)))
             for name, sub in props.items()
         ]
         n_required = sum(1 for req, _ in kvs if req)
-        lo = _count(schema, "minProperties", 0)
-        hi = _count(schema, "maxProperties", None)
-        if props:
-            if lo > n_required or (hi is not None and hi < len(props)):
-                raise self.fail("minProperties/maxProperties beyond the declared properties are not supported")
-            return _cat(_lit("{"), _members(kvs), _lit("}"))
-        # no declared property: members whose names are free and whose values follow additionalProperties
-        if additional is False or hi == 0:
-            if lo > 0:
-                raise Unsatisfiable("json_schema: minProperties > 0 with no property allowed")
-            return _lit("{}")
-        if len(patterns) > 1:
-            raise self.fail("patternProperties with several patterns and no properties are not supported")
+        at_least_one = lo == 1 and n_required == 0  # minProperties 1: the empty object is left out
+        if (lo > n_required and not at_least_one) or (hi is not None and hi < len(props)):
+            raise self.fail("minProperties/maxProperties beyond the declared properties are not supported")
+        return _cat(_lit("{"), _members(kvs, at_least_one), _lit("}"))
+
+    def _declared(self, schema: dict, depth: int, refs) -> tuple[dict, list]:
+        """The properties an answer may hold (name -> schema) and the required ones: the declared
+        ones with the patternProperties they match, required names not declared (valued by
+        additionalProperties), less the names propertyNames refuses and the optional names whose
+        dependencies are not certain to be there (never generating those is a subset)."""
+        props = dict(schema.get("properties") or {})
+        required = list(dict.fromkeys(schema.get("required", [])))
+        additional = schema.get("additionalProperties", True)
+        patterns = schema.get("patternProperties") or {}
+        deps = {
+            **schema.get("dependencies", {}),
+            **schema.get("dependentSchemas", {}),
+            **schema.get("dependentRequired", {}),
+        }
+        for name in required:  # a required name's required dependencies are required too
+            dep = deps.get(name)
+            if isinstance(dep, list):
+                required += [d for d in dep if d not in required]
+            elif dep is not None and dep is not True and dep != {}:
+                raise self.fail(f"a schema dependency of the required property {name!r} is not supported")
+        for name in required:
+            if name not in props:
+                if additional is False and not any(_search(p, name) for p in patterns):
+                    raise Unsatisfiable(f"json_schema: required property {name!r} is not allowed")
+                props[name] = True if additional is False else additional
+        for name, sub in list(props.items()):
+            matching = [s for p, s in patterns.items() if _search(p, name)]
+            if matching:
+                props[name] = {"allOf": [sub, *matching]}
+            dep = deps.get(name)
+            certain = isinstance(dep, list) and all(d in required for d in dep)
+            if name not in required and dep is not None and not certain:
+                del props[name]
+        if "propertyNames" in schema and props:
+            names = compile_ast(self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs))
+            for name in list(props):
+                if not names.matches(_dumps(name).encode()):
+                    if name in required:
+                        raise Unsatisfiable(f"json_schema: required property {name!r} fails propertyNames")
+                    del props[name]
+        return props, required
+
+    def _free_members(self, schema: dict, depth: int, refs, lo: int, hi: int | None):
+        """No declared property: members whose names are free (or follow the one patternProperties
+        pattern, or propertyNames) and whose values follow additionalProperties."""
+        additional = schema.get("additionalProperties", True)
+        patterns = schema.get("patternProperties") or {}
+        for key in ("dependencies", "dependentSchemas", "dependentRequired"):
+            if key in schema:
+                raise self.fail(f"{key!r} on an object without properties is not supported")
+        if (patterns and "propertyNames" in schema) or len(patterns) > 1:
+            raise self.fail(
+                "patternProperties with several patterns (or with propertyNames) and no properties are not supported"
+            )
         if patterns:
             ((pattern, value_schema),) = patterns.items()
             key = string_ast([pattern], None, 0, None)
+        elif additional is False or hi == 0:
+            if lo > 0:
+                raise Unsatisfiable("json_schema: minProperties > 0 with no property allowed")
+            return _lit("{}")
         else:
-            value_schema, key = additional, _string_any()
+            value_schema = additional
+            key = _string_any()
+            if "propertyNames" in schema:
+                key = self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
         member = _cat(key, _lit(":"), self.convert(value_schema, depth + 1, refs))
         return _cat(_lit("{"), _sequence([], member, lo, hi), _lit("}"))
 
@@ -395,17 +451,38 @@ def _constrains(schema: Any) -> bool:
 
 
 def _check_exclusive(branches: list) -> None:
-    """``oneOf`` is ``anyOf`` when no value can match two branches: refuse it otherwise."""
+    """``oneOf`` is ``anyOf`` when no answer generated for one branch can match another: refuse it
+    otherwise."""
     for i, a in enumerate(branches):
-        for b in branches[i + 1 :]:
-            if not _disjoint(a, b):
+        for j, b in enumerate(branches):
+            if i != j and not _excludes(a, b):
                 raise ConstraintError(
                     "json_schema: oneOf branches that a value could match both of are not supported "
-                    "(give them different types or different const/enum values of a required property)"
+                    "(give them different types, different const/enum values of a required property, "
+                    "or each a required property the others do not declare)"
                 )
 
 
+def _excludes(a: Any, b: Any) -> bool:
+    """Whether every answer generated for schema ``a`` fails schema ``b``."""
+    if _disjoint(a, b):
+        return True
+    if not isinstance(a, dict) or not isinstance(b, dict) or types_of(a) != {"object"}:
+        return False
+    # a's answers hold only a's declared or required names (when it declares any)
+    names = set(a.get("properties") or {}) | set(a.get("required", []))
+    if a.get("properties") and any(n not in names for n in b.get("required", [])):
+        return True
+    # a requires a name b does not allow
+    b_props = b.get("properties") or {}
+    if b.get("additionalProperties") is False and not b.get("patternProperties"):
+        return any(n not in b_props for n in a.get("required", []))
+    return False
+
+
 def _disjoint(a: Any, b: Any) -> bool:
+    """Whether no value satisfies both: different types, different const/enum values, or a
+    discriminator (a property both require, with disjoint schemas)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a is False or b is False
     ta, tb = types_of(a), types_of(b)
@@ -417,7 +494,6 @@ def _disjoint(a: Any, b: Any) -> bool:
     va, vb = values_of(a), values_of(b)
     if va is not None and vb is not None and not {canonical(v) for v in va} & {canonical(v) for v in vb}:
         return True
-    # a discriminator: a property both require, with values that differ
     pa, pb = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required", [])) & set(b.get("required", [])):
         sa, sb = pa.get(name), pb.get(name)
@@ -447,7 +523,7 @@ def _sequence(heads: list, item, lo: int, hi: int | None) -> tuple:
     return ("rep", first, 0, 1) if lo == 0 else first
 
 
-def _members(kvs: list[tuple[bool, tuple]]) -> tuple:
+def _members(kvs: list[tuple[bool, tuple]], at_least_one: bool = False) -> tuple:
     """The members of an object: the properties in declared order, each optional one present or
     not, comma-separated. Linear in the number of properties.
 
@@ -475,7 +551,7 @@ def _members(kvs: list[tuple[bool, tuple]]) -> tuple:
         none_ok = none_ok and not req
     if some is None:
         return ("cat", [])
-    return ("rep", some, 0, 1) if none_ok else some
+    return ("rep", some, 0, 1) if none_ok and not at_least_one else some
 
 
 def schema_to_ast(schema) -> tuple:

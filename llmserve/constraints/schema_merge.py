@@ -22,6 +22,58 @@ _LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum
 _UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 
 
+# the keywords that take part in validation; any other (title, description, x-*, ...) only
+# annotates, and two different values of it are no conflict (the first is kept)
+VALIDATION_KEYWORDS = frozenset(
+    [
+        "type",
+        "enum",
+        "const",
+        "multipleOf",
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "maxLength",
+        "minLength",
+        "pattern",
+        "format",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "maxItems",
+        "minItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "maxProperties",
+        "minProperties",
+        "required",
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "propertyNames",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "$ref",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "nullable",
+        "$dynamicRef",
+        "$recursiveRef",
+    ]
+)
+
+
 class Unsatisfiable(ConstraintError):
     """No JSON value satisfies the combined schema."""
 
@@ -180,6 +232,8 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "oneOf":
         raise ConstraintError("json_schema: oneOf on both sides of allOf is not supported")
+    if key not in VALIDATION_KEYWORDS:
+        return mine
     return _same(key, mine, value)
 
 

@@ -37,20 +37,37 @@ ANY_CHAR = ("set", [(0, SURROGATES[0] - 1), (SURROGATES[1] + 1, MAX_CODEPOINT)])
 _DATE = (
     r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
 )
+_EMAIL = (
+    r"[a-zA-Z0-9_+-]{1,32}(\.[a-zA-Z0-9_+-]{1,32}){0,3}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
+    r"(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,12}"
+)
+_HOSTNAME = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}"
+# scheme ":" then characters RFC 3986 allows unescaped, no spaces or quotes
+_URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[a-zA-Z0-9\-._~:/?#\[\]@!$&'()*+,;=]{1,200}"
 FORMATS = {
     "date": _DATE,
     "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
     "date-time": _DATE + r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
     r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
-    "email": r"[a-zA-Z0-9_+-]{1,32}(\.[a-zA-Z0-9_+-]{1,32}){0,3}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
-    r"(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,12}",
+    "email": _EMAIL,
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
     # the full form only (eight groups): every generated value is a valid address, not every address
     "ipv6": r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}",
-    "hostname": r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}",
-    # scheme ":" then characters RFC 3986 allows unescaped (or percent-escaped), no spaces or quotes
-    "uri": r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[a-zA-Z0-9\-._~:/?#\[\]@!$&'()*+,;=]{1,200}",
+    "hostname": _HOSTNAME,
+    "uri": _URI,
+    # an absolute URI is also a valid reference, IRI and template
+    "uri-reference": _URI,
+    "iri": _URI,
+    "iri-reference": _URI,
+    "uri-template": _URI,
+    "relative-uri": r"[a-zA-Z0-9._~-]{1,40}(/[a-zA-Z0-9._~-]{1,40}){0,5}",
+    "idn-email": _EMAIL,
+    "idn-hostname": _HOSTNAME,
+    "json-pointer": r"(/([a-zA-Z0-9_.-]|~[01]){0,30}){0,8}",
+    "relative-json-pointer": r"(0|[1-9][0-9]{0,3})(#|(/([a-zA-Z0-9_.-]|~[01]){0,30}){0,8})",
+    # regular expressions made of plain characters only: valid in every dialect
+    "regex": r"[a-zA-Z0-9 _-]{0,60}",
 }
 
 

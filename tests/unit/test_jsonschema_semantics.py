@@ -255,6 +255,39 @@ def test_free_form_and_open_shapes_generate_valid_values(schema):
     assert_samples_valid(schema, n=40)
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties": {"type": "integer"}},
+        {
+            "type": "object",
+            "properties": {"ab": {"type": "null"}, "abcd": {"type": "null"}},
+            "propertyNames": {"maxLength": 3},
+        },
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+            "required": ["c"],
+            "dependentRequired": {"a": ["b"], "c": ["b"]},
+        },
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "null"}}, "minProperties": 1},
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]},
+            ]
+        },
+    ],
+)
+def test_property_names_dependencies_min_properties_and_oneof_by_required_names(schema):
+    assert_samples_valid(schema, n=40)
+
+
+def test_min_properties_one_leaves_out_the_empty_object():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1}
+    assert not accepts(schema, "{}") and accepts(schema, '{"a":1}')
+
+
 def test_annotations_are_ignored():
     schema = {
         "id": "http://example.com/s",
@@ -273,10 +306,10 @@ def test_annotations_are_ignored():
         ({"type": "string", "not": {"const": "a"}}, "not"),
         ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
+        ({"type": "object", "patternProperties": {"^a": {}}, "propertyNames": {"maxLength": 3}}, "propertyNames"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),
-        ({"type": "string", "format": "iri-reference"}, "format"),
+        ({"type": "string", "format": "color"}, "format"),
     ],
 )
 def test_unsupported_keywords_are_refused_by_name(schema, keyword):
