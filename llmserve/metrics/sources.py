@@ -56,6 +56,10 @@ class TritonScrape:
     def fetch(self) -> str:
         request = urllib.request.Request(self.url, headers={"Accept": _TEXT_ACCEPT})
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            kind = response.headers.get_content_type()
+            if kind != "text/plain":
+                # a proxy's HTML error page passed through verbatim would make the whole merged page unreadable
+                raise ValueError(f"{self.url} answered {kind}, not the Prometheus text format")
             charset = response.headers.get_content_charset() or "utf-8"
             return str(response.read().decode(charset, errors="replace"))
 

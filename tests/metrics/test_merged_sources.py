@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -165,3 +166,33 @@ def test_every_gauge_llmserve_defines_declares_its_multiprocess_mode():
                 gauges.append((path.relative_to(package), {k.arg for k in node.keywords}))
     assert gauges, "no Gauge found: the scan is broken"
     assert [g for g in gauges if "multiprocess_mode" not in g[1]] == []
+
+
+def test_a_page_that_is_not_prometheus_text_is_a_source_down_not_a_broken_merge(writers):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Html(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html><body>502 Bad Gateway</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    writers.run("0")
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{proxy.server_address[1]}"
+        body, _ = MergedMetrics([Multiprocess(writers.folder), TritonScrape(address, timeout=5)]).render(None)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    fams = families(body)  # still a valid page
+    assert value(fams, "llmserve_metrics_source_up", "llmserve_metrics_source_up", source="triton") == 0
+    assert b"<html>" not in body
