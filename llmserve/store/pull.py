@@ -21,7 +21,7 @@ from typing import Any
 from llmserve.errors import IntegrityError
 from llmserve.packaging.archive import read_index
 from llmserve.store.client import is_not_found, store_errors, translate
-from llmserve.store.errors import CorruptObjectError, DiskFullError, ModelNotFoundError
+from llmserve.store.errors import CorruptObjectError, DiskFullError, ModelNotFoundError, TransferInterruptedError
 from llmserve.store.objects import check_bucket, get_bytes
 from llmserve.store.records import PartsRecord, VersionIndex, load_record
 from llmserve.store.reference import ModelReference, StoreLocation
@@ -91,37 +91,59 @@ def _disk_error(exc: OSError, path: Path) -> Exception:
     return exc
 
 
+_ATTEMPTS = 3  # per part: botocore retries a failed request, not a body cut off while streaming
+
+
+def _fetch_range(
+    client: Any, store: StoreLocation, key: str, offset: int, length: int, fd: int, path: Path, advance: Advance
+) -> tuple[int, str]:
+    """GET one range into fd at its offset; (bytes written, their sha256)."""
+    h = hashlib.sha256()
+    got = 0
+    if not length:
+        return 0, h.hexdigest()
+    body = client.get_object(Bucket=store.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")["Body"]
+    for chunk in body.iter_chunks(_CHUNK):
+        chunk = chunk[: length - got]  # never past the range, whatever the server sends
+        h.update(chunk)
+        try:
+            os.pwrite(fd, chunk, offset + got)
+        except OSError as exc:
+            raise _disk_error(exc, path) from exc
+        got += len(chunk)
+        advance(len(chunk))
+        if got >= length:
+            break
+    return got, h.hexdigest()
+
+
 def _part(
     client: Any, store: StoreLocation, record: PartsRecord, i: int, fd: int, path: Path, advance: Advance
 ) -> None:
     offset, length = record.ranges()[i]
     key = store.blob_key(record.digest)
     url = f"s3://{store.bucket}/{key}"
-    h = hashlib.sha256()
-    got = 0
-    if length:
+    counted = [0]  # bytes of the current attempt on the progress bar
+
+    def tick(n: int) -> None:
+        counted[0] += n
+        advance(n)
+
+    for attempt in range(1, _ATTEMPTS + 1):
+        counted[0] = 0
         try:
-            body = client.get_object(Bucket=store.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")[
-                "Body"
-            ]
-            for chunk in body.iter_chunks(_CHUNK):
-                chunk = chunk[: length - got]  # a store that ignores Range sends the whole object
-                h.update(chunk)
-                try:
-                    os.pwrite(fd, chunk, offset + got)
-                except OSError as exc:
-                    raise _disk_error(exc, path) from exc
-                got += len(chunk)
-                advance(len(chunk))
-                if got >= length:
-                    break
+            got, sha = _fetch_range(client, store, key, offset, length, fd, path, tick)
+            break
         except store_errors() as exc:
             if is_not_found(exc):
                 raise ModelNotFoundError(
                     f"{url}: the archive is missing from the store (its parts record is there)"
                 ) from exc
-            raise translate(exc, f"pulling part {i + 1} of {url}", bucket=store.bucket, during_transfer=True) from exc
-    if got != length or h.hexdigest() != record.parts[i]:
+            error = translate(exc, f"pulling part {i + 1} of {url}", bucket=store.bucket, during_transfer=True)
+            if attempt == _ATTEMPTS or not isinstance(error, TransferInterruptedError):
+                raise error from exc
+            advance(-counted[0])  # the part starts over: take its bytes back off the progress bar
+    if got != length or sha != record.parts[i]:
         raise CorruptObjectError(
             f"{url}: part {i + 1} of {len(record.parts)} (bytes {offset}-{offset + length - 1}) does not match the "
             "sha256 recorded at push: the object in the store is corrupted"
@@ -142,21 +164,32 @@ def download(
         for fut in futures:
             if fut in done and fut.exception() is not None:
                 raise fut.exception()  # type: ignore[misc]
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            raise _disk_error(exc, path) from exc
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         os.close(fd)
 
 
-def verify_package(path: Path, digest: str, url: str) -> None:
-    """The archive at path is the package `digest` names: every member against its index, and the index's digest."""
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        index = read_index(path, verify=True)
-    except IntegrityError as exc:
-        raise CorruptObjectError(f"{url}: the downloaded archive fails verification ({exc.message})") from exc
+        os.fsync(fd)
+    except OSError as exc:
+        raise _disk_error(exc, path) from exc
+    finally:
+        os.close(fd)
+
+
+def verify_package(path: Path, digest: str, url: str) -> None:
+    """The archive at path is the package `digest` names (every member against its index, and the
+    index's digest), and is on disk: flushed while it is verified (both release the GIL), so that
+    the rename that follows never publishes a file a crash could leave torn."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
+        synced = pool.submit(_fsync, path)
+        try:
+            index = read_index(path, verify=True)
+        except IntegrityError as exc:
+            raise CorruptObjectError(f"{url}: the downloaded archive fails verification ({exc.message})") from exc
+        synced.result()
     if index.digest != digest:
         raise CorruptObjectError(
             f"{url}: the archive is package sha256:{index.digest[:16]}…, not sha256:{digest[:16]}…"

@@ -1,7 +1,7 @@
 """`push`: upload a package to the store, content-addressed by its digest.
 
-- The package is verified against its own digest index before anything is sent: a corrupted local
-  file is never published.
+- The package is verified against its own digest index while its parts go up, and the upload is
+  completed only if that passes: a corrupted local file is never published.
 - The archive goes up as a multipart upload with parallel parts, each sent with its sha256
   (ChecksumAlgorithm SHA256): the store checks each part on receipt, and the object's composite
   checksum is compared with ours once the upload is complete.
@@ -217,6 +217,7 @@ def _upload_blob(
     limit: _RateLimit,
     advance: Advance,
     result: PushResult,
+    verified: Callable[[], object],
 ) -> list[bytes]:
     bucket, key = store.bucket, store.blob_key(digest)
     url = f"s3://{bucket}/{key}"
@@ -242,6 +243,15 @@ def _upload_blob(
     result.partsTotal, result.partsUploaded, result.partsReused = len(ranges), up.uploaded, up.reused
     result.bytesUploaded = up.bytes_uploaded
     shas = [sha for _etag, sha in parts]
+    try:
+        verified()
+    except BaseException:
+        # A package that fails verification is never completed: drop its parts, publish nothing.
+        try:
+            client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        except store_errors():
+            pass
+        raise
     try:
         client.complete_multipart_upload(
             Bucket=bucket,
@@ -337,7 +347,7 @@ def push(
     part_size = part_size or default_part_size(package.stat().st_size)
     if part_size < MIN_PART_SIZE:
         raise InvalidInputError(f"part size {part_size} is below S3's minimum of {MIN_PART_SIZE} bytes")
-    index = read_index(package, verify=True)
+    index = read_index(package, verify=False)  # the digest; the content is verified below, alongside the upload
     manifest = parse_manifest(read_member(package, MANIFEST_NAME).decode(), f"{package}:{MANIFEST_NAME}")
     size, digest = package.stat().st_size, index.digest
     if -(-size // part_size) > MAX_PARTS:
@@ -354,16 +364,31 @@ def push(
     if on_total:
         on_total(size)
     tick = advance or (lambda n: None)
-    check_bucket(client, store)
-    if _blob_present(client, store, digest, size):
-        result.alreadyPresent = True
-        tick(size)
-    else:
-        shas = _upload_blob(
-            client, store, package, digest, size, part_size, concurrency, _RateLimit(max_bandwidth), tick, result
-        )
-        record = PartsRecord(digest=digest, size=size, partSize=part_size, parts=[s.hex() for s in shas])
-        put_json(client, store.bucket, store.parts_key(digest), record.model_dump_json() + "\n")
+    # Every member is hashed against the index while the parts go up (hashlib releases the GIL), and
+    # the upload is completed only if that passes: the check costs no time on the way.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as verifier:
+        verifying = verifier.submit(read_index, package, verify=True)
+        check_bucket(client, store)
+        if _blob_present(client, store, digest, size):
+            verifying.result()
+            result.alreadyPresent = True
+            tick(size)
+        else:
+            shas = _upload_blob(
+                client,
+                store,
+                package,
+                digest,
+                size,
+                part_size,
+                concurrency,
+                _RateLimit(max_bandwidth),
+                tick,
+                result,
+                verifying.result,
+            )
+            record = PartsRecord(digest=digest, size=size, partSize=part_size, parts=[s.hex() for s in shas])
+            put_json(client, store.bucket, store.parts_key(digest), record.model_dump_json() + "\n")
     before = _update_index(client, store, manifest, digest, size)
     result.indexUpdated = before != digest
     result.replacedDigest = before if before not in (None, digest) else None
