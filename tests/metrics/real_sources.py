@@ -85,3 +85,18 @@ def families(body: bytes) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+# A Python-backend model that records vLLM-named series with prometheus_client, as vLLM does when it runs inside
+# Triton's Python stub: with PROMETHEUS_MULTIPROC_DIR in tritonserver's environment they land in the folder.
+IN_STUB_MODEL = ECHO_MODEL.replace(
+    "class TritonPythonModel:\n",
+    """class TritonPythonModel:
+    def initialize(self, args):
+        from prometheus_client import Counter, Gauge
+
+        labels = ["model_name"]
+        Counter("vllm:prompt_tokens", "Prefill tokens", labels).labels("in-stub").inc(11)
+        Gauge("vllm:num_requests_running", "Running", labels, multiprocess_mode="livesum").labels("in-stub").set(1)
+""",
+)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ast
+import os
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from real_sources import families, start_triton
+from real_sources import IN_STUB_MODEL, TRITON_ENV, families, start_triton, write_model
 
 from llmserve.metrics import MergedMetrics, Multiprocess, TritonScrape
+from llmserve.serve.triton import TritonServer, locate_tritonserver
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
 
@@ -196,3 +198,31 @@ def test_a_page_that_is_not_prometheus_text_is_a_source_down_not_a_broken_merge(
     fams = families(body)  # still a valid page
     assert value(fams, "llmserve_metrics_source_up", "llmserve_metrics_source_up", source="triton") == 0
     assert b"<html>" not in body
+
+
+def test_series_written_inside_triton_reach_the_folder_and_die_with_their_stub(tmp_path):
+    """The Triton engine's path for vLLM's full metrics: tritonserver started with PROMETHEUS_MULTIPROC_DIR, its
+    Python stub writes the folder; when the model is unloaded (its stub exits) the stub's live gauges go."""
+    folder = tmp_path / "multiproc"
+    folder.mkdir()
+    repo = tmp_path / "repository"
+    write_model(repo, "instub", IN_STUB_MODEL)
+    environ = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    server = TritonServer(repo, ["instub"], install=locate_tritonserver(TRITON_ENV), environ=environ).start()
+    try:
+        merged = MergedMetrics([Multiprocess(folder), TritonScrape(server.metrics_url, timeout=10)])
+        fams = families(merged.render(None)[0])
+        assert value(fams, "vllm:prompt_tokens", "vllm:prompt_tokens_total", model_name="in-stub") == 11
+        assert value(fams, "vllm:num_requests_running", "vllm:num_requests_running", model_name="in-stub") == 1
+        assert "nv_inference_request_success" in fams
+        server.unload_model("instub")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            fams = families(merged.render(None)[0])
+            if value(fams, "vllm:num_requests_running", "vllm:num_requests_running", model_name="in-stub") is None:
+                break
+            time.sleep(0.2)
+        assert value(fams, "vllm:num_requests_running", "vllm:num_requests_running", model_name="in-stub") is None
+        assert value(fams, "vllm:prompt_tokens", "vllm:prompt_tokens_total", model_name="in-stub") == 11
+    finally:
+        server.stop()
