@@ -116,3 +116,21 @@ def test_metrics_serve_without_a_source_is_a_usage_error():
     r = run_cli("metrics", "serve", "--port", "0")
     assert r.returncode == ExitCode.INVALID_INPUT, r.stderr
     assert "--triton-url" in r.stderr
+
+
+def test_metrics_tail_live_redraws_until_interrupted(endpoint):
+    import signal
+
+    proc = subprocess.Popen(
+        cli_argv("metrics", "tail", endpoint, "--interval", "0.3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    time.sleep(3)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "tokens/s in" in out and "triton/echo" in out and "KV-cache usage" in out
