@@ -85,11 +85,14 @@ def _serve_helpers():
 
 @pytest.fixture(scope="module")
 def engine_server(tmp_path_factory, tiny_vllm_package):
-    """One real `llmserve serve --openai` on the tiny model, with its metrics folder where the test can read it.
+    """One real `llmserve serve --openai` on the tiny model, with its metrics folder where the test can read it
+    (holding a stale writer's files before the server starts).
     The only engine tests/metrics starts (a start takes about a minute on two shared cores)."""
     helpers = _serve_helpers()
     root = tmp_path_factory.mktemp("engine")
     folder = root / "multiproc"
+    folder.mkdir()
+    Writers(folder).run("stale")  # an earlier run's files: the server's startup must wipe them
     server = helpers.start_server(
         tiny_vllm_package, root / "server.log", api_key=None, args=("--metrics-dir", str(folder)), ready_timeout=600
     )

@@ -65,6 +65,8 @@ def test_all_of_vllms_series_reach_the_merged_page(engine_server):
         >= 2
     )
     assert total(fams, "llmserve_metrics_source_up", "llmserve_metrics_source_up") == 1
+    # the folder was wiped at startup: nothing of the stale writer (engine="stale") is summed in
+    assert "stale" not in page.text
 
     # nothing vLLM (or the frontends) wrote into the folder is missing from the merged page
     registry = CollectorRegistry()
