@@ -8,8 +8,9 @@ The language is always a *subset* of what the schema accepts, so every answer va
 subset is narrower than the schema it says so here:
 
 * ``type`` (or a list), ``enum``/``const`` (values also checked against the keywords beside them),
-  ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer;
-  not recursive), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
+  ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer),
+  recursive ones unrolled ``MAX_RECURSION`` levels deep (deeper optional members, branches and
+  array items are not generated; a schema that requires deeper nesting is refused), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
   (``schema_merge.py``); ``oneOf`` only where its branches cannot both match (different types or
   different ``const``/``enum`` values), since generating "exactly one" in general is not regular.
 * strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
@@ -44,6 +45,10 @@ from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
 from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, string_ast
 
 MAX_DEPTH = 32
+# A recursive $ref is unrolled: a reference may appear this many times on the path from the root;
+# one level deeper it admits no value, so an optional property, an anyOf branch or array items that
+# would go deeper are left out (a subset: every answer still validates). See ``convert``.
+MAX_RECURSION = 3
 ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the automaton's states)
 
 # keywords each type reads; a keyword of another type says nothing about this one (JSON Schema:
@@ -144,7 +149,7 @@ class _Converter:
         # $ref -> its converted tree, built once and shared by every use: a schema whose references
         # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
-        self.converted: dict[str, tuple] = {}
+        self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self._any: tuple | None = None
 
     def fail(self, what: str) -> ConstraintError:
@@ -179,8 +184,7 @@ class _Converter:
                 return schema, refs
             if "$ref" in schema:
                 ref = schema["$ref"]
-                if ref in refs:
-                    raise self.fail(f"recursive $ref {ref!r} is not supported")
+                self._check_recursion(ref, refs)
                 refs = (*refs, ref)
                 rest = {k: v for k, v in schema.items() if k != "$ref"}
                 target, refs = self.normalize(self.resolve(ref), refs)
@@ -199,6 +203,14 @@ class _Converter:
             return schema, refs
         raise self.fail(f"$ref/allOf chain deeper than {MAX_DEPTH}")
 
+    def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
+        """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
+        if refs.count(ref) >= MAX_RECURSION:
+            raise Unsatisfiable(
+                f"json_schema: recursive $ref {ref!r} is unrolled {MAX_RECURSION} levels deep, and the schema "
+                "requires a deeper value"
+            )
+
     def _merge(self, a: Any, b: Any) -> Any:
         if a is False or b is False:
             raise Unsatisfiable("json_schema: a false schema admits no value")
@@ -209,11 +221,13 @@ class _Converter:
     def convert(self, schema: Any, depth: int = 0, refs: tuple[str, ...] = ()):
         if depth > MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
-        if isinstance(schema, dict) and set(schema) == {"$ref"} and schema["$ref"] not in refs:
+        if isinstance(schema, dict) and set(schema) == {"$ref"}:
             ref = schema["$ref"]
-            if ref not in self.converted:
-                self.converted[ref] = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
-            return self.converted[ref]
+            self._check_recursion(ref, refs)
+            key = (ref, refs)  # the same reference on the same path converts alike: built once
+            if key not in self.converted:
+                self.converted[key] = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+            return self.converted[key]
         schema, refs = self.normalize(schema, refs)
         if schema is True:
             return self.any()
@@ -226,12 +240,20 @@ class _Converter:
                 raise self.fail(f"keyword {key!r} is not supported")
         if schema.get("nullable") is True:
             rest = {k: v for k, v in schema.items() if k != "nullable"}
-            return ("alt", [self.convert(rest, depth + 1, refs), _lit("null")])
+            try:
+                return ("alt", [self.convert(rest, depth + 1, refs), _lit("null")])
+            except Unsatisfiable:
+                return _lit("null")
         if "anyOf" in schema or "oneOf" in schema:
             return self._branches(schema, depth, refs)
         values = values_of(schema)
         if values is not None:
             return self._values(values, schema, depth, refs)
+        return self._types(schema, depth, refs)
+
+    def _types(self, schema: dict, depth: int, refs):
+        """The schema's types (given or implied by its keywords), each with its own keywords; a type
+        no value satisfies is left out."""
         types = types_of(schema)
         if types is None:
             types = self._implied_types(schema)
@@ -240,7 +262,16 @@ class _Converter:
         if "integer" in types and "number" in types:
             types = types - {"integer"}
         order = [t for t in ("object", "array", "string", "integer", "number", "boolean", "null") if t in types]
-        return _alt([self._typed(t, schema, depth, refs) for t in order])
+        branches = []
+        for t in order:
+            try:
+                branches.append(self._typed(t, schema, depth, refs))
+            except Unsatisfiable:
+                if len(order) == 1:
+                    raise
+        if not branches:
+            raise Unsatisfiable(f"json_schema: no type of {order} is satisfiable")
+        return _alt(branches)
 
     def _implied_types(self, schema: dict) -> set[str] | None:
         """Without ``type``: the types whose keywords appear (the others are unconstrained; generating
@@ -332,9 +363,22 @@ class _Converter:
         prefix = prefix or []
         if not isinstance(prefix, list):
             raise self.fail("prefixItems must be a list")
-        heads = [self.convert(p, depth + 1, refs) for p in prefix[: hi if hi is not None else len(prefix)]]
-        tail_allowed = items is not False and (hi is None or hi > len(heads))
-        item = self.convert(True if items is None else items, depth + 1, refs) if tail_allowed else None
+        heads = []
+        for k, p in enumerate(prefix[: hi if hi is not None else len(prefix)]):
+            try:
+                heads.append(self.convert(p, depth + 1, refs))
+            except Unsatisfiable:
+                if k < lo:
+                    raise
+                hi = k  # no array reaches this position
+                break
+        item = None
+        if items is not False and (hi is None or hi > len(heads)):
+            try:
+                item = self.convert(True if items is None else items, depth + 1, refs)
+            except Unsatisfiable:
+                if lo > len(heads):
+                    raise
         return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
 
     def _object(self, schema, depth, refs):
@@ -343,13 +387,20 @@ class _Converter:
         hi = _count(schema, "maxProperties", None)
         if not props:
             return self._free_members(schema, depth, refs, lo, hi)
-        kvs = [
-            (name in required, _cat(_lit(_dumps(name) + ":"), self.convert(sub, depth + 1, refs)))
-            for name, sub in props.items()
-        ]
+        kvs = []
+        for name, sub in props.items():
+            try:
+                value = self.convert(sub, depth + 1, refs)
+            except Unsatisfiable:
+                if name in required:
+                    raise
+                continue  # an optional property no value can fill: never generated
+            kvs.append((name in required, _cat(_lit(_dumps(name) + ":"), value)))
         n_required = sum(1 for req, _ in kvs if req)
         at_least_one = lo == 1 and n_required == 0  # minProperties 1: the empty object is left out
-        if (lo > n_required and not at_least_one) or (hi is not None and hi < len(props)):
+        if at_least_one and not kvs:
+            raise Unsatisfiable("json_schema: minProperties 1 and no property can be generated")
+        if (lo > n_required and not at_least_one) or (hi is not None and hi < len(kvs)):
             raise self.fail("minProperties/maxProperties beyond the declared properties are not supported")
         return _cat(_lit("{"), _members(kvs, at_least_one), _lit("}"))
 
@@ -419,8 +470,13 @@ class _Converter:
             key = _string_any()
             if "propertyNames" in schema:
                 key = self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
-        member = _cat(key, _lit(":"), self.convert(value_schema, depth + 1, refs))
-        return _cat(_lit("{"), _sequence([], member, lo, hi), _lit("}"))
+        try:
+            value = self.convert(value_schema, depth + 1, refs)
+        except Unsatisfiable:
+            if lo > 0:
+                raise
+            return _lit("{}")
+        return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
 
 
 def _count(schema: dict, key: str, default: int | None) -> Any:

@@ -344,3 +344,25 @@ def test_an_intersection_builds_the_same_automaton_natively_and_in_the_python_re
     native, python = spec.to_dfa("native"), spec.to_dfa("python")
     np.testing.assert_array_equal(native.table, python.table)
     np.testing.assert_array_equal(native.accept, python.accept)
+
+
+def test_a_recursive_ref_is_unrolled_to_a_bounded_depth():
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                "required": ["v"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    assert accepts(tree, '{"v":1,"kids":[{"v":2,"kids":[{"v":3}]}]}')
+    assert not accepts(tree, '{"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]}')  # 4 levels
+    assert_samples_valid(tree)
+
+
+def test_a_recursion_the_schema_requires_deeper_than_the_bound_is_refused():
+    endless = {"$defs": {"a": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}}}
+    with pytest.raises(ConstraintError, match="recursive"):
+        dfa_of({**endless, "$ref": "#/$defs/a"})
