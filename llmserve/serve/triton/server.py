@@ -82,7 +82,7 @@ class TritonServer:
 
     def __init__(
         self,
-        model_repository: Path,
+        model_repository: Path | Sequence[Path],
         models: Sequence[str],
         *,
         install: TritonInstall | None = None,
@@ -97,7 +97,10 @@ class TritonServer:
         extra_args: Sequence[str] = (),
         environ: Mapping[str, str] | None = None,
     ):
-        self.model_repository = Path(model_repository).resolve()
+        # several repositories: one Triton hosts models of several packages (each package is one repository)
+        given = [model_repository] if isinstance(model_repository, (str, os.PathLike)) else list(model_repository)
+        self.model_repositories = [Path(r).resolve() for r in given]
+        self.model_repository = self.model_repositories[0]
         self.models = list(models)
         self.install = install or locate_tritonserver(python_env)
         self._own_workdir = workdir is None
@@ -142,6 +145,10 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited on its own; None while it runs (or before start)."""
+        return self._proc.poll() if self._proc is not None else None
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -161,7 +168,7 @@ class TritonServer:
     def command(self, backend_dir: Path, ports: TritonPorts) -> list[str]:
         args = [
             str(self.install.binary),
-            f"--model-repository={self.model_repository}",
+            *[f"--model-repository={repo}" for repo in self.model_repositories],
             f"--backend-directory={backend_dir}",
             "--model-control-mode=explicit",
             *[f"--load-model={name}" for name in self.models],
@@ -351,9 +358,10 @@ class TritonServer:
     def stop(self) -> None:
         """SIGTERM the server (Triton drains in-flight requests and unloads models), SIGKILL its group after
         stop_timeout; then no process of the group remains and the server's shared memory is removed. A working
-        folder llmserve made is removed too, unless the server failed (its log stays for reading)."""
+        folder llmserve made is removed too, unless the server failed or crashed (its log stays for reading)."""
+        crashed = self.exit_code() not in (None, 0)  # exited on its own: its log says why, and stays
         self._terminate()
-        if self._own_workdir and self._was_ready:
+        if self._own_workdir and self._was_ready and not crashed:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _terminate(self) -> None:
