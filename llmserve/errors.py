@@ -142,6 +142,9 @@ MODULE_EXTRAS: dict[str, str] = {
     # `llmserve deploy | status | rollback`
     "httpx": "deploy",
     "aiohttp": "deploy",
+    # `llmserve push | pull` and s3:// package references
+    "boto3": "store",
+    "botocore": "store",
     # `--target kubernetes`
     "kubernetes": "kubernetes",
     "urllib3": "kubernetes",

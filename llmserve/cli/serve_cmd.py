@@ -12,8 +12,19 @@ from llmserve.serve.options import API_KEY_ENV, DEFAULT_MAX_N
 
 
 def serve(
-    package: Path = typer.Argument(
-        ..., help="A .llmpkg, an unpacked package folder or a source folder with llmserve.yaml."
+    packages: list[Path] = typer.Argument(
+        ...,
+        help="A .llmpkg, an unpacked package folder or a source folder with llmserve.yaml; with --engine "
+        "triton, several (one Triton hosts them all).",
+        show_default=False,
+    ),
+    engine: str = typer.Option(
+        None,
+        "--engine",
+        help="vllm: the embedded vLLM engine (default for one vLLM-backend package); triton: a Triton Inference "
+        "Server hosts the packages (default for Python-backend packages). Triton is found in "
+        "$LLMSERVE_TRITONSERVER, /opt/tritonserver, PATH, or the nvidia-pytriton wheel in $LLMSERVE_TRITON_ENV.",
+        show_default=False,
     ),
     openai: bool = typer.Option(
         False, "--openai", help="Serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...)."
@@ -25,6 +36,9 @@ def serve(
         help="HTTP port: OpenAI API and KServe v2 HTTP with --openai, KServe v2 HTTP alone without (0: any free port).",
     ),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port)."),
+    metrics_port: int = typer.Option(
+        8002, "--metrics-port", help="Triton's metrics port with --engine triton (0: any free port)."
+    ),
     api_key: str = typer.Option(
         None,
         "--api-key",
@@ -87,6 +101,12 @@ def serve(
     With --openai, --port serves the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...); without it,
     --port serves KServe v2 HTTP only. KServe v2 gRPC (tritonclient.grpc) is on --grpc-port.
 
+    With --engine triton, a real Triton Inference Server hosts every package given (vLLM-backend packages
+    run on llmserve's vLLM backend inside it, Python-backend packages on Triton's Python backend), in
+    explicit model-control mode; readiness waits for every model to be READY, and a Triton that exits
+    ends llmserve with exit code 7. Packages with `executionMode: standalone` are served by Triton's own
+    KServe v2 HTTP (--port), gRPC (--grpc-port) and metrics (--metrics-port) endpoints.
+
     The API key comes from LLMSERVE_API_KEY or --api-key-file (a key on the command line is visible
     to every local user in the process list); it is never logged.
 
@@ -95,6 +115,8 @@ def serve(
         llmserve serve dist/tiny-chat-1.llmpkg --openai --port 8000 --api-key-file ~/.config/llmserve/key
 
         curl -H "Authorization: Bearer $(cat ~/.config/llmserve/key)" localhost:8000/v1/models
+
+        LLMSERVE_TRITON_ENV=.venv-triton llmserve serve dist/tiny-chat-1.llmpkg dist/iris-1.llmpkg --engine triton
     """
     from llmserve.serve import ServeOptions
     from llmserve.serve import serve as run_server
@@ -105,7 +127,10 @@ def serve(
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     options = ServeOptions(
-        package=package,
+        package=packages[0],
+        extra_packages=packages[1:],
+        engine=engine,
+        metrics_port=metrics_port,
         openai=openai,
         host=host,
         port=port,

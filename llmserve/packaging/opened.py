@@ -16,8 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmserve.errors import CacheEntryError, IntegrityError, NotFoundError
-from llmserve.formats.manifest import MANIFEST_NAME, Manifest, load_manifest
-from llmserve.packaging.archive import DIGESTS_NAME, FileEntry, PackageIndex, read_index, unpack, write_record
+from llmserve.formats.manifest import MANIFEST_NAME, Manifest, load_manifest, parse_manifest
+from llmserve.packaging.archive import (
+    DIGESTS_NAME,
+    FileEntry,
+    PackageIndex,
+    read_index,
+    read_member,
+    unpack,
+    write_record,
+)
 from llmserve.packaging.builders import PACKAGE_SUFFIX, PLUGINS_DIR, REPOSITORY_DIR, weights_dir_in_package
 from llmserve.packaging.unpacked import UnpackedCheck, check_unpacked
 
@@ -114,6 +122,20 @@ def _discard(target: Path, problem: str) -> None:
         raise CacheEntryError(
             f"{target}: cache entry does not match its package ({problem}) and cannot be removed"
         ) from exc
+
+
+def package_manifest(path: Path) -> Manifest:
+    """The manifest of a package (archive, unpacked package or source folder), read without unpacking it."""
+    path = Path(path)
+    if path.is_dir():
+        return load_manifest(path / MANIFEST_NAME)
+    if not path.exists():
+        raise NotFoundError(f"{path}: no such package or folder", hint="Build one with `llmserve package SRC`.")
+    return parse_manifest(read_member(path, MANIFEST_NAME).decode("utf-8"), f"{path}:{MANIFEST_NAME}")
+
+
+def package_backend(path: Path) -> str:
+    return package_manifest(path).backend
 
 
 def open_package(

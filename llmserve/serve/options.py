@@ -65,6 +65,11 @@ def read_api_key_file(path: Path) -> str:
 @dataclass
 class ServeOptions:
     package: Path
+    # More packages hosted beside `package` (Triton only: one Triton hosts every model given).
+    extra_packages: list[Path] = field(default_factory=list)
+    # "vllm" (the embedded engine) or "triton"; None: vLLM for one vLLM-backend package, else Triton.
+    engine: str | None = None
+    metrics_port: int = 8002  # Triton's own metrics endpoint (--engine triton, standalone)
     openai: bool = False
     host: str = "127.0.0.1"
     port: int = 8000  # HTTP: OpenAI (+ KServe v2 routes) with --openai, KServe v2 HTTP alone without
@@ -99,6 +104,10 @@ class ServeOptions:
             self.api_key = env_key
         if self.max_n < 1:
             raise InvalidInputError(f"--max-n must be at least 1, not {self.max_n}")
+
+    @property
+    def packages(self) -> list[Path]:
+        return [self.package, *self.extra_packages]
 
     def engine_overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

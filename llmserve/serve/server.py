@@ -219,4 +219,10 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
 
 def serve(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; return the process exit code (0 after a clean drain)."""
+    from llmserve.packaging.opened import package_backend  # deferred: imports llmserve.packaging (module doc)
+    from llmserve.serve.triton.host import choose_engine, serve_on_triton
+
+    engine = choose_engine(options.engine, [package_backend(p) for p in options.packages])
+    if engine == "triton":
+        return asyncio.run(serve_on_triton(options, on_ready))
     return asyncio.run(serve_async(options, on_ready))
