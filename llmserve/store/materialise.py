@@ -13,7 +13,7 @@ from llmserve.packaging.opened import cache_root
 from llmserve.store.cache import CacheLease, ModelCache
 from llmserve.store.client import StoreOptions, make_client
 from llmserve.store.errors import ModelNotFoundError
-from llmserve.store.pull import download, resolve, verify_package
+from llmserve.store.pull import download, resolve
 from llmserve.store.push import DEFAULT_CONCURRENCY
 from llmserve.store.reference import parse_model
 
@@ -85,8 +85,7 @@ def lease(
     url = ref.url
 
     def fetch(tmp: Path) -> None:
-        download(client, ref.store, record, tmp, concurrency=concurrency, advance=advance or (lambda n: None))
-        verify_package(tmp, record.digest, url)
+        download(client, ref.store, record, tmp, concurrency=concurrency, advance=advance or (lambda n: None), url=url)
 
     held = cache.lease(record.digest, record.size, fetch)
     if not held.downloaded and advance:

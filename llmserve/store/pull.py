@@ -2,9 +2,9 @@
 
 Verification has two layers, both before the file is handed to the cache for its atomic rename:
 each part is hashed as it arrives and checked against the parts record written at push (which
-names the corrupted part, and runs in parallel); then the whole archive is checked against the
+names the corrupted part, and runs in parallel); and the whole archive is checked against the
 package digest the reference resolved to (every member hashed against the archive's digest index,
-whose sha256 is that digest).
+whose sha256 is that digest), by a reader that follows the parts as they land (streaming.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmserve.errors import IntegrityError
-from llmserve.packaging.archive import read_index
 from llmserve.store.client import is_not_found, store_errors, translate
 from llmserve.store.errors import CorruptObjectError, DiskFullError, ModelNotFoundError, TransferInterruptedError
 from llmserve.store.objects import check_bucket, get_bytes
 from llmserve.store.records import PartsRecord, VersionIndex, load_record
 from llmserve.store.reference import ModelReference, StoreLocation
+from llmserve.store.streaming import Aborted, Watermark, verify_while_written
 
 Advance = Callable[[int], None]
 _CHUNK = 1 << 20
@@ -151,46 +150,53 @@ def _part(
 
 
 def download(
-    client: Any, store: StoreLocation, record: PartsRecord, path: Path, *, concurrency: int, advance: Advance
+    client: Any,
+    store: StoreLocation,
+    record: PartsRecord,
+    path: Path,
+    *,
+    concurrency: int,
+    advance: Advance,
+    url: str,
 ) -> None:
-    """Write the archive into `path` (an existing file, preallocated by the cache), part by part."""
+    """Write the archive into `path` (an existing file, preallocated by the cache), part by part, and
+    verify it while it arrives: each part against the parts record, the whole against the package
+    digest (streaming.verify_while_written). Returns only when the file is verified and on disk."""
+    ranges = record.ranges()
+    mark = Watermark(ranges)
     fd = os.open(path, os.O_WRONLY)
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pull")
+    pool = ThreadPoolExecutor(max_workers=concurrency + 1, thread_name_prefix="pull")
+
+    def part(i: int) -> None:
+        if mark.failed:
+            return
+        _part(client, store, record, i, fd, path, advance)
+        # Flushed part by part, so that the flush before the rename has little left to do.
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise _disk_error(exc, path) from exc
+        mark.part_done(i)
+
     try:
-        futures: list[Future] = [
-            pool.submit(_part, client, store, record, i, fd, path, advance) for i in range(len(record.parts))
-        ]
+        verdict = pool.submit(verify_while_written, path, record.size, record.digest, mark)
+        futures: list[Future] = [pool.submit(part, i) for i in range(len(ranges))]
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for fut in futures:
             if fut in done and fut.exception() is not None:
+                mark.fail()
                 raise fut.exception()  # type: ignore[misc]
+        try:
+            problem = verdict.result()
+        except Aborted:  # only after a failed part, already raised above
+            raise CorruptObjectError(f"{url}: the download stopped before it could be verified") from None
+        if problem is not None:
+            raise CorruptObjectError(f"{url}: the downloaded archive fails verification ({problem})")
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _disk_error(exc, path) from exc
     finally:
+        mark.fail()  # releases the verifier if it still waits
         pool.shutdown(wait=True, cancel_futures=True)
         os.close(fd)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        raise _disk_error(exc, path) from exc
-    finally:
-        os.close(fd)
-
-
-def verify_package(path: Path, digest: str, url: str) -> None:
-    """The archive at path is the package `digest` names (every member against its index, and the
-    index's digest), and is on disk: flushed while it is verified (both release the GIL), so that
-    the rename that follows never publishes a file a crash could leave torn."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
-        synced = pool.submit(_fsync, path)
-        try:
-            index = read_index(path, verify=True)
-        except IntegrityError as exc:
-            raise CorruptObjectError(f"{url}: the downloaded archive fails verification ({exc.message})") from exc
-        synced.result()
-    if index.digest != digest:
-        raise CorruptObjectError(
-            f"{url}: the archive is package sha256:{index.digest[:16]}…, not sha256:{digest[:16]}…"
-        )
