@@ -163,3 +163,18 @@ def test_read_only_cache(tmp_path, aws_env, bucket, small_packages):
         env=aws_env,
     )  # fmt: skip
     assert code == 0 and got is not None and got["digest"] == digest and got["downloaded"] is False, out
+
+
+def test_another_package_under_the_digest_is_refused(tmp_path, aws_env, s3, bucket, small_packages):
+    """A blob swapped for another (valid) package, its parts record rewritten to match: the digest
+    index inside the archive names another package, and the pull says so."""
+    a = push(small_packages["a"], f"s3://{bucket}").digest
+    b = push(small_packages["b"], f"s3://{bucket}").digest
+    blob_b = s3.get_object(Bucket=bucket, Key=f"blobs/sha256/{b}.llmpkg")["Body"].read()
+    record_b = json.loads(s3.get_object(Bucket=bucket, Key=f"blobs/sha256/{b}.parts.json")["Body"].read())
+    s3.put_object(Bucket=bucket, Key=f"blobs/sha256/{a}.llmpkg", Body=blob_b)
+    s3.put_object(Bucket=bucket, Key=f"blobs/sha256/{a}.parts.json", Body=json.dumps({**record_b, "digest": a}))
+    code, err, out = run_cli_json("pull", f"s3://{bucket}/model-a:1", "--cache", tmp_path, env=aws_env)
+    assert code == 4 and err["error"] == "store-object-corrupt", out
+    assert f"is package sha256:{b[:16]}" in err["message"] and f"not sha256:{a[:16]}" in err["message"]
+    assert _blobs(tmp_path) == set()
