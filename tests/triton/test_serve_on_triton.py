@@ -44,9 +44,11 @@ SCHEMA = {
 }
 
 
-def classifier_package(tmp: Path) -> Path:
-    src = tmp / "triton-classifier"
+def classifier_package(tmp: Path, mode: str = "standalone") -> Path:
+    src = tmp / f"triton-classifier-{mode}"
     shutil.copytree(REPO / "examples" / "triton-classifier", src)
+    manifest = src / "llmserve.yaml"
+    manifest.write_text(manifest.read_text().replace("executionMode: standalone", f"executionMode: {mode}"))
     trained = subprocess.run(
         [str(REPO / ".venv" / "bin" / "python"), str(src / "train.py"), str(src / "model")],
         capture_output=True,
@@ -65,14 +67,14 @@ class Served:
         return self.log.read_text(errors="replace")
 
 
-def start_serve(packages: list[Path], log: Path, triton_env: Path, *extra: str) -> Served:
+def start_serve(packages: list[Path], log: Path, triton_env: Path, *extra: str, api_key: str = "") -> Served:
     http, grpc, metrics = free_ports("127.0.0.1", 3)
     args = [*packages, "--engine", "triton", "--port", http, "--grpc-port", grpc, "--metrics-port", metrics, *extra]
     proc = subprocess.Popen(
         cli_argv("serve", *args),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        env=cli_env({PYTHON_ENV_ENV: str(triton_env)}),
+        env=cli_env({PYTHON_ENV_ENV: str(triton_env), "LLMSERVE_API_KEY": api_key}),
     )
     return Served(proc, log, http, grpc, metrics)
 
@@ -106,7 +108,9 @@ def host(tmp_path_factory, tiny_model_dir, triton_env):
         stop(served)
 
 
-def generate(served: Served, prompt: str, params: dict, *, stream: bool) -> tuple[str, list[InferenceServerException]]:
+def generate(
+    served: Served, prompt: str, params: dict, *, stream: bool, headers: dict | None = None
+) -> tuple[str, list[InferenceServerException]]:
     """One KServe v2 stream-infer call on the LLM (the Triton vLLM backend's tensors): its text and its errors."""
     inputs = []
     for name, datatype, value in (
@@ -120,7 +124,7 @@ def generate(served: Served, prompt: str, params: dict, *, stream: bool) -> tupl
         inputs.append(tensor)
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
-    client.start_stream(lambda result, error: answers.put((result, error)))
+    client.start_stream(lambda result, error: answers.put((result, error)), headers=headers)
     client.async_stream_infer("tiny-chat", inputs, enable_empty_final_response=True)
     parts, errors = [], []
     while True:
@@ -244,8 +248,91 @@ def test_engine_choices_are_refused_with_the_way_out(tmp_path, tiny_vllm_package
     package = classifier_package(tmp_path)
     result = run_cli("serve", package, "--engine", "vllm")
     assert result.returncode == 3 and "--engine triton" in result.stderr, result.stderr
-    # an embedded-mode package on Triton: llmserve's frontends over Triton are not built yet, said so
-    result = run_cli("serve", tiny_vllm_package, "--engine", "triton")
-    assert result.returncode == 3 and "executionMode: standalone" in result.stderr, result.stderr
+    result = run_cli("serve", tiny_vllm_package, "--engine", "triton", "--openai")
+    assert result.returncode == 3 and "--openai with --engine triton is not available yet" in result.stderr
     result = run_cli("serve", tiny_vllm_package, package)
     assert result.returncode == 3 and "share their executionMode" in result.stderr, result.stderr
+
+
+# --- executionMode embedded: llmserve's KServe v2 frontends in front of a Triton on loopback --------------------
+
+KEY = "s3cret-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory, tiny_model_dir, triton_env):
+    tmp = tmp_path_factory.mktemp("triton-embedded")
+    llm = build_package(write_vllm_source(tmp / "llm", tiny_model_dir), tmp / "dist").path
+    served = start_serve([llm, classifier_package(tmp, "embedded")], tmp / "serve.log", triton_env, api_key=KEY)
+    try:
+        wait_ready(served)
+        yield served
+    finally:
+        stop(served)
+
+
+def _features(module, parcels):
+    features = module.InferInput("FEATURES", list(parcels.shape), "FP32")
+    features.set_data_from_numpy(parcels)
+    return [features]
+
+
+def test_embedded_grpc_needs_the_key_and_forwards_to_triton(embedded):
+    parcels = np.array([[20, 15, 8, 0.5]], dtype=np.float32)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{embedded.grpc}")
+    assert client.is_server_live() and client.is_model_ready("parcel-classifier")  # probes need no key
+    with pytest.raises(InferenceServerException, match="API key"):
+        client.infer("parcel-classifier", _features(grpcclient, parcels))
+    result = client.infer("parcel-classifier", _features(grpcclient, parcels), headers=AUTH)
+    assert result.as_numpy("LABEL").tolist() == [b"small"]
+    assert client.get_server_metadata(headers=AUTH).name == "triton"  # Triton answers, through llmserve's port
+
+
+def test_embedded_grpc_streams_the_llm_through_the_proxy(embedded):
+    params = {"max_tokens": 60, "temperature": 0.8, "seed": 3, "structured_outputs": {"json": SCHEMA}}
+    text, errors = generate(embedded, "A parcel:", params, stream=True, headers=AUTH)
+    assert not errors
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):
+    parcels = np.array([[90, 60, 45, 15.0]], dtype=np.float32)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{embedded.http}")
+    assert client.is_server_ready()
+    with pytest.raises(InferenceServerException):
+        client.infer("parcel-classifier", _features(httpclient, parcels))
+    result = client.infer("parcel-classifier", _features(httpclient, parcels), headers=AUTH)
+    assert result.as_numpy("LABEL").tolist() == [b"large"]
+    import urllib.request
+
+    body = json.dumps({"text_input": "Code:", "parameters": {"max_tokens": 12, "constraint_regex": "[a-z]{4}"}})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{embedded.http}/v2/models/tiny-chat/generate", data=body.encode(), headers=AUTH
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    assert re.fullmatch(r"Code:[a-z]{4}", answer["text_output"]), answer
+
+
+def test_embedded_health_and_one_merged_metrics_page(embedded):
+    assert _get(f"http://127.0.0.1:{embedded.http}/health") == '{"status":"ready"}'
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{embedded.http}/metrics", headers=AUTH)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        page = response.read().decode()
+    assert "nv_inference_request_success" in page  # Triton's endpoint
+    assert "vllm:num_requests_running" in page  # vLLM inside Triton, from the multiprocess folder
+    assert "llmserve_ready 1.0" in page
+    assert 'llmserve_metrics_source_up{source="triton"} 1.0' in page
+
+
+def test_zz_embedded_sigterm_leaves_no_process(embedded):
+    prefix = f"llmserve_triton_{embedded.proc.pid}_"
+    assert processes_mentioning(prefix)
+    assert stop(embedded) == 0
+    deadline = time.monotonic() + 20
+    while processes_mentioning(prefix):
+        assert time.monotonic() < deadline, processes_mentioning(prefix)
+        time.sleep(0.5)

@@ -357,7 +357,7 @@ for _m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         setattr(KServeServicer, _m.name, _unimplemented(_m.name))
 
 
-class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """Requires `authorization: Bearer <key>` (or `x-api-key`) on every RPC but the health ones."""
 
     def __init__(self, key: str):
@@ -425,7 +425,7 @@ class KServeGrpcFrontend:
         return f"grpc://{host}:{self.port}"
 
     async def start(self, readiness: Any) -> None:
-        interceptors = [_ApiKeyInterceptor(self._api_key)] if self._api_key else []
+        interceptors = [ApiKeyInterceptor(self._api_key)] if self._api_key else []
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[

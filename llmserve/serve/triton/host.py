@@ -5,6 +5,7 @@ Startup steps (each logged with its duration, as on the embedded engine):
   2. package      open every package (verify, unpack into the local cache); refuse code-loading engine arguments
                   unless --trust-remote-code; all packages share one executionMode
   3. metrics-dir  wipe and set PROMETHEUS_MULTIPROC_DIR (vLLM inside Triton writes its metrics there)
+     listen       (embedded) bind llmserve's KServe v2 frontends: /health answers 503 "starting"
   4. triton       start `tritonserver` on the packages' model repositories in explicit model-control mode, loading
                   exactly their models; ready when every model is READY (a model that fails to load: its name,
                   Triton's reason and log lines, exit 7)
@@ -12,8 +13,10 @@ Startup steps (each logged with its duration, as on the embedded engine):
                   restarts it); SIGTERM/SIGINT stop Triton (in-flight requests drain) and leave no process behind.
 
 executionMode standalone: Triton serves KServe v2 itself on the public ports (--port HTTP, --grpc-port gRPC,
---metrics-port metrics). executionMode embedded puts llmserve's own frontends in front of a Triton on loopback;
-that path is not built yet and is refused with the way out (executionMode: standalone, or --engine vllm).
+--metrics-port metrics). executionMode embedded: Triton listens on loopback only, and llmserve's KServe v2 HTTP
+(--port) and gRPC (--grpc-port) frontends sit in front (grpc_proxy.py, http_proxy.py): the API key, body limits,
+/health (503 until every model is READY) and one merged /metrics (llmserve's own, vLLM's multiprocess files and
+Triton's endpoint). The OpenAI API over Triton (--openai) is not built yet and is refused with the way out.
 """
 
 from __future__ import annotations
@@ -100,89 +103,75 @@ def backend_environment(options: ServeOptions) -> dict[str, str]:
 
 
 @dataclass
-class _Stop:
-    event: asyncio.Event
-    signalled: bool = False
+class TritonHandle:
+    """What Readiness holds for a Triton host: healthy while the Triton process runs."""
+
+    triton: Any
+
+    @property
+    def healthy(self) -> bool:
+        return self.triton.exit_code() is None
 
 
 async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = None) -> int:
     # deferred, as in llmserve.serve.server: these import llmserve.packaging (about a second)
-    import os
-
-    from llmserve.packaging.opened import open_package
-    from llmserve.serve.engine import merged_engine_args, require_trust
     from llmserve.serve.environment import prepare_engine_environment, prepare_metrics_dir
+    from llmserve.serve.readiness import Readiness
     from llmserve.serve.server import StepLog
-    from llmserve.serve.triton.locate import locate_tritonserver
-    from llmserve.serve.triton.server import TritonPorts, TritonServer, free_ports
 
-    stop = _Stop(asyncio.Event())
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.event.set)
+        loop.add_signal_handler(sig, stop.set)
     steps = StepLog()
-    triton: TritonServer | None = None
+    triton: Any = None
+    readiness = Readiness()
+    proxies: list[Any] = []
     try:
         with steps.step("environment", "engine and cache settings"):
             prepare_engine_environment(options.kv_cache_gib)
         with steps.step("package", ", ".join(str(p) for p in options.packages)):
-            packages = [open_package(Path(p)) for p in options.packages]
-            for package in packages:
-                manifest = package.manifest
-                log.info("startup: package     %s v%s (%s)", manifest.modelId, manifest.modelVersion, package.root)
-                if manifest.backend == "vllm":
-                    merged = merged_engine_args(manifest.engine, options.engine_overrides())
-                    require_trust(merged, trusted=options.trust_remote_code, source=str(package.root))
-            ids = [p.manifest.modelId for p in packages]
-            if len(set(ids)) != len(ids):
-                raise InvalidInputError(f"two packages have the same modelId: {', '.join(ids)}")
-            mode = execution_mode({p.manifest.modelId: p.manifest.executionMode for p in packages})
-            if mode == "embedded":
-                raise InvalidInputError(
-                    "executionMode embedded on Triton (llmserve's OpenAI and KServe frontends in front of a "
-                    "Triton on loopback) is not available yet",
-                    hint="Set `executionMode: standalone` in llmserve.yaml (Triton serves KServe v2 itself on "
-                    "--port/--grpc-port), or serve a vLLM package on the embedded engine: --engine vllm.",
-                )
-            if options.openai:
-                raise InvalidInputError(
-                    "--openai with --engine triton is not available yet: in executionMode standalone Triton "
-                    "serves KServe v2 HTTP/gRPC only",
-                    hint="Drop --openai (clients use KServe v2: tritonclient), or serve on --engine vllm.",
-                )
+            packages, mode = _open_packages(options)
         with steps.step("metrics-dir", "wipe and set PROMETHEUS_MULTIPROC_DIR"):
             folder = prepare_metrics_dir(options.metrics_dir, options.port)
             log.info("startup: metrics-dir %s", folder)
+        metrics = None
+        if mode == "embedded":
+            from llmserve.serve.metrics import ServerMetrics
+
+            metrics = ServerMetrics()
+            with steps.step("listen", "KServe v2 HTTP and gRPC in front of Triton"):
+                proxies = await _start_proxies(options, readiness, metrics)
+        if stop.is_set():
+            return 0
+        ids = [p.manifest.modelId for p in packages]
         with steps.step("triton", f"start tritonserver with {', '.join(ids)}"):
-            install = locate_tritonserver()
-            log.info("startup: triton      %s (found by %s)", install.binary, install.found_by)
-            wanted = [options.port, options.grpc_port, options.metrics_port]
-            spare = iter(free_ports(options.host, wanted.count(0)))
-            ports = TritonPorts(*[p or next(spare) for p in wanted])
-            environ = {**os.environ, **backend_environment(options)}
-            triton = TritonServer(
-                [p.repository_dir or p.root for p in packages],
-                ids,
-                install=install,
-                host=options.host,
-                ports=ports,
-                ready_timeout=READY_TIMEOUT_S,
-                stop_timeout=options.drain_timeout_s,
-                environ=environ,
-            )
-            start = asyncio.ensure_future(asyncio.to_thread(triton.start))
-            await asyncio.wait({start, asyncio.ensure_future(stop.event.wait())}, return_when=asyncio.FIRST_COMPLETED)
-            if not start.done():  # a signal during the start: stop what is starting, then leave
-                await asyncio.to_thread(triton.stop)
-                await asyncio.gather(start, return_exceptions=True)
+            triton = _triton_server(options, packages, mode)
+            if not await _start_unless_stopped(triton, stop):
                 return 0
-            start.result()
-        addresses = [f"KServe v2 HTTP {triton.http_url}", f"gRPC {triton.grpc_url}", f"metrics {triton.metrics_url}"]
+        if mode == "embedded":
+            for proxy in proxies:
+                proxy.attach(triton.http_url if proxy.name == "kserve-http" else triton.grpc_url)
+            assert metrics is not None
+            from llmserve.metrics import TritonScrape
+
+            metrics.merged.add(TritonScrape(triton.metrics_url))
+            readiness.set_ready(TritonHandle(triton))
+            metrics.ready.set(1)
+            addresses = [f"KServe v2 {p.address}" for p in proxies]
+        else:
+            addresses = [
+                f"KServe v2 HTTP {triton.http_url}",
+                f"gRPC {triton.grpc_url}",
+                f"metrics {triton.metrics_url}",
+            ]
         total = sum(s for _, s in steps.steps)
-        log.info("ready in %.2f s: Triton hosts %s; %s", total, ", ".join(ids), ", ".join(addresses))
+        log.info(
+            "ready in %.2f s: Triton hosts %s (executionMode %s); %s", total, ", ".join(ids), mode, ", ".join(addresses)
+        )
         if on_ready:
             on_ready(addresses)
-        died = await _supervise(triton, stop.event)
+        died = await _supervise(triton, stop)
         if died:
             log.error(
                 "triton: %s; exiting with exit code %d so that a supervisor restarts the server",
@@ -190,14 +179,111 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
                 ExitCode.ENGINE,
             )
             return ExitCode.ENGINE
-        log.info("shutdown: signal received; stopping Triton (in-flight requests get %.0f s)", options.drain_timeout_s)
+        log.info("shutdown: signal received; draining (in-flight requests get %.0f s)", options.drain_timeout_s)
         return 0
     finally:
+        readiness.set_draining()
+        for proxy in proxies:
+            await proxy.drain(options.drain_timeout_s)
         if triton is not None:
             await asyncio.to_thread(triton.stop)
             log.info("shutdown: done")
+        readiness.phase = "stopped"
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
+    """The packages, opened and checked (code-loading engine arguments need --trust-remote-code), and their mode."""
+    from llmserve.packaging.opened import open_package
+    from llmserve.serve.engine import merged_engine_args, require_trust
+
+    packages = [open_package(Path(p)) for p in options.packages]
+    for package in packages:
+        manifest = package.manifest
+        log.info("startup: package     %s v%s (%s)", manifest.modelId, manifest.modelVersion, package.root)
+        if manifest.backend == "vllm":
+            merged = merged_engine_args(manifest.engine, options.engine_overrides())
+            require_trust(merged, trusted=options.trust_remote_code, source=str(package.root))
+    ids = [p.manifest.modelId for p in packages]
+    if len(set(ids)) != len(ids):
+        raise InvalidInputError(f"two packages have the same modelId: {', '.join(ids)}")
+    mode = execution_mode({p.manifest.modelId: p.manifest.executionMode for p in packages})
+    if options.openai:
+        raise InvalidInputError(
+            "--openai with --engine triton is not available yet (the OpenAI frontend over Triton is not built)",
+            hint="Drop --openai (clients use KServe v2: tritonclient, HTTP or gRPC), or serve one vLLM package "
+            "on the embedded engine: --engine vllm --openai.",
+        )
+    return packages, mode
+
+
+async def _start_proxies(options: ServeOptions, readiness: Any, metrics: Any) -> list[Any]:
+    from llmserve.serve.triton.grpc_proxy import TritonGrpcProxy
+    from llmserve.serve.triton.http_proxy import TritonHttpProxy
+
+    http = TritonHttpProxy(
+        options.host,
+        options.port,
+        api_key=options.api_key,
+        max_body_bytes=options.max_body_bytes,
+        metrics=metrics.exposition,
+    )
+    grpc = TritonGrpcProxy(
+        options.host, options.grpc_port, api_key=options.api_key, max_message_bytes=options.max_body_bytes
+    )
+    started: list[Any] = []
+    try:
+        for proxy in (http, grpc):
+            await proxy.start(readiness)
+            started.append(proxy)
+            log.info("startup: listen      %s on %s (not ready)", proxy.name, proxy.address)
+    except BaseException:
+        for proxy in started:
+            await proxy.drain(0)
+        raise
+    return started
+
+
+def _triton_server(options: ServeOptions, packages: list[Any], mode: str) -> Any:
+    import os
+
+    from llmserve.serve.triton.locate import locate_tritonserver
+    from llmserve.serve.triton.server import TritonPorts, TritonServer, free_ports
+
+    install = locate_tritonserver()
+    log.info("startup: triton      %s (found by %s)", install.binary, install.found_by)
+    if mode == "standalone":  # Triton's own endpoints are the public ones
+        host = options.host
+        wanted = [options.port, options.grpc_port, options.metrics_port]
+    else:  # behind llmserve's frontends: loopback only, any free ports
+        host = "127.0.0.1"
+        wanted = [0, 0, 0]
+    spare = iter(free_ports(host, wanted.count(0)))
+    return TritonServer(
+        [p.repository_dir or p.root for p in packages],
+        [p.manifest.modelId for p in packages],
+        install=install,
+        host=host,
+        ports=TritonPorts(*[p or next(spare) for p in wanted]),
+        ready_timeout=READY_TIMEOUT_S,
+        stop_timeout=options.drain_timeout_s,
+        environ={**os.environ, **backend_environment(options)},
+    )
+
+
+async def _start_unless_stopped(triton: Any, stop: asyncio.Event) -> bool:
+    """Start Triton (blocking, on a thread); False if a signal came first (what was starting is stopped)."""
+    start = asyncio.ensure_future(asyncio.to_thread(triton.start))
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({start, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    if not start.done():
+        await asyncio.to_thread(triton.stop)
+        await asyncio.gather(start, return_exceptions=True)
+        return False
+    start.result()
+    return True
 
 
 async def _supervise(triton: Any, stop: asyncio.Event) -> str | None:

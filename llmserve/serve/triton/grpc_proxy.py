@@ -1,0 +1,164 @@
+"""KServe v2 gRPC in front of Triton (executionMode embedded): llmserve's port, API key, message limit and readiness
+gate, Triton's answers.
+
+Every method of `inference.GRPCInferenceService` is forwarded to the Triton on loopback as raw bytes: messages are
+not decoded and re-encoded, so tensors, parameters and errors pass through exactly as Triton sends them. The one
+bidirectional streaming method (ModelStreamInfer) streams both ways; the rest are unary. Client deadlines travel
+with the call and a cancelled client call cancels Triton's. The API key is checked here and never forwarded.
+
+Until the server is ready (Triton starting) and while it drains, the health calls are answered here (live, not
+ready) and every other call gets UNAVAILABLE, as on the embedded engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from llmserve.serve.errors import StartupError
+from llmserve.serve.kserve.grpc_frontend import ApiKeyInterceptor
+
+log = logging.getLogger("llmserve.serve.triton")
+
+SERVICE = "inference.GRPCInferenceService"
+STREAMING = {"ModelStreamInfer"}
+# Metadata that stays here: the client's credentials for llmserve (Triton on loopback takes none).
+PRIVATE_METADATA = {"authorization", "x-api-key"}
+
+
+class TritonGrpcProxy:
+    """The Frontend (llmserve.serve.frontend) for KServe v2 gRPC over a Triton on loopback."""
+
+    name = "kserve-grpc"
+
+    def __init__(self, host: str, port: int, *, api_key: str | None, max_message_bytes: int):
+        self.host, self.port = host, port
+        self._api_key = api_key
+        self.max_message_bytes = max_message_bytes
+        self.upstream: str | None = None  # Triton's gRPC address, set once it is ready
+        self._channel: grpc.aio.Channel | None = None
+        self._server: grpc.aio.Server | None = None
+        self._readiness: Any = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"grpc://{host}:{self.port}"
+
+    def attach(self, upstream: str) -> None:
+        """Forward to Triton's gRPC endpoint (host:port) from now on."""
+        self.upstream = upstream
+        limits = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+        ]
+        self._channel = grpc.aio.insecure_channel(upstream, options=limits)
+
+    async def start(self, readiness: Any) -> None:
+        self._readiness = readiness
+        server = grpc.aio.server(
+            interceptors=[ApiKeyInterceptor(self._api_key)] if self._api_key else [],
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        server.add_generic_rpc_handlers([_Forward(self)])
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        try:
+            port = server.add_insecure_port(f"{host}:{self.port}")
+        except RuntimeError as exc:
+            raise StartupError(
+                f"cannot listen for gRPC on {self.host}:{self.port}: {exc}",
+                hint="Choose another --grpc-port, or stop the process that holds this one.",
+            ) from exc
+        self.port = port
+        await server.start()
+        self._server = server
+
+    async def drain(self, timeout_s: float) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=timeout_s)
+            self._server = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    def ready_channel(self) -> grpc.aio.Channel | None:
+        """The channel to Triton while the server takes requests; None before it is ready and while draining."""
+        if self._readiness is None or not self._readiness.accepting:
+            return None
+        return self._channel
+
+
+# Health calls answered here while Triton is not serving: live (this process is), not ready.
+_NOT_READY_ANSWERS = {
+    "ServerLive": pb.ServerLiveResponse(live=True),
+    "ServerReady": pb.ServerReadyResponse(ready=False),
+    "ModelReady": pb.ModelReadyResponse(ready=False),
+}
+
+
+def _forwarded_metadata(context: Any) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in (context.invocation_metadata() or ()) if k.lower() not in PRIVATE_METADATA]
+
+
+async def _not_ready(context: Any) -> NoReturn:
+    await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is not ready (starting or draining)")
+    raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+
+class _Forward(grpc.GenericRpcHandler):
+    def __init__(self, proxy: TritonGrpcProxy):
+        self.proxy = proxy
+
+    def service(self, handler_call_details: Any) -> Any:
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        if service != SERVICE:
+            return None  # UNIMPLEMENTED
+        path = handler_call_details.method
+        if method in STREAMING:
+            return grpc.stream_stream_rpc_method_handler(self._stream(path))
+        return grpc.unary_unary_rpc_method_handler(self._unary(path, method))
+
+    def _unary(self, path: str, method: str) -> Any:
+        async def call(request: bytes, context: Any) -> bytes:
+            channel = self.proxy.ready_channel()
+            if channel is None:
+                if method in _NOT_READY_ANSWERS:
+                    return bytes(_NOT_READY_ANSWERS[method].SerializeToString())
+                await _not_ready(context)
+            try:
+                answer: bytes = await channel.unary_unary(path)(
+                    request, metadata=_forwarded_metadata(context), timeout=context.time_remaining()
+                )
+                return answer
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details() or "")
+            raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+        return call
+
+    def _stream(self, path: str) -> Any:
+        async def call(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            channel = self.proxy.ready_channel()
+            if channel is None:
+                await _not_ready(context)
+            upstream = channel.stream_stream(path)(
+                requests, metadata=_forwarded_metadata(context), timeout=context.time_remaining()
+            )
+            try:
+                async for response in upstream:
+                    yield response
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.CANCELLED:
+                    await context.abort(exc.code(), exc.details() or "")
+            finally:
+                upstream.cancel()  # the client went away (or the stream ended): Triton's call ends too
+
+        return call

@@ -1,0 +1,102 @@
+"""KServe v2 HTTP in front of Triton (executionMode embedded): llmserve's port, guards (API key, body size) and
+/health, Triton's answers.
+
+Every /v2 route is forwarded to the Triton on loopback unchanged (method, path, query, body, content headers), and
+Triton's answer comes back as it is sent, streamed: `generate_stream` server-sent events arrive as Triton writes
+them, and a client that disconnects closes Triton's request. The API key is checked by the guards and never
+forwarded. Until the server is ready, and while it drains, /v2 routes get 503 (health routes: 200 live, 503 ready),
+as on the embedded engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from llmserve.serve.http_guards import Guards
+from llmserve.serve.http_server import UvicornFrontend
+from llmserve.serve.readiness import Readiness
+from llmserve.serve.routing import Exposition, new_app, operations_router
+
+# Request headers that stay here: the client's credentials for llmserve, and hop-by-hop ones httpx sets itself.
+PRIVATE_HEADERS = {"authorization", "x-api-key", "host", "content-length", "connection", "transfer-encoding"}
+# Response headers of Triton's that the server here sets itself.
+HOP_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive"}
+# A generation can take minutes; connecting to Triton on loopback cannot.
+_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0)
+
+
+class TritonHttpProxy(UvicornFrontend):
+    """The Frontend (llmserve.serve.frontend) for KServe v2 HTTP over a Triton on loopback."""
+
+    name = "kserve-http"
+
+    def __init__(
+        self, host: str, port: int, *, api_key: str | None, max_body_bytes: int, metrics: Exposition | None = None
+    ):
+        super().__init__(host, port)
+        self._api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self._metrics = metrics
+        self.upstream: str | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def attach(self, upstream: str) -> None:
+        """Forward to Triton's HTTP endpoint (host:port) from now on."""
+        self.upstream = upstream
+        self._client = httpx.AsyncClient(base_url=f"http://{upstream}", timeout=_TIMEOUT)
+
+    def build(self, readiness: Readiness) -> Any:
+        app = build_app(self, readiness, self._metrics)
+        return Guards(app, api_key=self._api_key, max_body_bytes=self.max_body_bytes)
+
+    async def drain(self, timeout_s: float) -> None:
+        await super().drain(timeout_s)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def ready_client(self, readiness: Readiness) -> httpx.AsyncClient | None:
+        return self._client if readiness.accepting else None
+
+
+def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition | None) -> FastAPI:
+    app = new_app("llmserve KServe v2 over Triton")
+    app.include_router(operations_router(readiness, metrics))
+
+    async def forward(request: Request, path: str) -> Response:
+        client = proxy.ready_client(readiness)
+        if client is None:
+            if path == "health/live":
+                return Response(status_code=200)
+            return JSONResponse({"error": "the server is not ready (starting or draining)"}, status_code=503)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in PRIVATE_HEADERS}
+        upstream = client.build_request(
+            request.method,
+            f"/v2/{path}" if path else "/v2",
+            params=request.url.query,
+            headers=headers,
+            content=await request.body(),
+        )
+        try:
+            answer = await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            return JSONResponse({"error": f"Triton did not answer: {type(exc).__name__}"}, status_code=502)
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(
+            answer.aiter_raw(), status_code=answer.status_code, headers=kept, background=BackgroundTask(answer.aclose)
+        )
+
+    app.add_api_route(
+        "/v2/{path:path}", forward, methods=["GET", "POST", "PUT", "DELETE", "HEAD"], include_in_schema=False
+    )
+
+    async def server_metadata(request: Request) -> Response:
+        return await forward(request, "")
+
+    app.add_api_route("/v2", server_metadata, methods=["GET"], include_in_schema=False)
+    return app
