@@ -30,6 +30,8 @@ class Delta:
     text: str
     final: bool
     finish_reason: str | None = None
+    prompt_tokens: int = 0  # the prompt's length in tokens
+    output_tokens: int = 0  # tokens this delta adds (the whole output's, for a final-only answer)
 
 
 def _sampling_params(req: GenerationRequest, whole: bool):
@@ -100,7 +102,10 @@ async def generate(
                 cause = exc.__cause__ if type(exc).__name__ == "EngineGenerateError" and exc.__cause__ else exc
                 raise _map_engine_error(cause) from None
             completion = out.outputs[0]
-            yield Delta(completion.text, out.finished, completion.finish_reason)
+            prompt_tokens = len(out.prompt_token_ids or ())
+            yield Delta(
+                completion.text, out.finished, completion.finish_reason, prompt_tokens, len(completion.token_ids)
+            )
             if out.finished:
                 return
     finally:
@@ -125,11 +130,14 @@ async def generate_deltas(
     explicitly false. With stream=false a streaming call gets one final response with the full text.
     """
     if not req.stream:
-        yield Delta(await generate_text(handle, req, request_id), True)
+        parts = [d async for d in generate(handle, req, request_id, whole=True)]
+        text = "".join(p.text for p in parts)
+        text = text if req.exclude_input is True else req.prompt + text
+        yield dataclasses.replace(parts[-1], text=text, output_tokens=sum(p.output_tokens for p in parts))
         return
     prefix = req.prompt if req.exclude_input is False else ""
     async for d in generate(handle, req, request_id):
         text = prefix + d.text
         prefix = ""
         if text or d.final:
-            yield Delta(text, d.final, d.finish_reason)
+            yield dataclasses.replace(d, text=text)

@@ -51,6 +51,13 @@ if locale.getpreferredencoding(False).lower().replace("-", "") != "utf8":
 # outside an image the same files are under the model repository Triton was given.
 REPOSITORY_MOUNT = "/models"
 _TRITON_TYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
+# The stock backend's additional outputs (r24.12 on), each sent on every response when its input is true:
+# input -> (output, Triton type, dims).
+ADDITIONAL_OUTPUTS = {
+    "return_finish_reason": ("finish_reason", "TYPE_STRING", [-1]),
+    "return_num_input_tokens": ("num_input_tokens", "TYPE_UINT32", [1]),
+    "return_num_output_tokens": ("num_output_tokens", "TYPE_UINT32", [-1]),
+}
 # How often a running generation asks Triton whether its client cancelled.
 _CANCEL_POLL_S = 0.05
 
@@ -95,6 +102,13 @@ class TritonPythonModel:
                 auto_complete_model_config.add_output(
                     {"name": t.name, "data_type": _TRITON_TYPE[t.datatype], "dims": t.dims}
                 )
+        for flag, (output, data_type, dims) in ADDITIONAL_OUTPUTS.items():
+            if flag not in have_in:
+                auto_complete_model_config.add_input(
+                    {"name": flag, "data_type": "TYPE_BOOL", "dims": [1], "optional": True}
+                )
+            if output not in have_out:
+                auto_complete_model_config.add_output({"name": output, "data_type": data_type, "dims": dims})
         auto_complete_model_config.set_model_transaction_policy({"decoupled": True})
         return auto_complete_model_config
 
@@ -167,7 +181,8 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
                 continue
-            asyncio.run_coroutine_threadsafe(self._generate(req, request.request_id(), sender), self._loop)
+            extras = {flag for flag in ADDITIONAL_OUTPUTS if _flag(request, flag)}
+            asyncio.run_coroutine_threadsafe(self._generate(req, extras, request.request_id(), sender), self._loop)
         return None
 
     def _parse(self, request: Any) -> Any:
@@ -190,16 +205,15 @@ class TritonPythonModel:
             max_prompt_chars=self.max_prompt_chars,
         )
 
-    async def _generate(self, req: Any, request_id: str, sender: Any) -> None:
+    async def _generate(self, req: Any, extras: set[str], request_id: str, sender: Any) -> None:
         from llmserve.serve.kserve.generation import generate_deltas
 
         final_sent = False
         deltas = generate_deltas(self.handle, req, request_id or None)
         try:
             async for delta in self._until_cancelled(deltas, sender):
-                out = pb_utils.Tensor("text_output", np.array([delta.text.encode("utf-8")], dtype=np.object_))
                 flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if delta.final else 0
-                sender.send(pb_utils.InferenceResponse(output_tensors=[out]), flags=flags)
+                sender.send(pb_utils.InferenceResponse(output_tensors=_outputs(delta, extras)), flags=flags)
                 if delta.final:
                     # the sender is released with the final response: touching it again crashes Triton
                     final_sent = True
@@ -245,6 +259,23 @@ class TritonPythonModel:
             handle.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def _flag(request: Any, name: str) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
+
+
+def _outputs(delta: Any, extras: set[str]) -> list[Any]:
+    """text_output, and the additional outputs asked for (as the stock backend names and types them)."""
+    out = [pb_utils.Tensor("text_output", np.array([delta.text.encode("utf-8")], dtype=np.object_))]
+    if "return_finish_reason" in extras:
+        out.append(pb_utils.Tensor("finish_reason", np.array([str(delta.finish_reason).encode()], dtype=np.object_)))
+    if "return_num_input_tokens" in extras:
+        out.append(pb_utils.Tensor("num_input_tokens", np.array([delta.prompt_tokens], dtype=np.uint32)))
+    if "return_num_output_tokens" in extras:
+        out.append(pb_utils.Tensor("num_output_tokens", np.array([delta.output_tokens], dtype=np.uint32)))
+    return out
 
 
 def _message(exc: BaseException) -> str:
