@@ -48,7 +48,7 @@ def classifier_package(tmp: Path, mode: str = "standalone") -> Path:
     src = tmp / f"triton-classifier-{mode}"
     shutil.copytree(REPO / "examples" / "triton-classifier", src)
     manifest = src / "llmserve.yaml"
-    manifest.write_text(manifest.read_text().replace("executionMode: standalone", f"executionMode: {mode}"))
+    manifest.write_text(manifest.read_text().replace("executionMode: embedded", f"executionMode: {mode}"))
     trained = subprocess.run(
         [str(REPO / ".venv" / "bin" / "python"), str(src / "train.py"), str(src / "model")],
         capture_output=True,
@@ -245,12 +245,13 @@ def _pid_of(text: str) -> int:
 
 
 def test_engine_choices_are_refused_with_the_way_out(tmp_path, tiny_vllm_package):
-    package = classifier_package(tmp_path)
+    package = classifier_package(tmp_path, "embedded")
     result = run_cli("serve", package, "--engine", "vllm")
     assert result.returncode == 3 and "--engine triton" in result.stderr, result.stderr
-    result = run_cli("serve", tiny_vllm_package, "--engine", "triton", "--openai")
-    assert result.returncode == 3 and "--openai with --engine triton is not available yet" in result.stderr
-    result = run_cli("serve", tiny_vllm_package, package)
+    standalone = classifier_package(tmp_path, "standalone")
+    result = run_cli("serve", standalone, "--engine", "triton", "--openai")
+    assert result.returncode == 3 and "executionMode standalone has none" in result.stderr, result.stderr
+    result = run_cli("serve", tiny_vllm_package, standalone)
     assert result.returncode == 3 and "share their executionMode" in result.stderr, result.stderr
 
 
@@ -264,7 +265,8 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 def embedded(tmp_path_factory, tiny_model_dir, triton_env):
     tmp = tmp_path_factory.mktemp("triton-embedded")
     llm = build_package(write_vllm_source(tmp / "llm", tiny_model_dir), tmp / "dist").path
-    served = start_serve([llm, classifier_package(tmp, "embedded")], tmp / "serve.log", triton_env, api_key=KEY)
+    packages = [llm, classifier_package(tmp, "embedded")]
+    served = start_serve(packages, tmp / "serve.log", triton_env, "--openai", api_key=KEY)
     try:
         wait_ready(served)
         yield served
@@ -326,6 +328,62 @@ def test_embedded_health_and_one_merged_metrics_page(embedded):
     assert "vllm:num_requests_running" in page  # vLLM inside Triton, from the multiprocess folder
     assert "llmserve_ready 1.0" in page
     assert 'llmserve_metrics_source_up{source="triton"} 1.0' in page
+
+
+def _openai(served: Served):
+    import openai
+
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{served.http}/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_chat_with_a_json_schema_through_triton_validates(embedded, stream):
+    client = _openai(embedded)
+    assert [m.id for m in client.models.list().data] == ["tiny-chat"]
+    response_format = {"type": "json_schema", "json_schema": {"name": "parcel", "schema": SCHEMA, "strict": True}}
+    for seed in (1, 2, 3):
+        messages = [{"role": "user", "content": f"Describe parcel {seed} ☃"}]
+        kwargs = {"model": "tiny-chat", "messages": messages, "max_tokens": 60, "seed": seed, "temperature": 0.9}
+        if stream:
+            chunks = list(
+                client.chat.completions.create(
+                    **kwargs, response_format=response_format, stream=True, stream_options={"include_usage": True}
+                )
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert chunks[-1].usage.completion_tokens > 0
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        else:
+            answer = client.chat.completions.create(**kwargs, response_format=response_format)
+            text = answer.choices[0].message.content
+            assert answer.choices[0].finish_reason == "stop" and answer.usage.prompt_tokens > 0
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_openai_completion_with_a_constraint_key_through_triton(embedded):
+    answer = _openai(embedded).completions.create(
+        model="tiny-chat", prompt="Code:", max_tokens=12, extra_body={"vllm_xargs": {"constraint_regex": "[0-9]{4}"}}
+    )
+    assert re.fullmatch(r"[0-9]{4}", answer.choices[0].text), answer
+    assert answer.usage.completion_tokens >= 4
+
+
+def test_openai_fields_triton_cannot_honour_are_refused_by_name(embedded):
+    import openai
+
+    client = _openai(embedded)
+    messages = [{"role": "user", "content": "Hi"}]
+    for kwargs, name in (
+        ({"logprobs": True}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+        ({"extra_body": {"top_k": "many"}}, "top_k"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=4, **kwargs)
+        assert name in str(caught.value), caught.value
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="parcel-classifier", messages=messages, max_tokens=4)
 
 
 def test_zz_embedded_sigterm_leaves_no_process(embedded):

@@ -16,7 +16,7 @@ executionMode standalone: Triton serves KServe v2 itself on the public ports (--
 --metrics-port metrics). executionMode embedded: Triton listens on loopback only, and llmserve's KServe v2 HTTP
 (--port) and gRPC (--grpc-port) frontends sit in front (grpc_proxy.py, http_proxy.py): the API key, body limits,
 /health (503 until every model is READY) and one merged /metrics (llmserve's own, vLLM's multiprocess files and
-Triton's endpoint). The OpenAI API over Triton (--openai) is not built yet and is refused with the way out.
+Triton's endpoint); with --openai, the OpenAI API over Triton on --port too (openai_routes.py).
 """
 
 from __future__ import annotations
@@ -140,8 +140,9 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
             from llmserve.serve.metrics import ServerMetrics
 
             metrics = ServerMetrics()
+            openai = await asyncio.to_thread(_openai_settings, packages) if options.openai else None
             with steps.step("listen", "KServe v2 HTTP and gRPC in front of Triton"):
-                proxies = await _start_proxies(options, readiness, metrics)
+                proxies = await _start_proxies(options, readiness, metrics, openai)
         if stop.is_set():
             return 0
         ids = [p.manifest.modelId for p in packages]
@@ -151,7 +152,10 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
                 return 0
         if mode == "embedded":
             for proxy in proxies:
-                proxy.attach(triton.http_url if proxy.name == "kserve-http" else triton.grpc_url)
+                if proxy.name == "kserve-http":
+                    proxy.attach(triton.http_url, triton.grpc_url)
+                else:
+                    proxy.attach(triton.grpc_url)
             assert metrics is not None
             from llmserve.metrics import TritonScrape
 
@@ -209,16 +213,55 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
     if len(set(ids)) != len(ids):
         raise InvalidInputError(f"two packages have the same modelId: {', '.join(ids)}")
     mode = execution_mode({p.manifest.modelId: p.manifest.executionMode for p in packages})
-    if options.openai:
+    if options.openai and mode == "standalone":
         raise InvalidInputError(
-            "--openai with --engine triton is not available yet (the OpenAI frontend over Triton is not built)",
-            hint="Drop --openai (clients use KServe v2: tritonclient, HTTP or gRPC), or serve one vLLM package "
-            "on the embedded engine: --engine vllm --openai.",
+            "--openai needs llmserve's frontends in front of Triton, and executionMode standalone has none "
+            "(Triton serves KServe v2 itself)",
+            hint="Set `executionMode: embedded` in llmserve.yaml (the default), or drop --openai.",
+        )
+    if options.served_model_name:
+        raise InvalidInputError(
+            "--served-model-name is not taken with --engine triton: clients name a model by its Triton name, "
+            "the package's modelId"
         )
     return packages, mode
 
 
-async def _start_proxies(options: ServeOptions, readiness: Any, metrics: Any) -> list[Any]:
+def _openai_settings(packages: list[Any]) -> Any:
+    """The generating models (vLLM-backend packages) the OpenAI routes serve, with their chat templates."""
+    from transformers import AutoTokenizer
+
+    from llmserve.serve.triton.http_proxy import OpenAISettings
+    from llmserve.serve.triton.openai_routes import TritonLLM
+
+    models = {}
+    for package in packages:
+        if package.manifest.backend != "vllm":
+            continue
+        tokenizer = AutoTokenizer.from_pretrained(str(package.weights_dir))
+
+        def render(messages: list[dict[str, Any]], tokenizer: Any = tokenizer) -> str:
+            return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+        models[package.manifest.modelId] = TritonLLM(package.manifest.modelId, render)
+    if not models:
+        raise InvalidInputError("--openai: none of the packages is a vLLM-backend (generating) model")
+    key = structured_outputs_key()
+    log.info("startup: openai      %s; response_format travels as sampling_parameters '%s'", ", ".join(models), key)
+    return OpenAISettings(models, key)
+
+
+def structured_outputs_key(lock_path: Path = Path("llmserve.lock")) -> str:
+    """The structured-output key of the Triton line's vLLM backend: the lock's pin where one is here, else the key
+    of the vLLM llmserve's own backend runs (vLLM 0.32: structured_outputs)."""
+    from llmserve.formats.lock import load_lock
+
+    if lock_path.is_file():
+        return load_lock(lock_path).interfaces.structuredOutputs.key
+    return "structured_outputs"
+
+
+async def _start_proxies(options: ServeOptions, readiness: Any, metrics: Any, openai: Any) -> list[Any]:
     from llmserve.serve.triton.grpc_proxy import TritonGrpcProxy
     from llmserve.serve.triton.http_proxy import TritonHttpProxy
 
@@ -228,6 +271,7 @@ async def _start_proxies(options: ServeOptions, readiness: Any, metrics: Any) ->
         api_key=options.api_key,
         max_body_bytes=options.max_body_bytes,
         metrics=metrics.exposition,
+        openai=openai,
     )
     grpc = TritonGrpcProxy(
         options.host, options.grpc_port, api_key=options.api_key, max_message_bytes=options.max_body_bytes

@@ -1,5 +1,5 @@
 """KServe v2 HTTP in front of Triton (executionMode embedded): llmserve's port, guards (API key, body size) and
-/health, Triton's answers.
+/health, Triton's answers; with --openai, the OpenAI API over Triton on the same port (openai_routes.py).
 
 Every /v2 route is forwarded to the Triton on loopback unchanged (method, path, query, body, content headers), and
 Triton's answer comes back as it is sent, streamed: `generate_stream` server-sent events arrive as Triton writes
@@ -10,6 +10,7 @@ as on the embedded engine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -21,6 +22,13 @@ from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.routing import Exposition, new_app, operations_router
+
+
+@dataclass(frozen=True)
+class OpenAISettings:
+    models: dict[str, Any]  # name -> llmserve.serve.triton.openai_routes.TritonLLM
+    so_key: str  # the structured-output key of sampling_parameters the backend takes
+
 
 # Request headers that stay here: the client's credentials for llmserve, and hop-by-hop ones httpx sets itself.
 PRIVATE_HEADERS = {"authorization", "x-api-key", "host", "content-length", "connection", "transfer-encoding"}
@@ -36,19 +44,32 @@ class TritonHttpProxy(UvicornFrontend):
     name = "kserve-http"
 
     def __init__(
-        self, host: str, port: int, *, api_key: str | None, max_body_bytes: int, metrics: Exposition | None = None
+        self,
+        host: str,
+        port: int,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        metrics: Exposition | None = None,
+        openai: OpenAISettings | None = None,
     ):
         super().__init__(host, port)
         self._api_key = api_key
         self.max_body_bytes = max_body_bytes
         self._metrics = metrics
+        self.openai = openai  # the OpenAI API over Triton on the same port (--openai)
         self.upstream: str | None = None
         self._client: httpx.AsyncClient | None = None
+        self._grpc: Any = None  # tritonclient.grpc.aio client to Triton, for the OpenAI routes
 
-    def attach(self, upstream: str) -> None:
-        """Forward to Triton's HTTP endpoint (host:port) from now on."""
+    def attach(self, upstream: str, grpc_upstream: str) -> None:
+        """Forward to Triton's HTTP endpoint (host:port) from now on; the OpenAI routes call its gRPC endpoint."""
         self.upstream = upstream
         self._client = httpx.AsyncClient(base_url=f"http://{upstream}", timeout=_TIMEOUT)
+        if self.openai is not None:
+            import tritonclient.grpc.aio as grpc_aio
+
+            self._grpc = grpc_aio.InferenceServerClient(grpc_upstream)
 
     def build(self, readiness: Readiness) -> Any:
         app = build_app(self, readiness, self._metrics)
@@ -59,6 +80,9 @@ class TritonHttpProxy(UvicornFrontend):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._grpc is not None:
+            await self._grpc.close()
+            self._grpc = None
 
     def ready_client(self, readiness: Readiness) -> httpx.AsyncClient | None:
         return self._client if readiness.accepting else None
@@ -67,6 +91,10 @@ class TritonHttpProxy(UvicornFrontend):
 def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition | None) -> FastAPI:
     app = new_app("llmserve KServe v2 over Triton")
     app.include_router(operations_router(readiness, metrics))
+    if proxy.openai is not None:
+        from llmserve.serve.triton.openai_routes import build_router
+
+        app.include_router(build_router(readiness, proxy.openai.models, lambda: proxy._grpc, proxy.openai.so_key))
 
     async def forward(request: Request, path: str) -> Response:
         client = proxy.ready_client(readiness)
