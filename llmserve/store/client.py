@@ -101,6 +101,8 @@ def translate(exc: BaseException, what: str, *, bucket: str, during_transfer: bo
             hint="Run the same command again; if it fails again, check the network path to the store.",
         )
     if isinstance(exc, bex.EndpointConnectionError | bex.ConnectTimeoutError):
+        if during_transfer:  # the store went away mid-way: what was sent is kept, and a rerun continues
+            return TransferInterruptedError(f"{what}: the store stopped answering ({type(exc).__name__})")
         return StoreUnreachableError(f"{what}: cannot connect to the store ({type(exc).__name__})")
     if isinstance(exc, bex.ReadTimeoutError | bex.ConnectionClosedError | bex.IncompleteReadError) or during_transfer:
         return TransferInterruptedError(f"{what}: the transfer was interrupted ({code or type(exc).__name__})")

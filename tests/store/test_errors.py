@@ -111,3 +111,34 @@ def test_unreachable_store(tmp_path, aws_env, small_packages):
 def test_bad_references_are_usage_errors(aws_env, args, needle):
     r = run_cli(*args, env=aws_env)
     assert r.returncode == 3 and needle in r.stderr and "hint" in r.stderr, r.stderr
+
+
+def test_store_gone_mid_push_is_an_interrupted_transfer(tmp_path, multipart_package):
+    """The server dies during the upload: exit 8, transfer-interrupted, and the hint says to rerun."""
+    import time
+
+    import boto3
+    from store_helpers import start_moto, stop
+    from support.cli import popen_cli
+
+    proc, url = start_moto(tmp_path / "moto.log")
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="k",
+                      aws_secret_access_key=SECRET)  # fmt: skip
+    s3.create_bucket(Bucket="doomed")
+    log = tmp_path / "push.log"
+    push = popen_cli("push", multipart_package, "s3://doomed", "--part-size", "5MiB", "--concurrency", "1",
+                     "--max-bandwidth", "5M", log=log, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not s3.list_multipart_uploads(Bucket="doomed").get("Uploads") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop(proc)
+        assert push.wait(120) == 8
+    finally:
+        push.kill()
+        stop(proc)
+    err = json.loads(log.read_text())
+    assert err["error"] == "transfer-interrupted" and "continues" in err["hint"], err
+    assert SECRET not in log.read_text()
