@@ -36,6 +36,18 @@ def serve(
         help="HTTP port: OpenAI API and KServe v2 HTTP with --openai, KServe v2 HTTP alone without (0: any free port).",
     ),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port)."),
+    triton_url: str = typer.Option(
+        None,
+        "--triton-url",
+        help="Attach to a Triton that already runs (its gRPC HOST:PORT) instead of starting one: llmserve's "
+        "frontends (--openai, KServe v2) serve the packages' models from it.",
+        show_default=False,
+    ),
+    triton_http_url: str = typer.Option(
+        None,
+        "--triton-http-url",
+        help="With --triton-url: that Triton's HTTP HOST:PORT, for the KServe v2 HTTP routes.",
+    ),
     metrics_port: int = typer.Option(
         8002, "--metrics-port", help="Triton's metrics port with --engine triton (0: any free port)."
     ),
@@ -116,7 +128,9 @@ def serve(
 
         curl -H "Authorization: Bearer $(cat ~/.config/llmserve/key)" localhost:8000/v1/models
 
-        LLMSERVE_TRITON_ENV=.venv-triton llmserve serve dist/tiny-chat-1.llmpkg dist/iris-1.llmpkg --engine triton
+        LLMSERVE_TRITON_ENV=.venv-triton llmserve serve dist/tiny-chat-1.llmpkg dist/parcel-classifier-1.llmpkg --engine triton
+
+        llmserve serve dist/tiny-chat-1.llmpkg --openai --triton-url triton.internal:8001
     """
     from llmserve.serve import ServeOptions
     from llmserve.serve import serve as run_server
@@ -131,6 +145,8 @@ def serve(
         extra_packages=packages[1:],
         engine=engine,
         metrics_port=metrics_port,
+        triton_url=triton_url,
+        triton_http_url=triton_http_url,
         openai=openai,
         host=host,
         port=port,

@@ -70,6 +70,9 @@ class ServeOptions:
     # "vllm" (the embedded engine) or "triton"; None: vLLM for one vLLM-backend package, else Triton.
     engine: str | None = None
     metrics_port: int = 8002  # Triton's own metrics endpoint (--engine triton, standalone)
+    # Attach llmserve's frontends to a Triton that already runs: its gRPC (and, optional, HTTP) address.
+    triton_url: str | None = None
+    triton_http_url: str | None = None
     openai: bool = False
     host: str = "127.0.0.1"
     port: int = 8000  # HTTP: OpenAI (+ KServe v2 routes) with --openai, KServe v2 HTTP alone without

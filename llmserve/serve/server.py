@@ -222,7 +222,7 @@ def serve(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = 
     from llmserve.packaging.opened import package_backend  # deferred: imports llmserve.packaging (module doc)
     from llmserve.serve.triton.host import choose_engine, serve_on_triton
 
-    engine = choose_engine(options.engine, [package_backend(p) for p in options.packages])
+    engine = choose_engine(options.engine, [package_backend(p) for p in options.packages], options.triton_url)
     if engine == "triton":
         return asyncio.run(serve_on_triton(options, on_ready))
     return asyncio.run(serve_async(options, on_ready))

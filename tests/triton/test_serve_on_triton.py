@@ -62,6 +62,7 @@ def classifier_package(tmp: Path, mode: str = "standalone") -> Path:
 class Served:
     def __init__(self, proc: subprocess.Popen, log: Path, http: int, grpc: int, metrics: int):
         self.proc, self.log, self.http, self.grpc, self.metrics = proc, log, http, grpc, metrics
+        self.packages: list[Path] = []
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -101,6 +102,7 @@ def host(tmp_path_factory, tiny_model_dir, triton_env):
     llm_src = write_vllm_source(tmp / "llm", tiny_model_dir, extra="executionMode: standalone\n")
     llm = build_package(llm_src, tmp / "dist").path
     served = start_serve([llm, classifier_package(tmp)], tmp / "serve.log", triton_env)
+    served.packages = [llm]
     try:
         wait_ready(served)
         yield served
@@ -187,6 +189,44 @@ def _get(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode()
+
+
+def test_frontends_attach_to_a_running_triton_with_triton_url(host, tmp_path):
+    http, grpc = free_ports("127.0.0.1", 2)
+    attached = Served(
+        subprocess.Popen(
+            cli_argv(
+                "serve", *host.packages, "--openai", "--port", http, "--grpc-port", grpc,
+                "--triton-url", f"127.0.0.1:{host.grpc}", "--triton-http-url", f"127.0.0.1:{host.http}",
+            ),
+            stdout=(tmp_path / "attached.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            env=cli_env({"LLMSERVE_API_KEY": ""}),
+        ),
+        tmp_path / "attached.log", http, grpc, 0,
+    )  # fmt: skip
+    try:
+        wait_ready(attached)
+        import openai
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="none", max_retries=0)
+        response_format = {"type": "json_schema", "json_schema": {"name": "parcel", "schema": SCHEMA}}
+        answer = client.chat.completions.create(
+            model="tiny-chat",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=60,
+            response_format=response_format,
+        )
+        jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+        # KServe v2 over the attached frontends reaches every model of that Triton, the classifier included
+        parcels = np.array([[21, 14, 8, 0.6]], dtype=np.float32)
+        features = grpcclient.InferInput("FEATURES", list(parcels.shape), "FP32")
+        features.set_data_from_numpy(parcels)
+        result = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}").infer("parcel-classifier", [features])
+        assert result.as_numpy("LABEL").tolist() == [b"small"]
+    finally:
+        assert stop(attached) == 0
+    assert processes_mentioning(f"--grpc-port={host.grpc}"), "stopping the attached frontends leaves Triton running"
 
 
 def test_zz_sigterm_stops_triton_and_leaves_no_process(host):

@@ -17,6 +17,9 @@ executionMode standalone: Triton serves KServe v2 itself on the public ports (--
 (--port) and gRPC (--grpc-port) frontends sit in front (grpc_proxy.py, http_proxy.py): the API key, body limits,
 /health (503 until every model is READY) and one merged /metrics (llmserve's own, vLLM's multiprocess files and
 Triton's endpoint); with --openai, the OpenAI API over Triton on --port too (openai_routes.py).
+With --triton-url HOST:PORT (gRPC; --triton-http-url for the KServe HTTP routes) nothing is started: llmserve's
+frontends attach to a Triton that already runs (a standalone one elsewhere), ready once it has the packages' models
+READY; the packages give the model names and chat templates.
 """
 
 from __future__ import annotations
@@ -55,11 +58,15 @@ class EngineChoiceError(InvalidInputError):
     code = "serve-engine"
 
 
-def choose_engine(requested: str | None, backends: Sequence[str]) -> str:
+def choose_engine(requested: str | None, backends: Sequence[str], triton_url: str | None = None) -> str:
     """The engine for packages of these backends: --engine if given (and able), else vLLM for one vLLM package,
     Triton otherwise (a Python-backend model runs only in Triton's Python backend)."""
     if requested is not None and requested not in ENGINES:
         raise EngineChoiceError(f"--engine {requested}: unknown engine; choose one of {', '.join(ENGINES)}")
+    if triton_url:
+        if requested == "vllm":
+            raise EngineChoiceError("--triton-url attaches to a Triton: it cannot go with --engine vllm")
+        return "triton"
     if requested == "vllm":
         if "python" in backends:
             raise EngineChoiceError(
@@ -146,29 +153,10 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
         if stop.is_set():
             return 0
         ids = [p.manifest.modelId for p in packages]
-        with steps.step("triton", f"start tritonserver with {', '.join(ids)}"):
-            triton = _triton_server(options, packages, mode)
-            if not await _start_unless_stopped(triton, stop):
-                return 0
-        if mode == "embedded":
-            for proxy in proxies:
-                if proxy.name == "kserve-http":
-                    proxy.attach(triton.http_url, triton.grpc_url)
-                else:
-                    proxy.attach(triton.grpc_url)
-            assert metrics is not None
-            from llmserve.metrics import TritonScrape
-
-            metrics.merged.add(TritonScrape(triton.metrics_url))
-            readiness.set_ready(TritonHandle(triton))
-            metrics.ready.set(1)
-            addresses = [f"KServe v2 {p.address}" for p in proxies]
-        else:
-            addresses = [
-                f"KServe v2 HTTP {triton.http_url}",
-                f"gRPC {triton.grpc_url}",
-                f"metrics {triton.metrics_url}",
-            ]
+        triton = await _bring_up(options, packages, mode, steps, stop)
+        if triton is None:
+            return 0
+        addresses = _go_ready(triton, proxies, metrics, readiness)
         total = sum(s for _, s in steps.steps)
         log.info(
             "ready in %.2f s: Triton hosts %s (executionMode %s); %s", total, ", ".join(ids), mode, ", ".join(addresses)
@@ -197,6 +185,43 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
             loop.remove_signal_handler(sig)
 
 
+async def _bring_up(options: ServeOptions, packages: list[Any], mode: str, steps: Any, stop: asyncio.Event) -> Any:
+    """The Triton serving the packages, ready (started here, or attached with --triton-url); None after a signal."""
+    ids = ", ".join(p.manifest.modelId for p in packages)
+    if options.triton_url:
+        from llmserve.serve.triton.remote import RemoteTriton
+
+        with steps.step("triton", f"attach to the Triton at {options.triton_url} ({ids})"):
+            remote = RemoteTriton(
+                options.triton_url,
+                options.triton_http_url,
+                [p.manifest.modelId for p in packages],
+                ready_timeout=READY_TIMEOUT_S,
+            )
+            return remote if await _start_unless_stopped(remote, stop) else None
+    with steps.step("triton", f"start tritonserver with {ids}"):
+        triton = _triton_server(options, packages, mode)
+        return triton if await _start_unless_stopped(triton, stop) else None
+
+
+def _go_ready(triton: Any, proxies: list[Any], metrics: Any, readiness: Any) -> list[str]:
+    """Point llmserve's frontends (if any: executionMode embedded) at the ready Triton; where clients connect."""
+    if not proxies:
+        return [f"KServe v2 HTTP {triton.http_url}", f"gRPC {triton.grpc_url}", f"metrics {triton.metrics_url}"]
+    from llmserve.metrics import TritonScrape
+
+    for proxy in proxies:
+        if proxy.name == "kserve-http":
+            proxy.attach(triton.http_url, triton.grpc_url)
+        else:
+            proxy.attach(triton.grpc_url)
+    if triton.metrics_url:
+        metrics.merged.add(TritonScrape(triton.metrics_url))
+    readiness.set_ready(TritonHandle(triton))
+    metrics.ready.set(1)
+    return [f"{p.name} {p.address}" for p in proxies]
+
+
 def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
     """The packages, opened and checked (code-loading engine arguments need --trust-remote-code), and their mode."""
     from llmserve.packaging.opened import open_package
@@ -212,7 +237,12 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
     ids = [p.manifest.modelId for p in packages]
     if len(set(ids)) != len(ids):
         raise InvalidInputError(f"two packages have the same modelId: {', '.join(ids)}")
-    mode = execution_mode({p.manifest.modelId: p.manifest.executionMode for p in packages})
+    # attached to a Triton elsewhere, llmserve's frontends are all it runs: the packages' own mode is that Triton's
+    mode = (
+        "embedded"
+        if options.triton_url
+        else execution_mode({p.manifest.modelId: p.manifest.executionMode for p in packages})
+    )
     if options.openai and mode == "standalone":
         raise InvalidInputError(
             "--openai needs llmserve's frontends in front of Triton, and executionMode standalone has none "

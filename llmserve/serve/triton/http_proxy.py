@@ -62,10 +62,12 @@ class TritonHttpProxy(UvicornFrontend):
         self._client: httpx.AsyncClient | None = None
         self._grpc: Any = None  # tritonclient.grpc.aio client to Triton, for the OpenAI routes
 
-    def attach(self, upstream: str, grpc_upstream: str) -> None:
-        """Forward to Triton's HTTP endpoint (host:port) from now on; the OpenAI routes call its gRPC endpoint."""
+    def attach(self, upstream: str | None, grpc_upstream: str) -> None:
+        """Forward to Triton's HTTP endpoint (host:port; None: not known, the /v2 routes answer 404) from now on;
+        the OpenAI routes call its gRPC endpoint."""
         self.upstream = upstream
-        self._client = httpx.AsyncClient(base_url=f"http://{upstream}", timeout=_TIMEOUT)
+        if upstream is not None:
+            self._client = httpx.AsyncClient(base_url=f"http://{upstream}", timeout=_TIMEOUT)
         if self.openai is not None:
             import tritonclient.grpc.aio as grpc_aio
 
@@ -98,6 +100,11 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
 
     async def forward(request: Request, path: str) -> Response:
         client = proxy.ready_client(readiness)
+        if client is None and readiness.accepting:
+            message = (
+                "KServe v2 HTTP is not forwarded: this server was attached with --triton-url and no --triton-http-url"
+            )
+            return JSONResponse({"error": message}, status_code=404)
         if client is None:
             if path == "health/live":
                 return Response(status_code=200)
