@@ -36,15 +36,21 @@ other keyword that would change the accepted language and is not supported is re
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import compile_ast, literal, parse
+from llmserve.constraints.regex import ByteDFA, compile_ast, expanded_size, literal, parse
 from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
 from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, string_ast
 
 MAX_DEPTH = 32
+# A $ref target whose tree would expand to more NFA states than this is built into its own minimal
+# automaton once and embedded as it is: every use then costs that automaton's states, not the
+# expansion of its regular expression again (a free-form value's tree expands to ~150k states, its
+# automaton has a few hundred).
+EMBED_AT = 4000
 # A recursive $ref is unrolled: a reference may appear this many times on the path from the root;
 # one level deeper it admits no value, so an optional property, an anyOf branch or array items that
 # would go deeper are left out (a subset: every answer still validates). See ``convert``.
@@ -131,6 +137,17 @@ def _string_any():
     return _cat(QUOTE, ("rep", encode(ANY_CHAR), 0, None), QUOTE)
 
 
+_ANY_DFA: dict[int, ByteDFA] = {}
+
+
+def any_value_node(depth: int = ANY_DEPTH) -> tuple:
+    """``any_value(depth)`` as an embedded automaton, built once per process."""
+    dfa = _ANY_DFA.get(depth)
+    if dfa is None:
+        dfa = _ANY_DFA[depth] = compile_ast(any_value(depth))
+    return ("dfa", dfa)
+
+
 def any_value(depth: int = ANY_DEPTH):
     """Any compact JSON value nested at most ``depth`` deep (arrays and objects count one each)."""
     scalars = [_string_any(), parse(NUMBER), _lit("true"), _lit("false"), _lit("null")]
@@ -151,13 +168,14 @@ class _Converter:
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self._any: tuple | None = None
+        self.started = time.monotonic()  # automata built along the way share the compile time budget
 
     def fail(self, what: str) -> ConstraintError:
         return ConstraintError(f"json_schema: {what}")
 
     def any(self):
         if self._any is None:
-            self._any = any_value()
+            self._any = any_value_node()
         return self._any
 
     def resolve(self, ref: Any):
@@ -226,7 +244,10 @@ class _Converter:
             self._check_recursion(ref, refs)
             key = (ref, refs)  # the same reference on the same path converts alike: built once
             if key not in self.converted:
-                self.converted[key] = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+                tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+                if expanded_size(tree, EMBED_AT) > EMBED_AT:
+                    tree = ("dfa", compile_ast(tree, started=self.started))
+                self.converted[key] = tree
             return self.converted[key]
         schema, refs = self.normalize(schema, refs)
         if schema is True:
@@ -319,7 +340,7 @@ class _Converter:
         """``const``/``enum``: the listed values that also satisfy the keywords beside them."""
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
         if _constrains(rest):
-            dfa = compile_ast(self.convert(rest, depth + 1, refs))
+            dfa = compile_ast(self.convert(rest, depth + 1, refs), started=self.started)
             values = [v for v in values if dfa.matches(_dumps(v).encode())]
             if not values:
                 raise Unsatisfiable("json_schema: no enum/const value satisfies the keywords beside it")
@@ -438,7 +459,10 @@ class _Converter:
             if name not in required and dep is not None and not certain:
                 del props[name]
         if "propertyNames" in schema and props:
-            names = compile_ast(self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs))
+            names = compile_ast(
+                self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs),
+                started=self.started,
+            )
             for name in list(props):
                 if not names.matches(_dumps(name).encode()):
                     if name in required:

@@ -2,7 +2,7 @@
 
 An integer range becomes a regular expression over its decimal digits (one branch per digit count,
 the classic split of a range into prefixes that share digits), so the automaton stays linear in
-the number of digits. Numbers at most 16 digits long, as the unbounded ``integer``.
+the number of digits. An open side of a range stops at 16 digits.
 
 A bounded ``number`` is generated as an integer in the range (a subset of the numbers the schema
 accepts: every answer validates; fractions are not produced when bounds are given).
@@ -17,8 +17,11 @@ from llmserve.constraints.regex import parse
 
 MAX_DIGITS = 16
 _CAP = 10**MAX_DIGITS - 1
-INTEGER = r"-?(0|[1-9][0-9]{0,15})"
-NUMBER = r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?"
+# Unbounded digit runs: a counted {0,15} costs a state per digit in every number of a schema, and
+# the answer's length is bounded by max_tokens steering (budget.py), not by the grammar. Exponents
+# stay at two digits (1e999 would read back as infinity).
+INTEGER = r"-?(0|[1-9][0-9]*)"
+NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]{1,2})?"
 
 
 def _same_length(lo: str, hi: str) -> str:

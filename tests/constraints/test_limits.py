@@ -129,7 +129,11 @@ def test_ref_fan_out_is_refused_quickly_naming_the_limit():
         timeout=60,
     )
     message, hint, seconds = out.rsplit("|", 2)
-    assert "more than 2000000 automaton states" in message and "LLMSERVE_CONSTRAINT_MAX_NFA_STATES" in hint
+    # a large $ref target is built into its own automaton once (jsonschema.EMBED_AT), so the levels
+    # grow as automata until the state limit stops them, rather than as one expanded expression
+    assert ("more than 2000000 automaton states" in message and "LLMSERVE_CONSTRAINT_MAX_NFA_STATES" in hint) or (
+        "more than 20000 automaton states" in message and "LLMSERVE_CONSTRAINT_MAX_STATES" in hint
+    )
     assert float(seconds) < 5
 
 
