@@ -44,11 +44,13 @@ SCHEMA = {
 }
 
 
-def classifier_package(tmp: Path, mode: str = "standalone") -> Path:
-    src = tmp / f"triton-classifier-{mode}"
+def classifier_package(tmp: Path, mode: str = "standalone", version: int = 1, outputs: str = "") -> Path:
+    src = tmp / f"triton-classifier-{mode}-{version}{'-x' if outputs else ''}"
     shutil.copytree(REPO / "examples" / "triton-classifier", src)
     manifest = src / "llmserve.yaml"
-    manifest.write_text(manifest.read_text().replace("executionMode: embedded", f"executionMode: {mode}"))
+    text = manifest.read_text().replace("executionMode: embedded", f"executionMode: {mode}")
+    text = text.replace("modelVersion: 1", f"modelVersion: {version}")
+    manifest.write_text(text + outputs)
     trained = subprocess.run(
         [str(REPO / ".venv" / "bin" / "python"), str(src / "train.py"), str(src / "model")],
         capture_output=True,
@@ -434,3 +436,29 @@ def test_zz_embedded_sigterm_leaves_no_process(embedded):
     while processes_mentioning(prefix):
         assert time.monotonic() < deadline, processes_mentioning(prefix)
         time.sleep(0.5)
+
+
+def test_versions_of_one_model_are_served_by_one_triton_model(tmp_path, triton_env):
+    versions = [classifier_package(tmp_path, "embedded", v) for v in (1, 2)]
+    served = start_serve(versions, tmp_path / "serve.log", triton_env)
+    try:
+        wait_ready(served)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
+        assert sorted(client.get_model_metadata("parcel-classifier").versions) == ["1", "2"]
+        parcels = np.array([[90, 60, 45, 15.0]], dtype=np.float32)
+        features = grpcclient.InferInput("FEATURES", list(parcels.shape), "FP32")
+        features.set_data_from_numpy(parcels)
+        for version in ("1", "2"):
+            result = client.infer("parcel-classifier", [features], model_version=version)
+            assert result.get_response().model_version == version
+            assert result.as_numpy("LABEL").tolist() == [b"large"]
+    finally:
+        assert stop(served) == 0
+
+
+def test_versions_whose_configurations_differ_are_refused(tmp_path):
+    v1 = classifier_package(tmp_path, "embedded", 1)
+    extra = "      - {name: EXTRA, datatype: FP32, dims: [-1]}\n"
+    v2 = classifier_package(tmp_path, "embedded", 2, outputs=extra)
+    result = run_cli("serve", v1, v2, "--engine", "triton")
+    assert result.returncode == 3 and "have different Triton configurations" in result.stderr, result.stderr

@@ -152,7 +152,7 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
                 proxies = await _start_proxies(options, readiness, metrics, openai)
         if stop.is_set():
             return 0
-        ids = [p.manifest.modelId for p in packages]
+        ids = model_names(packages)
         triton = await _bring_up(options, packages, mode, steps, stop)
         if triton is None:
             return 0
@@ -187,7 +187,7 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
 
 async def _bring_up(options: ServeOptions, packages: list[Any], mode: str, steps: Any, stop: asyncio.Event) -> Any:
     """The Triton serving the packages, ready (started here, or attached with --triton-url); None after a signal."""
-    ids = ", ".join(p.manifest.modelId for p in packages)
+    ids = ", ".join(model_names(packages))
     if options.triton_url:
         from llmserve.serve.triton.remote import RemoteTriton
 
@@ -195,7 +195,7 @@ async def _bring_up(options: ServeOptions, packages: list[Any], mode: str, steps
             remote = RemoteTriton(
                 options.triton_url,
                 options.triton_http_url,
-                [p.manifest.modelId for p in packages],
+                model_names(packages),
                 ready_timeout=READY_TIMEOUT_S,
             )
             return remote if await _start_unless_stopped(remote, stop) else None
@@ -222,6 +222,11 @@ def _go_ready(triton: Any, proxies: list[Any], metrics: Any, readiness: Any) -> 
     return [f"{p.name} {p.address}" for p in proxies]
 
 
+def model_names(packages: list[Any]) -> list[str]:
+    """The Triton models the packages make, in order (versions of one model are one model)."""
+    return list(dict.fromkeys(p.manifest.modelId for p in packages))
+
+
 def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
     """The packages, opened and checked (code-loading engine arguments need --trust-remote-code), and their mode."""
     from llmserve.packaging.opened import open_package
@@ -234,9 +239,12 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
         if manifest.backend == "vllm":
             merged = merged_engine_args(manifest.engine, options.engine_overrides())
             require_trust(merged, trusted=options.trust_remote_code, source=str(package.root))
-    ids = [p.manifest.modelId for p in packages]
-    if len(set(ids)) != len(ids):
-        raise InvalidInputError(f"two packages have the same modelId: {', '.join(ids)}")
+    given = [(p.manifest.modelId, p.manifest.modelVersion) for p in packages]
+    if len(set(given)) != len(given):
+        raise InvalidInputError(
+            "a package is given twice (same modelId and modelVersion): "
+            + ", ".join(f"{m} v{v}" for m, v in sorted(given))
+        )
     # attached to a Triton elsewhere, llmserve's frontends are all it runs: the packages' own mode is that Triton's
     mode = (
         "embedded"
@@ -334,9 +342,13 @@ def _triton_server(options: ServeOptions, packages: list[Any], mode: str) -> Any
         host = "127.0.0.1"
         wanted = [0, 0, 0]
     spare = iter(free_ports(host, wanted.count(0)))
+    from llmserve.packaging.opened import cache_root
+    from llmserve.serve.triton.repository import hosting_repositories
+
+    repositories = hosting_repositories(packages, cache_root() / "run" / f"triton-{options.port}")
     return TritonServer(
-        [p.repository_dir or p.root for p in packages],
-        [p.manifest.modelId for p in packages],
+        repositories,
+        model_names(packages),
         install=install,
         host=host,
         ports=TritonPorts(*[p or next(spare) for p in wanted]),
