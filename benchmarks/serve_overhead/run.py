@@ -112,6 +112,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--triton", action="store_true", help="also `llmserve serve --engine triton --openai` (needs .venv-triton)"
+    )
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="serve-overhead-"))
@@ -132,6 +135,8 @@ def main() -> None:
     # llmserve as served by default (constraint processor loaded) and without the processor, so the
     # processor's per-step cost on unconstrained traffic is measured apart from frontend overhead
     ports = {"llmserve": free_port(), "llmserve-noc": free_port(), "vllm": free_port()}
+    if args.triton:
+        ports["llmserve-triton"] = free_port()
     so = json.dumps({"backend": "guidance", "disable_any_whitespace": True})
     cmds = {
         "llmserve": [
@@ -180,6 +185,24 @@ def main() -> None:
             so,
         ],
     }
+    if args.triton:  # the same package on a Triton (llmserve's vLLM backend inside), OpenAI over Triton in front
+        env.setdefault("LLMSERVE_TRITON_ENV", str(REPO / ".venv-triton"))
+        from llmserve.packaging import build_package
+
+        package = build_package(src, work / "dist").path  # Triton hosts packages (a model repository inside)
+        cmds["llmserve-triton"] = [
+            *cmds["llmserve"][:4],
+            str(package),
+            "--engine",
+            "triton",
+            "--openai",
+            "--port",
+            str(ports["llmserve-triton"]),
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ]
     procs = {}
     try:
         for name in cmds:
@@ -235,6 +258,9 @@ def main() -> None:
     report["ratios_llmserve_over_vllm"] = ratios("llmserve", "vllm")
     report["ratios_llmserve_no_constraints_over_vllm"] = ratios("llmserve-noc", "vllm")
     report["ratios_llmserve_over_llmserve_no_constraints"] = ratios("llmserve", "llmserve-noc")
+    if args.triton:
+        report["ratios_triton_over_llmserve"] = ratios("llmserve-triton", "llmserve")
+        report["ratios_triton_over_vllm"] = ratios("llmserve-triton", "vllm")
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

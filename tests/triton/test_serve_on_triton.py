@@ -286,7 +286,9 @@ def _pid_of(text: str) -> int:
     raise AssertionError(f"no tritonserver process with {text}")
 
 
-def test_engine_choices_are_refused_with_the_way_out(tmp_path, tiny_vllm_package):
+def test_engine_choices_are_refused_with_the_way_out(tmp_path, tiny_vllm_package, tiny_vllm_source):
+    result = run_cli("serve", tiny_vllm_source, "--engine", "triton")
+    assert result.returncode == 3 and "Package it first" in result.stderr, result.stderr
     package = classifier_package(tmp_path, "embedded")
     result = run_cli("serve", package, "--engine", "vllm")
     assert result.returncode == 3 and "--engine triton" in result.stderr, result.stderr

@@ -235,6 +235,11 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
     packages = [open_package(Path(p)) for p in options.packages]
     for package in packages:
         manifest = package.manifest
+        if package.repository_dir is None:
+            raise InvalidInputError(
+                f"{package.root}: a source folder has no Triton model repository yet",
+                hint=f"Package it first (`llmserve package {package.root}`) and serve the .llmpkg.",
+            )
         log.info("startup: package     %s v%s (%s)", manifest.modelId, manifest.modelVersion, package.root)
         if manifest.backend == "vllm":
             merged = merged_engine_args(manifest.engine, options.engine_overrides())

@@ -57,6 +57,7 @@ OFF_ONLY = {
     "prompt_cache_key": "prompt caching by key is not offered (vLLM caches prefixes by content)",
     "safety_identifier": "safety identifiers are not recorded by this server",
     "suffix": "insertion (fill-in-the-middle) is not offered",
+    "prompt_logprobs": f"prompt log-probabilities {_NOT_THROUGH_TRITON}",
 }
 # OpenAI name -> sampling_parameters key (the same name unless given).
 SAMPLING_FIELDS = {
@@ -73,6 +74,10 @@ SAMPLING_FIELDS = {
     "min_p": "min_p",
     "repetition_penalty": "repetition_penalty",
     "min_tokens": "min_tokens",
+    "ignore_eos": "ignore_eos",
+    "stop_token_ids": "stop_token_ids",
+    "include_stop_str_in_output": "include_stop_str_in_output",
+    "skip_special_tokens": "skip_special_tokens",
 }
 HANDLED_HERE = {"model", "messages", "prompt", "stream", "stream_options", "n", "best_of", "response_format"}
 HANDLED_HERE |= {"vllm_xargs", "user"}  # user: an end-user id for the caller's records; not sent to the engine
