@@ -191,6 +191,8 @@ def _run_parts(up: _Upload, ranges: list[tuple[int, int]], concurrency: int, url
             if exc is not None:
                 n = futures[fut] + 1
                 if isinstance(exc, store_errors()):
+                    if error_code(exc) == "NoSuchUpload":
+                        raise _Superseded() from exc
                     raise translate(
                         exc, f"pushing part {n} of {len(ranges)} to {url}", bucket=up.bucket, during_transfer=True
                     ) from exc
@@ -200,6 +202,31 @@ def _run_parts(up: _Upload, ranges: list[tuple[int, int]], concurrency: int, url
         pool.shutdown(wait=True, cancel_futures=True)
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+class _Superseded(Exception):
+    """Our multipart upload is gone: another push of the same package completed (or aborted) it."""
+
+
+_SUPERSEDED_WAIT_S = 60.0
+
+
+def _blob_exists(client: Any, store: StoreLocation, digest: str, size: int) -> bool:
+    try:
+        return int(client.head_object(Bucket=store.bucket, Key=store.blob_key(digest))["ContentLength"]) == size
+    except store_errors():
+        return False
+
+
+def _await_other_push(client: Any, store: StoreLocation, digest: str, size: int) -> bool:
+    """Whether the push that superseded ours finishes the blob (its parts record appears) in time.
+    That push verified its own upload; checking ours against it could fail on a different part size."""
+    deadline = time.monotonic() + _SUPERSEDED_WAIT_S
+    while time.monotonic() < deadline:
+        if _blob_present(client, store, digest, size):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def _composite(shas: list[bytes]) -> str:
@@ -235,13 +262,14 @@ def _upload_blob(
     except store_errors() as exc:
         raise translate(exc, f"starting the upload of {url}", bucket=bucket) from exc
     fd = os.open(package, os.O_RDONLY)
+    up = _Upload(client, bucket, key, upload_id, listed, fd, limit, advance)
     try:
-        up = _Upload(client, bucket, key, upload_id, listed, fd, limit, advance)
         parts = _run_parts(up, ranges, concurrency, url)
     finally:
         os.close(fd)
-    result.partsTotal, result.partsUploaded, result.partsReused = len(ranges), up.uploaded, up.reused
-    result.bytesUploaded = up.bytes_uploaded
+        # counted even when the upload stops: the bytes were sent
+        result.partsTotal, result.partsUploaded, result.partsReused = len(ranges), up.uploaded, up.reused
+        result.bytesUploaded = up.bytes_uploaded
     shas = [sha for _etag, sha in parts]
     try:
         verified()
@@ -265,9 +293,9 @@ def _upload_blob(
             },
         )
     except store_errors() as exc:
-        # Another push of the same package may have completed this very upload first.
-        if error_code(exc) != "NoSuchUpload":
-            raise translate(exc, f"completing the upload of {url}", bucket=bucket, during_transfer=True) from exc
+        if error_code(exc) == "NoSuchUpload":
+            raise _Superseded() from exc
+        raise translate(exc, f"completing the upload of {url}", bucket=bucket, during_transfer=True) from exc
     _check_uploaded(client, bucket, key, size, shas, url)
     _abort_others(client, bucket, key, keep=upload_id)
     return shas
@@ -374,21 +402,37 @@ def push(
             result.alreadyPresent = True
             tick(size)
         else:
-            shas = _upload_blob(
-                client,
-                store,
-                package,
-                digest,
-                size,
-                part_size,
-                concurrency,
-                _RateLimit(max_bandwidth),
-                tick,
-                result,
-                verifying.result,
-            )
-            record = PartsRecord(digest=digest, size=size, partSize=part_size, parts=[s.hex() for s in shas])
-            put_json(client, store.bucket, store.parts_key(digest), record.model_dump_json() + "\n")
+            try:
+                shas = _upload_blob(
+                    client,
+                    store,
+                    package,
+                    digest,
+                    size,
+                    part_size,
+                    concurrency,
+                    _RateLimit(max_bandwidth),
+                    tick,
+                    result,
+                    verifying.result,
+                )
+            except _Superseded:
+                verifying.result()
+                if not _await_other_push(client, store, digest, size):
+                    raise TransferInterruptedError(
+                        f"{result.url}: another push of the same package took over this upload and did not finish"
+                    ) from None
+                result.alreadyPresent = True
+            except TransferInterruptedError:
+                # Some stores answer a part of an upload that another push completed with an error
+                # other than NoSuchUpload (moto: 500). If the blob is there now, that push won.
+                if not (_blob_exists(client, store, digest, size) and _await_other_push(client, store, digest, size)):
+                    raise
+                verifying.result()
+                result.alreadyPresent = True
+            else:
+                record = PartsRecord(digest=digest, size=size, partSize=part_size, parts=[s.hex() for s in shas])
+                put_json(client, store.bucket, store.parts_key(digest), record.model_dump_json() + "\n")
     before = _update_index(client, store, manifest, digest, size)
     result.indexUpdated = before != digest
     result.replacedDigest = before if before not in (None, digest) else None

@@ -115,3 +115,20 @@ def test_offline_pull_needs_no_store(tmp_path, aws_env, bucket, small_packages):
     assert code == 0 and pulled["digest"] == pushed["digest"] and pulled["downloaded"] is False, out
     code, err, out = run_cli_json("pull", f"s3://{bucket}/model-a:1", "--cache", tmp_path, "--offline", env=dead)
     assert code == 5 and err["error"] == "store-model-not-found" and "llmserve pull" in err["hint"], out
+
+
+def test_concurrent_pushes_of_one_package_both_succeed(tmp_path, aws_env, s3, bucket, multipart_package):
+    from support.cli import popen_cli
+
+    logs = [tmp_path / f"push{i}.log" for i in range(2)]
+    procs = [popen_cli("push", multipart_package, f"s3://{bucket}", "--part-size", "5MiB", log=log, env=aws_env)
+             for log in logs]  # fmt: skip
+    codes = [p.wait(120) for p in procs]
+    results = [json.loads(log.read_text()) for log in logs]
+    assert codes == [0, 0], results
+    assert {r["digest"] for r in results} == {read_index(multipart_package, verify=False).digest}
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert len([k for k in keys if k.endswith(".llmpkg")]) == 1 and len(keys) == 3
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    code, pulled, out = run_cli_json("pull", f"s3://{bucket}/big-model:3", "--cache", tmp_path / "c", env=aws_env)
+    assert code == 0 and pulled["downloaded"], out
