@@ -12,10 +12,18 @@ from llmserve.serve.options import API_KEY_ENV, DEFAULT_MAX_N
 
 
 def serve(
-    packages: list[Path] = typer.Argument(
+    packages: list[str] = typer.Argument(
         ...,
-        help="A .llmpkg, an unpacked package folder or a source folder with llmserve.yaml; with --engine "
-        "triton, several (one Triton hosts them all).",
+        help="A .llmpkg, an unpacked package folder, a source folder with llmserve.yaml, or a model store "
+        "reference s3://BUCKET/PREFIX/MODEL:VERSION (pulled once into --cache, then served from there); with "
+        "--engine triton, several (one Triton hosts them all).",
+        show_default=False,
+    ),
+    cache: Path = typer.Option(
+        None,
+        "--cache",
+        help="The model store cache s3:// references are pulled into (default: $LLMSERVE_STORE_CACHE, else "
+        "$LLMSERVE_CACHE/store). Endpoint and credentials: the usual AWS settings (AWS_ENDPOINT_URL, profiles).",
         show_default=False,
     ),
     engine: str = typer.Option(
@@ -131,6 +139,8 @@ def serve(
         LLMSERVE_TRITON_ENV=.venv-triton llmserve serve dist/tiny-chat-1.llmpkg dist/parcel-classifier-1.llmpkg --engine triton
 
         llmserve serve dist/tiny-chat-1.llmpkg --openai --triton-url triton.internal:8001
+
+        AWS_ENDPOINT_URL=http://127.0.0.1:9000 llmserve serve s3://models/prod/tiny-chat:1 --openai --cache /fsx/llmserve
     """
     from llmserve.serve import ServeOptions
     from llmserve.serve import serve as run_server
@@ -141,8 +151,9 @@ def serve(
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     options = ServeOptions(
-        package=packages[0],
-        extra_packages=packages[1:],
+        package=_package_argument(packages[0]),
+        extra_packages=[_package_argument(p) for p in packages[1:]],
+        store_cache=cache,
         engine=engine,
         metrics_port=metrics_port,
         triton_url=triton_url,
@@ -167,6 +178,10 @@ def serve(
     )
     code = run_server(options)
     raise typer.Exit(code)
+
+
+def _package_argument(text: str) -> Path | str:
+    return text if text.startswith("s3://") else Path(text)  # Path() would fold the '//' of a reference
 
 
 def register(app: typer.Typer) -> None:

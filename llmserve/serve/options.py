@@ -64,9 +64,12 @@ def read_api_key_file(path: Path) -> str:
 
 @dataclass
 class ServeOptions:
-    package: Path
+    # a path, or a model store reference (s3://BUCKET/PREFIX/MODEL:VERSION) pulled into the store cache first
+    package: Path | str
     # More packages hosted beside `package` (Triton only: one Triton hosts every model given).
-    extra_packages: list[Path] = field(default_factory=list)
+    extra_packages: list[Path | str] = field(default_factory=list)
+    # Where store references are materialised (llmserve.store's cache; default $LLMSERVE_CACHE/store).
+    store_cache: Path | None = None
     # "vllm" (the embedded engine) or "triton"; None: vLLM for one vLLM-backend package, else Triton.
     engine: str | None = None
     metrics_port: int = 8002  # Triton's own metrics endpoint (--engine triton, standalone)
@@ -109,7 +112,7 @@ class ServeOptions:
             raise InvalidInputError(f"--max-n must be at least 1, not {self.max_n}")
 
     @property
-    def packages(self) -> list[Path]:
+    def packages(self) -> list[Path | str]:
         return [self.package, *self.extra_packages]
 
     def engine_overrides(self) -> dict[str, Any]:

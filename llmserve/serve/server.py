@@ -21,6 +21,8 @@ must not look alive to its supervisor, which restarts it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -222,7 +224,30 @@ def serve(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = 
     from llmserve.packaging.opened import package_backend  # deferred: imports llmserve.packaging (module doc)
     from llmserve.serve.triton.host import choose_engine, serve_on_triton
 
-    engine = choose_engine(options.engine, [package_backend(p) for p in options.packages], options.triton_url)
-    if engine == "triton":
-        return asyncio.run(serve_on_triton(options, on_ready))
-    return asyncio.run(serve_async(options, on_ready))
+    with contextlib.ExitStack() as held:
+        options = from_the_store(options, held)
+        engine = choose_engine(options.engine, [package_backend(Path(p)) for p in options.packages], options.triton_url)
+        if engine == "triton":
+            return asyncio.run(serve_on_triton(options, on_ready))
+        return asyncio.run(serve_async(options, on_ready))
+
+
+def from_the_store(options: ServeOptions, held: contextlib.ExitStack) -> ServeOptions:
+    """The options with every model store reference (s3://...) replaced by its verified package in the store cache,
+    pulled once (one process downloads, others wait and reuse it) and held against eviction while `held` is open."""
+    refs = [str(p) for p in options.packages if str(p).startswith("s3://")]
+    if not refs:
+        return options
+    from llmserve.store import lease  # deferred: imports boto3 (the store extra), only for s3:// references
+
+    resolved: dict[str, Path] = {}
+    for ref in refs:
+        t0 = time.perf_counter()
+        log.info("startup: store       %s ...", ref)
+        lease_held, result = lease(ref, options.store_cache)
+        held.callback(lease_held.close)
+        resolved[ref] = result.path
+        how = f"pulled {result.size:,} bytes" if result.downloaded else "from the cache"
+        log.info("startup: store       %s -> %s (%s) in %.2f s", ref, result.path, how, time.perf_counter() - t0)
+    paths = [resolved.get(str(p), Path(p)) for p in options.packages]
+    return dataclasses.replace(options, package=paths[0], extra_packages=list(paths[1:]))

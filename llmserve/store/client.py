@@ -50,11 +50,11 @@ class StoreOptions:
 
 def make_client(options: StoreOptions) -> Any:
     try:
-        import boto3  # type: ignore[import-untyped]  # no stubs installed
-        from botocore.config import Config  # type: ignore[import-untyped]  # no stubs installed
+        import boto3
+        from botocore.config import Config
     except ModuleNotFoundError as exc:  # boto3 is the store's only third-party dependency
         raise MissingExtraError(exc.name or "boto3", "store") from exc
-    import botocore.exceptions as bex  # type: ignore[import-untyped]  # no stubs installed
+    import botocore.exceptions as bex
 
     try:
         session = boto3.Session(profile_name=options.profile, region_name=options.region)
