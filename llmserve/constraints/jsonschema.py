@@ -339,11 +339,15 @@ class _Converter:
     def _values(self, values: list, schema: dict, depth: int, refs):
         """``const``/``enum``: the listed values that also satisfy the keywords beside them."""
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
-        if _constrains(rest):
+        if _constrains(rest) and {k for k in rest if _constrains({k: rest[k]})} == {"type"}:
+            # only a type beside the values (the common case): checked without building an automaton
+            types = types_of(rest) or set()
+            values = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
+        elif _constrains(rest):
             dfa = compile_ast(self.convert(rest, depth + 1, refs), started=self.started)
             values = [v for v in values if dfa.matches(_dumps(v).encode())]
-            if not values:
-                raise Unsatisfiable("json_schema: no enum/const value satisfies the keywords beside it")
+        if _constrains(rest) and not values:
+            raise Unsatisfiable("json_schema: no enum/const value satisfies the keywords beside it")
         return _alt([_lit(_dumps(v)) for v in values])
 
     def _null(self, schema, depth, refs):
@@ -501,6 +505,20 @@ class _Converter:
                 raise
             return _lit("{}")
         return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
 def _count(schema: dict, key: str, default: int | None) -> Any:

@@ -71,22 +71,47 @@ FORMATS = {
 }
 
 
-def _escape_node(cp: int):
-    if cp in _SHORT:
-        return literal(_SHORT[cp])
-    return literal(f"\\u{cp:04x}")
+_NO_SHORT = [cp for cp in range(0x20) if cp not in _SHORT]  # controls written \u00XX
+_ALL_NO_SHORT = (
+    "cat",
+    [
+        literal("u00"),
+        (
+            "alt",
+            [
+                (
+                    "cat",
+                    [("set", [(0x30, 0x30)]), ("set", [(0x30, 0x37), (0x62, 0x62), (0x65, 0x66)])],
+                ),  # 00-07 0b 0e 0f
+                ("cat", [("set", [(0x31, 0x31)]), ("set", [(0x30, 0x39), (0x61, 0x66)])]),  # 10-1f
+            ],
+        ),
+    ],
+)
 
 
 def _encode_set(ranges: list[tuple[int, int]]):
-    """The JSON encodings of the characters in ``ranges``."""
+    """The JSON encodings of the characters in ``ranges``: raw where JSON allows, else one escape
+    (kept compact: one backslash, then a set of escape letters or ``u00`` and hex digits)."""
+
+    def has(cp: int) -> bool:
+        return any(lo <= cp <= hi for lo, hi in ranges)
+
     raw = []
     for lo, hi in ranges:
         for rlo, rhi in _RAW:
             a, b = max(lo, rlo), min(hi, rhi)
             if a <= b:
                 raw.append((a, b))
-    escaped = [_escape_node(cp) for cp in (*range(0x20), 0x22, 0x5C) if any(lo <= cp <= hi for lo, hi in ranges)]
-    branches = ([("set", raw)] if raw else []) + escaped
+    letters = [(ord(_SHORT[cp][1]), ord(_SHORT[cp][1])) for cp in sorted(_SHORT) if has(cp)]
+    after: list[tuple] = [("set", sorted(letters))] if letters else []
+    if all(has(cp) for cp in _NO_SHORT):
+        after.append(_ALL_NO_SHORT)
+    else:
+        after += [literal(f"u{cp:04x}") for cp in _NO_SHORT if has(cp)]
+    branches: list[tuple] = [("set", raw)] if raw else []
+    if after:
+        branches.append(("cat", [literal("\\"), after[0] if len(after) == 1 else ("alt", after)]))
     if not branches:
         return ("set", [])
     return branches[0] if len(branches) == 1 else ("alt", branches)
