@@ -2,7 +2,10 @@
 
 Public surface:
 
-* ``ConstraintSpec`` / ``spec_from_request``: regex, choice, json_schema (``jsonschema.py`` lists the subset)
+* ``ConstraintSpec`` / ``spec_from_request``: regex, choice, json_schema (``jsonschema.py`` lists what
+  is supported and how; ``schema_strings.py``, ``schema_numbers.py``, ``schema_merge.py`` hold the parts)
+* ``budget.py``: per automaton state the fewest tokens to the end, with which the processor makes a
+  constrained answer end within ``max_tokens``
 * ``Vocab``: a tokenizer's tokens as bytes (``Vocab.from_hf_tokenizer``, ``Vocab.from_tiktoken_ranks``)
 * ``compile_constraint(spec, vocab)`` -> ``CompiledConstraint`` (cached on disk by (constraint, vocab) digest)
 * ``ByteAutomaton``, ``TokenStateMachine``, ``register_machine``: custom constraints
