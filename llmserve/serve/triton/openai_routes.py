@@ -238,12 +238,14 @@ class Piece:
 
 
 async def run(client: Any, call: Call) -> AsyncIterator[Piece]:
-    """The call's pieces from Triton, streamed (the last one final); RequestRejected or RuntimeError on an error."""
+    """The call's pieces from Triton (streamed, or one whole answer; the last one final); RequestRejected or
+    RuntimeError on an error."""
     import tritonclient.grpc as grpcclient
 
     values = {
         "text_input": ("BYTES", np.array([call.prompt.encode("utf-8")], dtype=np.object_)),
-        "stream": ("BOOL", np.array([True])),
+        # a whole answer is one response from Triton (each streamed delta is a round trip through the stub)
+        "stream": ("BOOL", np.array([call.stream])),
         "sampling_parameters": ("BYTES", np.array([json.dumps(call.params).encode()], dtype=np.object_)),
         "exclude_input_in_output": ("BOOL", np.array([True])),
         "return_finish_reason": ("BOOL", np.array([True])),
