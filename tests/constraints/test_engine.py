@@ -4,14 +4,13 @@ prefill and batch moves. One engine start, in a child process (spawn-safe script
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
+from support.engine_scripts import run_engine_script
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -19,18 +18,7 @@ sys.path.insert(0, str(HERE))
 
 @pytest.fixture(scope="module")
 def engine_results(tiny_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("engine") / "results.json"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_USE_V2_MODEL_RUNNER="0")
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_run.py"), str(tiny_model_dir), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return run_engine_script(HERE / "engine_run.py", tiny_model_dir, tmp_path_factory.mktemp("engine") / "results.json")
 
 
 def check(constraint, text, token_ids):
