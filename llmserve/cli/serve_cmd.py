@@ -59,6 +59,13 @@ def serve(
     metrics_port: int = typer.Option(
         8002, "--metrics-port", help="Triton's metrics port with --engine triton (0: any free port)."
     ),
+    metrics_timeout: float = typer.Option(
+        2.0,
+        "--metrics-timeout",
+        min=0.05,
+        help="Seconds a /metrics scrape waits for Triton's endpoint; past it the other sources are served "
+        'and llmserve_metrics_source_up{source="triton"} is 0.',
+    ),
     api_key: str = typer.Option(
         None,
         "--api-key",
@@ -156,6 +163,7 @@ def serve(
         store_cache=cache,
         engine=engine,
         metrics_port=metrics_port,
+        metrics_timeout_s=metrics_timeout,
         triton_url=triton_url,
         triton_http_url=triton_http_url,
         openai=openai,

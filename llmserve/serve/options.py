@@ -73,6 +73,8 @@ class ServeOptions:
     # "vllm" (the embedded engine) or "triton"; None: vLLM for one vLLM-backend package, else Triton.
     engine: str | None = None
     metrics_port: int = 8002  # Triton's own metrics endpoint (--engine triton, standalone)
+    # Longest a /metrics scrape waits for a remote source (Triton's endpoint) before serving the rest without it.
+    metrics_timeout_s: float = 2.0
     # Attach llmserve's frontends to a Triton that already runs: its gRPC (and, optional, HTTP) address.
     triton_url: str | None = None
     triton_http_url: str | None = None

@@ -156,7 +156,7 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
         triton = await _bring_up(options, packages, mode, steps, stop)
         if triton is None:
             return 0
-        addresses = _go_ready(triton, proxies, metrics, readiness)
+        addresses = _go_ready(triton, proxies, metrics, readiness, options.metrics_timeout_s)
         total = sum(s for _, s in steps.steps)
         log.info(
             "ready in %.2f s: Triton hosts %s (executionMode %s); %s", total, ", ".join(ids), mode, ", ".join(addresses)
@@ -204,7 +204,7 @@ async def _bring_up(options: ServeOptions, packages: list[Any], mode: str, steps
         return triton if await _start_unless_stopped(triton, stop) else None
 
 
-def _go_ready(triton: Any, proxies: list[Any], metrics: Any, readiness: Any) -> list[str]:
+def _go_ready(triton: Any, proxies: list[Any], metrics: Any, readiness: Any, scrape_timeout_s: float) -> list[str]:
     """Point llmserve's frontends (if any: executionMode embedded) at the ready Triton; where clients connect."""
     if not proxies:
         return [f"KServe v2 HTTP {triton.http_url}", f"gRPC {triton.grpc_url}", f"metrics {triton.metrics_url}"]
@@ -216,7 +216,7 @@ def _go_ready(triton: Any, proxies: list[Any], metrics: Any, readiness: Any) -> 
         else:
             proxy.attach(triton.grpc_url)
     if triton.metrics_url:
-        metrics.merged.add(TritonScrape(triton.metrics_url))
+        metrics.merged.add(TritonScrape(triton.metrics_url, timeout=scrape_timeout_s))
     readiness.set_ready(TritonHandle(triton))
     metrics.ready.set(1)
     return [f"{p.name} {p.address}" for p in proxies]
