@@ -46,6 +46,10 @@ _PACKAGER_OWNED_ENGINE_ARGS = {
     "tokenizer_revision",
     "code_revision",
 }
+# `engine.host`: which engine hosts the package when `llmserve serve` is not told (--engine wins). It is the
+# one key of `engine` that is not a vLLM engine argument, so it never reaches model.json.
+ENGINE_HOST_KEY = "host"
+ENGINE_HOSTS = ("vllm", "triton")
 
 
 _MODEL_ID_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
@@ -105,7 +109,10 @@ class Manifest(BaseModel):
     )
     engine: dict[str, Any] = Field(
         default_factory=dict,
-        description="vLLM engine arguments (AsyncEngineArgs names), e.g. max_model_len, dtype",
+        description="vLLM engine arguments (AsyncEngineArgs names), e.g. max_model_len, dtype; and `host`: the "
+        "engine host `llmserve serve` picks by default, `vllm` (embedded engine) or `triton`. "
+        "`engine: triton` is short for `engine: {host: triton}`",
+        json_schema_extra=lambda schema: _engine_schema(schema),
     )
     plugins: list[Plugin] = Field(default_factory=list)
     python: PythonBackend | None = None
@@ -121,9 +128,21 @@ class Manifest(BaseModel):
             )
         return value
 
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_host_shorthand(cls, engine: Any) -> Any:
+        if isinstance(engine, str):
+            if engine not in ENGINE_HOSTS:
+                raise ValueError(f"'{engine}' is not an engine host; choose one of {', '.join(ENGINE_HOSTS)}")
+            return {ENGINE_HOST_KEY: engine}
+        return engine
+
     @field_validator("engine")
     @classmethod
     def _engine_args(cls, engine: dict[str, Any]) -> dict[str, Any]:
+        host = engine.get(ENGINE_HOST_KEY)
+        if ENGINE_HOST_KEY in engine and host not in ENGINE_HOSTS:
+            raise ValueError(f"engine.host: {host!r} is not an engine host; choose one of {', '.join(ENGINE_HOSTS)}")
         for key in engine:
             if problem := engine_key_problem(key):
                 raise ValueError(problem)
@@ -139,14 +158,36 @@ class Manifest(BaseModel):
             raise ValueError("backend 'python' needs a `python:` section with the tensor spec")
         if self.backend == "vllm" and self.python is not None:
             raise ValueError("the `python:` section is only for backend 'python' (the vLLM backend generates its spec)")
+        if self.backend == "python" and self.engine_host == "vllm":
+            raise ValueError(
+                "engine.host 'vllm': a backend 'python' package (custom execute()) runs only in Triton's Python "
+                "backend; remove `host` or set it to triton"
+            )
         names = [p.name for p in self.plugins]
         if len(names) != len(set(names)):
             raise ValueError("plugin names must be unique")
         return self
 
     @property
+    def engine_args(self) -> dict[str, Any]:
+        """The vLLM engine arguments alone (what model.json carries): `engine` without `host`."""
+        return {k: v for k, v in self.engine.items() if k != ENGINE_HOST_KEY}
+
+    @property
+    def engine_host(self) -> str | None:
+        """The engine host the package asks for (`vllm` or `triton`), or None: llmserve serve decides."""
+        return self.engine.get(ENGINE_HOST_KEY)
+
+    @property
     def package_name(self) -> str:
         return f"{self.modelId}-{self.modelVersion}"
+
+
+def _engine_schema(schema: dict[str, Any]) -> None:
+    # The published schema takes both spellings, as the parser does: a mapping, or the host's name alone.
+    mapping: dict[str, Any] = {k: schema.pop(k) for k in ("type", "additionalProperties") if k in schema}
+    mapping["properties"] = {ENGINE_HOST_KEY: {"enum": list(ENGINE_HOSTS)}}
+    schema["anyOf"] = [mapping, {"type": "string", "enum": list(ENGINE_HOSTS)}]
 
 
 def engine_key_problem(key: str) -> str | None:

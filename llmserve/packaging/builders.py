@@ -148,7 +148,7 @@ def _plugin_members(src: Path, manifest: Manifest, walk: _Walk) -> dict[str, Sou
 
 def _model_json(manifest: Manifest) -> bytes:
     weights = f"{REPOSITORY_MOUNT}/{manifest.modelId}/{manifest.modelVersion}/weights"
-    body = {"model": weights, "tokenizer": weights, **manifest.engine}
+    body = {"model": weights, "tokenizer": weights, **manifest.engine_args}
     return (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()
 
 

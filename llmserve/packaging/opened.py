@@ -134,10 +134,6 @@ def package_manifest(path: Path) -> Manifest:
     return parse_manifest(read_member(path, MANIFEST_NAME).decode("utf-8"), f"{path}:{MANIFEST_NAME}")
 
 
-def package_backend(path: Path) -> str:
-    return package_manifest(path).backend
-
-
 def open_package(
     path: Path, *, cache: Path | None = None, progress: Callable[[int], None] | None = None
 ) -> OpenedPackage:

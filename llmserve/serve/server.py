@@ -155,7 +155,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             log.info("startup: package     verified: %s", package.verification)
             if package.discarded:
                 log.warning("startup: package     cache entry discarded and unpacked again: %s", package.discarded)
-            engine_args = merged_engine_args(package.manifest.engine, options.engine_overrides())
+            engine_args = merged_engine_args(package.manifest.engine_args, options.engine_overrides())
             trusted = require_trust(engine_args, trusted=options.trust_remote_code, source=str(options.package))
             if trusted:
                 log.info(
@@ -221,12 +221,18 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
 
 def serve(options: ServeOptions, on_ready: Callable[[list[str]], None] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; return the process exit code (0 after a clean drain)."""
-    from llmserve.packaging.opened import package_backend  # deferred: imports llmserve.packaging (module doc)
+    from llmserve.packaging.opened import package_manifest  # deferred: imports llmserve.packaging (module doc)
     from llmserve.serve.triton.host import choose_engine, serve_on_triton
 
     with contextlib.ExitStack() as held:
         options = from_the_store(options, held)
-        engine = choose_engine(options.engine, [package_backend(Path(p)) for p in options.packages], options.triton_url)
+        manifests = [package_manifest(Path(p)) for p in options.packages]
+        engine = choose_engine(
+            options.engine,
+            [m.backend for m in manifests],
+            options.triton_url,
+            declared={m.modelId: m.engine_host for m in manifests if m.engine_host},
+        )
         if engine == "triton":
             return asyncio.run(serve_on_triton(options, on_ready))
         return asyncio.run(serve_async(options, on_ready))

@@ -28,6 +28,7 @@ from triton_models import BROKEN_MODEL, processes_mentioning
 from tritonclient.utils import InferenceServerException
 
 from llmserve.packaging import build_package
+from llmserve.packaging.archive import read_member
 from llmserve.serve.triton import PYTHON_ENV_ENV
 from llmserve.serve.triton.server import free_ports
 
@@ -297,6 +298,20 @@ def test_engine_choices_are_refused_with_the_way_out(tmp_path, tiny_vllm_package
     assert result.returncode == 3 and "executionMode standalone has none" in result.stderr, result.stderr
     result = run_cli("serve", tiny_vllm_package, standalone)
     assert result.returncode == 3 and "share their executionMode" in result.stderr, result.stderr
+
+
+def test_a_package_that_names_triton_as_its_host_is_served_by_triton(tmp_path, tiny_model_dir):
+    # No --engine: `engine: {host: triton}` in llmserve.yaml picks Triton for a lone vLLM package (which would
+    # otherwise run on the embedded engine), as Triton's refusal of --openai in standalone mode shows.
+    src = write_vllm_source(tmp_path / "src", tiny_model_dir, extra="executionMode: standalone\n")
+    manifest = src / "llmserve.yaml"
+    manifest.write_text(manifest.read_text().replace("engine:\n", "engine:\n  host: triton\n"))
+    package = build_package(src, tmp_path / "dist").path
+    model_json = json.loads(read_member(package, "model_repository/tiny-chat/1/model.json"))
+    assert "host" not in model_json and model_json["max_model_len"] == 512  # Triton's backend never sees `host`
+    result = run_cli("serve", package, "--openai")
+    assert result.returncode == 3 and "executionMode standalone has none" in result.stderr, result.stderr
+    assert "as the packages' engine.host asks" in result.stderr
 
 
 # --- executionMode embedded: llmserve's KServe v2 frontends in front of a Triton on loopback --------------------

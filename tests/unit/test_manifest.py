@@ -123,3 +123,43 @@ def test_published_schema_matches_the_model(tmp_path):
     schema = manifest_json_schema()
     assert schema["additionalProperties"] is False
     assert set(schema["required"]) == {"modelId", "modelVersion", "backend"}
+
+
+@pytest.mark.parametrize(
+    "engine, host, args",
+    [
+        ("engine: triton\n", "triton", {}),
+        ("engine: vllm\n", "vllm", {}),
+        ("engine:\n  host: triton\n  max_model_len: 256\n", "triton", {"max_model_len": 256}),
+        ("engine:\n  max_model_len: 256\n", None, {"max_model_len": 256}),
+    ],
+)
+def test_engine_host_is_read_beside_the_engine_arguments(engine, host, args):
+    m = parse_manifest(GOOD.split("engine:")[0] + engine)
+    assert m.engine_host == host
+    assert m.engine_args == args  # what model.json gets: never `host`
+    assert parse_manifest(dump_manifest(m)) == m
+
+
+@pytest.mark.parametrize("engine", ["engine: tensorrt\n", "engine:\n  host: sglang\n"])
+def test_unknown_engine_host_is_refused_naming_the_choices(engine):
+    with pytest.raises(ManifestError, match="vllm, triton"):
+        parse_manifest(GOOD.split("engine:")[0] + engine)
+
+
+def test_python_backend_cannot_ask_for_the_embedded_vllm_host():
+    with pytest.raises(ManifestError, match="runs only in Triton"):
+        parse_manifest(PYTHON + "engine: vllm\n")
+    assert parse_manifest(PYTHON + "engine: triton\n").engine_host == "triton"
+
+
+def test_published_schema_takes_both_engine_spellings():
+    import jsonschema
+
+    schema = manifest_json_schema()
+    base = {"modelId": "m", "modelVersion": 1, "backend": "vllm"}
+    for engine in ("triton", {"host": "vllm", "max_model_len": 8}, {"dtype": "float32"}):
+        jsonschema.validate({**base, "engine": engine}, schema)
+    for engine in ("tensorrt", {"host": "sglang"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**base, "engine": engine}, schema)

@@ -58,9 +58,28 @@ class EngineChoiceError(InvalidInputError):
     code = "serve-engine"
 
 
-def choose_engine(requested: str | None, backends: Sequence[str], triton_url: str | None = None) -> str:
-    """The engine for packages of these backends: --engine if given (and able), else vLLM for one vLLM package,
-    Triton otherwise (a Python-backend model runs only in Triton's Python backend)."""
+def choose_engine(
+    requested: str | None,
+    backends: Sequence[str],
+    triton_url: str | None = None,
+    declared: dict[str, str] | None = None,
+) -> str:
+    """The engine for packages of these backends: --engine if given (and able), else the host the packages'
+    `engine.host` names, else vLLM for one vLLM package, Triton otherwise (a Python-backend model runs only in
+    Triton's Python backend). `declared` maps model id -> `engine.host` of the packages that set it."""
+    declared = declared or {}
+    if requested is None and declared:
+        hosts = sorted(set(declared.values()))
+        if len(hosts) > 1:
+            raise EngineChoiceError(
+                "the packages ask for different engine hosts: "
+                + ", ".join(f"{m}: {h}" for m, h in sorted(declared.items())),
+                hint="Choose one with --engine vllm|triton.",
+            )
+        requested = hosts[0]
+        log.info("engine: %s, as the packages' engine.host asks (--engine overrides it)", requested)
+    elif requested is not None and any(h != requested for h in declared.values()):
+        log.info("engine: --engine %s overrides the packages' engine.host", requested)
     if requested is not None and requested not in ENGINES:
         raise EngineChoiceError(f"--engine {requested}: unknown engine; choose one of {', '.join(ENGINES)}")
     if triton_url:
@@ -242,7 +261,7 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
             )
         log.info("startup: package     %s v%s (%s)", manifest.modelId, manifest.modelVersion, package.root)
         if manifest.backend == "vllm":
-            merged = merged_engine_args(manifest.engine, options.engine_overrides())
+            merged = merged_engine_args(manifest.engine_args, options.engine_overrides())
             require_trust(merged, trusted=options.trust_remote_code, source=str(package.root))
     given = [(p.manifest.modelId, p.manifest.modelVersion) for p in packages]
     if len(set(given)) != len(given):
