@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmserve.cli.render import OutputFormat, console, err_console, print_json
+from llmserve.cli.status_figures import ms as _ms
+from llmserve.cli.status_figures import num as _num
 
 metrics_app = typer.Typer(
     name="metrics",
@@ -105,10 +107,11 @@ def tail(
     from llmserve.errors import InvalidInputError
     from llmserve.metrics.headline import headline
     from llmserve.metrics.scrape import fetch
+    from llmserve.metrics.snapshot import auth_headers
 
     if interval <= 0:
         raise InvalidInputError(f"--interval must be positive, not {interval:g}", hint="e.g. --interval 2")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     before = fetch(url, timeout, headers)
     if once:
         time.sleep(interval)
@@ -158,14 +161,6 @@ def _view(f: dict[str, Any]) -> Group:
             _num(row["error_rate"], "{:.1%}"),
         )
     return Group(figures, endpoints)
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,9 +1,14 @@
-"""`llmserve status [NAME]`: deployments as they are now (processes checked, routes, journal, history)."""
+"""`llmserve status [NAME]`: deployments as they are now (processes checked, routes, journal, history) and each
+server's headline figures from its /metrics (what `llmserve metrics tail` shows)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Annotated
+
 import typer
 
+from llmserve.cli import status_figures
 from llmserve.cli.deploy_common import (
     ContextOpt,
     KubeconfigOpt,
@@ -19,6 +24,50 @@ from llmserve.cli.deploy_common import (
 from llmserve.cli.render import OutputFormat, console, print_json
 
 
+@dataclass(frozen=True)
+class Figures:
+    """How status scrapes the servers' /metrics (no Figures: it does not)."""
+
+    interval: float
+    timeout: float
+    api_key: str | None = field(default=None, repr=False)
+
+
+NoMetricsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-metrics",
+        help="Skip the servers' figures (no /metrics scrapes): only the deployment state, at once.",
+    ),
+]
+IntervalOpt = Annotated[
+    float,
+    typer.Option(
+        "--interval",
+        min=0.05,
+        help="Seconds between the two scrapes of each server's /metrics (rates cover this window). "
+        "All servers are scraped at the same time.",
+    ),
+]
+MetricsTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--metrics-timeout",
+        min=0.05,
+        help="Seconds one scrape of a server may take; past it the server's figures are unknown and say why.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="LLMSERVE_API_KEY",
+        show_envvar=True,
+        help="Bearer key sent to the servers' /metrics (servers started with --api-key want it there too).",
+    ),
+]
+
+
 def status(
     name: str = typer.Argument(None, help="Deployment name. Default: every deployment."),
     history: int = typer.Option(15, "--history", help="History lines to show."),
@@ -27,26 +76,41 @@ def status(
     namespace: NamespaceOpt = None,
     context: ContextOpt = None,
     kubeconfig: KubeconfigOpt = None,
+    no_metrics: NoMetricsOpt = False,
+    interval: IntervalOpt = 1.0,
+    metrics_timeout: MetricsTimeoutOpt = 2.0,
+    api_key: ApiKeyOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Show deployments: gateway, each server (version, pid alive, /health, traffic weight, in flight),
     the rollout in progress (flagged `interrupted` when its CLI is gone: the next `llmserve deploy` of the
     same package resumes it, `llmserve rollback` undoes it) and recent history. Read-only.
 
+    Each server's headline figures come with it (two scrapes of its /metrics --interval apart): tokens/s in
+    and out, requests running and waiting, KV-cache usage, prefix-cache hit rate, TTFT and TPOT p50/p99,
+    error rate by endpoint. In JSON, each server has a `metrics` object (null where a figure is unknown; an
+    `error` string when the scrape failed: "unreachable: ...", "unauthorized: ..."). A server that cannot be
+    scraped does not change the exit code. --no-metrics skips them.
+
     Example:
 
         llmserve status tiny-chat -o json
 
+        llmserve status --no-metrics
+
         llmserve status tiny-chat --target kubernetes -n models
     """
+    figures = None if no_metrics else Figures(interval, metrics_timeout, api_key)
     if target is Target.kubernetes:
-        _k8s_status(name, history, namespace, context, kubeconfig, output)
+        _k8s_status(name, history, namespace, context, kubeconfig, output, figures)
         return
     from llmserve.deploy import StateStore, status_of
 
     store = StateStore(state_dir)
     names = [name] if name else [d.name for d in store.deployments()]
     results = [status_of(store, n, events=history) for n in names]
+    if figures is not None:
+        status_figures.attach_local(results, figures.interval, figures.timeout, figures.api_key)
     if output is OutputFormat.json:
         print_json(results[0] if name else {"deployments": results})
         return
@@ -54,9 +118,10 @@ def status(
         console.print(f"no deployments in {store.root}", highlight=False)
     for r in results:
         render_status(r)
+        status_figures.render_local(r, console)
 
 
-def _k8s_status(name, history, namespace, context, kubeconfig, output) -> None:
+def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: Figures | None) -> None:
     from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, api_call
 
     d = kube_deployer(None, namespace, context, kubeconfig)
@@ -66,6 +131,14 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output) -> None:
         cms = api_call("list ConfigMaps", d.c.core.list_namespaced_config_map, d.ns, label_selector=L_DEPLOYMENT).items
         names = sorted(cm.metadata.labels[L_DEPLOYMENT] for cm in cms)
     results = [d.status(n, events=history) for n in names]
+    if figures is not None:
+        pods = {
+            r["deployment"]: api_call(
+                "list Pods", d.c.core.list_namespaced_pod, d.ns, label_selector=f"{L_DEPLOYMENT}={r['deployment']}"
+            ).items
+            for r in results
+        }
+        status_figures.attach_kubernetes(results, pods, figures.interval, figures.timeout, figures.api_key)
     if output is OutputFormat.json:
         print_json(results[0] if name else {"deployments": results})
         return
@@ -73,6 +146,7 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output) -> None:
         console.print(f"no deployments in namespace {d.ns}", highlight=False)
     for r in results:
         render_k8s_status(r)
+        status_figures.render_kubernetes(r, console)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,139 @@
+"""The headline figures in `llmserve status` (the ones `llmserve metrics tail` shows), per server of each version.
+
+The local target's servers are scraped at their URL in the deploy state; the Kubernetes target's pods at their pod
+IP and `http` container port, which only answer where the cluster network reaches: elsewhere each pod says so.
+The figures come from llmserve.metrics.snapshot; this module finds the servers, attaches and renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from llmserve.metrics.snapshot import auth_headers, snapshots, unknown
+
+POD_NETWORK_HINT = (
+    "pod IPs answer only from inside the cluster network: run `llmserve status` there, "
+    "or `kubectl port-forward` a pod and `llmserve metrics tail` it"
+)
+
+
+def attach_local(results: list[dict], interval: float, timeout: float, api_key: str | None) -> None:
+    """Add `metrics` (figures, or None figures and an `error`) to every instance of the local status results."""
+    urls = {(r["deployment"], i["instance"]): i["url"] for r in results for i in r["instances"] if i.get("url")}
+    figures = snapshots(urls, interval, timeout, auth_headers(api_key))
+    for r in results:
+        for i in r["instances"]:
+            i["metrics"] = figures.get((r["deployment"], i["instance"])) or unknown("", "no server URL recorded")
+
+
+def attach_kubernetes(
+    results: list[dict], pods_by_deployment: dict[str, list], interval: float, timeout: float, api_key: str | None
+) -> None:
+    """Add `pods` (each with `metrics`) to every Deployment object of the Kubernetes status results.
+    `pods_by_deployment`: the pods (kubernetes client V1Pod) of each llmserve deployment, by its name."""
+    from llmserve.deploy.kubernetes.cluster import L_COLOR, L_VERSION
+
+    urls: dict[tuple[str, str], str] = {}
+    rows: dict[tuple[str, Any, Any], list[dict]] = {}
+    for r in results:
+        for pod in pods_by_deployment.get(r["deployment"], []):
+            labels = pod.metadata.labels or {}
+            key = (r["deployment"], labels.get(L_VERSION), labels.get(L_COLOR))
+            url = _pod_url(pod)
+            row = {"pod": pod.metadata.name, "ip": pod.status.pod_ip, "url": url, "ready": _ready(pod)}
+            rows.setdefault(key, []).append(row)
+            if url:
+                urls[(r["deployment"], pod.metadata.name)] = url
+    figures = snapshots(urls, interval, timeout, auth_headers(api_key))
+    for r in results:
+        for d in r["deployments"]:
+            pods = rows.get((r["deployment"], str(d["version"]), d["color"]), [])
+            for row in pods:
+                m = figures.get((r["deployment"], row["pod"])) or unknown("", "the pod has no IP yet")
+                if m["error"] and m["error"].startswith("unreachable"):
+                    m["error"] += f" ({POD_NETWORK_HINT})"
+                row["metrics"] = m
+            d["pods"] = pods
+
+
+def _pod_url(pod: Any) -> str | None:
+    if not pod.status or not pod.status.pod_ip:
+        return None
+    port = 8000
+    for container in pod.spec.containers or []:
+        for p in container.ports or []:
+            if p.name == "http":
+                port = p.container_port
+    host = pod.status.pod_ip
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def render_local(r: dict, console: Console) -> None:
+    """A table of each instance's figures, under render_status(r)'s view of the deployment."""
+    rows = [(f"{i['instance']}", f"v{i['version']}", i["metrics"]) for i in r["instances"] if "metrics" in i]
+    _render(rows, "instance", console)
+
+
+def render_kubernetes(r: dict, console: Console) -> None:
+    rows = [(p["pod"], f"v{d['version']}", p["metrics"]) for d in r["deployments"] for p in d.get("pods", [])]
+    _render(rows, "pod", console)
+
+
+def _render(rows: list[tuple[str, str, dict]], what: str, console: Console) -> None:
+    if not rows:
+        return
+    window = next((m["interval_s"] for _, _, m in rows if m.get("interval_s")), None)
+    table = Table(title="metrics" + (f" (last {window:g} s)" if window else ""), title_justify="left")
+    for col in (what, "version", "tok/s in", "tok/s out", "running", "waiting", "KV cache", "prefix hit"):
+        table.add_column(col, justify="left" if col in (what, "version") else "right")
+    table.add_column("TTFT p50/p99", justify="right")
+    table.add_column("TPOT p50/p99", justify="right")
+    table.add_column("error rate by endpoint")
+    errors = []
+    for name, version, m in rows:
+        if m.get("error"):
+            errors.append((name, version, m["error"]))
+            table.add_row(escape(name), version, *(["-"] * 8), "[red]no figures[/]")
+            continue
+        table.add_row(
+            escape(name),
+            version,
+            num(m["tokens_in_per_s"], "{:.1f}"),
+            num(m["tokens_out_per_s"], "{:.1f}"),
+            num(m["requests_running"], "{:.0f}"),
+            num(m["requests_waiting"], "{:.0f}"),
+            num(m["kv_cache_usage"], "{:.1%}"),
+            num(m["prefix_cache_hit_rate"], "{:.1%}"),
+            quantiles(m["ttft_seconds"]),
+            quantiles(m["tpot_seconds"]),
+            _endpoints(m["endpoints"]),
+        )
+    console.print(table)
+    for name, version, error in errors:
+        console.print(f"  [red]{escape(what)} {escape(name)} ({version})[/]: {escape(error)}", highlight=False)
+
+
+def _endpoints(rows: list[dict] | None) -> str:
+    parts = [f"{escape(e['endpoint'])} {num(e['error_rate'], '{:.1%}')}" for e in rows or [] if e["requests_per_s"]]
+    return ", ".join(parts) or "-"
+
+
+def quantiles(q: dict | None) -> str:
+    q = q or {}
+    return f"{ms(q.get('p50'))} / {ms(q.get('p99'))}"
+
+
+def num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
