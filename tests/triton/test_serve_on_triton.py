@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -273,6 +274,55 @@ def test_triton_killed_ends_llmserve_with_the_engine_exit_code(tmp_path, triton_
     finally:
         stop(served)
     assert not processes_mentioning(f"llmserve_triton_{served.proc.pid}_")
+
+
+def test_a_stub_killed_under_load_ends_llmserve_with_the_engine_exit_code(tmp_path, triton_env):
+    # Triton 2.51 does not restart a dead Python-backend stub: its model stays READY and fails every request. llmserve
+    # must not pretend to be healthy: it exits 7 (the engine died) soon, and leaves no process behind.
+    served = start_serve([classifier_package(tmp_path, "embedded")], tmp_path / "serve.log", triton_env)
+    answered, failed, done = [0], [0], threading.Event()
+
+    def load() -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
+        parcels = np.array([[20, 15, 8, 0.5]], dtype=np.float32)
+        while not done.is_set():
+            try:
+                client.infer("parcel-classifier", _features(grpcclient, parcels), client_timeout=30)
+                answered[0] += 1
+            except InferenceServerException:
+                failed[0] += 1
+                time.sleep(0.05)
+
+    try:
+        wait_ready(served)
+        threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        assert answered[0] > 0 and failed[0] == 0
+        (stub,) = [p for p in _stub_pids() if f"llmserve_triton_{served.proc.pid}_" in _cmdline(p)]
+        killed_at = time.monotonic()
+        os.kill(stub, signal.SIGKILL)
+        assert served.proc.wait(60) == 7
+        assert time.monotonic() - killed_at < 20  # noticed within a supervision tick, not after a drain timeout
+        assert f"the Python-backend stub of model 'parcel-classifier' (pid {stub}) died" in served.text()
+    finally:
+        done.set()
+        stop(served)
+    assert not processes_mentioning(f"llmserve_triton_{served.proc.pid}_")
+
+
+def _stub_pids() -> list[int]:
+    return [
+        int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and "python_backend_stub" in _cmdline(e.name)
+    ]
+
+
+def _cmdline(pid: int | str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _pid_of(text: str) -> int:

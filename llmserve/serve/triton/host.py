@@ -48,6 +48,8 @@ log = logging.getLogger("llmserve.serve")
 ENGINES = ("vllm", "triton")
 # How often a ready Triton is checked: its process, then its models' readiness (an HTTP call per model).
 SUPERVISE_INTERVAL_S = 1.0
+# After the engine died, in-flight requests on it never finish: they get this long, and Triton this long to stop.
+DEAD_ENGINE_GRACE_S = 3.0
 # Loading an LLM in Triton builds the engine (weights, KV cache): minutes on a loaded CPU host.
 READY_TIMEOUT_S = 600.0
 
@@ -153,6 +155,7 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
     triton: Any = None
     readiness = Readiness()
     proxies: list[Any] = []
+    died: str | None = None
     try:
         with steps.step("environment", "engine and cache settings"):
             prepare_engine_environment(options.kv_cache_gib)
@@ -194,10 +197,11 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
         return 0
     finally:
         readiness.set_draining()
+        grace = min(options.drain_timeout_s, DEAD_ENGINE_GRACE_S) if died else options.drain_timeout_s
         for proxy in proxies:
-            await proxy.drain(options.drain_timeout_s)
+            await proxy.drain(grace)
         if triton is not None:
-            await asyncio.to_thread(triton.stop)
+            await asyncio.to_thread(triton.stop, DEAD_ENGINE_GRACE_S if died else None)
             log.info("shutdown: done")
         readiness.phase = "stopped"
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -397,7 +401,10 @@ async def _start_unless_stopped(triton: Any, stop: asyncio.Event) -> bool:
 
 
 async def _supervise(triton: Any, stop: asyncio.Event) -> str | None:
-    """Wait for a signal (None) or for Triton to stop serving (why)."""
+    """Wait for a signal (None) or for Triton to stop serving (why). A Python-backend stub that dies (kill -9, out
+    of memory) is not restarted by Triton: its model stays READY and fails every request ("Stub process is not
+    healthy"), so a stub gone counts as the engine gone."""
+    stubs = await asyncio.to_thread(triton.python_stubs) if hasattr(triton, "python_stubs") else {}
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), SUPERVISE_INTERVAL_S)
@@ -407,6 +414,14 @@ async def _supervise(triton: Any, stop: asyncio.Event) -> str | None:
         code = triton.exit_code()
         if code is not None:
             return f"tritonserver exited with code {code} (its log: {triton.log_path})"
+        if stubs:
+            alive = await asyncio.to_thread(triton.python_stubs)
+            for pid, model in stubs.items():
+                if pid not in alive and triton.exit_code() is None:
+                    return (
+                        f"the Python-backend stub of model '{model}' (pid {pid}) died; Triton does not restart it, "
+                        f"so '{model}' cannot answer (Triton's log: {triton.log_path})"
+                    )
         for model in triton.models:
             if not await asyncio.to_thread(triton.is_model_ready, model) and triton.exit_code() is None:
                 return f"model '{model}' is no longer ready in Triton (its log: {triton.log_path})"

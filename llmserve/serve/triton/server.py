@@ -40,6 +40,7 @@ DEFAULT_STOP_TIMEOUT_S = 30.0
 _POLL_S = 0.1
 _PORT_ATTEMPTS = 3
 _SHM_DIR = Path("/dev/shm")
+_STUB_PROGRAM = b"triton_python_backend_stub"
 
 
 @dataclass(frozen=True)
@@ -355,24 +356,39 @@ class TritonServer:
         """Live processes of the server's group (the server and its Python-backend stubs); [] once stopped."""
         return group_members(self.pgid) if self.pgid is not None else []
 
-    def stop(self) -> None:
+    def python_stubs(self) -> dict[int, str]:
+        """Live Python-backend stubs of the server (one per model instance): pid -> the model it runs."""
+        stubs = {}
+        for pid in self.processes():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            # argv[1] is <repository>/<model>/<version>/model.py, also for a backend's shared model.py
+            if len(argv) > 1 and argv[0].endswith(_STUB_PROGRAM):
+                stubs[pid] = Path(argv[1].decode(errors="replace")).parent.parent.name
+        return stubs
+
+    def stop(self, grace: float | None = None) -> None:
         """SIGTERM the server (Triton drains in-flight requests and unloads models), SIGKILL its group after
-        stop_timeout; then no process of the group remains and the server's shared memory is removed. A working
-        folder llmserve made is removed too, unless the server failed or crashed (its log stays for reading)."""
+        `grace` (default stop_timeout); then no process of the group remains and the server's shared memory is
+        removed. A working folder llmserve made is removed too, unless the server failed or crashed (its log
+        stays for reading)."""
         crashed = self.exit_code() not in (None, 0)  # exited on its own: its log says why, and stays
-        self._terminate()
+        self._terminate(self.stop_timeout if grace is None else grace)
         if self._own_workdir and self._was_ready and not crashed:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _terminate(self) -> None:
+    def _terminate(self, grace: float | None = None) -> None:
+        grace = self.stop_timeout if grace is None else grace
         proc, self._proc = self._proc, None
         if proc is not None:
             pgid = proc.pid  # start_new_session: the server leads its own group
             _signal_group(pgid, signal.SIGTERM)
             try:
-                proc.wait(self.stop_timeout + 5.0)
+                proc.wait(grace + 5.0)
             except subprocess.TimeoutExpired:
-                log.warning("Triton did not stop in %.0f s after SIGTERM; killing it", self.stop_timeout + 5.0)
+                log.warning("Triton did not stop in %.0f s after SIGTERM; killing it", grace + 5.0)
                 _signal_group(pgid, signal.SIGKILL)
                 proc.wait()
             if not _wait_group_gone(pgid, 5.0):
