@@ -27,7 +27,7 @@ def attach_local(results: list[dict], interval: float, timeout: float, api_key: 
     figures = snapshots(urls, interval, timeout, auth_headers(api_key))
     for r in results:
         for i in r["instances"]:
-            i["metrics"] = figures.get((r["deployment"], i["instance"])) or unknown("", "no server URL recorded")
+            i["metrics"] = figures.get((r["deployment"], i["instance"])) or unknown(None, "no server URL recorded")
 
 
 def attach_kubernetes(
@@ -53,8 +53,10 @@ def attach_kubernetes(
         for d in r["deployments"]:
             pods = rows.get((r["deployment"], str(d["version"]), d["color"]), [])
             for row in pods:
-                m = figures.get((r["deployment"], row["pod"])) or unknown("", "the pod has no IP yet")
-                if m["error"] and m["error"].startswith("unreachable"):
+                m = figures.get((r["deployment"], row["pod"]))
+                if m is None:
+                    m = unknown(None, "the pod has no IP yet")
+                elif m["error"] and not m["error"].startswith("unauthorized"):
                     m["error"] += f" ({POD_NETWORK_HINT})"
                 row["metrics"] = m
             d["pods"] = pods

@@ -8,8 +8,8 @@
 Each server is scraped twice, `interval` seconds apart (rates and histogram quantiles need two samples; gauges are
 read from the second), every server on its own thread, so the whole call takes about `interval` plus, at worst,
 two `timeout`s, however many servers there are. A server that cannot be scraped gets the same keys, each None,
-and an `error` string ("unreachable: ...", "unauthorized: HTTP 401 ..."); a scraped one has `error` None. The
-figures are llmserve.metrics.headline's, computed by it.
+and an `error` string ("unreachable: ...", "unauthorized: HTTP 401 ...", "scrape failed: ..."); a scraped one has
+`error` None. The figures are llmserve.metrics.headline's, computed by it.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def unknown(url: str, error: str) -> dict[str, Any]:
-    """The figures of a server that could not be scraped: every figure None, and why."""
-    return {"url": metrics_url(url), **dict.fromkeys(FIGURES), "error": error}
+def unknown(url: str | None, error: str) -> dict[str, Any]:
+    """The figures of a server that could not be scraped (or has no address yet): every figure None, and why."""
+    return {"url": metrics_url(url) if url else None, **dict.fromkeys(FIGURES), "error": error}
 
 
 def snapshot(
@@ -73,6 +73,8 @@ def snapshot(
         after = fetch(target, timeout, given)
     except UnavailableError as exc:
         return unknown(target, describe(exc, bool(given)))
+    except Exception as exc:  # a broken answer (http.client's IncompleteRead, BadStatusLine): this server's, not ours
+        return unknown(target, f"scrape failed: {type(exc).__name__}: {exc}")
     return {"url": target, **headline(before, after), "error": None}
 
 
@@ -91,15 +93,16 @@ def snapshots(
 
 
 def describe(exc: UnavailableError, sent_key: bool) -> str:
-    """A failed scrape in one line: 'unauthorized: ...' for a 401/403, 'unreachable: <reason>' otherwise."""
+    """A failed scrape in one line: 'unauthorized: ...' for a 401/403, 'scrape failed: ...' when something answered
+    but not with a metrics page (an HTTP error, another format), 'unreachable: <reason>' when nothing answered."""
     cause = exc.__cause__
     if isinstance(cause, urllib.error.HTTPError):
         if cause.code in (401, 403):
             hint = "the key sent was refused" if sent_key else "set LLMSERVE_API_KEY (or --api-key) to its key"
             return f"unauthorized: HTTP {cause.code} from {cause.url} ({hint})"
-        return f"unreachable: HTTP {cause.code} {cause.reason} from {cause.url}"
+        return f"scrape failed: HTTP {cause.code} {cause.reason} from {cause.url}"
+    if isinstance(cause, ValueError):
+        return f"scrape failed: not a Prometheus text page: {cause}"
     if isinstance(cause, urllib.error.URLError):
         return f"unreachable: {cause.reason}"
-    if isinstance(cause, ValueError):
-        return f"not a metrics page: {cause}"
     return f"unreachable: {cause if cause is not None else exc}"

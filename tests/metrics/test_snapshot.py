@@ -28,6 +28,9 @@ class _Page(http.server.BaseHTTPRequestHandler):
     key: str | None = None
 
     def do_GET(self) -> None:
+        if self.path != "/metrics":
+            self.send_error(404)
+            return
         if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
             self.send_response(401)
             self.end_headers()
@@ -104,6 +107,12 @@ def test_a_server_that_wants_a_key_is_reported_unauthorized_and_answers_with_it(
     wrong = snapshot(keyed_page, interval=0.1, timeout=5, headers=auth_headers("nope"))
     assert wrong["error"].startswith("unauthorized: HTTP 401") and "refused" in wrong["error"]
     assert snapshot(keyed_page, interval=0.1, timeout=5, headers=auth_headers(KEY))["error"] is None
+
+
+def test_an_answer_that_is_not_a_metrics_page_is_a_failed_scrape_not_an_unreachable_server(page):
+    m = snapshot(page + "/elsewhere", interval=0.1, timeout=5)
+    assert m["error"] == f"scrape failed: HTTP 404 Not Found from {page}/elsewhere", m["error"]
+    assert all(m[k] is None for k in FIGURES)
 
 
 def test_servers_are_scraped_at_once_and_a_hung_or_dead_one_costs_its_timeout_only(page, silent_server, dead_address):
