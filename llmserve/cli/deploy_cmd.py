@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
@@ -15,13 +14,17 @@ from llmserve.cli.deploy_common import (
     NamespaceOpt,
     OutputOpt,
     StateDirOpt,
+    StoreCacheOpt,
     Target,
     TargetOpt,
     kube_deployer,
+    package_argument,
     render_result,
     reporter,
+    store_options,
 )
 from llmserve.cli.render import OutputFormat, console, print_json
+from llmserve.cli.store_cmd import EndpointOpt, ProfileOpt, RegionOpt
 
 
 class Strategy(str, Enum):
@@ -58,6 +61,10 @@ Examples:
 
     llmserve deploy dist/tiny-chat-3.llmpkg --strategy versioned --idle-timeout 3600
 
+    AWS_ENDPOINT_URL=http://127.0.0.1:9000 llmserve deploy s3://models/prod/tiny-chat:2 --cache /fsx/llmserve
+
+    llmserve deploy s3://models/prod/tiny-chat:2 --target kubernetes --store-secret model-store
+
     llmserve deploy down tiny-chat
 
     llmserve deploy dist/tiny-chat-2.llmpkg --target kubernetes --replicas 4 --image registry/llmserve:0.1 --gpus 1
@@ -67,7 +74,11 @@ Examples:
 
 @deploy_app.command("up")
 def up(
-    package: Path = typer.Argument(..., help="The .llmpkg (or package folder) to roll out."),
+    package: str = typer.Argument(
+        ...,
+        help="The .llmpkg (or package folder) to roll out, or a model store reference "
+        "s3://BUCKET/PREFIX/MODEL_ID:VERSION (pulled once into --cache; the servers start from there).",
+    ),
     strategy: Strategy = typer.Option(
         Strategy.red_black,
         "--strategy",
@@ -107,6 +118,10 @@ def up(
         help="versioned: also send requests that name no version to this version. Default: only for the first version.",
     ),
     kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="Passed to each `llmserve serve`."),
+    cache: StoreCacheOpt = None,
+    endpoint_url: EndpointOpt = None,
+    profile: ProfileOpt = None,
+    region: RegionOpt = None,
     state_dir: StateDirOpt = None,
     target: TargetOpt = Target.local,
     namespace: NamespaceOpt = None,
@@ -124,6 +139,18 @@ def up(
     ),
     models_pvc: str = typer.Option(
         None, "--models-pvc", help="kubernetes: PersistentVolumeClaim mounted read-only at /models."
+    ),
+    store_secret: str = typer.Option(
+        None,
+        "--store-secret",
+        help="kubernetes, store references: Secret whose keys (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY...) become the environment of the init container that pulls the package.",
+    ),
+    cache_pvc: str = typer.Option(
+        None,
+        "--cache-pvc",
+        help="kubernetes, store references: PersistentVolumeClaim shared as the pods' store cache "
+        "(pulled once for all pods on it). Default: an emptyDir per pod.",
     ),
     cpu: str = typer.Option("1", "--cpu", help="kubernetes: CPU request per pod."),
     memory: str = typer.Option("4Gi", "--memory", help="kubernetes: memory request per pod."),
@@ -147,12 +174,16 @@ def up(
         llmserve deploy dist/tiny-chat-2.llmpkg --steps 10,25,50,100 --pause 5
 
         llmserve deploy dist/tiny-chat-3.llmpkg --strategy versioned -o json
+
+        llmserve deploy s3://models/prod/tiny-chat:3 --cache /fsx/llmserve
     """
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
     serve_args = ["--kv-cache-gib", f"{kv_cache_gib:g}"] if kv_cache_gib is not None else []
     opts = DeployOptions(
-        package=package,
+        package=package_argument(package),
+        cache_dir=cache,
+        store=store_options(endpoint_url, profile, region),
         strategy=strategy.value,
         name=name,
         steps=parse_steps(steps),
@@ -173,6 +204,8 @@ def up(
             image=image,
             package_uri=package_uri,
             models_pvc=models_pvc,
+            store_secret=store_secret,
+            cache_pvc=cache_pvc,
             cpu=cpu,
             memory=memory,
             gpus=gpus,

@@ -50,9 +50,31 @@ KubeconfigOpt = Annotated[
         "--kubeconfig", help="kubernetes: kubeconfig file. Default: $KUBECONFIG, else ~/.kube/config, else in-cluster."
     ),
 ]
+StoreCacheOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache",
+        help="Store references: the store cache the package is pulled into and the servers start from. "
+        "Default: the deployment's, else $LLMSERVE_STORE_CACHE, else ~/.cache/llmserve/store.",
+    ),
+]
 OutputOpt = Annotated[
     OutputFormat, typer.Option("--output", "-o", help="text or json (the result; progress goes to stderr).")
 ]
+
+
+def package_argument(text: str) -> Path | str:
+    """A deploy's PACKAGE: a model store reference stays a string (Path() would fold the '//' of s3://)."""
+    return text if text.startswith("s3://") else Path(text)
+
+
+def store_options(endpoint_url: str | None, profile: str | None, region: str | None):
+    """Store references: where the store is (None when all comes from the AWS configuration)."""
+    if not (endpoint_url or profile or region):
+        return None
+    from llmserve.store import StoreOptions
+
+    return StoreOptions(endpoint_url=endpoint_url, profile=profile, region=region)
 
 
 def kube_deployer(

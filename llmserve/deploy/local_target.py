@@ -115,10 +115,13 @@ class LocalTarget:
         strategy: str,
         serve_args: list[str],
         drain_timeout: float,
+        serve_package: str | None = None,
     ) -> Instance:
+        """Start one server. `package` is what the state records (a path, or a store reference as given);
+        `serve_package`, when given, is what the server is started with (a store reference pinned by digest)."""
         port = procs.free_port()
         inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
-        argv = procs.serve_argv(package, port, drain_timeout, serve_args)
+        argv = procs.serve_argv(serve_package or package, port, drain_timeout, serve_args)
         assert inst.log is not None  # add_instance records the log path with the row
         pid, start = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=os.environ.copy())
         self.store.set_instance_process(inst.id, pid, start)

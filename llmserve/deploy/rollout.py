@@ -8,13 +8,15 @@ undo a rollout whose CLI was killed. All changes hold the deployment's flock.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmserve.deploy import interface as iface
 from llmserve.deploy import procs
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
 from llmserve.deploy.local_target import LocalTarget, without
+from llmserve.deploy.source import PackageSource, is_reference, open_source, reference_model_id
 from llmserve.deploy.state import (
     DONE,
     FAILED,
@@ -29,6 +31,9 @@ from llmserve.deploy.state import (
     StateStore,
 )
 
+if TYPE_CHECKING:
+    from llmserve.store import StoreOptions
+
 RED_BLACK, VERSIONED = "red-black", "versioned"
 DEFAULT_STEPS = [10, 25, 50, 100]
 LOCK_WAIT_S = 120.0  # how long a command waits for another change (a CLI or the idle reaper) to finish
@@ -36,7 +41,7 @@ LOCK_WAIT_S = 120.0  # how long a command waits for another change (a CLI or the
 
 @dataclass
 class DeployOptions:
-    package: Path
+    package: Path | str  # a local package, or a model store reference s3://BUCKET/PREFIX/MODEL_ID:VERSION
     strategy: str = RED_BLACK
     name: str | None = None  # default: the package's modelId
     steps: list[int] = field(default_factory=lambda: list(DEFAULT_STEPS))
@@ -49,6 +54,10 @@ class DeployOptions:
     promote: bool | None = None  # versioned: make the new version the default for unversioned requests
     max_step_errors: int = 0  # health gate: server errors (5xx, broken connections) allowed per step
     serve_args: list[str] = field(default_factory=list)
+    cache_dir: Path | None = None  # store references: the store cache (default: the deployment's, else the usual)
+    store: StoreOptions | None = None  # store references: endpoint, profile, region (credentials: AWS config)
+    digest_hint: str | None = None  # store references: the digest recorded for it (rollback finds it cached)
+    serve_package: str | None = None  # set by deploy: what servers are started with (the source's serve_ref)
 
 
 def parse_steps(text: str) -> list[int]:
@@ -69,10 +78,36 @@ class Deployer:
 
     # -- entry points -------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> dict:
+        # A store reference is pulled (or found) in the store cache and leased before anything changes:
+        # a store error fails the command here, with the current version still serving.
+        with self._source(opts) as src:
+            opts = replace(
+                opts,
+                serve_package=src.serve_ref,
+                serve_args=[*opts.serve_args, *src.serve_args()],
+            )
+            return self._deploy(opts, src)
+
+    def _source(self, opts: DeployOptions) -> PackageSource:
+        cache_dir = opts.cache_dir
+        name = opts.name or reference_model_id(str(opts.package))
+        if cache_dir is None and name and is_reference(opts.package):
+            dep = self.store.deployment(name)
+            if dep is not None and dep.config.get("store_cache"):
+                cache_dir = Path(dep.config["store_cache"])
+        return open_source(
+            opts.package,
+            cache_dir=cache_dir,
+            store_options=opts.store,
+            digest_hint=opts.digest_hint,
+            report=self.report,
+        )
+
+    def _deploy(self, opts: DeployOptions, src: PackageSource) -> dict:
         from llmserve.packaging.opened import open_package
 
-        package = Path(opts.package).resolve()
-        opened = open_package(package)  # verifies and unpacks once, so the servers start from the cache
+        package = src.reference
+        opened = open_package(src.path)  # verifies and unpacks once, so the servers start from the cache
         m = opened.manifest
         name = opts.name or m.modelId
         new_iface = iface.fingerprint(opened)
@@ -86,7 +121,7 @@ class Deployer:
                         hint="Give this model its own deployment with --name.",
                     )
                 dep = self.target.ensure_gateway(dep)
-                recovered = self.recover(dep, resume_package=str(package), opts=opts)
+                recovered = self.recover(dep, resume_package=package, opts=opts)
                 if recovered and recovered.get("resumed"):
                     return recovered
                 for note in self.target.reconcile(dep):
@@ -98,12 +133,14 @@ class Deployer:
             config = dict(dep.config)
             if opts.idle_timeout_s is not None:
                 config["idle_timeout_s"] = opts.idle_timeout_s
+            if src.cache_dir is not None:
+                config["store_cache"] = str(src.cache_dir)  # rollbacks to a store reference find it there
             self.store.update_deployment_config(name, config)
             dep = self.store.require(name)
             if opts.strategy == VERSIONED:
-                result = self._versioned(dep, opts, str(package), opened, new_iface)
+                result = self._versioned(dep, opts, package, opened, new_iface)
             else:
-                result = self._red_black(dep, opts, str(package), opened, new_iface)
+                result = self._red_black(dep, opts, package, opened, new_iface)
             if recovered:
                 result["recovered"] = recovered
             return result
@@ -124,17 +161,18 @@ class Deployer:
             if last.strategy == VERSIONED and to_version is None:
                 return self._retire(dep, last, opts)
             # red-black back to the previous package, or to the newest package of the version asked for
-            target_pkg = None
+            target_pkg = target_digest = None
             if to_version is None:
                 if last.from_instance:
-                    target_pkg = self.store.instance(last.from_instance).package
+                    prev = self.store.instance(last.from_instance)
+                    target_pkg, target_digest = prev.package, prev.digest
             else:
                 for r in self.store.rollouts(name, 200):
                     inst = self.store.instance(r.to_instance) if r.to_instance else None
                     if r.status == DONE and inst is not None and inst.model_version == to_version:
-                        target_pkg = inst.package
+                        target_pkg, target_digest = inst.package, inst.digest
                         break
-            if target_pkg is None or not Path(target_pkg).exists():
+            if target_pkg is None or not (is_reference(target_pkg) or Path(target_pkg).exists()):
                 raise DeployInputError(
                     f"no earlier package of '{name}' to roll back to"
                     + (f" (version {to_version})" if to_version else "")
@@ -143,7 +181,10 @@ class Deployer:
                 )
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
         ropts = DeployOptions(
-            package=Path(target_pkg),
+            package=target_pkg if is_reference(target_pkg) else Path(target_pkg),
+            cache_dir=opts.cache_dir,
+            store=opts.store,
+            digest_hint=target_digest if is_reference(target_pkg) else None,
             strategy=RED_BLACK,
             name=name,
             steps=opts.steps,
@@ -202,6 +243,7 @@ class Deployer:
                 strategy,
                 opts.serve_args,
                 opts.drain_timeout_s,
+                serve_package=opts.serve_package,
             )
             self.store.journal(
                 rollout.id,

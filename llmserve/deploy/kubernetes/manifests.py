@@ -17,6 +17,7 @@ A_ROLLOUT = f"{LABEL_PREFIX}/rollout"
 A_MODEL_ID = f"{LABEL_PREFIX}/model-id"
 A_SUPERSEDED = f"{LABEL_PREFIX}/superseded-at"
 
+CACHE_MOUNT = "/models-cache"  # the pods' store cache: the init container pulls into it, the server starts from it
 SERVER_PORT = 8000
 GRPC_PORT = 8001  # KServe v2 gRPC (tritonclient.grpc), Triton's default
 
@@ -28,6 +29,8 @@ class PodSpec:
     image: str = "llmserve:latest"
     package_uri: str | None = None  # where the image (or the models volume) sees the package; default /models/<file>
     models_pvc: str | None = None  # a PersistentVolumeClaim mounted read-only at /models
+    store_secret: str | None = None  # store references: Secret -> the pull init container's environment
+    cache_pvc: str | None = None  # store references: a PVC shared as the store cache (default: emptyDir)
     cpu: str = "1"
     memory: str = "4Gi"
     gpus: int = 0
@@ -62,15 +65,26 @@ def deployment(
     rollout: int,
     drain_timeout_s: float,
     health_timeout_s: float,
+    store_ref: str | None = None,
 ) -> dict:
+    """One Deployment. `store_ref` (a model store reference pinned by digest, s3://.../sha256:DIGEST): an
+    init container runs `llmserve pull` into the store cache volume (an emptyDir, or --cache-pvc shared by
+    the pods), with the store's endpoint, region and credentials from the Secret `spec.store_secret`
+    (envFrom, never inlined); the server then starts from that cache without contacting the store."""
     labels = base_labels(name, strategy) | {L_VERSION: str(version)}
     if color:
         labels[L_COLOR] = color
     selector = {L_DEPLOYMENT: name, L_STRATEGY: strategy, L_VERSION: str(version)} | ({L_COLOR: color} if color else {})
-    package_uri = spec.package_uri or f"/models/{package.rsplit('/', 1)[-1]}"
+    if store_ref:
+        package_uri = store_ref
+        cache_args = ["--cache", CACHE_MOUNT]
+    else:
+        package_uri = spec.package_uri or f"/models/{package.rsplit('/', 1)[-1]}"
+        cache_args = []
     args = [
         "serve",
         package_uri,
+        *cache_args,
         "--host",
         "0.0.0.0",
         "--port",
@@ -117,6 +131,16 @@ def deployment(
         requests=requests,
         limits=limits,
         models_pvc=spec.models_pvc,
+        store_pull=(
+            {
+                "args": ["pull", store_ref, "--cache", CACHE_MOUNT],
+                "secret": spec.store_secret,
+                "cache_pvc": spec.cache_pvc,
+                "mount": CACHE_MOUNT,
+            }
+            if store_ref
+            else None
+        ),
     )
     return load_yaml(text, "deploy/k8s/deployment.yaml.j2 (rendered)")
 

@@ -27,6 +27,7 @@ from llmserve.deploy.kubernetes import manifests
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_STRATEGY, L_VERSION, Cluster, api_call, dns_name
 from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, ClusterState, LeaseLock
 from llmserve.deploy.rollout import RED_BLACK, VERSIONED, DeployOptions
+from llmserve.deploy.source import PackageSource, is_reference, open_source
 
 LOCK_WAIT_S = 120.0
 RETIRE = "retire"
@@ -103,6 +104,7 @@ class KubernetesDeployer:
                 else "not scheduled"
             )
             lines.append(f"  pod {p.metadata.name}: phase {p.status.phase}, {why}, node {p.spec.node_name or '-'}")
+            lines += _init_problems(p)
         return "\n".join(lines) or "  no pods were created (check quotas and `kubectl get events`)"
 
     def _wait_ready(self, obj: str, name: str, version: int, n: int, timeout: float, what: str = "") -> float:
@@ -217,6 +219,7 @@ class KubernetesDeployer:
             rollout=rec["id"],
             drain_timeout_s=opts.drain_timeout_s,
             health_timeout_s=opts.health_timeout_s,
+            store_ref=rec.get("store_ref"),
         )
 
     def _create_dep(self, body: dict) -> None:
@@ -226,10 +229,24 @@ class KubernetesDeployer:
 
     # -- entry points -------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> dict:
+        # A store reference is pulled here first (to check the package and its interface) and fails the
+        # command before anything in the cluster changes; the pods then pull it by digest themselves.
+        with open_source(
+            opts.package, cache_dir=opts.cache_dir, store_options=opts.store, digest_hint=opts.digest_hint,
+            report=self.report,
+        ) as src:  # fmt: skip
+            if src.from_store and self.spec.store_secret is None:
+                self.report(
+                    "no --store-secret: the pods' pull uses the image's own AWS configuration (or the node's role)",
+                    warning=True,
+                )
+            return self._deploy(opts, src)
+
+    def _deploy(self, opts: DeployOptions, src: PackageSource) -> dict:
         from llmserve.packaging.opened import open_package
 
-        package = Path(opts.package).resolve()
-        opened = open_package(package)
+        package = src.reference
+        opened = open_package(src.path)
         m = opened.manifest
         name = dns_name(opts.name or m.modelId)
         new_iface = iface.fingerprint(opened)
@@ -242,7 +259,7 @@ class KubernetesDeployer:
                         f"deployment '{name}' serves model '{st['deployment'].get('model_id')}', not '{m.modelId}'",
                         hint="Give this model its own deployment with --name.",
                     )
-                recovered = self.recover(name, resume_package=str(package), opts=opts)
+                recovered = self.recover(name, resume_package=package, opts=opts)
                 if recovered and recovered.get("resumed"):
                     return recovered
                 other = RED_BLACK if opts.strategy == VERSIONED else VERSIONED
@@ -258,7 +275,8 @@ class KubernetesDeployer:
             if opts.idle_timeout_s is not None:
                 state.set_config(idle_timeout_s=opts.idle_timeout_s)
             base = {
-                "package": str(package),
+                "package": package,
+                "store_ref": src.serve_ref if src.from_store else None,
                 "digest": opened.digest,
                 "version": m.modelVersion,
                 "interface": new_iface,
@@ -292,12 +310,14 @@ class KubernetesDeployer:
             last = done[0]
             if last["strategy"] == VERSIONED and to_version is None:
                 return self._retire(name, state, last, opts)
-            target_pkg = None
+            target_pkg = target_digest = None
             if to_version is None:
                 target_pkg = (last.get("from") or {}).get("package")
+                target_digest = (last.get("from") or {}).get("digest")
             else:
-                target_pkg = next((r["package"] for r in done if r["version"] == to_version), None)
-            if not target_pkg or not Path(target_pkg).exists():
+                earlier = next((r for r in done if r["version"] == to_version), None)
+                target_pkg, target_digest = (earlier["package"], earlier["digest"]) if earlier else (None, None)
+            if not target_pkg or not (is_reference(target_pkg) or Path(target_pkg).exists()):
                 raise DeployInputError(
                     f"no earlier package of '{name}' to roll back to"
                     + (f" (version {to_version})" if to_version else "")
@@ -307,7 +327,10 @@ class KubernetesDeployer:
             del st
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
         ropts = DeployOptions(
-            package=Path(target_pkg),
+            package=target_pkg if is_reference(target_pkg) else Path(target_pkg),
+            cache_dir=opts.cache_dir,
+            store=opts.store,
+            digest_hint=target_digest if is_reference(target_pkg) else None,
             strategy=RED_BLACK,
             name=name,
             steps=opts.steps,
@@ -857,3 +880,24 @@ def _rollout_dict(r: dict) -> dict:
         "from": (r.get("from") or {}).get("object"),
         "to": (r.get("to") or {}).get("object"),
     }
+
+
+def _init_problems(pod) -> list[str]:
+    """Lines for the init containers (the store pull) of a pod that failed or are still running."""
+    out = []
+    for c in pod.status.init_container_statuses or []:
+        st = c.state
+        if st is None:
+            continue
+        if st.terminated is not None and st.terminated.exit_code != 0:
+            msg = (st.terminated.message or "").strip().splitlines()
+            line = next((m for m in msg if m.startswith("error")), msg[-1] if msg else "")
+            out.append(
+                f"    init container {c.name} failed (exit {st.terminated.exit_code}, {st.terminated.reason or 'Error'})"
+                + (f": {line}" if line else "")
+            )
+        elif st.waiting is not None and st.waiting.reason:
+            out.append(f"    init container {c.name} waiting: {st.waiting.reason}")
+        elif st.running is not None:
+            out.append(f"    init container {c.name} running (pulling the package)")
+    return out
