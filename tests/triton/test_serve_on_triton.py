@@ -26,15 +26,14 @@ import tritonclient.http as httpclient
 from support.cli import cli_argv, cli_env, run_cli
 from support.models import write_vllm_source
 from triton_models import BROKEN_MODEL, processes_mentioning
+from triton_serving import Served, start_serve, stop, wait_ready
 from tritonclient.utils import InferenceServerException
 
 from llmserve.packaging import build_package
 from llmserve.packaging.archive import read_member
-from llmserve.serve.triton import PYTHON_ENV_ENV
 from llmserve.serve.triton.server import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = 600
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -61,43 +60,6 @@ def classifier_package(tmp: Path, mode: str = "standalone", version: int = 1, ou
     )
     assert "held-out accuracy" in trained.stdout
     return build_package(src, tmp / "dist").path
-
-
-class Served:
-    def __init__(self, proc: subprocess.Popen, log: Path, http: int, grpc: int, metrics: int):
-        self.proc, self.log, self.http, self.grpc, self.metrics = proc, log, http, grpc, metrics
-        self.packages: list[Path] = []
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def start_serve(packages: list[Path], log: Path, triton_env: Path, *extra: str, api_key: str = "") -> Served:
-    http, grpc, metrics = free_ports("127.0.0.1", 3)
-    args = [*packages, "--engine", "triton", "--port", http, "--grpc-port", grpc, "--metrics-port", metrics, *extra]
-    proc = subprocess.Popen(
-        cli_argv("serve", *args),
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=cli_env({PYTHON_ENV_ENV: str(triton_env), "LLMSERVE_API_KEY": api_key}),
-    )
-    return Served(proc, log, http, grpc, metrics)
-
-
-def wait_ready(served: Served) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while "ready in" not in served.text():
-        if served.proc.poll() is not None:
-            pytest.fail(f"llmserve serve exited with {served.proc.returncode}:\n{served.text()[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"not ready in {READY_TIMEOUT_S} s:\n{served.text()[-4000:]}")
-        time.sleep(0.5)
-
-
-def stop(served: Served) -> int:
-    if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGTERM)
-    return served.proc.wait(120)
 
 
 @pytest.fixture(scope="module")
