@@ -294,27 +294,57 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
 
 
 def _openai_settings(packages: list[Any]) -> Any:
-    """The generating models (vLLM-backend packages) the OpenAI routes serve, with their chat templates."""
-    from transformers import AutoTokenizer
-
+    """The generating models the OpenAI routes serve: vLLM-backend packages and Python-backend packages of the
+    llm-text contract, each with its chat template (and, for llm-text, its tokenizer to count tokens)."""
     from llmserve.serve.triton.http_proxy import OpenAISettings
     from llmserve.serve.triton.openai_routes import TritonLLM
+    from llmserve.serve.triton.text_protocols import VLLM_TEXT, LlmText
 
     models = {}
     for package in packages:
-        if package.manifest.backend != "vllm":
-            continue
-        tokenizer = AutoTokenizer.from_pretrained(str(package.weights_dir))
+        manifest = package.manifest
+        if manifest.backend == "vllm":
+            models[manifest.modelId] = TritonLLM(manifest.modelId, _chat_renderer(_tokenizer(package)), VLLM_TEXT)
+        elif manifest.python is not None and manifest.python.frontend == "llm-text":
+            tokenizer = _tokenizer(package)
 
-        def render(messages: list[dict[str, Any]], tokenizer: Any = tokenizer) -> str:
-            return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            def count(text: str, tokenizer: Any = tokenizer) -> int:
+                return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        models[package.manifest.modelId] = TritonLLM(package.manifest.modelId, render)
+            protocol = LlmText(count, decoupled=manifest.python.decoupled)
+            models[manifest.modelId] = TritonLLM(manifest.modelId, _chat_renderer(tokenizer), protocol)
     if not models:
-        raise InvalidInputError("--openai: none of the packages is a vLLM-backend (generating) model")
+        raise InvalidInputError(
+            "--openai: none of the packages is a generating model (a vLLM-backend package, or a Python-backend "
+            "package with python.frontend: llm-text)"
+        )
     key = structured_outputs_key()
     log.info("startup: openai      %s; response_format travels as sampling_parameters '%s'", ", ".join(models), key)
     return OpenAISettings(models, key)
+
+
+def _tokenizer(package: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(package.weights_dir))
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(
+            f"--openai: model '{package.manifest.modelId}': no tokenizer loads from its weights ({exc})",
+            hint="The OpenAI routes render chat templates and count tokens with the package's tokenizer: package "
+            "its tokenizer files beside the weights, or serve it without --openai (KServe v2 only).",
+        ) from exc
+
+
+def _chat_renderer(tokenizer: Any) -> Callable[[list[dict[str, Any]]], str] | None:
+    """The chat template as a function of the messages; None when the tokenizer has no template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    return render
 
 
 def structured_outputs_key(lock_path: Path = Path("llmserve.lock")) -> str:

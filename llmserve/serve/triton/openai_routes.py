@@ -9,6 +9,8 @@ table the KServe frontends and the vLLM backend use (llmserve.serve.kserve.sampl
 `response_format` becomes the structured-output parameter under the key the lock pins for the Triton line
 (`structured_outputs` from vLLM 0.11 / Triton 25.11 on, `guided_decoding` before), so JSON asked for is enforced
 in the engine; the constraint keys (`vllm_xargs`) reach llmserve's constraint processor.
+Python-backend LLM packages (`python.frontend: llm-text`) are served too, through the protocol of their contract
+(llmserve.serve.triton.text_protocols: token counts and finish reason derived here, structured outputs refused).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -30,6 +31,7 @@ from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
 from llmserve.serve.openai.errors import RequestRejected, error_body
 from llmserve.serve.readiness import Readiness
+from llmserve.serve.triton.text_protocols import VLLM_TEXT, TextProtocol
 
 log = logging.getLogger("llmserve.serve.openai")
 
@@ -86,10 +88,12 @@ DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default; chat's is the rest of
 
 @dataclass
 class TritonLLM:
-    """A generating model Triton hosts, as the OpenAI routes need it: its name and chat-template renderer."""
+    """A generating model Triton hosts, as the OpenAI routes need it: its name, chat-template renderer (None: the
+    tokenizer has none) and the text protocol its backend speaks."""
 
     name: str
-    render_chat: Callable[[list[dict[str, Any]]], str]
+    render_chat: Callable[[list[dict[str, Any]]], str] | None
+    protocol: TextProtocol = VLLM_TEXT
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -100,6 +104,7 @@ class Call:
     params: dict[str, Any]
     stream: bool
     include_usage: bool
+    protocol: TextProtocol = VLLM_TEXT
 
 
 def _is_off(value: Any) -> bool:
@@ -123,20 +128,38 @@ def build_call(kind: str, body: dict[str, Any], models: dict[str, TritonLLM], so
             code="model_not_found",
             status=404,
         )
+    llm = models[model]
     for name in ("n", "best_of"):
         if body.get(name) not in (None, 1):
-            raise _refuse(name, "only 1: Triton's vLLM backend returns one text per request")
+            raise _refuse(name, "only 1: Triton's text protocol returns one text per request")
+    if not llm.protocol.structured:
+        _refuse_structured(body, model)
     _response_format(body.get("response_format"), params, so_key)
     _constraints(body.get("vllm_xargs"), params)
-    if kind == "completion":
-        params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    default_max_tokens = DEFAULT_MAX_TOKENS if kind == "completion" else llm.protocol.default_max_tokens
+    if default_max_tokens is not None:
+        params.setdefault("max_tokens", default_max_tokens)
     stream, include_usage = _stream_fields(body)
     try:  # the same checks the backend runs, so that a bad value is a 400 here
         build_settings(params, {}, transport="grpc", constraints=ConstraintSupport(True))
     except KServeError as exc:
         raise RequestRejected(exc.message) from None
-    prompt = _chat_prompt(body, models[model]) if kind == "chat" else _completion_prompt(body)
-    return Call(model, prompt, params, stream, include_usage)
+    prompt = _chat_prompt(body, llm) if kind == "chat" else _completion_prompt(body)
+    return Call(model, prompt, params, stream, include_usage, llm.protocol)
+
+
+def _refuse_structured(body: dict[str, Any], model: str) -> None:
+    why = (
+        f"model '{model}' is a Python-backend model (llm-text contract): structured outputs and constraints are "
+        "enforced only by the vLLM backend"
+    )
+    response_format = body.get("response_format")
+    if response_format is not None and not (
+        isinstance(response_format, dict) and response_format.get("type") == "text"
+    ):
+        raise _refuse("response_format", why)
+    if body.get("vllm_xargs") is not None:
+        raise _refuse("vllm_xargs", why)
 
 
 def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -213,6 +236,8 @@ def _chat_prompt(body: dict[str, Any], model: TritonLLM) -> str:
             raise _refuse(f"messages[{i}]", f"unsupported keys {sorted(extra)} through Triton")
         role = "system" if message["role"] == "developer" else message["role"]
         rendered.append({"role": role, "content": content})
+    if model.render_chat is None:
+        raise _refuse("messages", f"model '{model.name}' has no chat template in its tokenizer: use /v1/completions")
     return model.render_chat(rendered)
 
 
@@ -242,21 +267,12 @@ async def run(client: Any, call: Call) -> AsyncIterator[Piece]:
     RuntimeError on an error."""
     import tritonclient.grpc as grpcclient
 
-    values = {
-        "text_input": ("BYTES", np.array([call.prompt.encode("utf-8")], dtype=np.object_)),
-        # a whole answer is one response from Triton (each streamed delta is a round trip through the stub)
-        "stream": ("BOOL", np.array([call.stream])),
-        "sampling_parameters": ("BYTES", np.array([json.dumps(call.params).encode()], dtype=np.object_)),
-        "exclude_input_in_output": ("BOOL", np.array([True])),
-        "return_finish_reason": ("BOOL", np.array([True])),
-        "return_num_input_tokens": ("BOOL", np.array([True])),
-        "return_num_output_tokens": ("BOOL", np.array([True])),
-    }
     inputs = []
-    for name, (datatype, value) in values.items():
+    for name, (datatype, value) in call.protocol.inputs(call.prompt, call.stream, call.params).items():
         tensor = grpcclient.InferInput(name, [1], datatype)
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
+    read = call.protocol.reader(call.prompt, call.params)
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
         yield {"model_name": call.model, "inputs": inputs, "enable_empty_final_response": True}
@@ -266,16 +282,9 @@ async def run(client: Any, call: Call) -> AsyncIterator[Piece]:
         async for result, error in responses:
             if error is not None:
                 raise _triton_failure(str(error))
-            reason = result.as_numpy("finish_reason")[0].decode()
-            final = result.get_response().parameters["triton_final_response"].bool_param
-            yield Piece(
-                result.as_numpy("text_output")[0].decode("utf-8"),
-                final,
-                None if reason == "None" else reason,
-                int(result.as_numpy("num_input_tokens")[0]),
-                int(result.as_numpy("num_output_tokens")[0]),
-            )
-            if final:
+            piece = Piece(*read(result))
+            yield piece
+            if piece.final:
                 return
     finally:
         responses.cancel()  # the client went away or the answer is complete: Triton's request ends too
@@ -284,7 +293,8 @@ async def run(client: Any, call: Call) -> AsyncIterator[Piece]:
 def _triton_failure(message: str) -> Exception:
     if "maximum context length" in message or "maximum model length" in message:
         return RequestRejected(message, code="context_length_exceeded")
-    if "refused by the engine" in message or "is not a known sampling setting" in message:
+    known = ("refused by the engine", "is not a known sampling setting", "unsupported sampling parameter")
+    if any(text in message for text in known):
         return RequestRejected(message)
     log.error("Triton failed a request: %s", message)
     return RuntimeError(message)
