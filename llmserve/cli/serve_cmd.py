@@ -110,6 +110,14 @@ def serve(
         "On by default for generating models; without it a request carrying a constraint "
         "gets HTTP 400 / INVALID_ARGUMENT.",
     ),
+    structured_outputs_backend: str = typer.Option(
+        "llmserve",
+        "--structured-outputs-backend",
+        help="Who serves response_format and structured_outputs: llmserve (the constraint processor: answers "
+        "end within max_tokens; a form it does not take, such as grammar, is HTTP 400), or one of vLLM's own "
+        "backends for comparison: guidance, xgrammar, outlines, lm-format-enforcer, auto. Constraint keys "
+        "(vllm_xargs, KServe constraint_*) are served by llmserve's processor either way.",
+    ),
     trust_remote_code: bool = typer.Option(
         False,
         "--trust-remote-code",
@@ -151,6 +159,13 @@ def serve(
     """
     from llmserve.serve import ServeOptions
     from llmserve.serve import serve as run_server
+    from llmserve.serve.constraint_keys import STRUCTURED_BACKENDS
+
+    if structured_outputs_backend not in STRUCTURED_BACKENDS:
+        raise typer.BadParameter(
+            f"{structured_outputs_backend!r} is not one of {', '.join(STRUCTURED_BACKENDS)}",
+            param_hint="--structured-outputs-backend",
+        )
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s llmserve %(levelname)s %(message)s", "%H:%M:%S"))
@@ -181,6 +196,7 @@ def serve(
         drain_timeout_s=drain_timeout,
         metrics_dir=metrics_dir,
         constraints=constraints,
+        structured_outputs_backend=structured_outputs_backend,
         trust_remote_code=trust_remote_code,
         max_n=max_n,
     )

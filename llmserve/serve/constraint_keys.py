@@ -11,6 +11,23 @@ answer with a success status.
 Problems are returned as one-line messages naming the key; each frontend wraps them in its own error
 shape (OpenAI: HTTP 400 on `vllm_xargs`; KServe: INVALID_ARGUMENT / HTTP 400).
 
+One engine for every structured request (issue #17): OpenAI's `response_format` (json_object,
+json_schema) and vLLM's `structured_outputs` (OpenAI extension field, KServe sampling parameter) are
+translated here into the processor's constraint (`response_format_constraint`,
+`structured_outputs_constraint`) when the server's structured-outputs backend is llmserve's (the
+default; ConstraintSupport.structured). A form llmserve's engine does not take (`grammar`,
+`structural_tag`, `whitespace_pattern`) is a 400 naming it, never dropped. With
+`llmserve serve --structured-outputs-backend guidance|xgrammar|...` those two fields go to vLLM's own
+backend unchanged, for comparison; the constraint keys are still served by llmserve's processor
+(they are llmserve's own API), and a request that gives both a structured-output field and a
+constraint key is a 400 either way (which one should win would be a guess).
+
+`constraint_budget` (CONSTRAINT_OPTIONS) is an option, not a constraint: true by default, false turns
+off the steering that makes a constrained answer end within max_tokens. With it on, a constraint
+whose shortest answer does not fit in max_tokens is a 400 saying how many tokens it needs
+(`validation_problem` with max_tokens; the frontend process knows the vocabulary: engine.py
+registers it at startup).
+
 Checking a new constraint compiles it (up to the compile time budget, LLMSERVE_CONSTRAINT_COMPILE_MS),
 so async frontends call `validation_problem_async`, which runs the check on a small pool of worker
 threads: the event loop keeps serving /health and other requests meanwhile. The compiled automaton
@@ -34,6 +51,15 @@ _executor_lock = threading.Lock()
 
 # = ("constraint", *llmserve.constraints.vllm_processor.FLAT_KEYS); importing that module imports vLLM.
 CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
+# = (llmserve.constraints.vllm_processor.BUDGET_KEY,): options of the constraint, not constraints
+CONSTRAINT_OPTIONS = ("constraint_budget",)
+# The structured-outputs backend that means llmserve's own engine (`--structured-outputs-backend`);
+# the others are vLLM's (vllm.config.structured_outputs.StructuredOutputsBackend).
+LLMSERVE_BACKEND = "llmserve"
+VLLM_BACKENDS = ("auto", "guidance", "xgrammar", "outlines", "lm-format-enforcer")
+STRUCTURED_BACKENDS = (LLMSERVE_BACKEND, *VLLM_BACKENDS)
+# What `response_format: {"type": "json_object"}` asks for: OpenAI's JSON mode answers a JSON object.
+JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,16 @@ class ConstraintSupport:
 
     loaded: bool
     reason: str = ""
+    # who serves response_format / structured_outputs: LLMSERVE_BACKEND (the processor) or one of vLLM's
+    structured: str = LLMSERVE_BACKEND
+
+    @property
+    def structured_by_llmserve(self) -> bool:
+        return self.structured == LLMSERVE_BACKEND
+
+
+class StructuredProblem(ValueError):
+    """A structured-output request llmserve's engine cannot serve; the message names the field."""
 
 
 def given_keys(values: dict[str, Any]) -> list[str]:
@@ -79,29 +115,190 @@ def constraint_problem(values: dict[str, Any], support: ConstraintSupport) -> st
     return shape_problem(given[0], values[given[0]])
 
 
-def validation_problem(key: str, value: Any) -> str | None:
+def budget_problem(value: Any) -> str | None:
+    """A `constraint_budget` value that is not a boolean, or None."""
+    if value in (True, False, "true", "false"):
+        return None
+    return "key 'constraint_budget' must be true or false (false: no steering to end within max_tokens)"
+
+
+def budget_on(value: Any) -> bool:
+    return value not in (False, "false")
+
+
+def structured_support_problem(support: ConstraintSupport) -> str | None:
+    """Why llmserve's engine cannot serve a structured-output field on the engine behind `support`, or None."""
+    if support.structured_by_llmserve and not support.loaded:
+        return (
+            f"llmserve's constraint processor serves it, and it is not loaded on this server ({support.reason}); "
+            "a server started with --structured-outputs-backend guidance serves it with vLLM's backend"
+        )
+    return None
+
+
+def validation_problem(key: str, value: Any, max_tokens: int | None = None, budget: bool = True) -> str | None:
     """The constraint processor's own check of one constraint (what its validate_params runs when
-    vLLM admits the request), reported with the key; None if valid. Only the processor's
-    ConstraintError is the client's fault; anything else it raises propagates (a server fault).
-    Imports vLLM."""
+    vLLM admits the request), reported with the key; None if valid. With `max_tokens` and the
+    budget on, a constraint whose shortest answer cannot fit is refused with the tokens it needs.
+    Only the processor's ConstraintError is the client's fault; anything else it raises propagates
+    (a server fault). Imports vLLM."""
     # deferred to the first constrained request: the processor module imports vLLM (seconds), and
     # the frontends import this module before the engine step
     from llmserve.constraints.errors import ConstraintError
-    from llmserve.constraints.vllm_processor import request_constraint, validate_constraint
+    from llmserve.constraints.vllm_processor import check_budget, request_constraint, validate_constraint
 
     try:
         obj = request_constraint({key: value})
         if obj is not None:
             validate_constraint(obj)
+            if budget and max_tokens is not None:
+                check_budget(obj, max_tokens)
     except ConstraintError as exc:
         return f"key '{key}': invalid constraint: {exc.message}"
     return None
+
+
+def object_problem(obj: dict[str, Any], max_tokens: int | None = None, budget: bool = True) -> str | None:
+    """`validation_problem` of a constraint object translated from a structured-output field, worded
+    without the key (the caller names its field)."""
+    problem = validation_problem("constraint", obj, max_tokens, budget)
+    return problem.removeprefix("key 'constraint': ") if problem else None
 
 
 async def validation_problem_async(key: str, value: Any) -> str | None:
     """`validation_problem` on a worker thread (see the module doc): the caller's event loop is free
     while the constraint compiles."""
     return await asyncio.get_running_loop().run_in_executor(_check_executor(), validation_problem, key, value)
+
+
+# ---- structured-output fields -> llmserve constraints -------------------------------------------
+
+# structured_outputs keys: kinds llmserve's engine serves -> the constraint kind; kinds it refuses
+STRUCTURED_KINDS = {"json": "json_schema", "json_object": "json_schema", "regex": "regex", "choice": "choice"}
+REFUSED_KINDS = {
+    "grammar": "grammars (EBNF/Lark) are not supported by llmserve's constraint engine",
+    "structural_tag": "structural tags are not supported by llmserve's constraint engine",
+}
+# keys of JSON Schema whose values are maps of names to subschemas, or subschemas (lists of them)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_SUBS = (
+    "items",
+    "prefixItems",
+    "additionalItems",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "propertyNames",
+    "contains",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+
+
+def response_format_constraint(value: Any) -> dict[str, Any] | None:
+    """The constraint object OpenAI's `response_format` asks for (None: text). The value's shape is
+    checked by the caller (openai/fields.py)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        return {"json_schema": JSON_OBJECT_SCHEMA}
+    if kind == "json_schema":
+        # strict or not, the schema is enforced: every answer validates (strict only adds a promise)
+        return {"json_schema": value["json_schema"]["schema"]}
+    return None
+
+
+def structured_outputs_constraint(value: Any) -> dict[str, Any]:
+    """The constraint object a `structured_outputs` object (vLLM's StructuredOutputsParams fields)
+    asks for. StructuredProblem names the key llmserve's engine does not take."""
+    value = _structured_object(value)
+    kinds = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
+    if len(kinds) != 1:
+        raise StructuredProblem(
+            f"give exactly one of {', '.join(STRUCTURED_KINDS)} (got {', '.join(kinds) if kinds else 'none'})"
+        )
+    kind = kinds[0]
+    spec = _structured_spec(kind, value[kind])
+    if kind == "json" and value.get("disable_additional_properties"):
+        spec = no_additional_properties(spec)
+    # disable_any_whitespace: honoured either way (llmserve's JSON is compact, a subset of both)
+    return {STRUCTURED_KINDS[kind]: spec}
+
+
+def _structured_object(value: Any) -> dict[str, Any]:
+    """The structured_outputs object, its keys checked: unknown keys and forms llmserve refuses named."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise StructuredProblem(f"is not a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise StructuredProblem('must be an object with one of json, json_object, regex, choice, e.g. {"json": {...}}')
+    options = {"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"}
+    unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(REFUSED_KINDS) - options)
+    if unknown:
+        raise StructuredProblem(f"unknown key(s) {', '.join(unknown)}")
+    for key, why in REFUSED_KINDS.items():
+        if value.get(key) is not None:
+            raise StructuredProblem(
+                f"key '{key}': {why} (it takes {', '.join(STRUCTURED_KINDS)}); "
+                "a server started with --structured-outputs-backend guidance serves it with vLLM's backend"
+            )
+    if value.get("whitespace_pattern") is not None:
+        raise StructuredProblem(
+            "key 'whitespace_pattern' is not supported: llmserve's constraint engine answers compact JSON"
+        )
+    for opt in ("disable_any_whitespace", "disable_additional_properties"):
+        if value.get(opt) not in (None, True, False):
+            raise StructuredProblem(f"key '{opt}' must be true or false")
+    return value
+
+
+def _structured_spec(kind: str, spec: Any) -> Any:
+    """One kind's value as the constraint takes it."""
+    if kind == "json_object":
+        if spec is not True:
+            raise StructuredProblem("key 'json_object' must be true when given")
+        return JSON_OBJECT_SCHEMA
+    if kind == "json":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as exc:
+                raise StructuredProblem(f"key 'json' is not a JSON schema document: {exc}") from None
+        if not isinstance(spec, dict):
+            raise StructuredProblem("key 'json' must be a JSON Schema object")
+        return spec
+    if kind == "regex" and not isinstance(spec, str):
+        raise StructuredProblem("key 'regex' must be a string")
+    if kind == "choice" and (not isinstance(spec, list) or not spec or not all(isinstance(c, str) for c in spec)):
+        raise StructuredProblem("key 'choice' must be a non-empty array of strings")
+    return spec
+
+
+def no_additional_properties(schema: Any) -> Any:
+    """`disable_additional_properties` as vLLM's guidance backend applies it: a copy of the schema in
+    which every object schema with `properties` or `patternProperties` and no `additionalProperties`
+    says false."""
+    if isinstance(schema, list):
+        return [no_additional_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: no_additional_properties(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_SUBS:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = no_additional_properties(out[key])
+    if "additionalProperties" not in out and (
+        isinstance(out.get("properties"), dict) or isinstance(out.get("patternProperties"), dict)
+    ):
+        out["additionalProperties"] = False
+    return out
 
 
 def _check_executor() -> ThreadPoolExecutor:

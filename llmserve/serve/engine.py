@@ -9,6 +9,7 @@ so every frontend shares one engine and one KV cache.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from starlette.datastructures import State
 
 from llmserve.formats.engine_trust import CodeArg, require_code_trust
 from llmserve.packaging.opened import OpenedPackage
-from llmserve.serve.constraint_keys import ConstraintSupport
+from llmserve.serve.constraint_keys import LLMSERVE_BACKEND, STRUCTURED_BACKENDS, ConstraintSupport
 from llmserve.serve.errors import EngineArgsError, StartupError
 from llmserve.serve.options import (
     ADDITIVE_ENGINE_ARGS,
@@ -30,9 +31,15 @@ from llmserve.serve.options import (
 
 log = logging.getLogger("llmserve.serve")
 
-# Structured outputs as measured on the CPU build: guidance without free whitespace keeps a
-# random-weight model inside valid, short JSON (xgrammar let raw control characters into strings).
+# vLLM's own structured outputs, used only with --structured-outputs-backend set to one of vLLM's backends
+# (by default llmserve's constraint processor serves them and vLLM's config is unused). As measured on the
+# CPU build: guidance without free whitespace keeps a random-weight model inside valid, short JSON
+# (xgrammar let raw control characters into strings).
 STRUCTURED_OUTPUTS_DEFAULT = {"backend": "guidance", "disable_any_whitespace": True}
+# The engine argument (an override of `llmserve serve --structured-outputs-backend`, never vLLM's) naming
+# who serves structured outputs: "llmserve" (default) or one of vLLM's backends.
+STRUCTURED_BACKEND_ARG = "structured_outputs_backend"
+_WHITESPACE_BACKENDS = ("xgrammar", "guidance")  # the vLLM backends that take disable_any_whitespace
 # Measured defaults for the embedded CPU engine (a manifest value wins).
 ENGINE_DEFAULTS = {"enforce_eager": True}
 
@@ -104,6 +111,11 @@ def require_trust(engine_args: dict[str, Any], *, trusted: bool, source: str) ->
 
 def merged_engine_args(manifest_engine: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     overrides = dict(overrides)
+    backend = overrides.pop(STRUCTURED_BACKEND_ARG, None) or LLMSERVE_BACKEND
+    if backend not in STRUCTURED_BACKENDS:
+        raise EngineArgsError(
+            f"--structured-outputs-backend {backend!r} is not one of {', '.join(STRUCTURED_BACKENDS)}"
+        )
     added = {k: overrides.pop(k) for k in ADDITIVE_ENGINE_ARGS if k in overrides}
     bad = sorted(set(overrides) - set(OVERRIDABLE_ENGINE_ARGS))
     if bad:
@@ -117,7 +129,12 @@ def merged_engine_args(manifest_engine: dict[str, Any], overrides: dict[str, Any
         args[key] = own + [x for x in extra if x not in own]
     so = dict(STRUCTURED_OUTPUTS_DEFAULT)
     so.update(args.get("structured_outputs_config") or {})
+    if backend != LLMSERVE_BACKEND:  # the command line's choice wins over the package's
+        so["backend"] = backend
+        if backend not in _WHITESPACE_BACKENDS:
+            so.pop("disable_any_whitespace", None)
     args["structured_outputs_config"] = so
+    args[STRUCTURED_BACKEND_ARG] = backend
     return args
 
 
@@ -138,11 +155,11 @@ def _vllm_namespace(package: OpenedPackage, model_name: str, engine_args: dict[s
     ]
     ns = parser.parse_args(argv)
     known = {f for f in AsyncEngineArgs.__dataclass_fields__}
-    unknown = sorted(k for k in engine_args if k not in known)
+    unknown = sorted(k for k in engine_args if k not in known and k != STRUCTURED_BACKEND_ARG)
     if unknown:
         raise EngineArgsError(f"llmserve.yaml engine: unknown vLLM engine argument(s): {', '.join(unknown)}")
     for key, value in engine_args.items():
-        if key != "structured_outputs_config":
+        if key not in ("structured_outputs_config", STRUCTURED_BACKEND_ARG):
             setattr(ns, key, value)
     ns.enable_log_requests = False
     return ns
@@ -209,6 +226,12 @@ def constraint_status(engine: Any) -> ConstraintSupport:
     return ConstraintSupport(False, "the server was started with --no-constraints")
 
 
+def _register_vocab(engine: Any) -> None:
+    from llmserve.constraints.vllm_processor import register_vocab, vocab_for_model  # imports vLLM: serving only
+
+    register_vocab(vocab_for_model(engine.vllm_config))
+
+
 def build_engine(package: OpenedPackage, model_name: str, engine_args: dict[str, Any]):
     """Construct AsyncLLM (blocking: loads weights, profiles, allocates the KV cache)."""
     # deferred like every vLLM import here (a fast `llmserve --help`)
@@ -245,8 +268,12 @@ async def attach_serving(
     tasks = tuple(await engine.get_supported_tasks())
     state = State()
     await init_app_state(engine, state, ns, tasks)
-    constraints = constraint_status(engine)
+    structured = engine_args.get(STRUCTURED_BACKEND_ARG) or LLMSERVE_BACKEND
+    constraints = dataclasses.replace(constraint_status(engine), structured=structured)
     if constraints.loaded:
+        # the frontends check a constraint's budget against max_tokens before the engine runs it: they
+        # need the vocabulary here (the processor itself lives in the engine-core process)
+        await asyncio.to_thread(_register_vocab, engine)
         log.info(
             "startup: engine      constraint processor loaded (%s): requests may carry "
             "constraint keys (OpenAI vllm_xargs, KServe sampling_parameters)",
@@ -257,6 +284,18 @@ async def attach_serving(
             "startup: engine      constraint processor not loaded: %s; a request carrying a "
             "constraint gets HTTP 400 / INVALID_ARGUMENT",
             constraints.reason,
+        )
+    if structured == LLMSERVE_BACKEND:
+        log.info(
+            "startup: engine      structured outputs (response_format, structured_outputs) served by "
+            "llmserve's constraint processor%s",
+            "" if constraints.loaded else " (not loaded: such requests get HTTP 400 / INVALID_ARGUMENT)",
+        )
+    else:
+        log.info(
+            "startup: engine      structured outputs (response_format, structured_outputs) served by vLLM's "
+            "'%s' backend (--structured-outputs-backend); constraint keys by llmserve's processor",
+            structured,
         )
     return EngineHandle(
         engine=engine,

@@ -97,6 +97,9 @@ class ServeOptions:
     # llmserve's constraint processor (per-request regex / choice / JSON Schema via `vllm_xargs`):
     # loaded by default on generating models; --no-constraints leaves it out (constrained requests: 400).
     constraints: bool = True
+    # Who serves response_format / structured_outputs: "llmserve" (the constraint processor) or one of
+    # vLLM's backends (guidance, xgrammar, outlines, lm-format-enforcer, auto), kept for comparison.
+    structured_outputs_backend: str = "llmserve"
     # Serve a package whose engine arguments make vLLM load code (llmserve/formats/engine_trust.py).
     trust_remote_code: bool = False
     max_n: int = DEFAULT_MAX_N
@@ -125,4 +128,6 @@ class ServeOptions:
             out["max_num_batched_tokens"] = self.max_num_batched_tokens
         if self.constraints:
             out["logits_processors"] = [CONSTRAINT_PROCESSOR]
+        if self.structured_outputs_backend != "llmserve":  # llmserve.serve.engine.STRUCTURED_BACKEND_ARG
+            out["structured_outputs_backend"] = self.structured_outputs_backend
         return out

@@ -24,11 +24,15 @@ Mapping table (key -> vLLM 0.32 SamplingParams field):
     skip_special_tokens,
     spaces_between_special_tokens                 -> same name        (boolean)
     n                                             -> n, only 1        (text_output carries one text)
-    structured_outputs                            -> structured_outputs=StructuredOutputsParams(...)
-        an object with exactly one of: json (JSON schema, object or string), json_object (true),
-        regex, choice (list of strings), grammar (EBNF/Lark), structural_tag; plus the options
-        disable_additional_properties, disable_any_whitespace, whitespace_pattern.
-        This is the same guarantee the OpenAI API's `response_format` gives.
+    structured_outputs                            -> llmserve's constraint processor (extra_args), by default
+        an object with exactly one of: json (JSON schema, object or string), json_object (true: a JSON
+        object), regex, choice (list of strings); options disable_any_whitespace (answers are compact
+        either way), disable_additional_properties (as vLLM's guidance applies it). grammar,
+        structural_tag and whitespace_pattern are refused by name (llmserve's engine does not take them).
+        The answer ends within max_tokens (constraint_budget below). The OpenAI API's `response_format`
+        is served the same way. With `llmserve serve --structured-outputs-backend guidance|xgrammar|...`
+        it goes to vLLM instead: structured_outputs=StructuredOutputsParams(...), grammar and
+        structural_tag included. Given together with a constraint key: refused (one constraint).
 
 Constraint keys of llmserve's constraint processor (llmserve.constraints.vllm_processor), the same
 keys the OpenAI API takes in `vllm_xargs`; at most one per request:
@@ -38,6 +42,9 @@ keys the OpenAI API takes in `vllm_xargs`; at most one per request:
     constraint_json_schema                        -> extra_args       (JSON Schema object, or it as JSON text)
     constraint                                    -> extra_args       (object, or it as JSON text:
         {"regex": ...} | {"choice": [...]} | {"json_schema": {...}} | {"machine": name, "args": {...}})
+    constraint_budget                             -> extra_args       (true by default: the answer is steered
+        to end within max_tokens, and a constraint whose shortest answer needs more is refused saying
+        how many tokens it needs; false: off)
     extra_args                                    -> extra_args       (object of the keys above only: the
         spelling of Triton's vLLM backend, which passes sampling_parameters to SamplingParams(**...))
 
@@ -72,10 +79,17 @@ from typing import Any
 
 from llmserve.serve.constraint_keys import (
     CONSTRAINT_KEYS,
+    CONSTRAINT_OPTIONS,
     ConstraintSupport,
+    StructuredProblem,
+    budget_on,
+    budget_problem,
     constraint_problem,
     extra_args_value,
     given_keys,
+    object_problem,
+    structured_outputs_constraint,
+    structured_support_problem,
     validation_problem,
 )
 from llmserve.serve.kserve.errors import internal, invalid
@@ -350,6 +364,10 @@ REFUSED_KEYS: dict[str, str] = {
     + ") in sampling_parameters itself",
 }
 EXTRA_ARGS_KEY = "extra_args"
+STRUCTURED_KEY = "structured_outputs"
+DEFAULT_MAX_TOKENS = 16  # vLLM SamplingParams' own default
+# keys settled together by settle_constraint once both places are read
+COLLECTED_KEYS = (*CONSTRAINT_KEYS, *CONSTRAINT_OPTIONS, STRUCTURED_KEY)
 
 # Request-level parameters (not sampling settings).
 REQUEST_KEYS = ("priority", "triton_enable_empty_final_response", "binary_data_output")
@@ -373,7 +391,7 @@ class Settings:
 
 
 def _accepted() -> str:
-    return ", ".join(sorted([*SAMPLING_KEYS, *CONSTRAINT_KEYS, EXTRA_ARGS_KEY]))
+    return ", ".join(sorted({*SAMPLING_KEYS, *COLLECTED_KEYS, EXTRA_ARGS_KEY}))
 
 
 def _constraint_value(key: str, value: Any, origin: str) -> Any:
@@ -399,7 +417,7 @@ def sampling_kwargs(
     for key, value in values.items():
         if key in REFUSED_KEYS:
             raise invalid(f"{_where(key, origin)} is not supported: {REFUSED_KEYS[key]}")
-        if key in CONSTRAINT_KEYS:
+        if key in COLLECTED_KEYS:
             _collect_constraint(key, value, origin, found)
             continue
         if key == EXTRA_ARGS_KEY:
@@ -412,10 +430,10 @@ def sampling_kwargs(
                     f"({', '.join(CONSTRAINT_KEYS)}), got {short(extra)}"
                 )
             for inner, inner_value in extra.items():
-                if inner not in CONSTRAINT_KEYS:
+                if inner not in CONSTRAINT_KEYS and inner not in CONSTRAINT_OPTIONS:
                     raise invalid(
                         f"{_where(f'{key}.{inner}', origin)} is not supported; this server honours only "
-                        f"the constraint keys {', '.join(CONSTRAINT_KEYS)} in extra_args"
+                        f"the constraint keys {', '.join(CONSTRAINT_KEYS + CONSTRAINT_OPTIONS)} in extra_args"
                     )
                 _collect_constraint(inner, inner_value, f"{origin} extra_args", found)
             continue
@@ -433,23 +451,68 @@ def sampling_kwargs(
 
 
 def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], support: ConstraintSupport) -> None:
-    """At most one constraint, honoured only with the processor loaded (`support`), valid by the
-    processor's own check; it goes to SamplingParams.extra_args in the form the OpenAI path sends it."""
+    """At most one constraint (a constraint key, or structured_outputs), honoured only with the
+    processor loaded (`support`), valid by the processor's own check and, with the budget on, able to
+    end within max_tokens; it goes to SamplingParams.extra_args in the form the OpenAI path sends it.
+    structured_outputs goes to vLLM's own backend instead where the server chose one."""
     values = {key: value for key, (_origin, value) in found.items()}
+    budget = True
+    if values.get("constraint_budget") is not None:
+        if problem := budget_problem(values["constraint_budget"]):
+            raise invalid(f"{found['constraint_budget'][0]} {problem}")
+        budget = budget_on(values["constraint_budget"])
     given = given_keys(values)
+    if values.get(STRUCTURED_KEY) is not None:
+        where = _where(STRUCTURED_KEY, found[STRUCTURED_KEY][0])
+        if given:
+            raise invalid(
+                f"{where}: give it or a constraint key ({_where(given[0], found[given[0]][0])}), not both: "
+                "one constraint per request"
+            )
+        if not support.structured_by_llmserve:  # vLLM's own backend, chosen at serve time
+            into["structured_outputs"] = _structured(STRUCTURED_KEY, values[STRUCTURED_KEY], found[STRUCTURED_KEY][0])
+            return
+        try:
+            obj = structured_outputs_constraint(
+                _json_value(STRUCTURED_KEY, values[STRUCTURED_KEY], found[STRUCTURED_KEY][0])
+            )
+        except StructuredProblem as exc:
+            raise invalid(f"{where}: {exc}") from None
+        if obj.get("json_schema") is not None:
+            _check_schema(STRUCTURED_KEY, obj["json_schema"], found[STRUCTURED_KEY][0])
+        problem = structured_support_problem(support) or _checked(
+            lambda: object_problem(obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget), where
+        )
+        if problem is not None:
+            raise invalid(f"{where}: {problem}")
+        into["extra_args"] = {"constraint": extra_args_value(obj), **_budget_arg(values)}
+        return
     if not given:
         return
     key = given[0]
     problem = constraint_problem(values, support)
     if problem is None:
-        try:
-            problem = validation_problem(key, values[key])
-        except Exception as exc:
-            log.exception("constraint check failed")
-            raise internal(f"{_where(key, found[key][0])}: the constraint check") from exc
+        problem = _checked(
+            lambda: validation_problem(key, values[key], into.get("max_tokens", DEFAULT_MAX_TOKENS), budget),
+            _where(key, found[key][0]),
+        )
     if problem is not None:  # "key 'k': ..." gets where it came from; "give one constraint ..." names them all
         raise invalid(f"{found[key][0]} {problem}" if problem.startswith("key '") else problem)
-    into["extra_args"] = {key: extra_args_value(values[key])}
+    into["extra_args"] = {key: extra_args_value(values[key]), **_budget_arg(values)}
+
+
+def _checked(check: Callable[[], str | None], where: str) -> str | None:
+    """The processor's check; anything but the client's ConstraintError is a server fault."""
+    try:
+        return check()
+    except Exception as exc:
+        log.exception("constraint check failed")
+        raise internal(f"{where}: the constraint check") from exc
+
+
+def _budget_arg(values: dict[str, Any]) -> dict[str, Any]:
+    budget = values.get("constraint_budget")
+    return {} if budget is None else {"constraint_budget": budget_on(budget)}
 
 
 def parse_sampling_tensor(text: str) -> dict[str, Any]:

@@ -19,10 +19,18 @@ from typing import Any, Literal
 
 from llmserve.serve.constraint_keys import (
     CONSTRAINT_KEYS,
+    CONSTRAINT_OPTIONS,
     ConstraintSupport,
+    StructuredProblem,
+    budget_on,
+    budget_problem,
     constraint_problem,
     extra_args_value,
     given_keys,
+    object_problem,
+    response_format_constraint,
+    structured_outputs_constraint,
+    structured_support_problem,
     validation_problem,
 )
 from llmserve.serve.limits import (
@@ -138,6 +146,85 @@ def _check_response_format(value: Any, ctx: CheckContext) -> str | None:
     return None
 
 
+def _response_format(value: Any, ctx: CheckContext) -> str | None:
+    problem = _check_response_format(value, ctx)
+    if problem is not None or value.get("type") == "text":
+        return problem
+    return _one_structured_field("response_format", ctx) or _llmserve_check(
+        lambda: response_format_constraint(value), ctx
+    )
+
+
+def _structured_outputs(value: Any, ctx: CheckContext) -> str | None:
+    return _one_structured_field("structured_outputs", ctx) or _llmserve_check(
+        lambda: structured_outputs_constraint(value), ctx
+    )
+
+
+def _one_structured_field(name: str, ctx: CheckContext) -> str | None:
+    """A structured-output field beside another, or beside a constraint key: which one should win
+    would be a guess, so the request is refused (whichever backend serves structured outputs)."""
+    other = "structured_outputs" if name == "response_format" else "response_format"
+    rf = ctx.body.get("response_format")
+    if ctx.body.get(other) is not None and (other != "response_format" or _asks_json(rf)):
+        return "give response_format or structured_outputs, not both"
+    xargs = ctx.body.get("vllm_xargs")
+    given = given_keys(xargs) if isinstance(xargs, dict) else []
+    if given:
+        return f"give it or a constraint key (vllm_xargs '{given[0]}'), not both: one constraint per request"
+    return None
+
+
+def _asks_json(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") in ("json_object", "json_schema")
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _budget(body: dict[str, Any]) -> bool:
+    xargs = body.get("vllm_xargs")
+    return budget_on(xargs.get("constraint_budget", True)) if isinstance(xargs, dict) else True
+
+
+def _llmserve_check(translate: Callable[[], dict[str, Any] | None], ctx: CheckContext) -> str | None:
+    """With llmserve's engine serving structured outputs: the field as a constraint, checked by the
+    processor (an unsupported keyword or an impossible budget is a 400 naming the field). With one of
+    vLLM's backends the field goes to vLLM as it is (vLLM's request model checks it)."""
+    if not ctx.constraints.structured_by_llmserve:
+        return None
+    try:
+        obj = translate()
+    except StructuredProblem as exc:
+        return str(exc)
+    if obj is None:
+        return None
+    return structured_support_problem(ctx.constraints) or object_problem(obj, _max_tokens(ctx.body), _budget(ctx.body))
+
+
+def structured_constraint(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The constraint a checked request's structured-output field asks for (None: none)."""
+    if _asks_json(body.get("response_format")):
+        return response_format_constraint(body["response_format"])
+    if body.get("structured_outputs") is not None:
+        return structured_outputs_constraint(body["structured_outputs"])
+    return None
+
+
+def route_structured(body: dict[str, Any], forwarded: dict[str, Any], constraints: ConstraintSupport) -> None:
+    """With llmserve's engine serving structured outputs, `response_format` / `structured_outputs`
+    reach vLLM as the processor's constraint in vllm_xargs (never as vLLM's own structured outputs)."""
+    if not constraints.structured_by_llmserve:
+        return
+    forwarded.pop("response_format", None)
+    forwarded.pop("structured_outputs", None)
+    obj = structured_constraint(body)
+    if obj is not None:
+        forwarded["vllm_xargs"] = {**(forwarded.get("vllm_xargs") or {}), "constraint": extra_args_value(obj)}
+
+
 def _check_stream_options(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, dict):
         return "must be an object"
@@ -240,16 +327,18 @@ def _check_vllm_xargs(value: Any, ctx: CheckContext) -> str | None:
     if not isinstance(value, dict):
         return "must be an object"
     for key in value:
-        if key not in CONSTRAINT_KEYS:
+        if key not in CONSTRAINT_KEYS and key not in CONSTRAINT_OPTIONS:
             return (
                 f"key '{key}' is not supported; this server honours only the constraint keys "
-                f"{', '.join(CONSTRAINT_KEYS)}"
+                f"{', '.join(CONSTRAINT_KEYS + CONSTRAINT_OPTIONS)}"
             )
+    if value.get("constraint_budget") is not None and (problem := budget_problem(value["constraint_budget"])):
+        return problem
     problem = constraint_problem(value, ctx.constraints)
     given = given_keys(value)
     if problem is None and given:
         # the processor's own check, here rather than in vLLM's validate_params: the 400 then names the key
-        problem = validation_problem(given[0], value[given[0]])
+        problem = validation_problem(given[0], value[given[0]], _max_tokens(ctx.body), _budget(ctx.body))
     return problem
 
 
@@ -259,9 +348,10 @@ def _forward_vllm_xargs(value: Any) -> dict:
 
 
 _VLLM_XARGS = honoured(
-    "constraint keys only (constraint, constraint_regex, constraint_choice, constraint_json_schema): "
-    "llmserve's constraint processor enforces them in the decode loop; an invalid constraint is a 400 "
-    "(the processor's validate_params); any other key is a 400",
+    "constraint keys only (constraint, constraint_regex, constraint_choice, constraint_json_schema) and "
+    "constraint_budget (default true: the answer is steered to end within max_tokens; false: off): "
+    "llmserve's constraint processor enforces them in the decode loop; an invalid constraint, or one "
+    "whose shortest answer needs more than max_tokens, is a 400; any other key is a 400",
     _check_vllm_xargs,
     _forward_vllm_xargs,
 )
@@ -306,6 +396,12 @@ VLLM_EXTENSIONS = {
     "skip_special_tokens": honoured("vLLM SamplingParams.skip_special_tokens (extension)"),
     "prompt_logprobs": honoured("vLLM SamplingParams.prompt_logprobs (extension): log-probabilities of prompt tokens"),
     "vllm_xargs": _VLLM_XARGS,
+    "structured_outputs": honoured(
+        "vLLM's structured outputs (extension): json, json_object, regex or choice served by llmserve's "
+        "constraint processor (answers end within max_tokens; grammar, structural_tag and whitespace_pattern "
+        "are a 400); with --structured-outputs-backend guidance|xgrammar|... vLLM's own backend serves it",
+        _structured_outputs,
+    ),
 }
 
 CHAT_FIELDS: dict[str, Fate] = {
@@ -318,9 +414,11 @@ CHAT_FIELDS: dict[str, Fate] = {
     ),
     "max_completion_tokens": honoured("vLLM SamplingParams.max_tokens"),
     "response_format": honoured(
-        "text: unconstrained; json_object / json_schema: vLLM structured outputs (guidance backend, "
-        "no free whitespace); an invalid JSON Schema is a 400",
-        _check_response_format,
+        "text: unconstrained; json_object (a JSON object) / json_schema (strict or not): llmserve's "
+        "constraint processor, compact JSON that ends within max_tokens (a schema keyword it does not "
+        "support, or a max_tokens below the shortest answer, is a 400 saying so); with "
+        "--structured-outputs-backend guidance|xgrammar|... vLLM's own backend; an invalid JSON Schema is a 400",
+        _response_format,
     ),
     "tools": honoured("an empty list only (no tool-call parser for this model)", _no_tools, _CONSUME),
     "tool_choice": honoured("'none' only: no tool calls are made", _tool_choice, _CONSUME),

@@ -6,7 +6,7 @@ from typing import Any
 
 from llmserve.serve.constraint_keys import ConstraintSupport
 from llmserve.serve.openai.errors import RequestRejected
-from llmserve.serve.openai.fields import REQUIRED, TABLES, CheckContext
+from llmserve.serve.openai.fields import REQUIRED, TABLES, CheckContext, route_structured
 
 
 def check_request(kind: str, body: Any, constraints: ConstraintSupport) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -44,6 +44,7 @@ def check_request(kind: str, body: Any, constraints: ConstraintSupport) -> tuple
             consumed[name] = value
         else:
             forwarded.update(fate.forward(value))
+    route_structured(body, forwarded, constraints)
     return forwarded, consumed
 
 

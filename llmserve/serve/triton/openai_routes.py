@@ -8,7 +8,10 @@ it (FIELDS below; a field not listed is refused as unknown). The sampling settin
 table the KServe frontends and the vLLM backend use (llmserve.serve.kserve.sampling) before Triton sees them.
 `response_format` becomes the structured-output parameter under the key the lock pins for the Triton line
 (`structured_outputs` from vLLM 0.11 / Triton 25.11 on, `guided_decoding` before), so JSON asked for is enforced
-in the engine; the constraint keys (`vllm_xargs`) reach llmserve's constraint processor.
+in the engine; the constraint keys (`vllm_xargs`, with `constraint_budget`) reach llmserve's constraint processor.
+On llmserve's vLLM backend for Triton (vllm_model.py) `structured_outputs` is served by llmserve's constraint
+processor, as on the embedded engine (the server's --structured-outputs-backend reaches it in the engine
+overrides); on NVIDIA's stock backend, by vLLM's. The check here is llmserve's (a grammar is refused).
 Python-backend LLM packages (`python.frontend: llm-text`) are served too, through the protocol of their contract
 (llmserve.serve.triton.text_protocols: token counts and finish reason derived here, structured outputs refused).
 """
@@ -26,7 +29,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, ConstraintSupport
+from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, CONSTRAINT_OPTIONS, ConstraintSupport
 from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
 from llmserve.serve.openai.errors import RequestRejected, error_body
@@ -211,8 +214,11 @@ def _response_format(value: Any, params: dict[str, Any], so_key: str) -> None:
 def _constraints(value: Any, params: dict[str, Any]) -> None:
     if value is None:
         return
-    if not isinstance(value, dict) or set(value) - set(CONSTRAINT_KEYS):
-        raise _refuse("vllm_xargs", f"only llmserve's constraint keys are taken through Triton: {CONSTRAINT_KEYS}")
+    if not isinstance(value, dict) or set(value) - set(CONSTRAINT_KEYS) - set(CONSTRAINT_OPTIONS):
+        raise _refuse(
+            "vllm_xargs",
+            f"only llmserve's constraint keys are taken through Triton: {CONSTRAINT_KEYS + CONSTRAINT_OPTIONS}",
+        )
     params.update(value)
 
 
