@@ -8,8 +8,7 @@ with the same endpoint and credentials, alternating, ROUNDS times, each on a fre
     boto3 upload_file          vs  llmserve push  (verifies the package, SHA256 per part, composite check)
     boto3 download_file        vs  llmserve pull  (into an empty cache; per-part and package digest checks)
 Reports seconds and MB/s per operation (median over rounds) and llmserve/boto3 throughput ratios
-(target: >= 1.0 for both). The cold `llmserve serve` from the cache vs from the store is not measured
-here yet: it needs `serve s3://...`, which is not wired.
+(target: >= 1.0 for both). The cold `llmserve serve` from the cache vs from the store is cold_start.py.
 
 Usage:
     python benchmarks/store/run.py [--size 1GiB] [--rounds 2] [--concurrency 8] [--json out.json]
