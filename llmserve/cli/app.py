@@ -9,6 +9,7 @@ import typer
 
 from llmserve import __version__
 from llmserve.cli import (
+    build_cmd,
     check_compat_cmd,
     deploy_cmd,
     inspect_cmd,
@@ -56,6 +57,7 @@ inspect_cmd.register(app)
 schema_cmd.register(app)
 lock_cmd.register(app)
 check_compat_cmd.register(app)
+build_cmd.register(app)
 serve_cmd.register(app)
 deploy_cmd.register(app)
 status_cmd.register(app)
