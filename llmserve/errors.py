@@ -148,6 +148,8 @@ MODULE_EXTRAS: dict[str, str] = {
     # `--target kubernetes`
     "kubernetes": "kubernetes",
     "urllib3": "kubernetes",
+    # `llmserve build`: the Docker Engine API client
+    "docker": "build",
 }
 
 

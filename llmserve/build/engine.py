@@ -24,7 +24,6 @@ from llmserve.build.errors import (
     PushRefusedError,
     UnknownBaseError,
 )
-from llmserve.errors import MissingExtraError
 
 # (kind, text): kind is "step" (a Dockerfile step starts), "log" (its output) or "push".
 ProgressCallback = Callable[[str, str], None]
@@ -34,12 +33,9 @@ TAIL_LINES = 25
 
 
 def _docker() -> Any:
-    try:
-        import docker
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == "docker":
-            raise MissingExtraError("docker", "build") from exc
-        raise
+    # without the `build` extra this ModuleNotFoundError becomes MissingExtraError (llmserve.errors.MODULE_EXTRAS)
+    import docker
+
     return docker
 
 
