@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -399,6 +400,53 @@ def test_embedded_health_and_one_merged_metrics_page(embedded):
     assert "vllm:num_requests_running" in page  # vLLM inside Triton, from the multiprocess folder
     assert "llmserve_ready 1.0" in page
     assert 'llmserve_metrics_source_up{source="triton"} 1.0' in page
+
+
+def _tokens_generated(served: Served) -> float:
+    """vLLM's count of generated tokens (the engine inside Triton), from the merged /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(f"http://127.0.0.1:{served.http}/metrics", headers=AUTH)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        page = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        if family.name == "vllm:generation_tokens"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def test_a_cancelled_stream_aborts_its_generation_in_the_engine(embedded):
+    before = _tokens_generated(embedded)
+    inputs = []
+    params = {"max_tokens": 480, "ignore_eos": True, "temperature": 0.8, "seed": 1}
+    for name, datatype, value in (
+        ("text_input", "BYTES", np.array([b"Tell me everything:"], dtype=np.object_)),
+        ("stream", "BOOL", np.array([True])),
+        ("sampling_parameters", "BYTES", np.array([json.dumps(params).encode()], dtype=np.object_)),
+    ):
+        tensor = grpcclient.InferInput(name, [1], datatype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{embedded.grpc}")
+    client.start_stream(lambda result, error: answers.put((result, error)), headers=AUTH)
+    client.async_stream_infer("tiny-chat", inputs)
+    _, error = answers.get(timeout=120)
+    assert error is None  # it is generating; now the client goes away mid-answer
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    # Not cancelled, the engine would make all 480 tokens (a few seconds here); cancelled, the count stops short.
+    deadline, last, stable_since = time.monotonic() + 90, -1.0, time.monotonic()
+    while time.monotonic() - stable_since < 2.0:
+        assert time.monotonic() < deadline, "the generated-token count never settled"
+        now = _tokens_generated(embedded)
+        if now != last:
+            last, stable_since = now, time.monotonic()
+        time.sleep(0.2)
+    assert 0 < last - before < params["max_tokens"], "the engine went on generating for a client that left"
 
 
 def _openai(served: Served):
