@@ -37,13 +37,14 @@ class Cli:
         return popen_cli(*self.args(*args), log=log)
 
     def status(self, name: str = MODEL) -> dict:
-        rc, data, text = self.run("status", name)
+        # the rollout state only: the servers' metrics (a scrape interval per call) are tests/metrics' subject
+        rc, data, text = self.run("status", name, "--no-metrics")
         assert rc == 0, text
         return data
 
     def serving(self, name: str = MODEL) -> dict[int, int]:
         """{version: weight} of the live servers; {} when the deployment does not exist."""
-        rc, data, _ = self.run("status", "-o", "json")
+        rc, data, _ = self.run("status", "--no-metrics", "-o", "json")
         deps = {d["deployment"]: d for d in (data or {}).get("deployments", [])} if rc == 0 else {}
         if name not in deps:
             return {}
