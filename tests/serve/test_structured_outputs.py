@@ -450,3 +450,21 @@ def test_guidance_backend_still_serves_through_vllm(tmp_path, serve_package, mod
         assert r.choices[0].text in ("up", "down")
     finally:
         assert server_control.stop(server) == 0
+
+
+def test_the_backend_option_reaches_the_engine_arguments():
+    from llmserve.serve.engine import STRUCTURED_BACKEND_ARG, merged_engine_args
+    from llmserve.serve.errors import EngineArgsError
+    from llmserve.serve.options import ServeOptions
+
+    assert STRUCTURED_BACKEND_ARG not in ServeOptions(package=".").engine_overrides()  # llmserve: the default
+    args = merged_engine_args({}, ServeOptions(package=".").engine_overrides())
+    assert args[STRUCTURED_BACKEND_ARG] == "llmserve"
+    overrides = ServeOptions(package=".", structured_outputs_backend="xgrammar").engine_overrides()
+    args = merged_engine_args({"structured_outputs_config": {"backend": "guidance"}}, overrides)
+    assert args[STRUCTURED_BACKEND_ARG] == "xgrammar" and args["structured_outputs_config"]["backend"] == "xgrammar"
+    # vLLM takes disable_any_whitespace from xgrammar and guidance only
+    args = merged_engine_args({}, {STRUCTURED_BACKEND_ARG: "outlines"})
+    assert "disable_any_whitespace" not in args["structured_outputs_config"]
+    with pytest.raises(EngineArgsError, match="structured-outputs-backend"):
+        merged_engine_args({}, {STRUCTURED_BACKEND_ARG: "nope"})
