@@ -13,6 +13,11 @@ It runs inside Triton's Python-backend stub, whose environment must have numpy <
 BYTES input arrays wrongly under numpy 2; see llmserve.serve.triton.locate) and vLLM: ``make triton-env``.
 
 Server settings travel in the Triton process's environment (llmserve.serve.triton.backend_settings), set by `llmserve serve --engine triton`.
+
+Structured outputs (the `structured_outputs` sampling parameter, which OpenAI-over-Triton's `response_format`
+becomes) are served here by llmserve's constraint processor, as on the embedded engine: answers end within
+max_tokens, an impossible budget or a `grammar` is refused by name. `--structured-outputs-backend guidance|...`
+reaches this backend in the engine overrides and hands them to vLLM's own backend instead.
 """
 
 from __future__ import annotations
