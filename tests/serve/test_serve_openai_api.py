@@ -118,10 +118,8 @@ def test_json_schema_streaming(client, model_name):
     jsonschema.validate(json.loads(text), PERSON)
 
 
-def test_json_object_is_valid_or_honestly_truncated(client, model_name):
-    # A random-weight model may keep writing inside a string: then finish_reason says "length".
-    # Every answer that finished is a JSON object, and with these seeds some do finish.
-    finished = 0
+def test_json_object_always_finishes_as_a_json_object(client, model_name):
+    # A random-weight model never closes anything by itself: llmserve's engine steers it to finish within max_tokens.
     for seed in range(8):
         c = client.chat.completions.create(
             model=model_name,
@@ -130,11 +128,8 @@ def test_json_object_is_valid_or_honestly_truncated(client, model_name):
             max_tokens=64,
             seed=seed,
         ).choices[0]
-        assert c.finish_reason in ("stop", "length")
-        if c.finish_reason == "stop":
-            assert isinstance(json.loads(c.message.content), dict)
-            finished += 1
-    assert finished >= 1
+        assert c.finish_reason == "stop", c.message.content
+        assert isinstance(json.loads(c.message.content), dict)
 
 
 def test_text_response_format(client, model_name):
