@@ -77,10 +77,8 @@ def host(tmp_path_factory, tiny_model_dir, triton_env):
         stop(served)
 
 
-def generate(
-    served: Served, prompt: str, params: dict, *, stream: bool, headers: dict | None = None
-) -> tuple[str, list[InferenceServerException]]:
-    """One KServe v2 stream-infer call on the LLM (the Triton vLLM backend's tensors): its text and its errors."""
+def llm_inputs(prompt: str, params: dict, *, stream: bool) -> list[grpcclient.InferInput]:
+    """The Triton vLLM backend's input tensors for one generation."""
     inputs = []
     for name, datatype, value in (
         ("text_input", "BYTES", np.array([prompt.encode()], dtype=np.object_)),
@@ -91,6 +89,14 @@ def generate(
         tensor = grpcclient.InferInput(name, [1], datatype)
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
+    return inputs
+
+
+def generate(
+    served: Served, prompt: str, params: dict, *, stream: bool, headers: dict | None = None
+) -> tuple[str, list[InferenceServerException]]:
+    """One KServe v2 stream-infer call on the LLM (the Triton vLLM backend's tensors): its text and its errors."""
+    inputs = llm_inputs(prompt, params, stream=stream)
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc}")
     client.start_stream(lambda result, error: answers.put((result, error)), headers=headers)
@@ -420,16 +426,8 @@ def _tokens_generated(served: Served) -> float:
 
 def test_a_cancelled_stream_aborts_its_generation_in_the_engine(embedded):
     before = _tokens_generated(embedded)
-    inputs = []
     params = {"max_tokens": 480, "ignore_eos": True, "temperature": 0.8, "seed": 1}
-    for name, datatype, value in (
-        ("text_input", "BYTES", np.array([b"Tell me everything:"], dtype=np.object_)),
-        ("stream", "BOOL", np.array([True])),
-        ("sampling_parameters", "BYTES", np.array([json.dumps(params).encode()], dtype=np.object_)),
-    ):
-        tensor = grpcclient.InferInput(name, [1], datatype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
+    inputs = llm_inputs("Tell me everything:", params, stream=True)
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{embedded.grpc}")
     client.start_stream(lambda result, error: answers.put((result, error)), headers=AUTH)
