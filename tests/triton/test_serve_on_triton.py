@@ -382,7 +382,8 @@ def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):
     assert client.is_server_ready()
     with pytest.raises(InferenceServerException):
         client.infer("parcel-classifier", _features(httpclient, parcels))
-    result = client.infer("parcel-classifier", _features(httpclient, parcels), headers=AUTH)
+    # a copy: tritonclient's HTTP client adds its own headers (an int length among them) to the dict it is given
+    result = client.infer("parcel-classifier", _features(httpclient, parcels), headers=dict(AUTH))
     assert result.as_numpy("LABEL").tolist() == [b"large"]
     import urllib.request
 
@@ -482,7 +483,8 @@ def test_openai_completion_with_a_constraint_key_through_triton(embedded):
         model="tiny-chat", prompt="Code:", max_tokens=12, extra_body={"vllm_xargs": {"constraint_regex": "[0-9]{4}"}}
     )
     assert re.fullmatch(r"[0-9]{4}", answer.choices[0].text), answer
-    assert answer.usage.completion_tokens >= 4
+    # counted by the backend: the four digits take 1 to 4 tokens of this vocabulary (it has multi-digit tokens)
+    assert 1 <= answer.usage.completion_tokens <= 12 and answer.usage.prompt_tokens > 0
 
 
 def test_openai_fields_triton_cannot_honour_are_refused_by_name(embedded):
