@@ -158,6 +158,8 @@ def render_status(r: dict) -> None:
         "status",
         "pid",
         "health",
+        "restarts",
+        "memory",
         "weight",
         "by version",
         "in flight",
@@ -171,7 +173,9 @@ def render_status(r: dict) -> None:
             f"v{i['version']}",
             i["status"],
             f"{i['pid']}{'' if i['alive'] else ' (dead)'}",
-            str(i["health"] or "-"),
+            str(i["health"] or "-") + (" [yellow]restarting[/]" if i.get("down_since") else ""),
+            str(i.get("restarts", 0)),
+            f"{i.get('memory_bytes', 0) / 2**30:.1f} GiB",
             f"{i['weight']}%",
             "yes" if i["routable_by_version"] else "no",
             str(i["inflight"]),
@@ -179,6 +183,8 @@ def render_status(r: dict) -> None:
             i["url"],
         )
     console.print(table)
+    for why in r.get("degraded", []):
+        console.print(f"[red]degraded:[/] {escape(why)}", highlight=False)
     _render_rollouts(r, len(r["open_rollout"]["steps"]) if r.get("open_rollout") else 0, "")
 
 

@@ -22,6 +22,7 @@ from llmserve.cli.deploy_common import (
     render_status,
 )
 from llmserve.cli.render import OutputFormat, console, print_json
+from llmserve.errors import ExitCode
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ def status(
     the rollout in progress (flagged `interrupted` when its CLI is gone: the next `llmserve deploy` of the
     same package resumes it, `llmserve rollback` undoes it) and recent history. Read-only.
 
+    Exits 7 when a deployment is degraded: a routed server down or restarting (the gateway restarts
+    servers that die, with backoff), failed, or the gateway not running; `degraded` lists why.
+
     Each server's headline figures come with it (two scrapes of its /metrics --interval apart): tokens/s in
     and out, requests running and waiting, KV-cache usage, prefix-cache hit rate, TTFT and TPOT p50/p99,
     error rate by endpoint. In JSON, each server has a `metrics` object (null where a figure is unknown; an
@@ -113,12 +117,14 @@ def status(
         status_figures.attach_local(results, figures.interval, figures.timeout, figures.api_key)
     if output is OutputFormat.json:
         print_json(results[0] if name else {"deployments": results})
-        return
-    if not results:
-        console.print(f"no deployments in {store.root}", highlight=False)
-    for r in results:
-        render_status(r)
-        status_figures.render_local(r, console)
+    else:
+        if not results:
+            console.print(f"no deployments in {store.root}", highlight=False)
+        for r in results:
+            render_status(r)
+            status_figures.render_local(r, console)
+    if any(r.get("degraded") for r in results):
+        raise typer.Exit(ExitCode.ENGINE)
 
 
 def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: Figures | None) -> None:

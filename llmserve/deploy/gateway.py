@@ -31,15 +31,19 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
+from llmserve.deploy import procs
 from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, StateStore
+from llmserve.deploy.supervisor import Health, Supervisor
 
 log = logging.getLogger("llmserve.gateway")
 
@@ -58,7 +62,8 @@ HOP_BY_HOP = {
 VERSION_HEADER = "x-model-version"
 KSERVE_VERSIONED = re.compile(r"^/v2/models/([^/]+)/versions/([^/]+)(/.*)?$")
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-MAX_ATTEMPTS = 3
+DEFAULT_HOLD_S = 120.0  # how long a request waits for a backend being restarted (config hold_timeout_s)
+MAX_HELD = 1024  # requests held at once; more get 503 at once
 
 
 class NoRoute(Exception):
@@ -74,12 +79,32 @@ class Table:
     routes: Routes
     current: dict[int, float] = field(default_factory=dict)  # smooth WRR state
 
-    def pick_default(self, exclude: set[int]) -> Member:
-        members = [m for m in self.routes.default if m.weight > 0 and m.instance not in exclude]
-        if not members:
+    def candidates(self, version: int | None) -> list[Member]:
+        """Who may serve a request: the default pool (weight > 0), or the servers of the version named."""
+        if version is None:
             members = [m for m in self.routes.default if m.weight > 0]
+            if not members:
+                raise NoRoute(503, "no version of this deployment is serving")
+            return members
+        members = self.routes.pinned.get(version) or []
         if not members:
-            raise NoRoute(503, "no version of this deployment is serving")
+            served = sorted(self.routes.pinned)
+            raise NoRoute(
+                404, f"version {version} of '{self.routes.model_id}' is not serving; serving versions: {served}"
+            )
+        return members
+
+    def pick(self, version: int | None, exclude: set[int]) -> Member | None:
+        """The next backend among the candidates not excluded (down, or already tried for this request);
+        None when every candidate is excluded."""
+        members = [m for m in self.candidates(version) if m.instance not in exclude]
+        if not members:
+            return None
+        if version is not None:
+            key = -version  # per-version round robin counter
+            n = int(self.current.get(key, 0))
+            self.current[key] = n + 1
+            return members[n % len(members)]
         total = sum(m.weight for m in members)
         best = members[0]
         for m in members:
@@ -88,19 +113,6 @@ class Table:
                 best = m
         self.current[best.instance] -= total
         return best
-
-    def pick_version(self, version: int, exclude: set[int]) -> Member:
-        members = self.routes.pinned.get(version) or []
-        if not members:
-            served = sorted(self.routes.pinned)
-            raise NoRoute(
-                404, f"version {version} of '{self.routes.model_id}' is not serving; serving versions: {served}"
-            )
-        usable = [m for m in members if m.instance not in exclude] or members
-        key = -version  # per-version round robin counter
-        n = int(self.current.get(key, 0))
-        self.current[key] = n + 1
-        return usable[n % len(usable)]
 
 
 class Gateway:
@@ -114,19 +126,52 @@ class Gateway:
         self.last_request: dict[int, float] = {}
         self.session: aiohttp.ClientSession | None = None
         self.started = time.time()
+        self.supervisor = Supervisor(store, deployment, env=dict(os.environ))
+        self.down: set[int] = set()  # routed backends that cannot take requests now
+        self.recovering: set[int] = set()  # ... of which the supervisor is bringing these back
+        self.held = 0  # requests waiting for a backend to come back
+        self.hold_s = DEFAULT_HOLD_S
+        self._changed: asyncio.Event | None = None  # set (and replaced) when backends come or go
 
     # -- table --------------------------------------------------------------------------------
-    def reload(self) -> int:
-        gen, routes = self.store.routes(self.deployment)
-        if gen != self.table.generation:
-            self.table = Table(gen, routes)
-            log.info(
-                "routes generation %d: default %s, pinned %s",
-                gen,
-                {m.instance: m.weight for m in routes.default},
-                sorted(routes.pinned),
-            )
-        return gen
+    def _set_table(self, gen: int, routes: Routes) -> None:
+        self.table = Table(gen, routes)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+        self._changed = asyncio.Event()
+
+    def apply_health(self, health: Health) -> None:
+        if set(health.down) != self.down or set(health.recovering) != self.recovering:
+            gone, back = set(health.down) - self.down, self.down - set(health.down)
+            if gone or back:
+                log.info("backends down: %s (recovering %s)", sorted(health.down), sorted(health.recovering))
+            self.down, self.recovering = set(health.down), set(health.recovering)
+            self._wake()
+
+    def _may_come_back(self, version: int | None, tried: set[int]) -> bool:
+        """Whether waiting can help: some candidate is being restarted, or failed only on this request
+        (the supervisor has not judged it yet)."""
+        return any(m.instance in self.recovering or m.instance not in self.down for m in self.table.candidates(version))
+
+    async def _wait_for_backend(self, deadline: float) -> bool:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        if self._changed is None:
+            self._wake()
+        assert self._changed is not None
+        event = self._changed
+        self.held += 1
+        try:
+            await asyncio.wait_for(event.wait(), left)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.held -= 1
 
     def _account(self, iid: int, ok: bool) -> None:
         c = self.counts.setdefault(iid, {"ok": 0, "error": 0})
@@ -162,7 +207,7 @@ class Gateway:
         gen = await asyncio.to_thread(self.store.routes, self.deployment)
         # Swap in the loop thread: picks never see a half-applied table.
         if gen[0] != self.table.generation:
-            self.table = Table(gen[0], gen[1])
+            self._set_table(gen[0], gen[1])
             log.info("routes generation %d applied", gen[0])
         return web.json_response({"generation": self.table.generation})
 
@@ -181,10 +226,20 @@ class Gateway:
         return web.json_response({"generation": self.table.generation, **self.table.routes.to_dict()})
 
     async def handle_health(self, request: web.Request) -> web.Response:
-        ready = any(m.weight > 0 for m in self.table.routes.default)
+        """200 while requests naming no version can be served; the body names every routed backend that
+        cannot serve now (restarting, or failed for good), so a degraded deployment is visible here."""
+        routes = self.table.routes
+        up = [m for m in routes.default if m.weight > 0 and m.instance not in self.down]
+        versions = {m.instance: m.version for ms in routes.pinned.values() for m in ms}
+        versions.update({m.instance: m.version for m in routes.default})
+        down = [
+            {"instance": i, "version": versions.get(i), "state": "restarting" if i in self.recovering else "failed"}
+            for i in sorted(self.down)
+            if i in versions
+        ]
+        status = ("degraded" if down else "ok") if up else "no-backend"
         return web.json_response(
-            {"status": "ok" if ready else "no-backend", "generation": self.table.generation},
-            status=200 if ready else 503,
+            {"status": status, "generation": self.table.generation, "down": down}, status=200 if up else 503
         )
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
@@ -198,13 +253,24 @@ class Gateway:
         }
         tried: set[int] = set()
         last_exc: BaseException | None = None
-        for _attempt in range(MAX_ATTEMPTS):
+        deadline: float | None = None
+        while True:
             try:
-                member = (
-                    self.table.pick_version(version, tried) if version is not None else self.table.pick_default(tried)
-                )
+                member = self.table.pick(version, tried | self.down)
+                if member is None and not self._may_come_back(version, tried):
+                    raise NoRoute(503, "every server of this deployment has failed; see `llmserve status`")
             except NoRoute as exc:
                 return _error(exc.status, exc.message)
+            if member is None:
+                # No backend can take it now, but one is coming back (a restart): hold the request
+                # rather than fail it, within the deployment's hold timeout and MAX_HELD requests.
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + self.hold_s
+                if self.held >= MAX_HELD or not await self._wait_for_backend(deadline):
+                    why = f"last error: {last_exc}" if last_exc else f"held {self.hold_s:g} s"
+                    return _error(503, f"no server of this deployment could take the request ({why})")
+                tried.clear()
+                continue
             iid = member.instance
             # pick + count in the same loop step as the table read: a reload cannot slip in between.
             self.inflight[iid] = self.inflight.get(iid, 0) + 1
@@ -218,7 +284,6 @@ class Gateway:
                 log.warning("backend #%d (v%d) unreachable (%s); retrying elsewhere", iid, member.version, last_exc)
             finally:
                 self.inflight[iid] -= 1
-        return _error(502, f"no backend answered: {last_exc}")
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:  # made in on_startup, inside the running loop
@@ -248,9 +313,13 @@ class Gateway:
             try:
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
-            except aiohttp.ClientError:
+            except aiohttp.ClientError as exc:
                 self._account(member.instance, ok=False)  # the backend broke off mid-response
-                raise
+                if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                    raise  # the connection is cut before the body's end: the client sees a broken body
+                # A stream's client would see a clean end: say what happened in the stream's own terms.
+                log.warning("backend #%d (v%d) broke off a stream: %s", member.instance, member.version, exc)
+                await response.write(_stream_error(member.version))
             await response.write_eof()
             return response
 
@@ -271,9 +340,10 @@ class Gateway:
             await asyncio.sleep(0.5)
             tick += 1
             try:
+                self.apply_health(await asyncio.to_thread(self.supervisor.check, self.table.routes.instances()))
                 gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
                 if gen != self.table.generation:
-                    self.table = Table(gen, routes)
+                    self._set_table(gen, routes)
                     log.info("routes generation %d picked up by polling", gen)
                 if tick % 10 == 0:
                     await asyncio.to_thread(self.store.touch_instances, dict(self.last_request))
@@ -284,6 +354,8 @@ class Gateway:
 
     async def _reap(self) -> None:
         dep = await asyncio.to_thread(self.store.deployment, self.deployment)
+        if dep is not None:
+            self.hold_s = float(dep.config.get("hold_timeout_s") or DEFAULT_HOLD_S)
         idle = (dep.config or {}).get("idle_timeout_s") if dep else None
         if not idle:
             return
@@ -317,8 +389,7 @@ class Gateway:
                 why=f"v{version} idle for {idle_for:.0f} s (idle timeout {idle:g} s)",
             )
             gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
-            self.table = Table(gen, routes)
-            from llmserve.deploy.procs import terminate
+            self._set_table(gen, routes)
 
             for m in members:
                 for _ in range(600):
@@ -327,7 +398,7 @@ class Gateway:
                     await asyncio.sleep(0.1)
                 inst = await asyncio.to_thread(self.store.instance, m.instance)
                 await asyncio.to_thread(self.store.set_instance_status, inst.id, "draining")
-                await asyncio.to_thread(terminate, inst.pid, inst.pid_start, 60.0)
+                await asyncio.to_thread(procs.terminate, inst.pid, inst.pid_start, 60.0, inst.session)
                 await asyncio.to_thread(
                     self.store.set_instance_status,
                     inst.id,
@@ -350,6 +421,16 @@ def _as_version(text: str) -> int:
     if v < 1:
         raise NoRoute(400, f"model version must be a positive integer, got '{text}'")
     return v
+
+
+def _stream_error(version: int) -> bytes:
+    """An OpenAI-style error event (what vLLM's server sends when a stream fails), then no [DONE]."""
+    error = {
+        "message": f"the server of v{version} stopped in the middle of this stream; retry the request",
+        "type": "server_error",
+        "code": 502,
+    }
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -389,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deployment", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--fd", type=int, help="a listening socket inherited from the watchdog (which keeps it open across restarts)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
@@ -402,10 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         gateway.table.generation,
     )
     # SIGTERM: stop accepting, let in-flight requests finish (aiohttp's shutdown_timeout), exit 0.
+    where: dict = (
+        {"sock": socket.socket(fileno=args.fd)} if args.fd is not None else {"host": args.host, "port": args.port}
+    )
     web.run_app(
         build_app(gateway),
-        host=args.host,
-        port=args.port,
+        **where,
         print=None,
         shutdown_timeout=30,
         handle_signals=True,

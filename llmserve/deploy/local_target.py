@@ -24,8 +24,11 @@ class LocalTarget:
         return procs.alive(dep.gateway_pid, dep.gateway_start)
 
     def ensure_gateway(self, dep: Deployment, timeout: float = 30.0) -> Deployment:
+        """The deployment's watchdog running (it keeps the gateway running) and the gateway answering."""
         if self.gateway_alive(dep):
+            self._wait_gateway(dep, None, timeout)  # its watchdog may be restarting it
             return dep
+        procs.kill_session(dep.gateway_session)  # a gateway left by a killed watchdog
         if not procs.port_free(dep.gateway_host, dep.gateway_port):
             raise GatewayError(
                 f"gateway port {dep.gateway_host}:{dep.gateway_port} is taken by another process",
@@ -35,7 +38,7 @@ class LocalTarget:
         argv = [
             sys.executable,
             "-m",
-            "llmserve.deploy.gateway",
+            "llmserve.deploy.watchdog",
             "--state-dir",
             str(self.store.root),
             "--deployment",
@@ -45,28 +48,35 @@ class LocalTarget:
             "--port",
             str(dep.gateway_port),
         ]
-        pid, start = procs.launch(
+        launched = procs.launch(
             argv,
             self.store.log_file(dep.name, "gateway"),
             self.store.pid_file(dep.name, "gateway"),
             env=os.environ.copy(),
         )
-        self.store.set_gateway_process(dep.name, pid, start)
+        self.store.set_gateway_process(dep.name, launched.pid, launched.start, launched.session)
         dep = self.store.require(dep.name)
+        self._wait_gateway(dep, launched, timeout)
+        self.report(f"gateway up on {dep.gateway_url} (watchdog pid {launched.pid})")
+        return dep
+
+    def _wait_gateway(self, dep: Deployment, launched: procs.Launched | None, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not procs.alive(pid, start):
+            if launched is not None and not procs.alive(launched.pid, launched.start):
                 raise GatewayError(
                     f"the gateway exited at start:\n{procs.log_tail(self.store.log_file(dep.name, 'gateway'))}"
                 )
             if procs.health(dep.gateway_url) is not None:
-                self.report(f"gateway up on {dep.gateway_url} (pid {pid})")
-                return dep
+                return
             time.sleep(0.1)
-        raise GatewayError(f"the gateway did not answer on {dep.gateway_url} within {timeout:g} s")
+        raise GatewayError(
+            f"the gateway did not answer on {dep.gateway_url} within {timeout:g} s",
+            hint=f"Read its log: {self.store.log_file(dep.name, 'gateway')}",
+        )
 
     def stop_gateway(self, dep: Deployment) -> None:
-        procs.terminate(dep.gateway_pid, dep.gateway_start, 40.0)
+        procs.terminate(dep.gateway_pid, dep.gateway_start, 40.0, dep.gateway_session)
         self.store.set_gateway_process(dep.name, None, None)
 
     def apply_routes(self, dep: Deployment, routes: Routes, *, rollout: int | None = None, why: str = "") -> int:
@@ -123,9 +133,11 @@ class LocalTarget:
         inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
         argv = procs.serve_argv(serve_package or package, port, drain_timeout, serve_args)
         assert inst.log is not None  # add_instance records the log path with the row
-        pid, start = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=os.environ.copy())
-        self.store.set_instance_process(inst.id, pid, start)
-        self.report(f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (pid {pid}); log {inst.log}")
+        launched = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=os.environ.copy())
+        self.store.set_instance_process(inst.id, launched.pid, launched.start, launched.session, argv)
+        self.report(
+            f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (pid {launched.pid}); log {inst.log}"
+        )
         return self.store.instance(inst.id)
 
     def pid_file(self, inst: Instance) -> Path:
@@ -136,7 +148,7 @@ class LocalTarget:
         if inst.pid is None:
             pid = procs.read_pid_file(self.pid_file(inst))
             if pid is not None:
-                self.store.set_instance_process(inst.id, pid, procs.start_time(pid))
+                self.store.set_instance_process(inst.id, pid, procs.start_time(pid), procs.session_of(pid))
                 inst = self.store.instance(inst.id)
         return inst
 
@@ -178,7 +190,9 @@ class LocalTarget:
         if self.instance_alive(inst):
             self.store.set_instance_status(inst.id, DRAINING)
             self.wait_drained(dep, [inst.id], drain_timeout)
-            procs.terminate(inst.pid, inst.pid_start, drain_timeout + 15)
+            procs.terminate(inst.pid, inst.pid_start, drain_timeout + 15, inst.session)
+        else:
+            procs.kill_session(inst.session)  # killed earlier: its engine core may still run
         self.store.set_instance_status(
             inst.id, status, f"v{inst.model_version} (instance #{inst.id}) {status}" + (f": {why}" if why else "")
         )
@@ -189,15 +203,20 @@ class LocalTarget:
 
     def reconcile(self, dep: Deployment) -> list[str]:
         """Make the records tell the truth about processes (after a crash or a reboot): a serving instance
-        whose process is gone is marked failed and taken out of the routes."""
+        whose process is gone is marked failed and taken out of the routes, unless the gateway's
+        supervisor is restarting it (a routed instance while the gateway runs)."""
         notes = []
         _gen, routes = self.store.routes(dep.name)
+        supervised = routes.instances() if self.gateway_alive(dep) else set()
         changed = False
         for inst in self.store.instances(dep.name):
             inst = self.adopt(inst)
             if inst.status == STARTING:
                 continue  # the journal decides (recovery)
+            if inst.status == SERVING and inst.id in supervised:
+                continue
             if not self.instance_alive(inst):
+                procs.kill_session(inst.session)
                 self.store.set_instance_status(
                     inst.id, FAILED, f"v{inst.model_version} (instance #{inst.id}) found not running"
                 )

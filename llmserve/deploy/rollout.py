@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from llmserve.store import StoreOptions
 
 RED_BLACK, VERSIONED = "red-black", "versioned"
+ROLLED_FORWARD = "rolled-forward"
 DEFAULT_STEPS = [10, 25, 50, 100]
 LOCK_WAIT_S = 120.0  # how long a command waits for another change (a CLI or the idle reaper) to finish
 
@@ -53,6 +54,7 @@ class DeployOptions:
     idle_timeout_s: float | None = None  # versioned: stop idle non-newest versions after this
     promote: bool | None = None  # versioned: make the new version the default for unversioned requests
     max_step_errors: int = 0  # health gate: server errors (5xx, broken connections) allowed per step
+    hold_timeout_s: float | None = None  # gateway: how long a request waits for a restarting server (kept)
     serve_args: list[str] = field(default_factory=list)
     cache_dir: Path | None = None  # store references: the store cache (default: the deployment's, else the usual)
     store: StoreOptions | None = None  # store references: endpoint, profile, region (credentials: AWS config)
@@ -133,6 +135,9 @@ class Deployer:
             config = dict(dep.config)
             if opts.idle_timeout_s is not None:
                 config["idle_timeout_s"] = opts.idle_timeout_s
+            if opts.hold_timeout_s is not None:
+                config["hold_timeout_s"] = opts.hold_timeout_s
+            config["health_timeout_s"] = opts.health_timeout_s  # the supervisor's limit on a restart, too
             if src.cache_dir is not None:
                 config["store_cache"] = str(src.cache_dir)  # rollbacks to a store reference find it there
             self.store.update_deployment_config(name, config)
@@ -257,7 +262,7 @@ class Deployer:
                 dep,
                 self.store.rollout(rollout.id),
                 f"health check failed: {exc.message.splitlines()[0]}",
-                opts.drain_timeout_s,
+                opts,
             )
             hint = exc.hint + hint_suffix if exc.hint else exc.hint
             raise RolloutFailedError(f"rollout #{rollout.id} rolled back: {exc.message}", hint=hint) from exc
@@ -321,15 +326,14 @@ class Deployer:
             )
             problem = self._gate(dep, new, olds if pct < 100 else [], opts, errors_before, t0)
             if problem:
-                self._undo(
-                    dep,
-                    self.store.rollout(rollout.id),
-                    f"step {i + 1} ({pct}%) failed its health gate: {problem}",
-                    opts.drain_timeout_s,
-                )
+                reason = f"step {i + 1} ({pct}%) failed its health gate: {problem}"
+                if self._undo(dep, self.store.rollout(rollout.id), reason, opts) == ROLLED_FORWARD:
+                    out = self._summary(dep, self.store.rollout(rollout.id), "deployed")
+                    out["rolled_forward"] = reason
+                    return out
                 raise RolloutFailedError(
                     f"rollout #{rollout.id} rolled back at step {i + 1} ({pct}%): {problem}",
-                    hint=f"Traffic is back on the last good state; see `llmserve status {dep.name}`.",
+                    hint=f"Traffic is back on the last healthy state; see `llmserve status {dep.name}`.",
                 )
             self.store.journal(rollout.id, last_good=target)
         return self._finish(dep, self.store.rollout(rollout.id), opts)
@@ -386,17 +390,37 @@ class Deployer:
         self.report(f"rollout #{rollout.id} done: v{new.model_version} takes 100% of '{dep.name}'")
         return self._summary(dep, self.store.rollout(rollout.id), "deployed")
 
-    def _undo(self, dep: Deployment, rollout: Rollout, reason: str, drain_timeout_s: float) -> None:
-        """Atomic rollback: one table swap back to the last good routes, then drain and stop the new server."""
-        self.store.journal(rollout.id, phase="rolling-back", event=f"rolling back: {reason}")
-        self.report(f"rolling back rollout #{rollout.id}: {reason}")
+    def _undo(self, dep: Deployment, rollout: Rollout, reason: str, opts: DeployOptions) -> str:
+        """Back to the last *healthy* state, atomically: one table swap to the last good routes, then drain
+        and stop the new server. When nothing in those routes is healthy any more (the version being
+        replaced died) and the new server is, going back would send every request to a dead server:
+        the rollout rolls forward instead. Returns ROLLED_BACK or ROLLED_FORWARD."""
         good = Routes.from_dict(rollout.last_good)
         if rollout.to_instance:
             good = without(good, {rollout.to_instance}) if rollout.phase != "finishing" else good
+            new = self.store.instance(rollout.to_instance)
+            if (
+                rollout.strategy == RED_BLACK
+                and not any(self._healthy(mb.instance) for mb in good.default if mb.weight > 0)
+                and any(mb.instance != new.id for mb in Routes.from_dict(rollout.last_good).default)
+                and new.status == SERVING
+                and self._healthy(new.id)
+            ):
+                self.store.journal(
+                    rollout.id,
+                    phase="finishing",
+                    event=f"{reason}; the version being replaced is not healthy and v{new.model_version} is: "
+                    "rolling forward",
+                )
+                self.report(f"{reason}; the old version is not healthy, v{new.model_version} is: rolling forward")
+                self._finish(dep, self.store.rollout(rollout.id), opts)
+                return ROLLED_FORWARD
+        self.store.journal(rollout.id, phase="rolling-back", event=f"rolling back: {reason}")
+        self.report(f"rolling back rollout #{rollout.id}: {reason}")
         self.target.apply_routes(dep, good, rollout=rollout.id, why=f"rollback of #{rollout.id}")
         if rollout.to_instance:
             inst = self.store.instance(rollout.to_instance)
-            self.target.stop_instance(dep, inst, drain_timeout=drain_timeout_s, status=FAILED, why=reason)
+            self.target.stop_instance(dep, inst, drain_timeout=opts.drain_timeout_s, status=FAILED, why=reason)
         self.store.journal(
             rollout.id,
             status=ROLLED_BACK,
@@ -404,6 +428,11 @@ class Deployer:
             message=reason,
             event=f"rollout #{rollout.id} rolled back",
         )
+        return ROLLED_BACK
+
+    def _healthy(self, iid: int) -> bool:
+        inst = self.store.instance(iid)
+        return inst.down_since is None and self.target.instance_alive(inst) and procs.health(inst.url) == 200
 
     # -- versioned ----------------------------------------------------------------------------
     def _versioned(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
@@ -423,7 +452,7 @@ class Deployer:
         serving = [i for i in self.store.instances(dep.name) if i.status == SERVING]
         self.report(f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} versioned on '{dep.name}'")
         if serving:
-            rss = sum(_rss_gib(i.pid) for i in serving)
+            rss = sum(procs.rss_bytes(i.session, i.pid) for i in serving) / 2**30
             self.report(
                 f"warning: v{m.modelVersion} runs beside {len(serving)} serving version(s) "
                 f"({', '.join('v' + str(i.model_version) for i in serving)}); each holds its own engine, weights and "
@@ -547,8 +576,8 @@ class Deployer:
                 else:
                     out = self._shift(dep, self.store.rollout(r.id), opts, start_index=max(r.step_index, 0))
                 return {**out, "recovered": "resumed", "resumed": True, "rollout": r.id}
-        self._undo(dep, r, "interrupted rollout (its CLI stopped)", opts.drain_timeout_s)
-        return {"rollout": r.id, "recovered": "rolled-back", "resumed": False}
+        outcome = self._undo(dep, r, "interrupted rollout (its CLI stopped)", opts)
+        return {"rollout": r.id, "recovered": outcome, "resumed": False}
 
     # -- status -------------------------------------------------------------------------------
     def _summary(self, dep: Deployment, rollout: Rollout | None, action: str) -> dict:
@@ -574,27 +603,6 @@ def step_routes(last_good: Routes, olds: list[Member], new, pct: int) -> Routes:
     if not any(m.instance == new.id for m in ms):
         ms.append(new.member())
     return Routes(last_good.model_id, [d for d in default if d.weight > 0 or d.instance == new.id], pinned)
-
-
-def _rss_gib(pid: int | None) -> float:
-    """Resident memory of a server and its children (the engine core), in GiB."""
-    if not pid:
-        return 0.0
-    total = 0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total / 2**30
 
 
 def _rollout_dict(r: Rollout) -> dict:
@@ -623,9 +631,17 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
     weights = routes.weights()
     pinned = {mb.instance for ms in routes.pinned.values() for mb in ms}
     instances = []
+    degraded: list[str] = []
     for inst in store.instances(name):
         alive = target.instance_alive(inst)
+        health = procs.health(inst.url, timeout=1.0) if alive else None
         last = (stats or {}).get("last_request", {}).get(str(inst.id)) or inst.last_request
+        routed = weights.get(inst.id, 0) > 0 or inst.id in pinned
+        if inst.status == SERVING and routed and (not alive or health != 200 or inst.down_since is not None):
+            state = "restarting" if inst.down_since is not None else "not answering"
+            degraded.append(f"v{inst.model_version} (instance #{inst.id}) is {state}")
+        elif inst.status == FAILED and routed:
+            degraded.append(f"v{inst.model_version} (instance #{inst.id}) failed and is still routed")
         instances.append(
             {
                 "instance": inst.id,
@@ -635,7 +651,11 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
                 "url": inst.url,
                 "pid": inst.pid,
                 "alive": alive,
-                "health": procs.health(inst.url, timeout=1.0) if alive else None,
+                "health": health,
+                "restarts": inst.restarts,
+                "down_since": inst.down_since,
+                "last_exit": inst.last_exit,
+                "memory_bytes": procs.rss_bytes(inst.session, inst.pid) if alive else 0,
                 "weight": weights.get(inst.id, 0),
                 "routable_by_version": inst.id in pinned,
                 "inflight": int((stats or {}).get("inflight", {}).get(str(inst.id), 0)),
@@ -646,8 +666,13 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
             }
         )
     open_r = store.open_rollout(name)
+    if not target.gateway_alive(dep):
+        degraded.append("the gateway is not running (`llmserve deploy` of the live package starts it again)")
+    elif stats is None:
+        degraded.append("the gateway does not answer")
     return {
         "deployment": name,
+        "degraded": degraded,
         "model_id": dep.model_id,
         "state_dir": str(store.root),
         "gateway": {

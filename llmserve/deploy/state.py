@@ -100,6 +100,17 @@ CREATE INDEX IF NOT EXISTS instances_by_deployment ON instances(deployment, stat
 CREATE INDEX IF NOT EXISTS events_by_deployment ON events(deployment, id);
 """
 
+# Columns added after the first release: (table, column, declaration). Added in place on open, so a
+# state folder written by an older llmserve keeps working.
+ADDED_COLUMNS = (
+    ("instances", "session", "INTEGER"),  # the daemon's session id: finds its children after it died
+    ("instances", "argv", "TEXT"),  # JSON: how it was started, so the supervisor can start it again
+    ("instances", "restarts", "INTEGER NOT NULL DEFAULT 0"),
+    ("instances", "down_since", "REAL"),  # set while the supervisor restarts it; NULL when it serves
+    ("instances", "last_exit", "TEXT"),  # why it last went down
+    ("deployments", "gateway_session", "INTEGER"),
+)
+
 # Instance lifecycle. Only `serving` instances may appear in routes.
 STARTING, SERVING, DRAINING, STOPPED, FAILED = "starting", "serving", "draining", "stopped", "failed"
 LIVE_STATUSES = (STARTING, SERVING, DRAINING)
@@ -178,6 +189,11 @@ class Instance:
     stopped_at: float | None
     last_request: float | None
     log: str | None
+    session: int | None = None
+    argv: list[str] | None = None
+    restarts: int = 0
+    down_since: float | None = None
+    last_exit: str | None = None
 
     @property
     def url(self) -> str:
@@ -217,6 +233,7 @@ class Deployment:
     config: dict
     created: float
     updated: float
+    gateway_session: int | None = None
 
     @property
     def gateway_url(self) -> str:
@@ -226,6 +243,7 @@ class Deployment:
 def _row_instance(row: sqlite3.Row) -> Instance:
     d = dict(row)
     d["interface"] = json.loads(d["interface"] or "{}")
+    d["argv"] = json.loads(d["argv"]) if d.get("argv") else None
     return Instance(**d)
 
 
@@ -263,6 +281,17 @@ class StateStore:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA busy_timeout=30000")
         self.db.executescript(SCHEMA)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for table, column, decl in ADDED_COLUMNS:
+            have = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                try:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                except sqlite3.OperationalError as exc:  # another process added it first
+                    if "duplicate column" not in str(exc):
+                        raise
 
     def close(self) -> None:
         self.db.close()
@@ -320,11 +349,11 @@ class StateStore:
                 "UPDATE deployments SET config=?, updated=? WHERE name=?", (json.dumps(config), time.time(), name)
             )
 
-    def set_gateway_process(self, name: str, pid: int | None, start: str | None) -> None:
+    def set_gateway_process(self, name: str, pid: int | None, start: str | None, session: int | None = None) -> None:
         with self.tx() as db:
             db.execute(
-                "UPDATE deployments SET gateway_pid=?, gateway_start=?, updated=? WHERE name=?",
-                (pid, start, time.time(), name),
+                "UPDATE deployments SET gateway_pid=?, gateway_start=?, gateway_session=?, updated=? WHERE name=?",
+                (pid, start, session, time.time(), name),
             )
 
     def delete_deployment(self, name: str) -> None:
@@ -368,9 +397,65 @@ class StateStore:
             )
         return [_row_instance(r) for r in rows]
 
-    def set_instance_process(self, iid: int, pid: int, start: str | None) -> None:
+    def set_instance_process(
+        self, iid: int, pid: int, start: str | None, session: int | None = None, argv: list[str] | None = None
+    ) -> None:
         with self.tx() as db:
-            db.execute("UPDATE instances SET pid=?, pid_start=? WHERE id=?", (pid, start, iid))
+            db.execute(
+                "UPDATE instances SET pid=?, pid_start=?, session=COALESCE(?, session), argv=COALESCE(?, argv) "
+                "WHERE id=?",
+                (pid, start, session, json.dumps(argv) if argv else None, iid),
+            )
+
+    # The supervisor (in the gateway process) restarts serving instances while a CLI may be stopping
+    # them: each step is a compare-and-set on (status, pid), so whichever acts second sees the change.
+    def mark_down(self, iid: int, pid: int | None, why: str) -> bool:
+        """A serving instance's process is gone: record it (once). False if the row moved on meanwhile."""
+        with self.tx() as db:
+            cur = db.execute(
+                "UPDATE instances SET down_since=?, last_exit=? "
+                "WHERE id=? AND status=? AND pid IS ? AND down_since IS NULL",
+                (time.time(), why, iid, SERVING, pid),
+            )
+            if cur.rowcount:
+                dep = db.execute("SELECT deployment FROM instances WHERE id=?", (iid,)).fetchone()[0]
+                self._event(db, dep, None, "instance-down", why)
+            return cur.rowcount == 1
+
+    def claim_restart(self, iid: int, pid: int | None) -> bool:
+        """Take a down, still-serving instance for a restart: its pid is cleared until the new one runs."""
+        with self.tx() as db:
+            cur = db.execute(
+                "UPDATE instances SET pid=NULL, pid_start=NULL, session=NULL, restarts=restarts+1 "
+                "WHERE id=? AND status=? AND pid IS ? AND down_since IS NOT NULL",
+                (iid, SERVING, pid),
+            )
+            return cur.rowcount == 1
+
+    def restarted(self, iid: int, pid: int, start: str | None, session: int) -> bool:
+        """Record the restarted process; False if a CLI stopped the instance meanwhile (kill what we started)."""
+        with self.tx() as db:
+            cur = db.execute(
+                "UPDATE instances SET pid=?, pid_start=?, session=? WHERE id=? AND status=? AND pid IS NULL",
+                (pid, start, session, iid, SERVING),
+            )
+            return cur.rowcount == 1
+
+    def mark_up(self, iid: int, message: str) -> None:
+        with self.tx() as db:
+            cur = db.execute("UPDATE instances SET down_since=NULL WHERE id=? AND down_since IS NOT NULL", (iid,))
+            if cur.rowcount:
+                dep = db.execute("SELECT deployment FROM instances WHERE id=?", (iid,)).fetchone()[0]
+                self._event(db, dep, None, "instance-recovered", message)
+
+    def instances_to_reap(self, deployment: str, limit: int = 50) -> list[Instance]:
+        """Recently stopped or failed instances that still have a pid recorded (a leak check)."""
+        rows = self.db.execute(
+            "SELECT * FROM instances WHERE deployment=? AND status IN (?, ?) AND pid IS NOT NULL "
+            "ORDER BY id DESC LIMIT ?",
+            (deployment, STOPPED, FAILED, limit),
+        )
+        return [_row_instance(r) for r in rows]
 
     def set_instance_status(self, iid: int, status: str, message: str | None = None) -> None:
         now = time.time()

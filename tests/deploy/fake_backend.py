@@ -21,7 +21,7 @@ async def chat(request):
     if body.get("stream"):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(5):
+        for i in range(int(request.headers.get("x-events", "5"))):
             await resp.write(f"data: {json.dumps({'i': i, 'v': VERSION})}\n\n".encode())
             await asyncio.sleep(0.05)
         await resp.write(b"data: [DONE]\n\n")
