@@ -240,3 +240,16 @@ def without(routes: Routes, iids: set[int]) -> Routes:
             m.weight = w
     pinned = {v: [m for m in ms if m.instance not in iids] for v, ms in routes.pinned.items()}
     return Routes(routes.model_id, default, {v: ms for v, ms in pinned.items() if ms})
+
+
+def stop_recorded_processes(store: StateStore) -> int:
+    """Stop every process the state records (servers with their trees, gateways with their watchdogs),
+    whatever their status: the last resort after a teardown that could not finish. Returns how many ran."""
+    found = 0
+    for row in store.db.execute("SELECT pid, pid_start, session FROM instances WHERE pid IS NOT NULL OR session"):
+        found += procs.alive(row["pid"], row["pid_start"])
+        procs.terminate(row["pid"], row["pid_start"], 10, row["session"])
+    for row in store.db.execute("SELECT gateway_pid, gateway_start, gateway_session FROM deployments"):
+        found += procs.alive(row[0], row[1])
+        procs.terminate(row[0], row[1], 10, row[2])
+    return found

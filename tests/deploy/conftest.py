@@ -46,12 +46,10 @@ def cli(tmp_path_factory):
     c = Cli(tmp_path_factory.mktemp("deploy-state"))
     yield c
     # Tear down whatever the tests left, then make sure no process of ours survives.
-    from llmserve.deploy import StateStore, procs
+    from llmserve.deploy import StateStore
+    from llmserve.deploy.local_target import stop_recorded_processes
 
     store = StateStore(c.state_dir)
     for dep in store.deployments():
         subprocess.run(c.argv("deploy", "down", dep.name), capture_output=True, timeout=180)
-    for row in store.db.execute("SELECT pid, pid_start FROM instances WHERE pid IS NOT NULL"):
-        procs.terminate(row["pid"], row["pid_start"], 10)
-    for row in store.db.execute("SELECT gateway_pid, gateway_start FROM deployments"):
-        procs.terminate(row[0], row[1], 10)
+    stop_recorded_processes(store)

@@ -10,6 +10,7 @@ to the state it starts from (`Cli.start_from`, a no-op in file order), so any te
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -167,8 +168,102 @@ def test_killed_cli_then_rollback_undoes(cli, deploy_packages, tmp_path):
     assert_clean(load)
 
 
-def test_down(cli, deploy_packages):
+def _instance(cli, version: int) -> dict:
+    return next(
+        i for i in cli.status(degraded=None)["instances"] if i["version"] == version and i["status"] == "serving"
+    )
+
+
+def _engine_tree(pid: int) -> list[int]:
+    from llmserve.deploy import procs
+
+    return procs.session_members(procs.session_of(pid))
+
+
+def test_killed_live_server_is_restarted_under_load(cli, deploy_packages):
+    """kill -9 of the only live server: the gateway holds requests while its supervisor restarts it."""
     cli.start_from(deploy_packages["v5"], 5)
+    before = _instance(cli, 5)
+    tree = _engine_tree(before["pid"])
+    assert len(tree) >= 2  # the API server and vLLM's engine core
+    load = Load(gateway_url(cli), timeout=300).start()
+    time.sleep(3)
+    t0 = time.monotonic()
+    kill_pid(before["pid"])
+    deadline = time.monotonic() + 300
+    degraded_seen = False
+    while time.monotonic() < deadline:
+        rc, data, _ = cli.run("status", MODEL, "--no-metrics")
+        degraded_seen |= rc == 7 and bool(data["degraded"])
+        inst = next(i for i in data["instances"] if i["instance"] == before["instance"])
+        if rc == 0 and inst["restarts"] == 1 and inst["health"] == 200:
+            break
+        time.sleep(0.5)
+    recovered_s = time.monotonic() - t0
+    time.sleep(3)
+    load.stop()
+    print(f"recovered in {recovered_s:.1f} s; {load.ok} ok, {len(load.failures)} failed: {load.failures[:3]}")
+    assert rc == 0 and inst["restarts"] == 1, data
+    assert degraded_seen
+    # Only requests in flight on the killed server may fail (2 clients); the rest were held.
+    assert len(load.failures) <= load.workers, load.failures
+    assert not any(p for p in tree if _alive(p)), "the killed server's engine core was left running"
+    assert inst["pid"] != before["pid"]
+
+
+def _alive(pid: int) -> bool:
+    from llmserve.deploy import procs
+
+    return procs.start_time(pid) is not None
+
+
+def test_killed_gateway_recovers_under_load(cli, deploy_packages):
+    cli.start_from(deploy_packages["v5"], 5)
+    watchdog = cli.status()["gateway"]["pid"]
+    children = Path(f"/proc/{watchdog}/task/{watchdog}/children").read_text().split()
+    load = Load(gateway_url(cli)).start()
+    time.sleep(3)
+    kill_pid(int(children[0]))
+    time.sleep(6)
+    load.stop()
+    assert load.ok > 0
+    assert len(load.failures) <= load.workers, load.failures  # only what the killed gateway held
+    assert cli.status()["gateway"]["alive"]
+
+
+def test_old_version_killed_mid_rollout_rolls_forward(cli, deploy_packages, tmp_path):
+    """The version being replaced dies during a red-black rollout: going back would route to a dead
+    server, so the rollout finishes on the healthy new version instead."""
+    from llmserve.deploy import StateStore
+
+    cli.start_from(deploy_packages["v5"], 5)
+    old = _instance(cli, 5)
+    load = Load(gateway_url(cli)).start()
+    proc = cli.popen(
+        "deploy", str(deploy_packages["v6"]), "--steps", "10,50,100", "--pause", "4", log=tmp_path / "cli.log"
+    )
+    store = StateStore(cli.state_dir)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        r = store.open_rollout(MODEL)
+        if r is not None and r.phase == "shifting":
+            break
+        assert proc.poll() is None, (tmp_path / "cli.log").read_text()
+        time.sleep(0.1)
+    kill_pid(old["pid"])
+    assert proc.wait(300) == 0, (tmp_path / "cli.log").read_text()
+    time.sleep(1)
+    load.stop()
+    text = (tmp_path / "cli.log").read_text()
+    assert "rolling forward" in text, text
+    st = cli.status()
+    assert serving(st) == {6: 100}
+    assert len(load.failures) <= load.workers, load.failures
+    store.close()
+
+
+def test_down(cli, deploy_packages):
+    cli.start_from(deploy_packages["v6"], 6)
     rc, data, text = cli.run("deploy", "down", MODEL)
     assert rc == 0, text
     rc, data, text = cli.run("status")

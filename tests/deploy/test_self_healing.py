@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from llmserve.deploy import procs
-from llmserve.deploy.local_target import LocalTarget
+from llmserve.deploy.local_target import LocalTarget, stop_recorded_processes
 from llmserve.deploy.state import SERVING, Routes, StateStore
 
 HERE = Path(__file__).parent
@@ -34,10 +34,7 @@ def deployment(store):
     target = LocalTarget(store)
     dep = target.ensure_gateway(store.create_deployment("m", "m", "127.0.0.1", procs.free_port(), {}))
     yield target, dep
-    for inst in store.instances("m", statuses=None):
-        inst = store.instance(inst.id)
-        procs.terminate(inst.pid, inst.pid_start, 5, inst.session)
-    target.stop_gateway(store.require("m"))
+    stop_recorded_processes(store)
 
 
 def serve_fake(store: StateStore, target: LocalTarget, version: int, weight: int = 100):

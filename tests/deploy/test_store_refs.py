@@ -59,13 +59,11 @@ def scli(tmp_path_factory, aws_env):
     c = StoreCli(tmp_path_factory.mktemp("deploy-store-state"), aws_env)
     yield c
     c.run("deploy", "down", MODEL)
-    from llmserve.deploy import StateStore, procs
+    from llmserve.deploy import StateStore
+    from llmserve.deploy.local_target import stop_recorded_processes
 
     store = StateStore(c.state_dir)
-    for row in store.db.execute("SELECT pid, pid_start FROM instances WHERE pid IS NOT NULL"):
-        procs.terminate(row["pid"], row["pid_start"], 10)
-    for row in store.db.execute("SELECT gateway_pid, gateway_start FROM deployments"):
-        procs.terminate(row[0], row[1], 10)
+    stop_recorded_processes(store)
 
 
 @pytest.fixture(scope="module")

@@ -40,13 +40,11 @@ def state_dir(tmp_path_factory, tiny_vllm_package) -> Iterator[Path]:
         subprocess.run(
             cli_argv("deploy", "down", MODEL, "--state-dir", state), capture_output=True, env=cli_env(), timeout=180
         )
-        from llmserve.deploy import StateStore, procs
+        from llmserve.deploy import StateStore
+        from llmserve.deploy.local_target import stop_recorded_processes
 
         store = StateStore(state)
-        for row in store.db.execute("SELECT pid, pid_start FROM instances WHERE pid IS NOT NULL"):
-            procs.terminate(row["pid"], row["pid_start"], 10)
-        for row in store.db.execute("SELECT gateway_pid, gateway_start FROM deployments"):
-            procs.terminate(row[0], row[1], 10)
+        stop_recorded_processes(store)
 
 
 def status(state: Path, *args: str, env: dict[str, str] = WITH_KEY) -> dict:
