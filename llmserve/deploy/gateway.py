@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from llmserve.deploy import procs
 from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, StateStore
@@ -204,6 +205,7 @@ class Gateway:
 
     # -- handlers -----------------------------------------------------------------------------
     async def handle_reload(self, request: web.Request) -> web.Response:
+        _loopback_only(request)
         gen = await asyncio.to_thread(self.store.routes, self.deployment)
         # Swap in the loop thread: picks never see a half-applied table.
         if gen[0] != self.table.generation:
@@ -212,6 +214,7 @@ class Gateway:
         return web.json_response({"generation": self.table.generation})
 
     async def handle_stats(self, request: web.Request) -> web.Response:
+        _loopback_only(request)
         return web.json_response(
             {
                 "generation": self.table.generation,
@@ -223,6 +226,7 @@ class Gateway:
         )
 
     async def handle_routes(self, request: web.Request) -> web.Response:
+        _loopback_only(request)
         return web.json_response({"generation": self.table.generation, **self.table.routes.to_dict()})
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -293,7 +297,9 @@ class Gateway:
     async def _forward(
         self, request: web.Request, member: Member, path: str, headers: dict, body: bytes, version: int | None
     ) -> web.StreamResponse:
-        url = member.url + path + (f"?{request.rel_url.query_string}" if request.rel_url.query_string else "")
+        # The path and query exactly as the client sent them: decoding %3F, %23, %2F or resolving `..`
+        # here would send the backend a different request than the one the client made.
+        url = URL(member.url + request.raw_path, encoded=True)
         try:
             upstream = await self._session().request(request.method, url, headers=headers, data=body or None)
         except RETRYABLE as exc:
@@ -421,6 +427,12 @@ def _as_version(text: str) -> int:
     if v < 1:
         raise NoRoute(400, f"model version must be a positive integer, got '{text}'")
     return v
+
+
+def _loopback_only(request: web.Request) -> None:
+    """The admin routes change or reveal the routing: only for the CLI on this machine, whatever --host."""
+    if request.remote not in ("127.0.0.1", "::1") and not (request.remote or "").startswith("::ffff:127."):
+        raise web.HTTPForbidden(text="admin routes answer on the loopback interface only")
 
 
 def _stream_error(version: int) -> bytes:

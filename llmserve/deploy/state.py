@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmserve.deploy.errors import DeploymentBusyError, DeploymentNotFoundError
+from llmserve.deploy.errors import DeployInputError, DeploymentBusyError, DeploymentNotFoundError
 
 STATE_ENV = "LLMSERVE_STATE_DIR"
 
@@ -309,10 +310,10 @@ class StateStore:
 
     # -- paths ---------------------------------------------------------------------------------
     def pid_file(self, deployment: str, what: str) -> Path:
-        return self.root / "run" / f"{deployment}-{what}.pid"
+        return self.root / "run" / f"{check_name(deployment)}-{what}.pid"
 
     def log_file(self, deployment: str, what: str) -> Path:
-        return self.root / "logs" / f"{deployment}-{what}.log"
+        return self.root / "logs" / f"{check_name(deployment)}-{what}.log"
 
     # -- deployments ---------------------------------------------------------------------------
     def deployment(self, name: str) -> Deployment | None:
@@ -329,6 +330,7 @@ class StateStore:
         return [_row_deployment(r) for r in self.db.execute("SELECT * FROM deployments ORDER BY name")]
 
     def create_deployment(self, name: str, model_id: str, host: str, port: int, config: dict) -> Deployment:
+        check_name(name)
         now = time.time()
         with self.tx() as db:
             db.execute(
@@ -601,12 +603,25 @@ class StateStore:
         return [dict(r) for r in rows][::-1]
 
 
+# Names become file names under the state folder (locks, pid files, logs): no separators, no dot-dot.
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise DeployInputError(
+            f"'{name}' is not a valid deployment name",
+            hint="Use letters, digits, '.', '_' or '-' (at most 63, starting and ending with a letter or digit).",
+        )
+    return name
+
+
 class DeploymentLock:
     """An exclusive flock per deployment. The kernel drops it when the holder dies, so a `running`
     rollout whose lock is free was interrupted."""
 
     def __init__(self, store: StateStore, name: str, wait_s: float = 0.0):
-        self.path = store.root / "locks" / f"{name}.lock"
+        self.path = store.root / "locks" / f"{check_name(name)}.lock"
         self.name = name
         self.wait_s = wait_s  # commands wait (e.g. for the gateway retiring an idle version), then give up
         self.fd: int | None = None

@@ -35,7 +35,7 @@ async def models(request):
 
 
 async def v2(request):
-    return web.json_response({"version": VERSION, "path": request.path})
+    return web.json_response({"version": VERSION, "path": request.path, "raw": request.raw_path})
 
 
 app = web.Application()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -91,6 +93,12 @@ def test_gateway_weights_versions_streaming_and_drain(store, gateway, backends):
             == "1"
         )
         assert c.post("/v2/models/m/versions/2/infer", json={}).json()["version"] == "2"
+        # the path and query reach the backend byte for byte (nothing decoded, no dot segment resolved)
+        raw = "/v2/models/m/versions/2/a%3Fb/%2E%2E/c%2Fd/../e?q=%23x&r=%3F"
+        with socket.create_connection(("127.0.0.1", dep.gateway_port)) as s:
+            s.sendall(f"GET {raw} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            reply = b"".join(iter(lambda: s.recv(65536), b""))
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["raw"] == raw, reply
         r = c.post("/v1/chat/completions", json={"model": "m:7"})
         assert r.status_code == 404 and "serving versions: [1, 2]" in r.json()["error"]["message"]
         ids = [e["id"] for e in c.get("/v1/models").json()["data"]]
@@ -138,3 +146,14 @@ def test_gateway_retries_a_dead_backend_and_restarts_from_state(store, gateway, 
     dep2 = store.require("m")
     assert dep2.gateway_pid != dep.gateway_pid
     assert httpx.post(dep2.gateway_url + "/v1/chat/completions", json={}).json()["version"] == "1"
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".hidden", "x" * 64, "a b", "a\nb", ""])
+def test_deployment_names_cannot_escape_the_state_folder(store, name):
+    from llmserve.deploy.errors import DeployInputError
+
+    with pytest.raises(DeployInputError, match="not a valid deployment name"):
+        store.create_deployment(name, "m", "127.0.0.1", 1, {})
+    with pytest.raises(DeployInputError):
+        DeploymentLock(store, name)
+    assert store.deployments() == []
