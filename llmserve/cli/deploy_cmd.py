@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
@@ -158,6 +159,34 @@ def up(
     service_type: str = typer.Option(
         "ClusterIP", "--service-type", help="kubernetes: ClusterIP, NodePort or LoadBalancer."
     ),
+    # -- kubernetes: pod limits and the API key (llmserve.deploy.kubernetes.api_key) --
+    cpu_limit: str = typer.Option(
+        None, "--cpu-limit", help="kubernetes: CPU limit per pod. Default: the --cpu request."
+    ),
+    memory_limit: str = typer.Option(
+        None,
+        "--memory-limit",
+        help="kubernetes: memory limit per pod. Default: the --memory request (a pod is OOM-killed at its own "
+        "limit, never for a neighbour's growth).",
+    ),
+    api_key_secret: str = typer.Option(
+        None,
+        "--api-key-secret",
+        help="kubernetes: an existing Secret NAME[:KEY] (KEY default: api-key) the pods read their API key from. "
+        "With no key option a new deployment gets a generated key in a Secret, a live one keeps its key.",
+    ),
+    api_key_file: Path = typer.Option(
+        None,
+        "--api-key-file",
+        help="kubernetes: a file (chmod 600) holding the API key, put in a Secret llmserve creates. "
+        "Else LLMSERVE_API_KEY, if set.",
+    ),
+    rotate_api_key: bool = typer.Option(
+        False, "--rotate-api-key", help="kubernetes: confirm that this rollout changes the deployment's API key."
+    ),
+    no_api_key: bool = typer.Option(
+        False, "--no-api-key", help="kubernetes: pods take requests without an API key (auth is done in front)."
+    ),
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Roll out PKG. red-black (default): start it beside the live version, wait for /health, shift traffic
@@ -211,11 +240,30 @@ def up(
             gpus=gpus,
             service_type=service_type,
             serve_args=serve_args,
+            cpu_limit=cpu_limit,
+            memory_limit=memory_limit,
         )
-        result = kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas).deploy(opts)
+        keys = kube_api_key(api_key_secret, api_key_file, rotate_api_key, no_api_key)
+        deployer = kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas)
+        result = deployer.use_api_key(keys).deploy(opts)
     else:
         result = Deployer(StateStore(state_dir), reporter(output)).deploy(opts)
     render_result(result, output)
+
+
+def kube_api_key(secret: str | None, key_file: Path | None, rotate: bool, open_: bool):
+    """The Kubernetes API key options; the key itself only from a file or the environment, never argv."""
+    import os
+
+    from llmserve.deploy.kubernetes import ApiKeyOptions
+    from llmserve.serve.options import API_KEY_ENV, ApiKeyError, read_api_key_file
+
+    env_key = os.environ.get(API_KEY_ENV) or None
+    if key_file is not None and env_key is not None:
+        raise ApiKeyError(f"the API key is given twice: --api-key-file and {API_KEY_ENV}")
+    if key_file is not None:
+        return ApiKeyOptions(secret, read_api_key_file(key_file), f"--api-key-file {key_file}", open_, rotate)
+    return ApiKeyOptions(secret, env_key, API_KEY_ENV if env_key else "", open_, rotate)
 
 
 @deploy_app.command("down")

@@ -9,14 +9,20 @@ tests are never skipped.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import ssl
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
-from support.cli import popen_cli, run_cli_json
+from store.store_helpers import start_moto, stop
+from support.cli import popen_cli, run_cli, run_cli_json
 from support.models import write_vllm_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +49,131 @@ def kubeconfig(tmp_path_factory) -> str:
         yield str(d / "kubeconfig")
     finally:
         subprocess.run([str(SCRIPT), "stop", str(d)], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def restricted_api(tmp_path_factory):
+    """A second kube-apiserver (the same binary, its own etcd) that enforces the restricted Pod Security
+    Standard through its built-in admission. Kubernetes 1.20 (what the test cluster builds) predates the
+    PodSecurity admission plugin (1.22+), so the standard is written as a PodSecurityPolicy, the 1.20
+    apiserver's own enforcing admission: the policy below allows exactly what `restricted` allows.
+    PSP also *defaults* fields a pod leaves unset; tests check that an admitted pod came back unchanged
+    (it met the policy as written) and that pods breaking a rule are refused. Only an apiserver is
+    started: server-side dry-run (dryRun=All) runs the whole admission chain without storing the pod."""
+    from kubernetes import client
+
+    bindir = Path(subprocess.run([str(SCRIPT), "build"], capture_output=True, text=True, check=True).stdout.split()[-1])
+    d = tmp_path_factory.mktemp("psp-apiserver")
+    token = uuid.uuid4().hex
+    (d / "tokens.csv").write_text(f"{token},llmserve-admin,llmserve-admin,system:masters\n")
+    for args in (
+        ["genrsa", "-out", str(d / "sa.key"), "2048"],
+        ["rsa", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub")],
+    ):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    etcd_port, peer_port, api_port = _free_ports(3)
+    procs = [
+        subprocess.Popen(
+            ["etcd", "--name", "psp", "--data-dir", str(d / "etcd"), "--unsafe-no-fsync",
+             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}", "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+             "--initial-cluster", f"psp=http://127.0.0.1:{peer_port}"],
+            stdout=(d / "etcd.log").open("wb"), stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            [str(bindir / "kube-apiserver"), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(api_port),
+             "--insecure-port", "0", "--cert-dir", str(d / "certs"), "--token-auth-file", str(d / "tokens.csv"),
+             "--anonymous-auth=false", "--authorization-mode", "RBAC",
+             "--service-account-key-file", str(d / "sa.pub"), "--service-account-signing-key-file", str(d / "sa.key"),
+             "--service-account-issuer", "https://kubernetes.default.svc", "--service-cluster-ip-range", "10.96.0.0/16",
+             "--disable-admission-plugins", "ServiceAccount", "--enable-admission-plugins", "PodSecurityPolicy",
+             "--enable-priority-and-fairness=false"],
+            stdout=(d / "kube-apiserver.log").open("wb"), stderr=subprocess.STDOUT,
+        ),
+    ]  # fmt: skip
+    try:
+        cfg = client.Configuration()
+        cfg.host = f"https://127.0.0.1:{api_port}"
+        cfg.api_key = {"authorization": f"Bearer {token}"}
+        deadline = time.monotonic() + 120
+        while True:
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                pytest.fail(f"the restricted kube-apiserver did not start; logs in {d}", pytrace=False)
+            cert = d / "certs" / "apiserver.crt"
+            try:
+                r = httpx.get(
+                    f"{cfg.host}/readyz",
+                    headers={"Authorization": f"Bearer {token}"},
+                    verify=ssl.create_default_context(cafile=str(cert)),
+                )
+                if r.status_code == 200:
+                    cfg.ssl_ca_cert = str(cert)
+                    break
+            except (httpx.HTTPError, OSError):
+                pass
+            time.sleep(0.5)
+        api = client.ApiClient(cfg)
+        from kubernetes.dynamic import DynamicClient
+
+        DynamicClient(api).resources.get(api_version="policy/v1beta1", kind="PodSecurityPolicy").create(
+            body=RESTRICTED_PSP
+        )
+        yield api
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# The restricted Pod Security Standard (kubernetes.io/docs/concepts/security/pod-security-standards)
+# as a PodSecurityPolicy, plus a read-only root file system, which llmserve's pods keep too.
+RESTRICTED_PSP = {
+    "apiVersion": "policy/v1beta1",
+    "kind": "PodSecurityPolicy",
+    "metadata": {
+        "name": "restricted",
+        "annotations": {"seccomp.security.alpha.kubernetes.io/allowedProfileNames": "runtime/default,localhost/*"},
+    },
+    "spec": {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "requiredDropCapabilities": ["ALL"],
+        "allowedCapabilities": ["NET_BIND_SERVICE"],
+        "volumes": [
+            "configMap",
+            "csi",
+            "downwardAPI",
+            "emptyDir",
+            "ephemeral",
+            "persistentVolumeClaim",
+            "projected",
+            "secret",
+        ],
+        "hostNetwork": False,
+        "hostIPC": False,
+        "hostPID": False,
+        "readOnlyRootFilesystem": True,
+        "runAsUser": {"rule": "MustRunAsNonRoot"},
+        "seLinux": {"rule": "RunAsAny"},
+        "supplementalGroups": {"rule": "RunAsAny"},
+        "fsGroup": {"rule": "RunAsAny"},
+    },
+}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +224,34 @@ def k8s_packages(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
             t.write_text("{# interface 2 #}" + t.read_text())
         out[key] = build_package(src, dist).path
     return out
+
+
+STORE_SECRET = "testing-secret-key-for-k8s"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, k8s_packages) -> dict:
+    """A moto server, a bucket with tiny-chat v1 pushed, and the settings a client needs (per test module)."""
+    proc, url = start_moto(tmp_path_factory.mktemp("moto") / "server.log")
+    home = tmp_path_factory.mktemp("aws")
+    env = {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing-key-id",
+        "AWS_SECRET_ACCESS_KEY": STORE_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(home / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
+    }
+    bucket = f"models-{uuid.uuid4().hex[:12]}"
+    import boto3
+
+    boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1"
+    ).create_bucket(Bucket=bucket)
+    p = run_cli("push", k8s_packages["v1"], f"s3://{bucket}/prod", "-o", "json", env=env)
+    assert p.returncode == 0, p.stderr
+    yield {"env": env, "ref": f"s3://{bucket}/prod/{MODEL}:1", "digest": json.loads(p.stdout)["digest"]}
+    stop(proc)
 
 
 @dataclass

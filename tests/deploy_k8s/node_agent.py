@@ -15,7 +15,7 @@ pod (the endpoints controller refuses loopback addresses), and the pod's process
 address 127.0.x.y of their own, which "0.0.0.0" in their arguments becomes; `address_of(pod_ip)` is
 that address, where a client on this machine reaches the pod (as a CNI would route the pod IP). Volumes are folders: an emptyDir per pod, a PersistentVolumeClaim
 per (namespace, claim) shared by the pods that mount it; a mount path in arguments or environment
-values is rewritten to the folder. env (value) and envFrom (secretRef, configMapRef) are honoured,
+values is rewritten to the folder. env (value, secretKeyRef) and envFrom (secretRef, configMapRef) are honoured,
 Secrets read through the API as a kubelet does; the host's AWS_* variables are not passed on, so
 what a container knows of the store comes from its pod spec.
 """
@@ -301,6 +301,10 @@ class PodRunner:
                 env[e.name] = self._map(e.value, mounts)
             elif e.value_from is not None and getattr(e.value_from.field_ref, "field_path", "") == "status.podIP":
                 env[e.name] = self.ip
+            elif e.value_from is not None and e.value_from.secret_key_ref is not None:
+                ref = e.value_from.secret_key_ref
+                data = self.core.read_namespaced_secret(ref.name, self.ns).data or {}
+                env[e.name] = base64.b64decode(data[ref.key]).decode()
         return env
 
     def _start(self, c) -> None:

@@ -8,45 +8,19 @@ server container starts from that cache, becomes ready, and answers a KServe v2 
 
 from __future__ import annotations
 
+import base64
 import json
-import uuid
 
 import httpx
 import pytest
 from kubernetes import client
-from store.store_helpers import start_moto, stop
-from support.cli import run_cli, run_cli_json
+from support.cli import run_cli_json
 
 MODEL = "tiny-chat"
-SECRET = "testing-secret-key-for-k8s"
+SECRET = "testing-secret-key-for-k8s"  # conftest.STORE_SECRET: the store fixture's secret key
 FAST = ("--pause", "0.5", "--drain-timeout", "1")
 
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, k8s_packages) -> dict:
-    """A moto server, a bucket with tiny-chat v1 pushed, and the settings a client needs."""
-    proc, url = start_moto(tmp_path_factory.mktemp("moto") / "server.log")
-    home = tmp_path_factory.mktemp("aws")
-    env = {
-        "AWS_ENDPOINT_URL": url,
-        "AWS_ACCESS_KEY_ID": "testing-key-id",
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(home / "config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
-    }
-    bucket = f"models-{uuid.uuid4().hex[:12]}"
-    import boto3
-
-    boto3.client(
-        "s3", endpoint_url=url, aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1"
-    ).create_bucket(Bucket=bucket)
-    p = run_cli("push", k8s_packages["v1"], f"s3://{bucket}/prod", "-o", "json", env=env)
-    assert p.returncode == 0, p.stderr
-    yield {"env": env, "ref": f"s3://{bucket}/prod/{MODEL}:1", "digest": json.loads(p.stdout)["digest"]}
-    stop(proc)
 
 
 def _secret(kube_api, ns: str, name: str, data: dict[str, str]) -> None:
@@ -82,7 +56,8 @@ def test_pods_pull_a_store_reference_in_an_init_container_and_serve(kcli, kube_a
     assert [e.secret_ref.name for e in init.env_from] == ["model-store"]
     server = pod_spec.containers[0]
     assert server.args[:4] == ["serve", pinned, "--cache", "/models-cache"]
-    assert [v.name for v in pod_spec.volumes] == ["models-cache"] and pod_spec.volumes[0].empty_dir is not None
+    volumes = {v.name: v for v in pod_spec.volumes}
+    assert set(volumes) == {"home", "tmp", "models-cache"} and volumes["models-cache"].empty_dir is not None
     manifest = json.dumps(api_dict(kube_api, dep))
     assert SECRET not in manifest and "testing-key-id" not in manifest  # only the Secret's name
 
@@ -91,9 +66,13 @@ def test_pods_pull_a_store_reference_in_an_init_container_and_serve(kcli, kube_a
     assert st.state.terminated.exit_code == 0
     runner = node_agent.runners[pod.metadata.uid]
     assert list(runner.volumes["models-cache"].rglob(f"{store['digest']}.llmpkg")), "pulled into the pod's volume"
+    # no key option: the deployment got a generated API key, in a Secret the pods read
+    secret, key = ann["llmserve.dev/api-key-secret"].split(":")
+    api_key = base64.b64decode(core.read_namespaced_secret(secret, ns).data[key]).decode()
     r = httpx.post(
         f"http://{node_agent.address_of(pod.status.pod_ip)}:8000/v2/models/{MODEL}/generate",
         json={"text_input": "hi", "parameters": {"max_tokens": 3}},
+        headers={"Authorization": f"Bearer {api_key}"},
         timeout=60,
     )
     assert r.status_code == 200, r.text
@@ -132,8 +111,8 @@ def test_manifest_with_a_shared_cache_pvc_and_no_secret():
     pod = body["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["args"] == ["pull", ref, "--cache", "/models-cache"] and "envFrom" not in init
-    assert pod["volumes"] == [{"name": "models-cache", "persistentVolumeClaim": {"claimName": "fsx-models"}}]
-    assert pod["containers"][0]["volumeMounts"] == [{"name": "models-cache", "mountPath": "/models-cache"}]
+    assert {"name": "models-cache", "persistentVolumeClaim": {"claimName": "fsx-models"}} in pod["volumes"]
+    assert {"name": "models-cache", "mountPath": "/models-cache"} in pod["containers"][0]["volumeMounts"]
     assert body["metadata"]["annotations"]["llmserve.dev/package-uri"] == ref
     # a local package: no init container, no cache volume (as before)
     plain = manifests.deployment(
@@ -142,4 +121,4 @@ def test_manifest_with_a_shared_cache_pvc_and_no_secret():
         rollout=1, drain_timeout_s=5, health_timeout_s=60,
     )  # fmt: skip
     assert "initContainers" not in plain["spec"]["template"]["spec"]
-    assert "volumes" not in plain["spec"]["template"]["spec"]
+    assert [v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]] == ["home", "tmp"]  # scratch only

@@ -16,10 +16,26 @@ A_INTERFACE = f"{LABEL_PREFIX}/interface"
 A_ROLLOUT = f"{LABEL_PREFIX}/rollout"
 A_MODEL_ID = f"{LABEL_PREFIX}/model-id"
 A_SUPERSEDED = f"{LABEL_PREFIX}/superseded-at"
+A_API_KEY = f"{LABEL_PREFIX}/api-key-secret"  # where the pods' key comes from (SECRET:KEY), never the key itself
 
 CACHE_MOUNT = "/models-cache"  # the pods' store cache: the init container pulls into it, the server starts from it
 SERVER_PORT = 8000
 GRPC_PORT = 8001  # KServe v2 gRPC (tritonclient.grpc), Triton's default
+
+# The user `llmserve build` images run as (llmserve.build.context.UID; build sits above deploy in the
+# layers, so the number is repeated here). Numeric, so the kubelet can check runAsNonRoot without the image.
+RUN_AS = 10001
+API_KEY_ENV = "LLMSERVE_API_KEY"  # what `llmserve serve` reads (llmserve.serve.API_KEY_ENV)
+# The root file system is read-only: everything the server writes goes to these emptyDir volumes. HOME
+# holds llmserve's cache (unpacked packages, constraint disk cache, metrics files) and the engine's
+# (vLLM, torch inductor, HF), all of which default to folders under it; TMPDIR is /tmp.
+HOME = "/home/llmserve"
+SCRATCH_ENV = {
+    "HOME": HOME,
+    "XDG_CACHE_HOME": f"{HOME}/.cache",
+    "LLMSERVE_CACHE": f"{HOME}/.cache/llmserve",
+    "TMPDIR": "/tmp",
+}
 
 
 @dataclass
@@ -33,6 +49,11 @@ class PodSpec:
     cache_pvc: str | None = None  # store references: a PVC shared as the store cache (default: emptyDir)
     cpu: str = "1"
     memory: str = "4Gi"
+    # Limits default to the requests (Guaranteed QoS when every container is so): a pod never uses memory
+    # its node did not set aside for it, so it is OOM-killed by its own limit, not by a neighbour's growth.
+    cpu_limit: str | None = None
+    memory_limit: str | None = None
+    scratch_size: str = "8Gi"  # sizeLimit of each writable emptyDir (HOME with the caches, /tmp)
     gpus: int = 0
     service_type: str = "ClusterIP"
     service_port: int = 80
@@ -66,11 +87,17 @@ def deployment(
     drain_timeout_s: float,
     health_timeout_s: float,
     store_ref: str | None = None,
+    api_key_secret: tuple[str, str] | None = None,
 ) -> dict:
     """One Deployment. `store_ref` (a model store reference pinned by digest, s3://.../sha256:DIGEST): an
     init container runs `llmserve pull` into the store cache volume (an emptyDir, or --cache-pvc shared by
     the pods), with the store's endpoint, region and credentials from the Secret `spec.store_secret`
-    (envFrom, never inlined); the server then starts from that cache without contacting the store."""
+    (envFrom, never inlined); the server then starts from that cache without contacting the store.
+    `api_key_secret` (SECRET, KEY): the server's API key, from that Secret's key (secretKeyRef).
+
+    Every container runs hardened (the restricted Pod Security Standard and more): non-root as RUN_AS,
+    read-only root file system with emptyDir scratch volumes (SCRATCH_ENV), no privilege escalation, no
+    capabilities, the runtime's default seccomp profile, no service-account token, requests and limits."""
     labels = base_labels(name, strategy) | {L_VERSION: str(version)}
     if color:
         labels[L_COLOR] = color
@@ -96,7 +123,7 @@ def deployment(
         *spec.serve_args,
     ]
     requests = {"cpu": spec.cpu, "memory": spec.memory}
-    limits = {}
+    limits = {"cpu": spec.cpu_limit or spec.cpu, "memory": spec.memory_limit or spec.memory}
     if spec.gpus:
         requests["nvidia.com/gpu"] = str(spec.gpus)
         limits["nvidia.com/gpu"] = str(spec.gpus)  # extended resources need limit == request
@@ -108,6 +135,19 @@ def deployment(
         A_ROLLOUT: str(rollout),
         A_MODEL_ID: model_id,
     }
+    if api_key_secret:
+        annotations[A_API_KEY] = ":".join(api_key_secret)
+    env: list[dict] = [
+        {"name": "LLMSERVE_DEPLOYMENT", "value": name},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *({"name": k, "value": v} for k, v in SCRATCH_ENV.items()),
+    ]
+    server_env = list(env)
+    if api_key_secret:
+        secret, key = api_key_secret
+        server_env.append(
+            {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": False}}}
+        )
     text = render(
         "deploy/k8s/deployment.yaml.j2",
         object_name=object_name,
@@ -123,13 +163,20 @@ def deployment(
         gpus=spec.gpus,
         image=spec.image,
         args=args,
-        env=[{"name": "LLMSERVE_DEPLOYMENT", "value": name}, {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        env=env,
+        server_env=server_env,
+        run_as=RUN_AS,
+        home=HOME,
+        scratch_size=spec.scratch_size,
         port=SERVER_PORT,
         grpc_port=GRPC_PORT,
         probe_period_s=5,
         startup_failures=max(1, int(health_timeout_s // 5)),
         requests=requests,
         limits=limits,
+        # the pull needs no GPU; a pod's effective request is the larger of its init and main containers'
+        init_requests={"cpu": spec.cpu, "memory": spec.memory},
+        init_limits={k: v for k, v in limits.items() if k != "nvidia.com/gpu"},
         models_pvc=spec.models_pvc,
         store_pull=(
             {

@@ -24,6 +24,7 @@ from pathlib import Path
 from llmserve.deploy import interface as iface
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
 from llmserve.deploy.kubernetes import manifests
+from llmserve.deploy.kubernetes.api_key import ApiKeyOptions, ApiKeys
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_STRATEGY, L_VERSION, Cluster, api_call, dns_name
 from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, ClusterState, LeaseLock
 from llmserve.deploy.rollout import RED_BLACK, VERSIONED, DeployOptions
@@ -50,12 +51,23 @@ class KubernetesDeployer:
     """deploy / rollback / down / status for one namespace of one cluster."""
 
     def __init__(
-        self, cluster: Cluster, report=None, pod_spec: manifests.PodSpec | None = None, replicas: int | None = None
+        self,
+        cluster: Cluster,
+        report=None,
+        pod_spec: manifests.PodSpec | None = None,
+        replicas: int | None = None,
+        api_key: ApiKeyOptions | None = None,
     ):
         self.c = cluster
         self.report = report or (lambda msg, **kw: None)
         self.spec = pod_spec or manifests.PodSpec()
         self.replicas = replicas
+        self.keys = ApiKeys(cluster, api_key or ApiKeyOptions(), self.report)
+
+    def use_api_key(self, options: ApiKeyOptions) -> KubernetesDeployer:
+        """Where the pods' API key comes from on the next deploy (llmserve.deploy.kubernetes.api_key)."""
+        self.keys = ApiKeys(self.c, options, self.report)
+        return self
 
     # -- small API helpers --------------------------------------------------------------------
     @property
@@ -220,6 +232,7 @@ class KubernetesDeployer:
             drain_timeout_s=opts.drain_timeout_s,
             health_timeout_s=opts.health_timeout_s,
             store_ref=rec.get("store_ref"),
+            api_key_secret=_ref(rec.get("api_key_secret")),
         )
 
     def _create_dep(self, body: dict) -> None:
@@ -274,6 +287,8 @@ class KubernetesDeployer:
                 recovered = None
             if opts.idle_timeout_s is not None:
                 state.set_config(idle_timeout_s=opts.idle_timeout_s)
+            live = max(self._deployments(name), key=lambda d: (d.spec.replicas or 0, d.metadata.creation_timestamp), default=None)  # fmt: skip
+            key_ref = self.keys.resolve(name, live is not None, _key_of(live))
             base = {
                 "package": package,
                 "store_ref": src.serve_ref if src.from_store else None,
@@ -281,6 +296,7 @@ class KubernetesDeployer:
                 "version": m.modelVersion,
                 "interface": new_iface,
                 "model_id": m.modelId,
+                "api_key_secret": list(key_ref) if key_ref else None,
             }
             if opts.strategy == VERSIONED:
                 result = self._versioned(name, state, opts, base)
@@ -358,6 +374,7 @@ class KubernetesDeployer:
             ).items:
                 self._delete_service(svc.metadata.name)
                 removed.append(f"service/{svc.metadata.name}")
+            removed += self.keys.remove_created(name)
             state.delete()
         self.report(f"deployment '{name}' removed from namespace '{self.ns}' ({len(removed)} object(s))")
         return {"deployment": name, "action": "removed", "removed": removed, "namespace": self.ns}
@@ -386,6 +403,7 @@ class KubernetesDeployer:
                 ann.get(manifests.A_DIGEST) == base["digest"]
                 and live_version == base["version"]
                 and (self.replicas is None or self.replicas == main.spec.replicas)
+                and _key_of(main) == _ref(base.get("api_key_secret"))
             ):
                 self.report(f"v{base['version']} with this digest already serves '{name}': nothing to do")
                 return self._summary(name, None, "unchanged")
@@ -847,6 +865,17 @@ class KubernetesDeployer:
             "rollouts": [_rollout_dict(r) for r in st["rollouts"][:10]],
             "history": st["history"][-events:],
         }
+
+
+def _ref(value) -> tuple[str, str] | None:
+    return (str(value[0]), str(value[1])) if value else None
+
+
+def _key_of(dep) -> tuple[str, str] | None:
+    """The Secret (name, key) a live Deployment's pods read their API key from; None: it runs open."""
+    text = ((dep.metadata.annotations or {}).get(manifests.A_API_KEY) if dep is not None else None) or ""
+    name, _, key = text.rpartition(":")
+    return (name, key) if name else None
 
 
 def _json(text: str | None) -> dict:
