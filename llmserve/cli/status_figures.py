@@ -2,12 +2,11 @@
 
 The local target's servers are scraped at their URL in the deploy state; the Kubernetes target's pods at their pod
 IP and `http` container port, which only answer where the cluster network reaches: elsewhere each pod says so.
-The figures come from llmserve.metrics.snapshot; this module finds the servers, attaches and renders.
+The figures come from llmserve.metrics.snapshot; the pods and their URLs from llmserve.deploy.kubernetes.figures;
+this module attaches and renders.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,49 +32,11 @@ def attach_local(results: list[dict], interval: float, timeout: float, api_key: 
 def attach_kubernetes(
     results: list[dict], pods_by_deployment: dict[str, list], interval: float, timeout: float, api_key: str | None
 ) -> None:
-    """Add `pods` (each with `metrics`) to every Deployment object of the Kubernetes status results.
-    `pods_by_deployment`: the pods (kubernetes client V1Pod) of each llmserve deployment, by its name."""
-    from llmserve.deploy.kubernetes.cluster import L_COLOR, L_VERSION
+    """Add `pods` (each with `metrics`) to every Deployment object of the Kubernetes status results
+    (llmserve.deploy.kubernetes.figures; imported here, when a status targets Kubernetes)."""
+    from llmserve.deploy.kubernetes.figures import attach_pod_figures
 
-    urls: dict[tuple[str, str], str] = {}
-    rows: dict[tuple[str, Any, Any], list[dict]] = {}
-    for r in results:
-        for pod in pods_by_deployment.get(r["deployment"], []):
-            labels = pod.metadata.labels or {}
-            key = (r["deployment"], labels.get(L_VERSION), labels.get(L_COLOR))
-            url = _pod_url(pod)
-            row = {"pod": pod.metadata.name, "ip": pod.status.pod_ip, "url": url, "ready": _ready(pod)}
-            rows.setdefault(key, []).append(row)
-            if url:
-                urls[(r["deployment"], pod.metadata.name)] = url
-    figures = snapshots(urls, interval, timeout, auth_headers(api_key))
-    for r in results:
-        for d in r["deployments"]:
-            pods = rows.get((r["deployment"], str(d["version"]), d["color"]), [])
-            for row in pods:
-                m = figures.get((r["deployment"], row["pod"]))
-                if m is None:
-                    m = unknown(None, "the pod has no IP yet")
-                elif m["error"] and not m["error"].startswith("unauthorized"):
-                    m["error"] += f" ({POD_NETWORK_HINT})"
-                row["metrics"] = m
-            d["pods"] = pods
-
-
-def _pod_url(pod: Any) -> str | None:
-    if not pod.status or not pod.status.pod_ip:
-        return None
-    port = 8000
-    for container in pod.spec.containers or []:
-        for p in container.ports or []:
-            if p.name == "http":
-                port = p.container_port
-    host = pod.status.pod_ip
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _ready(pod: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+    attach_pod_figures(results, pods_by_deployment, interval, timeout, api_key, POD_NETWORK_HINT)
 
 
 def render_local(r: dict, console: Console) -> None:
