@@ -12,7 +12,10 @@ LLMSERVE_CONSTRAINT_COMPILE_MS         2000       wall-clock time of one constra
                                                   construction (checked inside the C++ loops)
 LLMSERVE_CONSTRAINT_COMPILE_MB         512        memory of that construction (NFA, subsets)
 LLMSERVE_CONSTRAINT_MAX_STATES         20000      states of the byte automaton (each one a mask row
-                                                  of vocabulary-size bits: 16 KiB at 128k tokens)
+                                                  of vocabulary-size bits: 16 KiB at 128k tokens),
+                                                  counted once minimised; the construction may pass
+                                                  through regex.SUBSET_FACTOR times as many (bounded
+                                                  by the time and memory budgets too)
 LLMSERVE_CONSTRAINT_MAX_NFA_STATES     2000000    size of the expanded expression: counted
                                                   repetitions (``{n}``) and ``$ref`` fan-out are
                                                   counted before anything is built

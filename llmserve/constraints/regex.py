@@ -29,6 +29,11 @@ MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 MAX_REPEAT = 1000
 MAX_DFA_STATES = Limits.max_states  # the default; the limit in force is limits().max_states
+# The subset construction may pass through this many times the state limit before minimising: the
+# limit bounds the automaton kept (one mask row per state), and schemas whose branches share
+# structure (anyOf of objects, repeated $ref targets) determinise to many equivalent states that
+# minimisation merges. The construction itself stays bounded by the time and memory budgets.
+SUBSET_FACTOR = 8
 
 # --------------------------------------------------------------------------------------------
 # AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi|None)
@@ -645,6 +650,7 @@ def expanded_size(node, cap: int) -> int:
 
 def serialize_ast(node) -> np.ndarray:
     """The AST in the prefix int32 form the native builder reads (layout in csrc/dfa.h)."""
+    chunks: list[np.ndarray] = []
     out: list[int] = []
     stack = [node]
     while stack:
@@ -661,16 +667,43 @@ def serialize_ast(node) -> np.ndarray:
             out += (_REP, n[2], -1 if n[3] is None else n[3])
             stack.append(n[1])
         elif kind == "dfa":
-            dfa = n[1]
-            out += (_DFA, dfa.num_states, dfa.start, *(int(a) for a in dfa.accept))
-            for row in dfa.table:
-                runs = byte_ranges(row)
-                out.append(len(runs))
-                for run in runs:
-                    out += run
+            # the same automaton is embedded at every use of a shared $ref or free-form value:
+            # its encoding is computed once (per-row Python loops cost seconds on large schemas)
+            chunks += (np.array(out, dtype=np.int32), _dfa_words(n[1]))
+            out = []
         else:
             raise AssertionError(kind)
-    return np.array(out, dtype=np.int32)
+    chunks.append(np.array(out, dtype=np.int32))
+    return np.concatenate(chunks)
+
+
+def _dfa_words(dfa: ByteDFA) -> np.ndarray:
+    """An embedded automaton's encoding: kind, states, start, accept flags, then per row the count
+    of its (lo, hi, target) runs of equal live targets and the runs. Cached on the automaton."""
+    cached = dfa.__dict__.get("_words")
+    if cached is not None:
+        return cached
+    t = np.asarray(dfa.table, dtype=np.int32)
+    n = t.shape[0]
+    live = t >= 0
+    prev = np.full((n, 1), -2, np.int32)
+    nxt = np.full((n, 1), -2, np.int32)
+    starts = live & (t != np.hstack([prev, t[:, :-1]]))
+    ends = live & (t != np.hstack([t[:, 1:], nxt]))
+    rows, lo = np.nonzero(starts)  # row-major: runs in row order, bytes increasing
+    _, hi = np.nonzero(ends)
+    counts = np.bincount(rows, minlength=n)
+    head = np.array([_DFA, n, dfa.start], dtype=np.int32)
+    body = np.empty(n + 3 * len(rows), dtype=np.int32)
+    row_at = np.arange(n) + 3 * (np.cumsum(counts) - counts)  # where each row's count goes
+    body[row_at] = counts
+    first_run = row_at[rows] + 1 + 3 * (np.arange(len(rows)) - (np.cumsum(counts) - counts)[rows])
+    body[first_run] = lo
+    body[first_run + 1] = hi
+    body[first_run + 2] = t[rows, lo]
+    words = np.concatenate([head, np.asarray(dfa.accept, dtype=np.int32), body])
+    object.__setattr__(dfa, "_words", words)
+    return words
 
 
 def _check_size(node, lim: Limits) -> None:
@@ -685,13 +718,18 @@ def _check_size(node, lim: Limits) -> None:
 
 def _native_dfa(node, lim: Limits, deadline: float) -> ByteDFA:
     require_native()
-    left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+    words = serialize_ast(node)  # counted in the budget: before left_ms is taken
+    left_ms = int((deadline - time.monotonic()) * 1000)
+    if left_ms <= 0:
+        raise _time_budget_error(lim.compile_ms)
     try:
         table, accept = core.build_dfa(
-            serialize_ast(node), lim.max_states, lim.max_nfa_states, left_ms, lim.compile_mb << 20
+            words, lim.max_states * SUBSET_FACTOR, lim.max_nfa_states, left_ms, lim.compile_mb << 20
         )
     except ValueError as exc:
         raise _native_error(str(exc), lim) from None
+    if table.shape[0] > lim.max_states:
+        raise _states_error(lim.max_states)
     return ByteDFA(table, accept, 0)
 
 
@@ -701,7 +739,7 @@ def _native_error(message: str, lim: Limits) -> ConstraintError:
         return _time_budget_error(lim.compile_ms)
     if "memory budget" in message:
         return budget_error(message, f"{lim.compile_mb} MiB", ENV["compile_mb"])
-    if f"more than {lim.max_states} automaton" in message:
+    if f"more than {lim.max_states * SUBSET_FACTOR} automaton" in message:
         return _states_error(lim.max_states)
     if "automaton states" in message:
         return budget_error(message, f"{lim.max_nfa_states} states", ENV["max_nfa_states"])
@@ -725,8 +763,11 @@ def compile_ast(node, backend: str = "native", *, started: float | None = None) 
         raise ValueError(f"backend must be native or python, not {backend!r}")
     nfa = _NFA()
     s, e = nfa.build(node)
-    table, accept = _determinize(nfa, s, e, deadline, lim.max_states)
-    return _trim_and_minimize(table, accept)
+    table, accept = _determinize(nfa, s, e, deadline, lim.max_states * SUBSET_FACTOR)
+    dfa = _trim_and_minimize(table, accept)
+    if dfa.num_states > lim.max_states:
+        raise _states_error(lim.max_states)
+    return dfa
 
 
 def compile_regex(pattern: str, backend: str = "native") -> ByteDFA:

@@ -192,9 +192,10 @@ def format_ast(fmt: str):
     return parse(FORMATS[fmt])
 
 
-def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None):
+def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, started: float | None = None):
     """A JSON string (quotes included) whose decoded value matches every pattern (as a search), the
-    format if any, and has ``lo`` to ``hi`` characters (``hi`` None: unbounded)."""
+    format if any, and has ``lo`` to ``hi`` characters (``hi`` None: unbounded). ``started``: when
+    the compile whose time budget this shares began (default now)."""
     if lo < 0 or (hi is not None and hi < lo):
         raise ConstraintError(f"json_schema: bad minLength/maxLength ({lo}, {hi})")
     conditions = [pattern_ast(p) for p in patterns]
@@ -205,9 +206,9 @@ def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None):
     bodies = [encode(c) for c in conditions]
     if len(bodies) == 1:
         return ("cat", [QUOTE, bodies[0], QUOTE])
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     try:
-        dfa = intersect([compile_ast(b, started=started) for b in bodies])
+        dfa = intersect([compile_ast(b, started=started) for b in bodies], started=started)
     except ConstraintError as exc:
         if "no string satisfies" in exc.message or "matches no string" in exc.message:
             raise ConstraintError(
