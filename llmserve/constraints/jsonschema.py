@@ -11,8 +11,13 @@ subset is narrower than the schema it says so here:
   ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer),
   recursive ones unrolled ``MAX_RECURSION`` levels deep (deeper optional members, branches and
   array items are not generated; a schema that requires deeper nesting is refused), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
-  (``schema_merge.py``); ``oneOf`` only where its branches cannot both match (different types or
-  different ``const``/``enum`` values), since generating "exactly one" in general is not regular.
+  (``schema_merge.py``); ``oneOf`` generates only answers that match exactly one branch, since
+  "exactly one" in general is not regular: a branch is generated when its answers cannot match any
+  other (different types, listed values the other refuses, a discriminating property, a required
+  name the other lacks or forbids), after narrowing it where that separates it (requiring a
+  discriminating property, never generating a name another branch requires, arrays of disjoint items
+  non-empty); a branch that may still overlap another is not generated, and a ``oneOf`` with no
+  such branch left is refused. String values are checked against a pattern with Python's ``re``.
 * strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
   time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
   (``schema_strings.py``).
@@ -40,7 +45,8 @@ import time
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import ByteDFA, compile_ast, expanded_size, literal, parse
+from llmserve.constraints.limits import limits
+from llmserve.constraints.regex import ByteDFA, _time_budget_error, compile_ast, expanded_size, literal, parse
 from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
 from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, string_ast
@@ -155,6 +161,8 @@ class _Converter:
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self._any: tuple | None = None
         self.started = time.monotonic()  # automata built along the way share the compile time budget
+        self.budget_ms = limits().compile_ms
+        self.deadline = self.started + self.budget_ms / 1000
 
     def fail(self, what: str) -> ConstraintError:
         return ConstraintError(f"json_schema: {what}")
@@ -223,6 +231,8 @@ class _Converter:
     # ------------------------------------------------------------------ converting
 
     def convert(self, schema: Any, depth: int = 0, refs: tuple[str, ...] = ()):
+        if time.monotonic() > self.deadline:  # converting is part of compiling: one budget for both
+            raise _time_budget_error(self.budget_ms)
         if depth > MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
         if isinstance(schema, dict) and set(schema) == {"$ref"}:
@@ -311,7 +321,7 @@ class _Converter:
         if not merged:
             raise self.fail(f"no branch of {key} is satisfiable together with the keywords beside it")
         if key == "oneOf":
-            _check_exclusive([m for m, _ in merged])
+            merged = _exclusive_branches(merged)
         branches = []
         for m, sub_refs in merged:
             try:
@@ -354,7 +364,7 @@ class _Converter:
         fmt = schema.get("format")
         lo = _count(schema, "minLength", 0)
         hi = _count(schema, "maxLength", None)
-        return string_ast(patterns, fmt, lo, hi)
+        return string_ast(patterns, fmt, lo, hi, started=self.started)
 
     def _array(self, schema, depth, refs):
         items = schema.get("items")
@@ -507,6 +517,31 @@ def _json_type(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
+def _may_admit(schema: dict, value: Any) -> bool:
+    """False only when ``schema`` certainly refuses ``value``: by its type, or, for a string, by its
+    length bounds or a pattern (read by Python's ``re``, as the ``jsonschema`` validator does; a
+    pattern it cannot read decides nothing)."""
+    import re
+
+    types = types_of(schema)
+    t = _json_type(value)
+    if types is not None and t not in types and not (t == "integer" and "number" in types):
+        return False
+    if not isinstance(value, str):
+        return True
+    lo, hi = schema.get("minLength"), schema.get("maxLength")
+    if (isinstance(lo, int) and len(value) < lo) or (isinstance(hi, int) and len(value) > hi):
+        return False
+    pattern = schema.get("pattern")
+    for p in pattern if isinstance(pattern, list) else [pattern] if isinstance(pattern, str) else []:
+        try:
+            if re.search(p, value) is None:
+                return False
+        except re.error:
+            continue
+    return True
+
+
 def _count(schema: dict, key: str, default: int | None) -> Any:
     value = schema.get(key, default)
     if value is None:
@@ -534,31 +569,109 @@ def _constrains(schema: Any) -> bool:
     return any(k in _STRUCTURE or k in _ALL_TYPE_KEYWORDS or k in _UNSUPPORTED for k in schema)
 
 
-def _check_exclusive(branches: list) -> None:
-    """``oneOf`` is ``anyOf`` when no answer generated for one branch can match another: refuse it
-    otherwise."""
-    for i, a in enumerate(branches):
-        for j, b in enumerate(branches):
-            if i != j and not _excludes(a, b):
-                raise ConstraintError(
-                    "json_schema: oneOf branches that a value could match both of are not supported "
-                    "(give them different types, different const/enum values of a required property, "
-                    "or each a required property the others do not declare)"
-                )
+def _exclusive_branches(merged: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """``oneOf``: the branches whose generated answers cannot match any other branch, so that every
+    answer matches exactly one. A branch that might overlap another is not generated (a subset: its
+    values are still valid through the branches kept, or are left out); refused when none is left.
+    Arrays whose items exclude each other's overlap only on ``[]``: they keep at least one item."""
+    schemas = []
+    for i, (m, _) in enumerate(merged):
+        others = [o for j, (o, _) in enumerate(merged) if j != i]
+        schemas.append(_separated(_non_empty_if_items_exclusive(m, others), others))
+    kept = [
+        (schemas[i], refs)
+        for i, (_, refs) in enumerate(merged)
+        if all(_excludes(schemas[i], other) for j, (other, _) in enumerate(merged) if j != i)
+    ]
+    if not kept:
+        raise ConstraintError(
+            "json_schema: oneOf branches that a value could match both of are not supported "
+            "(give them different types, different const/enum values of a required property, "
+            "or each a required property the others do not declare)"
+        )
+    return kept
+
+
+def _non_empty_if_items_exclusive(a: Any, others: list) -> Any:
+    """``a`` with ``minItems`` at least 1 when it is an array schema whose items exclude the items of
+    every other array branch (the empty array matches them all)."""
+    if (
+        not isinstance(a, dict)
+        or types_of(a) != {"array"}
+        or not isinstance(a.get("items"), dict)
+        or "prefixItems" in a
+    ):
+        return a
+    arrays = [o for o in others if isinstance(o, dict) and "array" in (types_of(o) or {"array"})]
+    if not all(
+        isinstance(o.get("items"), dict) and "prefixItems" not in o and _disjoint(a["items"], o["items"])
+        for o in arrays
+    ):
+        return a
+    if isinstance(a.get("minItems"), int) and a["minItems"] >= 1:
+        return a
+    return {**a, "minItems": 1}
+
+
+def _separated(a: Any, others: list) -> Any:
+    """Object branch ``a`` narrowed (a subset of it) so that its answers fail each other branch it
+    may overlap: a property both declare with disjoint schemas becomes required in ``a``, or else a
+    name the other requires and ``a`` does not is never generated in ``a`` (``a``'s answers hold
+    only the names it declares)."""
+    if not isinstance(a, dict) or _generated_types(a) != {"object"} or not a.get("properties"):
+        return a
+    for b in others:
+        if not isinstance(b, dict) or _excludes(a, b):
+            continue
+        props, b_props = a["properties"], b.get("properties") or {}
+        required = list(a.get("required", []))
+        shared = [n for n in props if n in b_props and props[n] is not False and _disjoint(props[n], b_props[n])]
+        if not shared and b.get("additionalProperties") is False and not b.get("patternProperties"):
+            shared = [n for n in props if n not in b_props and props[n] is not False]  # b refuses these names
+        if shared:
+            a = {**a, "required": [*required, shared[0]]}
+            continue
+        missing = [n for n in b.get("required", []) if isinstance(n, str) and n not in required]
+        if missing:
+            a = {**a, "properties": {**props, missing[0]: False}}
+    return a
+
+
+def _generated_types(schema: dict) -> set[str] | None:
+    """The types the converter generates for ``schema`` (its ``type``, or else those its keywords
+    imply, as ``_Converter._implied_types``)."""
+    types = types_of(schema)
+    if types is None and "anyOf" not in schema and "oneOf" not in schema and values_of(schema) is None:
+        types = {t for t, keys in _TYPE_KEYWORDS.items() if keys & set(schema) and t != "integer"} or None
+    return types
 
 
 def _excludes(a: Any, b: Any) -> bool:
     """Whether every answer generated for schema ``a`` fails schema ``b``."""
     if _disjoint(a, b):
         return True
-    if not isinstance(a, dict) or not isinstance(b, dict) or types_of(a) != {"object"}:
+    if not isinstance(a, dict) or not isinstance(b, dict):
         return False
-    # a's answers hold only a's declared or required names (when it declares any)
-    names = set(a.get("properties") or {}) | set(a.get("required", []))
-    if a.get("properties") and any(n not in names for n in b.get("required", [])):
+    if _generated_types(a) == {"array"} and isinstance(a.get("minItems"), int) and a["minItems"] >= 1:
+        # a's arrays hold an item, and no item of a's can be an item of b's
+        items_a, items_b = a.get("items"), b.get("items")
+        positional = "prefixItems" in a or "prefixItems" in b
+        if isinstance(items_a, dict) and isinstance(items_b, dict) and not positional and _disjoint(items_a, items_b):
+            return True
+    if _generated_types(a) != {"object"}:
+        return False
+    # a's answers hold only a's declared or required names (when it declares any; a property whose
+    # schema is false is never generated)
+    props = a.get("properties") or {}
+    names = {n for n, v in props.items() if v is not False} | set(a.get("required", []))
+    if props and any(n not in names for n in b.get("required", [])):
         return True
-    # a requires a name b does not allow
+    # a requires a name whose value b's schema for it cannot take
     b_props = b.get("properties") or {}
+    for n in a.get("required", []):
+        if n in props and n in b_props and _disjoint(props[n], b_props[n]):
+            return True
+    # a requires a name b does not allow
     if b.get("additionalProperties") is False and not b.get("patternProperties"):
         return any(n not in b_props for n in a.get("required", []))
     return False
@@ -569,6 +682,11 @@ def _disjoint(a: Any, b: Any) -> bool:
     discriminator (a property both require, with disjoint schemas)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a is False or b is False
+    # a member of an allOf admits every value the whole does: disjoint from it, the whole is too
+    for x, y in ((a, b), (b, a)):
+        subs = x.get("allOf")
+        if isinstance(subs, list) and any(_disjoint(sub, y) for sub in subs):
+            return True
     ta, tb = types_of(a), types_of(b)
     if ta is not None and tb is not None:
         wa = ta | ({"integer"} if "number" in ta else set())
@@ -578,6 +696,9 @@ def _disjoint(a: Any, b: Any) -> bool:
     va, vb = values_of(a), values_of(b)
     if va is not None and vb is not None and not {canonical(v) for v in va} & {canonical(v) for v in vb}:
         return True
+    for values, other in ((va, b), (vb, a)):  # listed values none of which the other admits
+        if values is not None and not any(_may_admit(other, v) for v in values):
+            return True
     pa, pb = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required", [])) & set(b.get("required", [])):
         sa, sb = pa.get(name), pb.get(name)

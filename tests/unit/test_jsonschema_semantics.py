@@ -366,3 +366,62 @@ def test_a_recursion_the_schema_requires_deeper_than_the_bound_is_refused():
     endless = {"$defs": {"a": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}}}
     with pytest.raises(ConstraintError, match="recursive"):
         dfa_of({**endless, "$ref": "#/$defs/a"})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # a listed value of one branch that the other's type (or pattern) refuses
+        {"oneOf": [{"enum": [False]}, {"type": "string"}]},
+        {"oneOf": [{"enum": ["none"]}, {"type": "string", "pattern": "^[0-9]+[smh]$"}]},
+        # a discriminator behind allOf
+        {
+            "type": "object",
+            "required": ["v"],
+            "oneOf": [
+                {"properties": {"v": {"allOf": [{"type": "string"}, {"const": "1"}]}, "a": {"type": "integer"}}},
+                {"properties": {"v": {"allOf": [{"type": "string"}, {"const": "2"}]}, "b": {"type": "integer"}}},
+            ],
+        },
+        # each branch requires a name the other declares: never generated in the other
+        {
+            "type": "object",
+            "properties": {"deny": {"type": "string"}, "grant": {"type": "string"}},
+            "oneOf": [{"required": ["deny"]}, {"required": ["grant"]}],
+        },
+        # one optional property each, nothing else allowed: both accept {}, so each requires its own
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"only": {"type": "boolean"}}, "additionalProperties": False},
+                {"type": "object", "properties": {"except": {"type": "boolean"}}, "additionalProperties": False},
+            ]
+        },
+        # arrays whose items exclude each other's overlap only on []
+        {
+            "oneOf": [
+                {"type": "array", "items": {"enum": ["top", "left"]}},
+                {"type": "array", "items": {"enum": ["vertical"]}},
+            ]
+        },
+        # integer and number overlap: only the string branch is generated
+        {"oneOf": [{"type": "integer"}, {"type": "number"}, {"type": "string", "maxLength": 3}]},
+    ],
+)
+def test_oneof_generates_only_answers_that_match_exactly_one_branch(schema):
+    assert_samples_valid(schema, n=80)
+
+
+def test_oneof_with_only_overlapping_branches_is_refused():
+    with pytest.raises(ConstraintError, match="oneOf"):
+        dfa_of({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^a"}]})
+
+
+def test_an_embedded_automaton_is_encoded_as_runs_of_equal_targets_per_row():
+    from llmserve.constraints.regex import _DFA, _dfa_words, byte_ranges, compile_regex
+
+    dfa = compile_regex("[a-c]x|[^b]y+|\\d{2}")
+    expected = [_DFA, dfa.num_states, dfa.start, *(int(a) for a in dfa.accept)]
+    for row in dfa.table:
+        runs = byte_ranges(row)
+        expected += [len(runs), *(x for run in runs for x in run)]
+    np.testing.assert_array_equal(_dfa_words(dfa), np.array(expected, dtype=np.int32))
