@@ -62,7 +62,10 @@ def restricted_api(tmp_path_factory):
     started: server-side dry-run (dryRun=All) runs the whole admission chain without storing the pod."""
     from kubernetes import client
 
-    bindir = Path(subprocess.run([str(SCRIPT), "build"], capture_output=True, text=True, check=True).stdout.split()[-1])
+    built = subprocess.run([str(SCRIPT), "build"], capture_output=True, text=True, timeout=3600)
+    if built.returncode != 0:
+        pytest.fail(f"scripts/k8s-test-cluster build failed:\n{built.stderr[-4000:]}", pytrace=False)
+    bindir = Path(built.stdout.split()[-1])
     d = tmp_path_factory.mktemp("psp-apiserver")
     token = uuid.uuid4().hex
     (d / "tokens.csv").write_text(f"{token},llmserve-admin,llmserve-admin,system:masters\n")
