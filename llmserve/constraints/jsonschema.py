@@ -18,6 +18,8 @@ subset is narrower than the schema it says so here:
   discriminating property, never generating a name another branch requires, arrays of disjoint items
   non-empty); a branch that may still overlap another is not generated, and a ``oneOf`` with no
   such branch left is refused. String values are checked against a pattern with Python's ``re``.
+* ``if``/``then``/``else``: answers satisfy ``if`` and ``then`` (``else`` with ``if: false``);
+  values that fail ``if`` are not generated (a subset).
 * strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
   time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
   (``schema_strings.py``).
@@ -99,7 +101,7 @@ _TYPE_KEYWORDS = {
 }
 _ALL_TYPE_KEYWORDS = set().union(*_TYPE_KEYWORDS.values())
 # the vocabulary that may change validation and that no branch below implements
-_UNSUPPORTED = {"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"}
+_UNSUPPORTED = {"not", "$dynamicRef", "$recursiveRef"}
 # keywords of a type that no branch below implements yet (refused by name when present)
 _UNSUPPORTED_OF_TYPE = {
     "object": {"unevaluatedProperties"},
@@ -202,14 +204,26 @@ class _Converter:
                 target, refs = self.normalize(self.resolve(ref), refs)
                 schema = self._merge(target, rest) if _constrains(rest) else target
                 continue
+            if "if" in schema or "then" in schema or "else" in schema:
+                schema = _conditional(schema)
+                continue
             if "allOf" in schema:
                 subs = schema["allOf"]
                 if not isinstance(subs, list) or not subs:
                     raise self.fail("allOf must be a non-empty list")
                 out = {k: v for k, v in schema.items() if k != "allOf"}
+                conditional = any(isinstance(sub, dict) and "if" in sub for sub in subs)
                 for sub in subs:
                     sub, refs = self.normalize(sub, refs)
-                    out = self._merge(out, sub)
+                    try:
+                        out = self._merge(out, sub)
+                    except Unsatisfiable:
+                        if not conditional:
+                            raise
+                        raise Unsatisfiable(
+                            "json_schema: if/then/else generates only values that satisfy its 'if' (a subset), "
+                            "and no value satisfies every 'if' here together with the rest of the schema"
+                        ) from None
                 schema = out
                 continue
             return schema, refs
@@ -501,6 +515,20 @@ class _Converter:
                 raise
             return _lit("{}")
         return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
+
+
+def _conditional(schema: dict) -> dict:
+    """``if``/``then``/``else`` as a conjunction: the answers generated satisfy ``if`` and so must
+    satisfy ``then`` (``else`` never applies to them); with ``if: false`` they must satisfy ``else``.
+    Answers that fail ``if`` are not generated (a subset: which values fail a schema is not
+    something this converter can generate). ``then``/``else`` without ``if`` have no effect."""
+    rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+    if "if" not in schema:
+        return rest
+    cond = schema["if"]
+    if cond is False:
+        return {"allOf": [rest, schema.get("else", True)]}
+    return {"allOf": [rest, cond, schema.get("then", True)]}
 
 
 def _json_type(value: Any) -> str:
