@@ -130,13 +130,28 @@ def test_a_rollout_keeps_the_key_and_refuses_to_change_it_unless_rotated(kcli, k
     )
     assert rc == 0, text
     assert list(_live(kube_api, ns).values()) == [("2", "rotated:token")]
+    assert generated.split(":")[0] not in _secrets(kube_api, ns)  # the rotated-out key is not kept
 
     # a missing Secret is a clear error before anything changes
     rc, out, text = kcli.run("deploy", str(k8s_packages["v1"]), "--api-key-secret", "nope", "--rotate-api-key", *FAST)
     assert rc != 0 and "Secret nope" in out["message"], text
 
-    # down removes the Secret llmserve generated, never the operator's
+    # rotated again, to a key from a file: llmserve keeps it in a Secret of its own
+    key_file.write_text("the-third-key-0123456789")
+    rc, out, text = kcli.run(
+        "deploy", str(k8s_packages["v3"]), "--api-key-file", str(key_file), "--rotate-api-key", *FAST
+    )
+    assert rc == 0, text
+    ((ver, created),) = _live(kube_api, ns).values()
+    assert ver == "3" and created.startswith(f"{MODEL}-api-key-") and created != generated
+    assert _secret_value(kube_api, ns, created) == "the-third-key-0123456789"
+
+    # down removes the Secret llmserve created, never the operator's
     rc, out, text = kcli.run("deploy", "down", MODEL, "--drain-timeout", "1")
     assert rc == 0, text
-    names = {s.metadata.name for s in client.CoreV1Api(kube_api).list_namespaced_secret(ns).items}
-    assert generated.split(":")[0] not in names and "rotated" in names
+    names = _secrets(kube_api, ns)
+    assert created.split(":")[0] not in names and "rotated" in names
+
+
+def _secrets(kube_api, ns) -> set[str]:
+    return {s.metadata.name for s in client.CoreV1Api(kube_api).list_namespaced_secret(ns).items}

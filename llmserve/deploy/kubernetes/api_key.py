@@ -128,9 +128,11 @@ class ApiKeys:
             self.report(f"API key rotated: {_show(live_ref)} -> {_show(want)}", warning=True)
         return want
 
-    def remove_created(self, name: str) -> list[str]:
+    def remove_created(self, name: str, keep: set[str] | None = None) -> list[str]:
+        """Delete the Secrets llmserve created for `name`, but those named in `keep`."""
         sel = f"{L_DEPLOYMENT}={name},{L_API_KEY}=true"
         items = api_call("list Secrets", self.c.core.list_namespaced_secret, self.c.namespace, label_selector=sel).items
+        items = [s for s in items if s.metadata.name not in (keep or set())]
         for s in items:
             api_call(
                 f"delete Secret {s.metadata.name}",

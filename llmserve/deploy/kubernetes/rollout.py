@@ -25,8 +25,17 @@ from llmserve.deploy import interface as iface
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
 from llmserve.deploy.kubernetes import manifests
 from llmserve.deploy.kubernetes.api_key import ApiKeyOptions, ApiKeys
-from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_STRATEGY, L_VERSION, Cluster, api_call, dns_name
-from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, ClusterState, LeaseLock
+from llmserve.deploy.kubernetes.cluster import (
+    L_COLOR,
+    L_DEPLOYMENT,
+    L_STRATEGY,
+    L_VERSION,
+    Cluster,
+    KubernetesAPIError,
+    api_call,
+    dns_name,
+)
+from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, RUNNING, ClusterState, LeaseLock
 from llmserve.deploy.rollout import RED_BLACK, VERSIONED, DeployOptions
 from llmserve.deploy.source import PackageSource, is_reference, open_source
 
@@ -298,13 +307,31 @@ class KubernetesDeployer:
                 "model_id": m.modelId,
                 "api_key_secret": list(key_ref) if key_ref else None,
             }
-            if opts.strategy == VERSIONED:
-                result = self._versioned(name, state, opts, base)
-            else:
-                result = self._red_black(name, state, opts, base)
+            try:
+                if opts.strategy == VERSIONED:
+                    result = self._versioned(name, state, opts, base)
+                else:
+                    result = self._red_black(name, state, opts, base)
+            finally:
+                self._prune_keys(name, state)
             if recovered:
                 result["recovered"] = recovered
             return result
+
+    def _prune_keys(self, name: str, state: ClusterState) -> None:
+        """Delete the key Secrets llmserve created that no Deployment and no open rollout reads any more
+        (a rotated-out key, the key of a rollout that was undone): an old key must not linger as a secret."""
+        try:
+            keep = {ref[0] for d in self._deployments(name) if (ref := _key_of(d))}
+            if state.exists():
+                open_ = [r for r in state.load()["rollouts"] if r["status"] == RUNNING]
+                keep |= {str(r["api_key_secret"][0]) for r in open_ if r.get("api_key_secret")}
+            gone = self.keys.remove_created(name, keep)
+        except KubernetesAPIError as exc:  # best effort: never hide the rollout's own outcome
+            self.report(f"unused API key Secrets not removed: {exc.message}", warning=True)
+            return
+        for obj in gone:
+            self.report(f"removed {obj} (its key is no longer used)")
 
     def rollback(self, name: str, to_version: int | None = None, opts: DeployOptions | None = None) -> dict:
         opts = opts or DeployOptions(package=Path("."))
