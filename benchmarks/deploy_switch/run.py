@@ -492,6 +492,8 @@ def main() -> int:
             time.sleep(0.5)
             left = _marked(str(work))
         results["left_after_down"] = [f"{p} {_cmdline(p)[:100]}" for p in left]
+        if left:
+            print(f"left after deploy down (killed now): {results['left_after_down']}", file=sys.stderr)
         for p in left:  # started by this run: stop them, and fail the run
             try:
                 os.kill(p, signal.SIGKILL)
