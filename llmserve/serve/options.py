@@ -107,10 +107,14 @@ class ServeOptions:
     def __post_init__(self) -> None:
         env_key = os.environ.get(API_KEY_ENV) or None
         if self.api_key_file is not None:
-            if self.api_key is not None or env_key is not None:
+            from_file = read_api_key_file(Path(self.api_key_file))
+            # Options are copied with dataclasses.replace once packages are resolved, which runs this
+            # again with the key already read: the file's own key is not a second source.
+            other = self.api_key if self.api_key is not None else env_key
+            if other is not None and (self.api_key is None or self.api_key != from_file):
                 given = "--api-key" if self.api_key is not None and self.api_key != env_key else API_KEY_ENV
                 raise ApiKeyError(f"the API key is given twice: by --api-key-file and by {given}")
-            self.api_key = read_api_key_file(Path(self.api_key_file))
+            self.api_key = from_file
         elif self.api_key is None:
             self.api_key = env_key
         if self.max_n < 1:
