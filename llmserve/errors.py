@@ -142,6 +142,7 @@ MODULE_EXTRAS: dict[str, str] = {
     # `llmserve deploy | status | rollback`
     "httpx": "deploy",
     "aiohttp": "deploy",
+    "yarl": "deploy",
     # `llmserve push | pull` and s3:// package references
     "boto3": "store",
     "botocore": "store",

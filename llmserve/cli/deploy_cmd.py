@@ -46,7 +46,7 @@ deploy_app = typer.Typer(
     cls=_DefaultUp,
     no_args_is_help=True,
     rich_markup_mode="rich",
-    help="""Deploy packages with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`.
+    help="""Deploy packages with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`; `deploy doctor` checks a local state folder against the processes running for it.
 
 --target local (default): every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...). State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
 
@@ -178,14 +178,24 @@ def up(
     api_key_file: Path = typer.Option(
         None,
         "--api-key-file",
-        help="kubernetes: a file (chmod 600) holding the API key, put in a Secret llmserve creates. "
-        "Else LLMSERVE_API_KEY, if set.",
+        help="A file (chmod 600) holding the deployment's API key, else LLMSERVE_API_KEY if set. Local: the "
+        "gateway wants it on every route but /health (file under the state folder); kubernetes: put in a Secret "
+        "llmserve creates. With neither, a new deployment gets a generated key, a live one keeps its key.",
     ),
     rotate_api_key: bool = typer.Option(
-        False, "--rotate-api-key", help="kubernetes: confirm that this rollout changes the deployment's API key."
+        False, "--rotate-api-key", help="Confirm that this rollout changes the deployment's API key."
     ),
     no_api_key: bool = typer.Option(
-        False, "--no-api-key", help="kubernetes: pods take requests without an API key (auth is done in front)."
+        False,
+        "--no-api-key",
+        help="Take requests without an API key (auth is done in front). Changing a keyed deployment to open needs "
+        "--rotate-api-key.",
+    ),
+    hold_timeout: float = typer.Option(
+        None,
+        "--hold-timeout",
+        help="local: seconds a request waits at the gateway for a server being restarted. Default: --health-timeout "
+        "(as long as a restart may take). Kept.",
     ),
     output: OutputOpt = OutputFormat.text,
 ) -> None:
@@ -243,27 +253,37 @@ def up(
             cpu_limit=cpu_limit,
             memory_limit=memory_limit,
         )
-        keys = kube_api_key(api_key_secret, api_key_file, rotate_api_key, no_api_key)
+        from llmserve.deploy.kubernetes import ApiKeyOptions
+
+        keys = ApiKeyOptions(api_key_secret, *given_api_key(api_key_file), no_api_key, rotate_api_key)
         deployer = kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas)
         result = deployer.use_api_key(keys).deploy(opts)
     else:
+        from llmserve.deploy.errors import DeployInputError
+        from llmserve.deploy.local_keys import KeyRequest
+
+        if api_key_secret is not None:
+            raise DeployInputError(
+                "--api-key-secret names a Kubernetes Secret: the local target takes --api-key-file or LLMSERVE_API_KEY"
+            )
+        opts.api_key = KeyRequest(*given_api_key(api_key_file), no_api_key, rotate_api_key)
+        opts.hold_timeout_s = hold_timeout
         result = Deployer(StateStore(state_dir), reporter(output)).deploy(opts)
     render_result(result, output)
 
 
-def kube_api_key(secret: str | None, key_file: Path | None, rotate: bool, open_: bool):
-    """The Kubernetes API key options; the key itself only from a file or the environment, never argv."""
+def given_api_key(key_file: Path | None) -> tuple[str | None, str]:
+    """The key a deploy brings and where it came from; only from a file or the environment, never argv."""
     import os
 
-    from llmserve.deploy.kubernetes import ApiKeyOptions
     from llmserve.serve.options import API_KEY_ENV, ApiKeyError, read_api_key_file
 
     env_key = os.environ.get(API_KEY_ENV) or None
     if key_file is not None and env_key is not None:
         raise ApiKeyError(f"the API key is given twice: --api-key-file and {API_KEY_ENV}")
     if key_file is not None:
-        return ApiKeyOptions(secret, read_api_key_file(key_file), f"--api-key-file {key_file}", open_, rotate)
-    return ApiKeyOptions(secret, env_key, API_KEY_ENV if env_key else "", open_, rotate)
+        return read_api_key_file(key_file), f"--api-key-file {key_file}"
+    return env_key, API_KEY_ENV if env_key else ""
 
 
 @deploy_app.command("down")
@@ -293,6 +313,47 @@ def down(
         print_json(result)
     else:
         console.print(f"[green]removed[/] {name}", highlight=False)
+
+
+@deploy_app.command("doctor")
+def doctor(
+    state_dir: StateDirOpt = None,
+    fix: bool = typer.Option(
+        False, "--fix", help="Move an unreadable database aside and stop the processes no database records."
+    ),
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Check a local state folder against the processes that run for it: every server, gateway and watchdog
+    a deployment starts is tagged with its state folder, so they are found even when the database was
+    deleted or damaged. Exits 7 while something is wrong (an unreadable database, processes it does not
+    record); --fix moves the database aside (never deletes it) and stops those processes, whole process
+    trees included. Then deploy again.
+
+    Examples:
+
+        llmserve deploy doctor
+
+        llmserve deploy doctor --fix --state-dir /srv/llmserve/state -o json
+    """
+    from llmserve.deploy import doctor as doc
+    from llmserve.deploy.state import default_state_dir
+    from llmserve.errors import ExitCode
+
+    root = state_dir or default_state_dir()
+    result = doc.repair(root) if fix else doc.diagnose(root)
+    if output is OutputFormat.json:
+        print_json(result.to_dict())
+    else:
+        console.print(f"state folder {root}: database {result.database}", highlight=False)
+        for p in result.processes:
+            flag = " [red]not in the database[/]" if p in result.orphans else ""
+            console.print(f"  pid {p.pid} {p.role} of '{p.deployment}'{flag}", highlight=False)
+        for action in result.actions:
+            console.print(f"[green]done:[/] {action}", highlight=False)
+        if not result.healthy and not fix:
+            console.print("hint: `llmserve deploy doctor --fix` repairs it; then deploy again.", highlight=False)
+    if not result.healthy and not fix:
+        raise typer.Exit(ExitCode.ENGINE)
 
 
 def register(app: typer.Typer) -> None:

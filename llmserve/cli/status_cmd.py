@@ -64,7 +64,8 @@ ApiKeyOpt = Annotated[
         "--api-key",
         envvar="LLMSERVE_API_KEY",
         show_envvar=True,
-        help="Bearer key sent to the servers' /metrics (servers started with --api-key want it there too).",
+        help="Bearer key sent to the servers' /metrics: Kubernetes pods, and local servers whose key the state "
+        "folder does not hold (local deployments made by this llmserve record their servers' key and use it).",
     ),
 ]
 
@@ -114,7 +115,12 @@ def status(
     names = [name] if name else [d.name for d in store.deployments()]
     results = [status_of(store, n, events=history) for n in names]
     if figures is not None:
-        status_figures.attach_local(results, figures.interval, figures.timeout, figures.api_key)
+        from llmserve.deploy.local_keys import key_files
+
+        # The servers want the deployment's server key (the gateway's is for callers): the state has it.
+        for r in results:
+            key = key_files(store.root, r["deployment"]).backend_key() or figures.api_key
+            status_figures.attach_local([r], figures.interval, figures.timeout, key)
     if output is OutputFormat.json:
         print_json(results[0] if name else {"deployments": results})
     else:

@@ -6,6 +6,7 @@ from llmserve.errors import (
     EngineError,
     ExitCode,
     IncompatibleError,
+    IntegrityError,
     InvalidInputError,
     LLMServeError,
     NotFoundError,
@@ -48,3 +49,9 @@ class GatewayError(UnavailableError):
 
 class DeployInputError(InvalidInputError):
     code = "invalid-deploy-input"
+
+
+class StateUnreadableError(IntegrityError):
+    """The state database is damaged: SQLite cannot read it."""
+
+    code = "deploy-state-unreadable"

@@ -20,7 +20,13 @@ are counted per backend (`GET /-/stats`), and the CLI stops a backend only once 
 A connection refused/reset before any response byte is retried on another pick (inference is free of
 side effects), so a backend that dies between health checks does not fail the caller.
 
-Admin endpoints (loopback): POST /-/reload, GET /-/stats, GET /-/routes, GET /health.
+Authentication (llmserve.deploy.local_keys): when the deployment has a key, every route but GET /health
+wants it (`Authorization: Bearer KEY` or `X-API-Key`); requests are forwarded with the servers' own key
+instead of the caller's. Admin endpoints (POST /-/reload, GET /-/stats, GET /-/routes) want the key too
+and answer on loopback only.
+
+Self-healing (llmserve.deploy.supervisor): servers that die are taken out of rotation at once and
+restarted; a request with no backend left waits for one (up to the deployment's hold timeout).
 Idle versions: when the deployment's config has `idle_timeout_s`, the gateway stops pinned-only
 versions idle that long (never a default-pool version, never the newest), under the deployment lock.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -43,6 +50,7 @@ from aiohttp import web
 from yarl import URL
 
 from llmserve.deploy import procs
+from llmserve.deploy.local_keys import key_files
 from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, StateStore
 from llmserve.deploy.supervisor import Health, Supervisor
 
@@ -61,9 +69,12 @@ HOP_BY_HOP = {
     "content-length",
 }
 VERSION_HEADER = "x-model-version"
+GATEWAY_ONLY = {VERSION_HEADER, "authorization", "x-api-key"}  # consumed here, not forwarded as sent
 KSERVE_VERSIONED = re.compile(r"^/v2/models/([^/]+)/versions/([^/]+)(/.*)?$")
 RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-DEFAULT_HOLD_S = 120.0  # how long a request waits for a backend being restarted (config hold_timeout_s)
+DEFAULT_HOLD_S = (
+    300.0  # how long a request waits for a restarting backend (config hold_timeout_s, else health_timeout_s)
+)
 MAX_HELD = 1024  # requests held at once; more get 503 at once
 
 
@@ -131,8 +142,31 @@ class Gateway:
         self.down: set[int] = set()  # routed backends that cannot take requests now
         self.recovering: set[int] = set()  # ... of which the supervisor is bringing these back
         self.held = 0  # requests waiting for a backend to come back
-        self.hold_s = DEFAULT_HOLD_S
+        dep = store.deployment(deployment)
+        self.hold_s = hold_timeout(dep.config if dep else {})
         self._changed: asyncio.Event | None = None  # set (and replaced) when backends come or go
+        self.keys = key_files(store.root, deployment)
+        self.client_key: bytes | None = None  # None: the deployment is open
+        self.backend_key: str | None = None
+        self._keys_seen: tuple = ()
+        self.load_keys()
+
+    def load_keys(self) -> None:
+        """(Re)read the key files when they changed (a rotation writes a new client key)."""
+        seen = tuple(_mtime(p) for p in (self.keys.client, self.keys.backend))
+        if seen != self._keys_seen:
+            client = self.keys.client_key()
+            self.client_key = client.encode() if client else None
+            self.backend_key = self.keys.backend_key()
+            self._keys_seen = seen
+            log.info("API key %s", "required" if client else "not required (open deployment)")
+
+    def authorized(self, request: web.Request) -> bool:
+        if self.client_key is None:
+            return True
+        presented = request.headers.get("Authorization", "")
+        token = presented[7:].strip() if presented[:7].lower() == "bearer " else request.headers.get("X-API-Key", "")
+        return hmac.compare_digest(token.encode(), self.client_key)
 
     # -- table --------------------------------------------------------------------------------
     def _set_table(self, gen: int, routes: Routes) -> None:
@@ -205,7 +239,8 @@ class Gateway:
 
     # -- handlers -----------------------------------------------------------------------------
     async def handle_reload(self, request: web.Request) -> web.Response:
-        _loopback_only(request)
+        await asyncio.to_thread(self.load_keys)  # first: a rotation's CLI presents the new key
+        self._admin(request)
         gen = await asyncio.to_thread(self.store.routes, self.deployment)
         # Swap in the loop thread: picks never see a half-applied table.
         if gen[0] != self.table.generation:
@@ -214,7 +249,7 @@ class Gateway:
         return web.json_response({"generation": self.table.generation})
 
     async def handle_stats(self, request: web.Request) -> web.Response:
-        _loopback_only(request)
+        self._admin(request)
         return web.json_response(
             {
                 "generation": self.table.generation,
@@ -226,7 +261,7 @@ class Gateway:
         )
 
     async def handle_routes(self, request: web.Request) -> web.Response:
-        _loopback_only(request)
+        self._admin(request)
         return web.json_response({"generation": self.table.generation, **self.table.routes.to_dict()})
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -246,15 +281,30 @@ class Gateway:
             {"status": status, "generation": self.table.generation, "down": down}, status=200 if up else 503
         )
 
+    def _admin(self, request: web.Request) -> None:
+        _loopback_only(request)
+        if not self.authorized(request):
+            raise web.HTTPUnauthorized(text="missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
+
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
+        if not self.authorized(request):
+            message = "missing or invalid API key: send 'Authorization: Bearer <key>'"
+            refusal: dict = (
+                {"error": message}  # KServe v2 clients read a string
+                if request.path.startswith("/v2")
+                else {"error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}}
+            )
+            return web.json_response(refusal, status=401, headers={"WWW-Authenticate": "Bearer"})
         body = await request.read()
         try:
             version, path, body = self._requested(request, body)
         except NoRoute as exc:
             return _error(exc.status, exc.message)
-        headers = {
-            k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != VERSION_HEADER
-        }
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | GATEWAY_ONLY}
+        if self.backend_key:
+            headers["Authorization"] = f"Bearer {self.backend_key}"  # the servers' key, not the caller's
+        elif "authorization" in {k.lower() for k in request.headers}:
+            headers["Authorization"] = request.headers["Authorization"]
         tried: set[int] = set()
         last_exc: BaseException | None = None
         deadline: float | None = None
@@ -272,6 +322,7 @@ class Gateway:
                     deadline = asyncio.get_running_loop().time() + self.hold_s
                 if self.held >= MAX_HELD or not await self._wait_for_backend(deadline):
                     why = f"last error: {last_exc}" if last_exc else f"held {self.hold_s:g} s"
+                    log.warning("gave up on a request after holding it: %s (%d held)", why, self.held)
                     return _error(503, f"no server of this deployment could take the request ({why})")
                 tried.clear()
                 continue
@@ -353,6 +404,7 @@ class Gateway:
                     log.info("routes generation %d picked up by polling", gen)
                 if tick % 10 == 0:
                     await asyncio.to_thread(self.store.touch_instances, dict(self.last_request))
+                    await asyncio.to_thread(self.load_keys)
                 if tick % 10 == 5:
                     await self._reap()
             except Exception:  # keep serving whatever happens to the database
@@ -361,7 +413,7 @@ class Gateway:
     async def _reap(self) -> None:
         dep = await asyncio.to_thread(self.store.deployment, self.deployment)
         if dep is not None:
-            self.hold_s = float(dep.config.get("hold_timeout_s") or DEFAULT_HOLD_S)
+            self.hold_s = hold_timeout(dep.config)
         idle = (dep.config or {}).get("idle_timeout_s") if dep else None
         if not idle:
             return
@@ -427,6 +479,19 @@ def _as_version(text: str) -> int:
     if v < 1:
         raise NoRoute(400, f"model version must be a positive integer, got '{text}'")
     return v
+
+
+def hold_timeout(config: dict) -> float:
+    """By default a request waits as long as a restart may take: giving up earlier would fail requests
+    the restart is about to serve."""
+    return float(config.get("hold_timeout_s") or config.get("health_timeout_s") or DEFAULT_HOLD_S)
+
+
+def _mtime(path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def _loopback_only(request: web.Request) -> None:

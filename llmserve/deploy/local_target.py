@@ -9,8 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from llmserve.deploy import procs
+from llmserve.deploy import doctor, procs
 from llmserve.deploy.errors import GatewayError, HealthCheckFailedError
+from llmserve.deploy.local_keys import KEY_ENV, key_files
 from llmserve.deploy.state import DRAINING, FAILED, SERVING, STARTING, STOPPED, Deployment, Instance, Routes, StateStore
 
 
@@ -52,7 +53,7 @@ class LocalTarget:
             argv,
             self.store.log_file(dep.name, "gateway"),
             self.store.pid_file(dep.name, "gateway"),
-            env=os.environ.copy(),
+            env=daemon_env(self.store.root, dep.name),
         )
         self.store.set_gateway_process(dep.name, launched.pid, launched.start, launched.session)
         dep = self.store.require(dep.name)
@@ -84,7 +85,7 @@ class LocalTarget:
         gen = self.store.set_routes(dep.name, routes, rollout=rollout, why=why)
         for _attempt in range(3):
             try:
-                r = httpx.post(dep.gateway_url + "/-/reload", timeout=10)
+                r = httpx.post(dep.gateway_url + "/-/reload", headers=self._admin_headers(dep), timeout=10)
                 if r.status_code == 200 and r.json()["generation"] >= gen:
                     return gen
             except httpx.HTTPError:
@@ -92,9 +93,13 @@ class LocalTarget:
             dep = self.ensure_gateway(self.store.require(dep.name))  # a dead gateway restarts on the new table
         raise GatewayError(f"the gateway of '{dep.name}' did not apply routes generation {gen}")
 
+    def _admin_headers(self, dep: Deployment) -> dict[str, str]:
+        key = key_files(self.store.root, dep.name).client_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def stats(self, dep: Deployment) -> dict | None:
         try:
-            return httpx.get(dep.gateway_url + "/-/stats", timeout=5).json()
+            return httpx.get(dep.gateway_url + "/-/stats", headers=self._admin_headers(dep), timeout=5).json()
         except (httpx.HTTPError, ValueError):
             return None
 
@@ -133,7 +138,7 @@ class LocalTarget:
         inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
         argv = procs.serve_argv(serve_package or package, port, drain_timeout, serve_args)
         assert inst.log is not None  # add_instance records the log path with the row
-        launched = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=os.environ.copy())
+        launched = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=daemon_env(self.store.root, dep.name))
         self.store.set_instance_process(inst.id, launched.pid, launched.start, launched.session, argv)
         self.report(
             f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (pid {launched.pid}); log {inst.log}"
@@ -227,6 +232,15 @@ class LocalTarget:
         if changed:
             self.apply_routes(dep, routes, why="removed backends that are not running")
         return notes
+
+
+def daemon_env(root: Path, name: str) -> dict[str, str]:
+    """The environment servers and the gateway start with: this one, minus the caller's API key (servers
+    read the deployment's server key from its file; the gateway reads the key files), plus the tag that
+    lets `deploy doctor` find them (and their children) without the database."""
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+    env[doctor.TAG_ENV] = doctor.tag(root, name)
+    return env
 
 
 def without(routes: Routes, iids: set[int]) -> Routes:

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmserve.deploy import interface as iface
-from llmserve.deploy import procs
+from llmserve.deploy import local_keys, procs
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
+from llmserve.deploy.local_keys import KeyRequest
 from llmserve.deploy.local_target import LocalTarget, without
 from llmserve.deploy.source import PackageSource, is_reference, open_source, reference_model_id
 from llmserve.deploy.state import (
@@ -55,6 +56,7 @@ class DeployOptions:
     promote: bool | None = None  # versioned: make the new version the default for unversioned requests
     max_step_errors: int = 0  # health gate: server errors (5xx, broken connections) allowed per step
     hold_timeout_s: float | None = None  # gateway: how long a request waits for a restarting server (kept)
+    api_key: KeyRequest = field(default_factory=KeyRequest)  # --api-key-file / env, --no-api-key, --rotate
     serve_args: list[str] = field(default_factory=list)
     cache_dir: Path | None = None  # store references: the store cache (default: the deployment's, else the usual)
     store: StoreOptions | None = None  # store references: endpoint, profile, region (credentials: AWS config)
@@ -116,12 +118,23 @@ class Deployer:
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.store.deployment(name)
             recovered = None
+            if dep is not None and dep.model_id != m.modelId:
+                raise DeployInputError(
+                    f"deployment '{name}' serves model '{dep.model_id}', not '{m.modelId}'",
+                    hint="Give this model its own deployment with --name.",
+                )
+            # Checked before anything changes: a refused key change leaves the deployment as it was.
+            recorded = None if dep is None else dep.config.get("api_key", local_keys.OPEN)
+            api_key = local_keys.settle(self.store.root, name, recorded, opts.api_key, self.report)
+            opts = replace(
+                opts,
+                serve_args=[
+                    *opts.serve_args,
+                    "--api-key-file",
+                    str(local_keys.key_files(self.store.root, name).backend),
+                ],
+            )
             if dep is not None:
-                if dep.model_id != m.modelId:
-                    raise DeployInputError(
-                        f"deployment '{name}' serves model '{dep.model_id}', not '{m.modelId}'",
-                        hint="Give this model its own deployment with --name.",
-                    )
                 dep = self.target.ensure_gateway(dep)
                 recovered = self.recover(dep, resume_package=package, opts=opts)
                 if recovered and recovered.get("resumed"):
@@ -133,6 +146,7 @@ class Deployer:
                 dep = self.store.create_deployment(name, m.modelId, opts.host, port, {})
                 dep = self.target.ensure_gateway(dep)
             config = dict(dep.config)
+            config["api_key"] = api_key  # a fingerprint, never the key
             if opts.idle_timeout_s is not None:
                 config["idle_timeout_s"] = opts.idle_timeout_s
             if opts.hold_timeout_s is not None:
@@ -222,6 +236,7 @@ class Deployer:
                 stopped.append(inst.id)
             self.target.stop_gateway(dep)
             self.store.delete_deployment(name)
+            local_keys.remove(self.store.root, name)
             self.report(f"deployment '{name}' removed ({len(stopped)} server(s) stopped)")
             return {"deployment": name, "action": "removed", "stopped_instances": stopped}
 
@@ -634,11 +649,18 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
     degraded: list[str] = []
     for inst in store.instances(name):
         alive = target.instance_alive(inst)
-        health = procs.health(inst.url, timeout=1.0) if alive else None
+        health = procs.health(inst.url, timeout=3.0) if alive else None
         last = (stats or {}).get("last_request", {}).get(str(inst.id)) or inst.last_request
         routed = weights.get(inst.id, 0) > 0 or inst.id in pinned
-        if inst.status == SERVING and routed and (not alive or health != 200 or inst.down_since is not None):
-            state = "restarting" if inst.down_since is not None else "not answering"
+        # A slow /health (a loaded machine) is not counted: only a dead process, a restart, or an answer
+        # that says the server cannot serve.
+        unhealthy = health is not None and health != 200
+        if inst.status == SERVING and routed and (not alive or unhealthy or inst.down_since is not None):
+            state = (
+                "restarting"
+                if inst.down_since is not None
+                else (f"answering /health {health}" if alive else "not running")
+            )
             degraded.append(f"v{inst.model_version} (instance #{inst.id}) is {state}")
         elif inst.status == FAILED and routed:
             degraded.append(f"v{inst.model_version} (instance #{inst.id}) failed and is still routed")
@@ -684,6 +706,7 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
         },
         "routes": {"generation": gen, **routes.to_dict()},
         "config": dep.config,
+        "auth": "open" if dep.config.get("api_key", local_keys.OPEN) == local_keys.OPEN else "api-key",
         "instances": instances,
         "open_rollout": (_rollout_dict(open_r) | {"interrupted": True})
         if open_r and not _lock_held(store, name)

@@ -32,7 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmserve.deploy.errors import DeployInputError, DeploymentBusyError, DeploymentNotFoundError
+from llmserve.deploy.errors import (
+    DeployInputError,
+    DeploymentBusyError,
+    DeploymentNotFoundError,
+    StateUnreadableError,
+)
 
 STATE_ENV = "LLMSERVE_STATE_DIR"
 
@@ -278,11 +283,23 @@ class StateStore:
         self.path = self.root / "state.db"
         self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA busy_timeout=30000")
-        self.db.executescript(SCHEMA)
-        self._add_columns()
+        try:
+            self.db.execute("PRAGMA busy_timeout=30000")
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(SCHEMA)
+            self._add_columns()
+            # Damage past the header shows only when a page is read: check before trusting it.
+            check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StateUnreadableError(
+                f"the deployment state database {self.path} cannot be read: {exc}",
+                hint=f"`llmserve deploy doctor --state-dir {self.root}` shows what still runs for it; "
+                "with --fix it moves the database aside and stops those processes, then deploy again.",
+            ) from exc
 
     def _add_columns(self) -> None:
         for table, column, decl in ADDED_COLUMNS:

@@ -91,7 +91,8 @@ class Supervisor:
             if not self.store.mark_down(inst.id, inst.pid, why):
                 return "recovering"  # a CLI changed the row meanwhile; look again next time
             log.warning("%s; restarting it", why)
-            procs.kill_session(inst.session)
+            # Its leftovers (the engine core) are stopped by the restart, on the next check: this one
+            # returns at once, so the gateway stops picking the dead server without waiting for them.
             self.attempts[inst.id] = _Attempts(next_at=self.clock())
             return "recovering"
         attempts = self.attempts.setdefault(inst.id, _Attempts(next_at=self.clock()))

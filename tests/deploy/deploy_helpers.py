@@ -13,7 +13,7 @@ import httpx
 from support.cli import cli_argv, popen_cli, run_cli_json
 from support.models import write_vllm_source
 
-__all__ = ["MODEL", "Cli", "Load", "gateway_url", "kill_pid", "write_vllm_source"]
+__all__ = ["MODEL", "Cli", "Load", "auth", "gateway_url", "kill_pid", "load_on", "write_vllm_source"]
 
 MODEL = "tiny-chat"
 DEGRADED = 7  # `llmserve status` exit code when a deployment is degraded
@@ -79,6 +79,7 @@ class Load:
     workers: int = 2
     max_seconds: float = 600
     timeout: float = 60  # per request; held requests wait for a restart (an engine start, ~30-60 s here)
+    headers: dict = field(default_factory=dict)  # the deployment's API key (see auth())
     ok: int = 0
     failures: list = field(default_factory=list)
     versions: dict = field(default_factory=dict)
@@ -111,7 +112,7 @@ class Load:
 
     def _run(self, k: int) -> None:
         n = k
-        with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
+        with httpx.Client(base_url=self.url, headers=self.headers, timeout=self.timeout) as client:
             while not self._stop.is_set() and time.monotonic() - self._t0 < self.max_seconds:
                 t = time.perf_counter()
                 try:
@@ -134,6 +135,19 @@ class Load:
 
 def gateway_url(cli: Cli, name: str = MODEL) -> str:
     return cli.status(name)["gateway"]["url"]
+
+
+def auth(status: dict) -> dict[str, str]:
+    """The gateway's key, as a caller presents it: deployments are authenticated by default, and a
+    generated key lives in the state folder."""
+    key = (Path(status["state_dir"]) / "keys" / f"{status['deployment']}.key").read_text().strip()
+    return {"Authorization": f"Bearer {key}"}
+
+
+def load_on(cli: Cli, name: str = MODEL, **kw) -> Load:
+    """Client load on the deployment's gateway, with its key."""
+    st = cli.status(name, degraded=None)
+    return Load(st["gateway"]["url"], headers=auth(st), **kw)
 
 
 def kill_pid(pid: int) -> None:

@@ -35,7 +35,14 @@ async def models(request):
 
 
 async def v2(request):
-    return web.json_response({"version": VERSION, "path": request.path, "raw": request.raw_path})
+    return web.json_response(
+        {
+            "version": VERSION,
+            "path": request.path,
+            "raw": request.raw_path,
+            "auth": request.headers.get("Authorization"),
+        }
+    )
 
 
 app = web.Application()

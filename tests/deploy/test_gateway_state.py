@@ -157,3 +157,33 @@ def test_deployment_names_cannot_escape_the_state_folder(store, name):
     with pytest.raises(DeployInputError):
         DeploymentLock(store, name)
     assert store.deployments() == []
+
+
+def test_gateway_wants_the_key_and_forwards_with_the_servers_key(store, backends):
+    from llmserve.deploy import local_keys
+
+    local_keys.settle(store.root, "k", None, local_keys.KeyRequest("caller-key", "test"), lambda *a, **k: None)
+    target = LocalTarget(store)
+    dep = target.ensure_gateway(store.create_deployment("k", "k", "127.0.0.1", procs.free_port(), {}))
+    try:
+        _, url, _p = backends("1")
+        a = store.add_instance("k", 1, "/a", None, {}, "red-black", 0)
+        target.apply_routes(dep, Routes("k", [Member(a.id, 1, url, 100)], {1: [Member(a.id, 1, url)]}))
+        gw = dep.gateway_url
+        assert httpx.post(gw + "/v2/models/k/infer", json={}).status_code == 401
+        assert httpx.get(gw + "/-/stats").status_code == 401  # admin routes too
+        assert httpx.get(gw + "/health").status_code == 200
+        r = httpx.post(gw + "/v2/models/k/infer", json={}, headers={"X-API-Key": "caller-key"})
+        backend_key = local_keys.key_files(store.root, "k").backend_key()
+        assert r.status_code == 200 and r.json()["auth"] == f"Bearer {backend_key}" != "Bearer caller-key"
+        # a rotation (a new key file) is taken by the running gateway without a restart
+        local_keys.settle(
+            store.root, "k", local_keys.fingerprint("caller-key"), local_keys.KeyRequest("new", "t", rotate=True), print
+        )
+        target.apply_routes(dep, Routes("k", [Member(a.id, 1, url, 100)], {}))
+        assert httpx.post(gw + "/v2/models/k/infer", json={}, headers={"X-API-Key": "caller-key"}).status_code == 401
+        assert (
+            httpx.post(gw + "/v2/models/k/infer", json={}, headers={"Authorization": "Bearer new"}).status_code == 200
+        )
+    finally:
+        target.stop_gateway(store.require("k"))

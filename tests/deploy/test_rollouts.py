@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from deploy_helpers import MODEL, Load, gateway_url, kill_pid
+from deploy_helpers import MODEL, Load, auth, kill_pid, load_on
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -34,17 +34,46 @@ def test_first_version(cli, deploy_packages):
     rc, data, text = cli.run("deploy", str(deploy_packages["v1"]), "--pause", "0")
     assert rc == 0, text
     assert serving(data) == {1: 100}
-    r = httpx.post(
-        data["gateway"]["url"] + "/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
-        timeout=60,
+    assert "authenticated: its API key was generated into" in text and data["auth"] == "api-key"
+    url, body = (
+        data["gateway"]["url"],
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
     )
+    r = httpx.post(url + "/v1/chat/completions", json=body, headers=auth(data), timeout=60)
     assert r.status_code == 200 and r.headers["x-served-version"] == "1"
+    # without the key, or with another, every route but /health says 401 (KServe v2 in its own error shape)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"}):
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+    r = httpx.get(url + "/v2/models/" + MODEL, timeout=60)
+    assert r.status_code == 401 and isinstance(r.json()["error"], str)
+    assert httpx.get(url + "/-/routes", timeout=10).status_code == 401
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    # the server behind the gateway does not take the caller's key either: it has its own
+    server = data["instances"][0]["url"]
+    assert httpx.post(server + "/v1/chat/completions", json=body, headers=auth(data), timeout=60).status_code == 401
+    # the key is in no process's arguments
+    for inst in data["instances"]:
+        argv = Path(f"/proc/{inst['pid']}/cmdline").read_bytes().split(b"\0")
+        key = auth(data)["Authorization"].split()[1].encode()
+        assert key not in b" ".join(argv) and b"--api-key-file" in argv
+
+
+def test_a_rollout_cannot_change_the_key_silently(cli, deploy_packages, tmp_path):
+    cli.start_from(deploy_packages["v1"], 1)
+    key_file = tmp_path / "key"
+    key_file.write_text("another-key\n")
+    key_file.chmod(0o600)
+    rc, _, text = cli.run("deploy", str(deploy_packages["v2"]), "--api-key-file", str(key_file), "--pause", "0")
+    assert rc == 3 and "would change the API key" in text and "--rotate-api-key" in text, text
+    assert serving(cli.status()) == {1: 100}  # nothing changed
+    rc, _, text = cli.run("deploy", str(deploy_packages["v2"]), "--no-api-key", "--pause", "0")
+    assert rc == 3 and "no key (open)" in text, text
 
 
 def test_red_black_under_load_zero_failures(cli, deploy_packages):
     cli.start_from(deploy_packages["v1"], 1)
-    load = Load(gateway_url(cli)).start()
+    load = load_on(cli).start()
     time.sleep(2)
     rc, data, text = cli.run("deploy", str(deploy_packages["v2"]), "--steps", "10,25,50,100", "--pause", "2")
     time.sleep(1)
@@ -71,7 +100,7 @@ def test_red_black_refuses_interface_change(cli, deploy_packages):
 
 def test_failed_health_check_rolls_back_with_zero_failures(cli, deploy_packages):
     cli.start_from(deploy_packages["v2"], 2)
-    load = Load(gateway_url(cli)).start()
+    load = load_on(cli).start()
     rc, data, text = cli.run("deploy", str(deploy_packages["bad"]), "--pause", "1")
     time.sleep(1)
     load.stop()
@@ -87,8 +116,9 @@ def test_failed_health_check_rolls_back_with_zero_failures(cli, deploy_packages)
 
 def test_versioned_side_by_side_and_idle_cleanup(cli, deploy_packages):
     cli.start_from(deploy_packages["v2"], 2)
-    url = gateway_url(cli)
-    load = Load(url).start()
+    st = cli.status()
+    url = st["gateway"]["url"]
+    load = load_on(cli).start()
     rc, data, text = cli.run(
         "deploy", str(deploy_packages["v4"]), "--strategy", "versioned", "--promote", "--idle-timeout", "8"
     )
@@ -96,7 +126,7 @@ def test_versioned_side_by_side_and_idle_cleanup(cli, deploy_packages):
     assert "warning" in text and "memory" in text  # the overlap's extra cost
     assert serving(data) == {2: 0, 4: 100}
     # both versions answer when asked by name, header or KServe path-style version
-    with httpx.Client(base_url=url, timeout=60) as c:
+    with httpx.Client(base_url=url, headers=auth(st), timeout=60) as c:
         msg = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         assert c.post("/v1/chat/completions", json={"model": f"{MODEL}:2", **msg}).headers["x-served-version"] == "2"
         assert (
@@ -139,7 +169,7 @@ def _kill_at_step(cli, package, step: int, tmp_path):
 
 def test_killed_cli_then_rerun_resumes(cli, deploy_packages, tmp_path):
     cli.start_from(deploy_packages["v4"], 4)
-    load = Load(gateway_url(cli)).start()
+    load = load_on(cli).start()
     _kill_at_step(cli, deploy_packages["v5"], 2, tmp_path)
     st = cli.status()
     assert st["open_rollout"]["interrupted"] is True
@@ -156,7 +186,7 @@ def test_killed_cli_then_rerun_resumes(cli, deploy_packages, tmp_path):
 
 def test_killed_cli_then_rollback_undoes(cli, deploy_packages, tmp_path):
     cli.start_from(deploy_packages["v5"], 5)
-    load = Load(gateway_url(cli)).start()
+    load = load_on(cli).start()
     _kill_at_step(cli, deploy_packages["v6"], 1, tmp_path)
     rc, data, text = cli.run("rollback", MODEL)
     time.sleep(1)
@@ -186,7 +216,7 @@ def test_killed_live_server_is_restarted_under_load(cli, deploy_packages):
     before = _instance(cli, 5)
     tree = _engine_tree(before["pid"])
     assert len(tree) >= 2  # the API server and vLLM's engine core
-    load = Load(gateway_url(cli), timeout=300).start()
+    load = load_on(cli, timeout=300).start()
     time.sleep(3)
     t0 = time.monotonic()
     kill_pid(before["pid"])
@@ -221,7 +251,7 @@ def test_killed_gateway_recovers_under_load(cli, deploy_packages):
     cli.start_from(deploy_packages["v5"], 5)
     watchdog = cli.status()["gateway"]["pid"]
     children = Path(f"/proc/{watchdog}/task/{watchdog}/children").read_text().split()
-    load = Load(gateway_url(cli)).start()
+    load = load_on(cli).start()
     time.sleep(3)
     kill_pid(int(children[0]))
     time.sleep(6)
@@ -238,7 +268,7 @@ def test_old_version_killed_mid_rollout_rolls_forward(cli, deploy_packages, tmp_
 
     cli.start_from(deploy_packages["v5"], 5)
     old = _instance(cli, 5)
-    load = Load(gateway_url(cli)).start()
+    load = load_on(cli).start()
     proc = cli.popen(
         "deploy", str(deploy_packages["v6"]), "--steps", "10,50,100", "--pause", "4", log=tmp_path / "cli.log"
     )

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from llmserve.deploy import procs
-from llmserve.deploy.local_target import LocalTarget, stop_recorded_processes
+from llmserve.deploy.local_target import LocalTarget, daemon_env, stop_recorded_processes
 from llmserve.deploy.state import SERVING, Routes, StateStore
 
 HERE = Path(__file__).parent
@@ -34,7 +34,7 @@ def deployment(store):
     target = LocalTarget(store)
     dep = target.ensure_gateway(store.create_deployment("m", "m", "127.0.0.1", procs.free_port(), {}))
     yield target, dep
-    stop_recorded_processes(store)
+    stop_recorded_processes(StateStore(store.root))  # a fresh handle: a test may have replaced the database
 
 
 def serve_fake(store: StateStore, target: LocalTarget, version: int, weight: int = 100):
@@ -42,7 +42,7 @@ def serve_fake(store: StateStore, target: LocalTarget, version: int, weight: int
     port = procs.free_port()
     inst = store.add_instance("m", version, f"/pkg{version}", None, {}, "red-black", port)
     argv = [sys.executable, str(HERE / "fake_backend.py"), str(port), str(version)]
-    launched = procs.launch(argv, Path(inst.log), target.pid_file(inst))
+    launched = procs.launch(argv, Path(inst.log), target.pid_file(inst), env=daemon_env(store.root, "m"))
     store.set_instance_process(inst.id, launched.pid, launched.start, launched.session, argv)
     wait_for(lambda: procs.health(inst.url) == 200, 20)
     store.set_instance_status(inst.id, SERVING)
@@ -199,3 +199,46 @@ def test_killed_watchdog_takes_its_gateway_with_it(store, deployment):
     wait_for(lambda: procs.start_time(gateway) is None, 10)
     dep = target.ensure_gateway(store.require("m"))  # the next command starts both again
     assert httpx.get(dep.gateway_url + "/health").status_code == 503  # up, with nothing routed
+
+
+def test_doctor_finds_and_stops_what_a_deleted_or_damaged_database_left(store, deployment):
+    """Daemons carry their state folder in their environment: found without the database, stopped by --fix."""
+    from support.cli import run_cli_json
+
+    from llmserve.deploy import doctor
+    from llmserve.deploy.errors import StateUnreadableError
+
+    target, _dep = deployment
+    inst = serve_fake(store, target, 1)
+    assert {p.role for p in doctor.scan(store.root)} >= {"watchdog", "gateway"}
+    assert doctor.diagnose(store.root).healthy  # every process is recorded
+    # a server started the way deploy does, but never recorded: an orphan
+    port = procs.free_port()
+    env = {**os.environ, doctor.TAG_ENV: doctor.tag(store.root, "m")}
+    stray = procs.launch(
+        [sys.executable, str(HERE / "fake_backend.py"), str(port), "9"],
+        store.root / "stray.log",
+        store.root / "s.pid",
+        env,
+    )
+    found = doctor.diagnose(store.root)
+    assert not found.healthy and [p.pid for p in found.orphans] == [stray.pid]
+    # damage the database: every command says so and names the doctor
+    store.close()
+    db = store.root / "state.db"
+    data = bytearray(db.read_bytes())
+    data[:16] = b"definitely-not-a"
+    db.write_bytes(bytes(data))
+    Path(str(db) + "-wal").unlink(missing_ok=True)
+    with pytest.raises(StateUnreadableError) as err:
+        StateStore(store.root)
+    assert "deploy doctor" in (err.value.hint or "")
+    rc, out, text = run_cli_json("deploy", "doctor", "--state-dir", str(store.root))
+    assert rc == 7 and out["database"].startswith("unreadable") and len(out["orphans"]) >= 4, text
+    rc, out, text = run_cli_json("deploy", "doctor", "--fix", "--state-dir", str(store.root))
+    assert rc == 0 and any("moved state.db aside" in a for a in out["actions"]), text
+    assert not procs.alive(stray.pid, stray.start) and not procs.alive(inst.pid, inst.pid_start)
+    assert doctor.scan(store.root) == []
+    assert list(store.root.glob("state.db.unreadable-*"))  # kept, not deleted
+    rc, out, _ = run_cli_json("deploy", "doctor", "--state-dir", str(store.root))
+    assert rc == 0 and out["healthy"]

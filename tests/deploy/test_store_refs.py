@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from deploy_helpers import MODEL, Cli
+from deploy_helpers import MODEL, Cli, auth
 from store.store_helpers import start_moto, stop
 from support.cli import run_cli, run_cli_json
 
@@ -101,6 +101,7 @@ def chat(status: dict) -> httpx.Response:
     return httpx.post(
         status["gateway"]["url"] + "/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        headers=auth(status),
         timeout=60,
     )
 
