@@ -422,7 +422,9 @@ def run_kill(args, cli: list[str], work: Path, state: Path, client_box: list, re
     rep["history_s_after_kill"] = hist
     if "restart_launched" in hist and "serving_again" in hist:
         rep["restarted_engine_start_s"] = round(hist["serving_again"] - hist["restart_launched"], 2)
-    rep["hold_timeout_s"] = ((w["last_status"] or {}).get("config") or {}).get("hold_timeout_s") or "default (the health timeout)"
+    rep["hold_timeout_s"] = ((w["last_status"] or {}).get("config") or {}).get(
+        "hold_timeout_s"
+    ) or "default (the health timeout)"
     if after.get("url"):
         auth["server_direct_without_key_after_restart"] = _direct_code(after["url"])
     results["server_kill"] = rep
