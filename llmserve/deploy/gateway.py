@@ -186,7 +186,7 @@ class Gateway:
             self.down, self.recovering = set(health.down), set(health.recovering)
             self._wake()
 
-    def _may_come_back(self, version: int | None, tried: set[int]) -> bool:
+    def _may_come_back(self, version: int | None) -> bool:
         """Whether waiting can help: some candidate is being restarted, or failed only on this request
         (the supervisor has not judged it yet)."""
         return any(m.instance in self.recovering or m.instance not in self.down for m in self.table.candidates(version))
@@ -311,7 +311,7 @@ class Gateway:
         while True:
             try:
                 member = self.table.pick(version, tried | self.down)
-                if member is None and not self._may_come_back(version, tried):
+                if member is None and not self._may_come_back(version):
                     raise NoRoute(503, "every server of this deployment has failed; see `llmserve status`")
             except NoRoute as exc:
                 return _error(exc.status, exc.message)

@@ -53,3 +53,13 @@ def cli(tmp_path_factory):
     for dep in store.deployments():
         subprocess.run(c.argv("deploy", "down", dep.name), capture_output=True, timeout=180)
     stop_recorded_processes(store)
+
+
+@pytest.fixture()
+def store(tmp_path):
+    """A state folder of its own, for the tests that drive the state and the gateway without the CLI."""
+    from llmserve.deploy.state import StateStore
+
+    s = StateStore(tmp_path / "state")
+    yield s
+    s.close()

@@ -15,16 +15,9 @@ import pytest
 
 from llmserve.deploy import procs
 from llmserve.deploy.local_target import LocalTarget, without
-from llmserve.deploy.state import DeploymentLock, Member, Routes, StateStore
+from llmserve.deploy.state import DeploymentLock, Member, Routes
 
 HERE = Path(__file__).parent
-
-
-@pytest.fixture()
-def store(tmp_path):
-    s = StateStore(tmp_path / "state")
-    yield s
-    s.close()
 
 
 @pytest.fixture()

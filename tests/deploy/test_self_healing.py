@@ -23,13 +23,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture()
-def store(tmp_path):
-    s = StateStore(tmp_path / "state")
-    yield s
-    s.close()
-
-
-@pytest.fixture()
 def deployment(store):
     target = LocalTarget(store)
     dep = target.ensure_gateway(store.create_deployment("m", "m", "127.0.0.1", procs.free_port(), {}))
