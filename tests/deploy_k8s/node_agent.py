@@ -309,10 +309,11 @@ class PodRunner:
 
     def _start(self, c) -> None:
         mounts = self._mounts(c)
-        command = list(c.command or [LLMSERVE])
-        if command[0] == "llmserve":
-            command[0] = LLMSERVE
-        argv = [self._map(a, mounts) for a in [*command, *(c.args or [])]]
+        command = list(c.command or ["llmserve"])
+        # The image's entry point is this host's llmserve, outside every mount: never mapped (a checkout
+        # under /tmp would otherwise be sent into the pod's /tmp scratch volume).
+        head = LLMSERVE if command[0] == "llmserve" else self._map(command[0], mounts)
+        argv = [head, *(self._map(a, mounts) for a in [*command[1:], *(c.args or [])])]
         log = self.dir / f"{c.name}.log"
         (self.dir / "home").mkdir(exist_ok=True)
         self.proc = subprocess.Popen(
