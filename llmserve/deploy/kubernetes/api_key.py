@@ -72,6 +72,12 @@ class ApiKeys:
         api_call(f"create Secret {obj}", self.c.core.create_namespaced_secret, self.c.namespace, body)
         return obj, DEFAULT_KEY
 
+    def stays_open(self, live: bool, live_ref: tuple[str, str] | None) -> bool:
+        """Whether the next rollout runs without a key, before anything is created: --no-api-key, or no key
+        option while the live version runs open."""
+        given = self.o.secret or self.o.value is not None
+        return self.o.open or (not given and live and live_ref is None)
+
     def resolve(self, name: str, live: bool, live_ref: tuple[str, str] | None) -> tuple[str, str] | None:
         """The Secret the new version's pods read (None: open), after checking it against the live version's.
         `live`: a version of `name` runs now; `live_ref`: the Secret it reads (None: it runs open)."""

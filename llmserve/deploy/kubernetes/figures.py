@@ -11,15 +11,15 @@ from llmserve.deploy.kubernetes.manifests import SERVER_PORT
 from llmserve.metrics.snapshot import auth_headers, snapshots, unknown
 
 
-def pod_url(pod: Any) -> str | None:
-    """http://POD_IP:PORT of a pod's server (kubernetes client V1Pod); None before it has an IP."""
+def pod_url(pod: Any, port_name: str = "http") -> str | None:
+    """http://POD_IP:PORT of a pod's server (kubernetes client V1Pod) on its `port_name` container port (the
+    `http` port where there is none of that name); None before it has an IP."""
     if not pod.status or not pod.status.pod_ip:
         return None
     port = SERVER_PORT
     for container in pod.spec.containers or []:
-        for p in container.ports or []:
-            if p.name == "http":
-                port = p.container_port
+        named = {p.name: p.container_port for p in container.ports or []}
+        port = named.get(port_name) or named.get("http") or port
     host = pod.status.pod_ip
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -48,8 +48,8 @@ def attach_pod_figures(
             url = pod_url(pod)
             row = {"pod": pod.metadata.name, "ip": pod.status.pod_ip, "url": url, "ready": pod_ready(pod)}
             rows.setdefault(key, []).append(row)
-            if url:
-                urls[(r["deployment"], pod.metadata.name)] = url
+            if url:  # metrics: Triton's own port in executionMode standalone, else the HTTP port's /metrics
+                urls[(r["deployment"], pod.metadata.name)] = pod_url(pod, "metrics") or url
     figures = snapshots(urls, interval, timeout, auth_headers(api_key))
     for r in results:
         for d in r["deployments"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_MANAGED, L_STRATEGY, L_VERSION, LABEL_PREFIX
 from llmserve.formats.safe_yaml import load_yaml
@@ -17,10 +18,12 @@ A_ROLLOUT = f"{LABEL_PREFIX}/rollout"
 A_MODEL_ID = f"{LABEL_PREFIX}/model-id"
 A_SUPERSEDED = f"{LABEL_PREFIX}/superseded-at"
 A_API_KEY = f"{LABEL_PREFIX}/api-key-secret"  # where the pods' key comes from (SECRET:KEY), never the key itself
+A_HOST = f"{LABEL_PREFIX}/engine-host"  # vllm, triton (embedded) or triton-standalone: what serves in the pods
 
 CACHE_MOUNT = "/models-cache"  # the pods' store cache: the init container pulls into it, the server starts from it
 SERVER_PORT = 8000
 GRPC_PORT = 8001  # KServe v2 gRPC (tritonclient.grpc), Triton's default
+METRICS_PORT = 8002  # Triton's own metrics endpoint, on its own port in executionMode standalone (Triton's default)
 
 # The user `llmserve build` images run as (llmserve.build.context.UID; build sits above deploy in the
 # layers, so the number is repeated here). Numeric, so the kubelet can check runAsNonRoot without the image.
@@ -36,6 +39,59 @@ SCRATCH_ENV = {
     "LLMSERVE_CACHE": f"{HOME}/.cache/llmserve",
     "TMPDIR": "/tmp",
 }
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """What serves a package in its pods, decided from its manifest as `llmserve serve` decides it
+    (llmserve.serve.triton.host.choose_engine, for one package and no --engine): the package's `engine.host`,
+    else the embedded vLLM engine for a vLLM-backend package and Triton for a Python-backend one.
+
+    - vllm: llmserve's frontends on the embedded engine; /health on the HTTP port, /metrics there too.
+    - triton, embedded: a Triton in the pod on loopback, llmserve's frontends (HTTP, gRPC) in front of it;
+      /health answers 503 until every model is READY in Triton and the server exits when Triton or a model
+      stops serving; /metrics on the HTTP port merges Triton's.
+    - triton, standalone: Triton's own endpoints are the pod's: KServe v2 HTTP, gRPC and metrics on their own
+      port; the probes are Triton's (/v2/health/ready, strict: every model READY; /v2/health/live). Triton's
+      endpoints take no API key.
+    Triton's Python-backend stubs exchange tensors through shared memory in /dev/shm: Triton-hosted pods get a
+    memory-backed /dev/shm (the runtime's default is 64 MiB)."""
+
+    engine: str = "vllm"  # vllm | triton
+    mode: str = "embedded"  # embedded | standalone (the manifest's executionMode; Triton only)
+
+    @classmethod
+    def of(cls, manifest: Any) -> Hosting:
+        host = manifest.engine_host or ("vllm" if manifest.backend == "vllm" else "triton")
+        return cls(host, manifest.executionMode if host == "triton" else "embedded")
+
+    @classmethod
+    def parse(cls, text: str | None) -> Hosting:
+        """From the A_HOST annotation (absent on Deployments made before it: the embedded vLLM engine)."""
+        engine, _, mode = (text or "vllm").partition("-")
+        return cls(engine, mode or "embedded")
+
+    @property
+    def triton(self) -> bool:
+        return self.engine == "triton"
+
+    @property
+    def standalone(self) -> bool:
+        return self.triton and self.mode == "standalone"
+
+    def __str__(self) -> str:
+        return f"{self.engine}-{self.mode}" if self.standalone else self.engine
+
+    def serve_args(self) -> list[str]:
+        if not self.triton:
+            return []
+        return ["--engine", "triton", *(["--metrics-port", str(METRICS_PORT)] if self.standalone else [])]
+
+    def probes(self) -> dict[str, str]:
+        """The HTTP paths of the readiness (and startup) and liveness probes."""
+        if self.standalone:
+            return {"ready": "/v2/health/ready", "live": "/v2/health/live"}
+        return {"ready": "/health", "live": "/health"}
 
 
 @dataclass
@@ -88,16 +144,19 @@ def deployment(
     health_timeout_s: float,
     store_ref: str | None = None,
     api_key_secret: tuple[str, str] | None = None,
+    host: Hosting | None = None,
 ) -> dict:
     """One Deployment. `store_ref` (a model store reference pinned by digest, s3://.../sha256:DIGEST): an
     init container runs `llmserve pull` into the store cache volume (an emptyDir, or --cache-pvc shared by
     the pods), with the store's endpoint, region and credentials from the Secret `spec.store_secret`
     (envFrom, never inlined); the server then starts from that cache without contacting the store.
     `api_key_secret` (SECRET, KEY): the server's API key, from that Secret's key (secretKeyRef).
+    `host`: what serves the package in the pods (Hosting: ports, probes, /dev/shm); default the embedded vLLM engine.
 
     Every container runs hardened (the restricted Pod Security Standard and more): non-root as RUN_AS,
     read-only root file system with emptyDir scratch volumes (SCRATCH_ENV), no privilege escalation, no
     capabilities, the runtime's default seccomp profile, no service-account token, requests and limits."""
+    host = host or Hosting()
     labels = base_labels(name, strategy) | {L_VERSION: str(version)}
     if color:
         labels[L_COLOR] = color
@@ -120,6 +179,7 @@ def deployment(
         str(GRPC_PORT),
         "--drain-timeout",
         f"{drain_timeout_s:g}",
+        *host.serve_args(),
         *spec.serve_args,
     ]
     requests = {"cpu": spec.cpu, "memory": spec.memory}
@@ -134,6 +194,7 @@ def deployment(
         A_INTERFACE: json.dumps(interface, sort_keys=True),
         A_ROLLOUT: str(rollout),
         A_MODEL_ID: model_id,
+        A_HOST: str(host),
     }
     if api_key_secret:
         annotations[A_API_KEY] = ":".join(api_key_secret)
@@ -170,6 +231,9 @@ def deployment(
         scratch_size=spec.scratch_size,
         port=SERVER_PORT,
         grpc_port=GRPC_PORT,
+        metrics_port=METRICS_PORT if host.standalone else None,
+        probes=host.probes(),
+        dshm=bool(spec.gpus) or host.triton,
         probe_period_s=5,
         startup_failures=max(1, int(health_timeout_s // 5)),
         requests=requests,

@@ -242,6 +242,7 @@ class KubernetesDeployer:
             health_timeout_s=opts.health_timeout_s,
             store_ref=rec.get("store_ref"),
             api_key_secret=_ref(rec.get("api_key_secret")),
+            host=manifests.Hosting.parse(rec.get("host")),
         )
 
     def _create_dep(self, body: dict) -> None:
@@ -297,6 +298,14 @@ class KubernetesDeployer:
             if opts.idle_timeout_s is not None:
                 state.set_config(idle_timeout_s=opts.idle_timeout_s)
             live = max(self._deployments(name), key=lambda d: (d.spec.replicas or 0, d.metadata.creation_timestamp), default=None)  # fmt: skip
+            host = manifests.Hosting.of(m)
+            if host.standalone and not self.keys.stays_open(live is not None, _key_of(live)):
+                raise DeployInputError(
+                    f"{m.modelId} v{m.modelVersion} has executionMode standalone: Triton's own endpoints would be "
+                    "the pods' ports, and they take no API key, so the deployment's key would not be enforced",
+                    hint="Package it with `executionMode: embedded` (llmserve's frontends, with the key, in front of "
+                    "Triton), or deploy with --no-api-key where authentication is done in front of the Service.",
+                )
             key_ref = self.keys.resolve(name, live is not None, _key_of(live))
             base = {
                 "package": package,
@@ -306,6 +315,7 @@ class KubernetesDeployer:
                 "interface": new_iface,
                 "model_id": m.modelId,
                 "api_key_secret": list(key_ref) if key_ref else None,
+                "host": str(host),
             }
             try:
                 if opts.strategy == VERSIONED:
