@@ -24,11 +24,12 @@ STORE_REF = "s3://models/prod/sha256:" + "a" * 64
 
 def _deployment(**spec) -> dict:
     store = spec.pop("store", False)
+    host = manifests.Hosting(*spec.pop("host", ("vllm",)))
     return manifests.deployment(
         namespace="ns", object_name="m-v1", name="m", strategy="versioned", version=1, color=None, replicas=1,
         spec=manifests.PodSpec(**spec), package="s3://models/prod/m:1" if store else "/p/m-1.llmpkg",
         digest="a" * 64, interface={}, model_id="m", rollout=1, drain_timeout_s=5, health_timeout_s=60,
-        store_ref=STORE_REF if store else None, api_key_secret=("m-api-key", "api-key"),
+        store_ref=STORE_REF if store else None, api_key_secret=("m-api-key", "api-key"), host=host,
     )  # fmt: skip
 
 
@@ -36,6 +37,8 @@ VARIANTS = {
     "package-in-image": {},
     "store-pull-init-container": {"store": True, "store_secret": "model-store"},
     "gpu-models-pvc-cache-pvc": {"store": True, "gpus": 2, "models_pvc": "models", "cache_pvc": "fsx"},
+    # Triton's own ports and probes, a memory-backed /dev/shm for its Python-backend stubs
+    "triton-standalone": {"host": ("triton", "standalone")},
 }
 
 
