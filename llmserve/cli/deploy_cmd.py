@@ -48,7 +48,7 @@ deploy_app = typer.Typer(
     rich_markup_mode="rich",
     help="""Deploy packages with zero downtime: `deploy PKG` (= `deploy up PKG`) and `deploy down NAME`; `deploy doctor` checks a local state folder against the processes running for it.
 
---target local (default): every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...). State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
+--target local (default): every version runs as its own `llmserve serve` process; one gateway per deployment (a daemon that outlives this command) routes the OpenAI API (/v1/...) and KServe v2 HTTP (/v2/...) on --port, and KServe v2 gRPC (unary and ModelStreamInfer) on --grpc-port, by version the same way. State and history live in SQLite under --state-dir; `llmserve status` and `llmserve rollback` read it.
 
 --target kubernetes: red-black scales two Deployments (colors) in ratio behind one Service; versioned keeps a Deployment and a Service per version. State and history live in a ConfigMap in the namespace; a Lease guards changes.
 
@@ -103,6 +103,12 @@ def up(
     ),
     port: int = typer.Option(
         None, "--port", help="Gateway port on a new deployment (kept afterwards). Default: a free port."
+    ),
+    grpc_port: int = typer.Option(
+        None,
+        "--grpc-port",
+        help="local: the gateway's KServe v2 gRPC port on a new deployment (kept afterwards), routed by version "
+        "like HTTP (metadata x-model-version or the request's model_version). Default: a free port (see `status`).",
     ),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Gateway address on a new deployment. Default: loopback only."
@@ -231,13 +237,20 @@ def up(
         drain_timeout_s=drain_timeout,
         host=host,
         port=port,
+        grpc_port=grpc_port,
         idle_timeout_s=idle_timeout,
         promote=promote,
         max_step_errors=max_step_errors,
         serve_args=serve_args,
     )
     if target is Target.kubernetes:
+        from llmserve.deploy.errors import DeployInputError
         from llmserve.deploy.kubernetes import PodSpec
+
+        if grpc_port is not None:
+            raise DeployInputError(
+                "--grpc-port is the local gateway's: on Kubernetes, clients reach each pod's gRPC port through the Service"
+            )
 
         spec = PodSpec(
             image=image,

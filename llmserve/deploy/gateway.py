@@ -1,7 +1,8 @@
-"""The local gateway: one HTTP entry point per deployment, in front of its `llmserve serve` processes.
+"""The local gateway: one HTTP entry point (and one KServe v2 gRPC entry point) per deployment, in front of
+its `llmserve serve` processes.
 
 Run as a daemon by `llmserve deploy` (`python -m llmserve.deploy.gateway --state-dir D --deployment NAME
---port P`); it outlives the CLI and reloads its table from the state database.
+--port P`); it outlives the CLI and reloads its table (and the servers' gRPC ports) from the state database.
 
 Routing (documented in `llmserve deploy --help`):
   * A request that names no version goes to the default pool, by weight (smooth weighted round robin,
@@ -13,6 +14,14 @@ Routing (documented in `llmserve deploy --help`):
     serving version.
 Everything else (OpenAI /v1/..., KServe v2 /v2/...) is forwarded as is; responses are streamed
 chunk by chunk, so server-sent events pass through unbuffered.
+
+KServe v2 gRPC (llmserve.deploy.grpc_proxy): on the deployment's `grpc_port` (config; `llmserve deploy
+--grpc-port`, default a free port chosen when the deployment is made, then kept: on by default because the
+servers behind it speak gRPC anyway, and a fixed port+1 could be taken), every RPC is proxied as raw bytes
+to the servers' loopback gRPC ports, unary and ModelStreamInfer streams alike, with metadata, trailing
+metadata, status codes, deadlines and cancellation passed through. Routing, in-flight counts, retries,
+holding and the API key are the HTTP rules below: a version is named with metadata `x-model-version` or the
+request's `model_version` / `version` field; ServerLive, ServerReady and ModelReady are answered here.
 
 Zero-downtime rules: a table swap is atomic (the pick and the in-flight count happen in one event-loop
 step, so after `POST /-/reload` returns no new request reaches a removed backend); in-flight requests
@@ -43,7 +52,9 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -53,6 +64,9 @@ from llmserve.deploy import procs
 from llmserve.deploy.local_keys import key_files
 from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, StateStore
 from llmserve.deploy.supervisor import Health, Supervisor
+
+if TYPE_CHECKING:
+    from llmserve.deploy.grpc_proxy import GrpcProxy
 
 log = logging.getLogger("llmserve.gateway")
 
@@ -76,6 +90,7 @@ DEFAULT_HOLD_S = (
     300.0  # how long a request waits for a restarting backend (config hold_timeout_s, else health_timeout_s)
 )
 MAX_HELD = 1024  # requests held at once; more get 503 at once
+T = TypeVar("T")
 
 
 class NoRoute(Exception):
@@ -131,7 +146,7 @@ class Gateway:
     def __init__(self, store: StateStore, deployment: str):
         self.store = store
         self.deployment = deployment
-        gen, routes = store.routes(deployment)
+        gen, routes, self.grpc_ports = self._read_table()
         self.table = Table(gen, routes)
         self.inflight: dict[int, int] = {}
         self.counts: dict[int, dict[str, int]] = {}
@@ -150,6 +165,7 @@ class Gateway:
         self.backend_key: str | None = None
         self._keys_seen: tuple = ()
         self.load_keys()
+        self.grpc: GrpcProxy | None = None  # the KServe v2 gRPC entry point, when the deployment has a grpc_port
 
     def load_keys(self) -> None:
         """(Re)read the key files when they changed (a rotation writes a new client key)."""
@@ -169,8 +185,15 @@ class Gateway:
         return hmac.compare_digest(token.encode(), self.client_key)
 
     # -- table --------------------------------------------------------------------------------
-    def _set_table(self, gen: int, routes: Routes) -> None:
+    def _read_table(self) -> tuple[int, Routes, dict[int, int]]:
+        """The routes, and the gRPC port of each server (read after them: a server in the table has its
+        port recorded since it was started). Blocking: call in a thread once the loop runs."""
+        gen, routes = self.store.routes(self.deployment)
+        return gen, routes, self.store.grpc_ports(self.deployment)
+
+    def _set_table(self, gen: int, routes: Routes, grpc_ports: dict[int, int]) -> None:
         self.table = Table(gen, routes)
+        self.grpc_ports = grpc_ports
         self._wake()
 
     def _wake(self) -> None:
@@ -186,10 +209,14 @@ class Gateway:
             self.down, self.recovering = set(health.down), set(health.recovering)
             self._wake()
 
-    def _may_come_back(self, version: int | None) -> bool:
+    def _may_come_back(self, version: int | None, skip: frozenset[int] = frozenset()) -> bool:
         """Whether waiting can help: some candidate is being restarted, or failed only on this request
         (the supervisor has not judged it yet)."""
-        return any(m.instance in self.recovering or m.instance not in self.down for m in self.table.candidates(version))
+        return any(
+            m.instance in self.recovering or m.instance not in self.down
+            for m in self.table.candidates(version)
+            if m.instance not in skip
+        )
 
     async def _wait_for_backend(self, deadline: float) -> bool:
         left = deadline - asyncio.get_running_loop().time()
@@ -241,11 +268,12 @@ class Gateway:
     async def handle_reload(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.load_keys)  # first: a rotation's CLI presents the new key
         self._admin(request)
-        gen = await asyncio.to_thread(self.store.routes, self.deployment)
+        gen, routes, ports = await asyncio.to_thread(self._read_table)
         # Swap in the loop thread: picks never see a half-applied table.
-        if gen[0] != self.table.generation:
-            self._set_table(gen[0], gen[1])
-            log.info("routes generation %d applied", gen[0])
+        if gen != self.table.generation:
+            self._set_table(gen, routes, ports)
+            log.info("routes generation %d applied", gen)
+        await self._start_grpc()  # a deployment made before the gateway spoke gRPC gains a port on its next deploy
         return web.json_response({"generation": self.table.generation})
 
     async def handle_stats(self, request: web.Request) -> web.Response:
@@ -305,16 +333,33 @@ class Gateway:
             headers["Authorization"] = f"Bearer {self.backend_key}"  # the servers' key, not the caller's
         elif "authorization" in {k.lower() for k in request.headers}:
             headers["Authorization"] = request.headers["Authorization"]
+        try:
+            return await self.route(
+                version, lambda member: self._forward(request, member, path, headers, body, version), "a request"
+            )
+        except NoRoute as exc:
+            return _error(exc.status, exc.message)
+
+    async def route(
+        self,
+        version: int | None,
+        attempt: Callable[[Member], Awaitable[T]],
+        what: str,
+        skip: frozenset[int] = frozenset(),
+    ) -> T:
+        """Run attempt(member) on a backend picked for `version` (HTTP and gRPC alike): the pick and the
+        in-flight count happen in one loop step; attempt raises _NotStarted when the backend never took the
+        call, and it is retried on another pick; with no backend left, the call is held while one may come back.
+        `skip`: backends that cannot take this kind of call at all. Raises NoRoute when nothing can serve it."""
         tried: set[int] = set()
         last_exc: BaseException | None = None
         deadline: float | None = None
         while True:
-            try:
-                member = self.table.pick(version, tried | self.down)
-                if member is None and not self._may_come_back(version):
-                    raise NoRoute(503, "every server of this deployment has failed; see `llmserve status`")
-            except NoRoute as exc:
-                return _error(exc.status, exc.message)
+            member = self.table.pick(version, tried | self.down | skip)
+            if member is None and not self._may_come_back(version, skip):
+                if skip and not [m for m in self.table.candidates(version) if m.instance not in skip]:
+                    raise NoRoute(503, "no server of this version can take this call (see the gateway's log)")
+                raise NoRoute(503, "every server of this deployment has failed; see `llmserve status`")
             if member is None:
                 # No backend can take it now, but one is coming back (a restart): hold the request
                 # rather than fail it, within the deployment's hold timeout and MAX_HELD requests.
@@ -322,8 +367,8 @@ class Gateway:
                     deadline = asyncio.get_running_loop().time() + self.hold_s
                 if self.held >= MAX_HELD or not await self._wait_for_backend(deadline):
                     why = f"last error: {last_exc}" if last_exc else f"held {self.hold_s:g} s"
-                    log.warning("gave up on a request after holding it: %s (%d held)", why, self.held)
-                    return _error(503, f"no server of this deployment could take the request ({why})")
+                    log.warning("gave up on %s after holding it: %s (%d held)", what, why, self.held)
+                    raise NoRoute(503, f"no server of this deployment could take the request ({why})")
                 tried.clear()
                 continue
             iid = member.instance
@@ -331,7 +376,7 @@ class Gateway:
             self.inflight[iid] = self.inflight.get(iid, 0) + 1
             self.last_request[iid] = time.time()
             try:
-                return await self._forward(request, member, path, headers, body, version)
+                return await attempt(member)
             except _NotStarted as exc:
                 last_exc = exc.__cause__
                 tried.add(iid)
@@ -390,6 +435,26 @@ class Gateway:
         return web.json_response(data)
 
     # -- lifecycle ----------------------------------------------------------------------------
+    async def _start_grpc(self) -> None:
+        """Serve KServe v2 gRPC on the deployment's grpc_port, once (a port that cannot be bound is logged,
+        and HTTP keeps serving: `deploy` checks the port is free before it starts the gateway)."""
+        if self.grpc is not None:
+            return
+        dep = await asyncio.to_thread(self.store.deployment, self.deployment)
+        if dep is None or not dep.grpc_port:
+            return
+        # Imported here: grpc_proxy imports this module, and grpcio comes with the servers' `serve` extra.
+        from llmserve.deploy.grpc_proxy import GrpcProxy
+
+        proxy = GrpcProxy(self)
+        try:
+            await proxy.start(dep.gateway_host, dep.grpc_port)
+        except RuntimeError as exc:
+            log.error("cannot serve gRPC on %s: %s", dep.grpc_address, exc)
+            return
+        self.grpc = proxy
+        log.info("KServe v2 gRPC on %s", dep.grpc_address)
+
     async def _poll(self) -> None:
         """Pick up route changes written while a reload call was lost; flush last-request times."""
         tick = 0
@@ -398,15 +463,17 @@ class Gateway:
             tick += 1
             try:
                 self.apply_health(await asyncio.to_thread(self.supervisor.check, self.table.routes.instances()))
-                gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
+                gen, routes, ports = await asyncio.to_thread(self._read_table)
                 if gen != self.table.generation:
-                    self._set_table(gen, routes)
+                    self._set_table(gen, routes, ports)
                     log.info("routes generation %d picked up by polling", gen)
                 if tick % 10 == 0:
                     await asyncio.to_thread(self.store.touch_instances, dict(self.last_request))
                     await asyncio.to_thread(self.load_keys)
                 if tick % 10 == 5:
                     await self._reap()
+                    if self.grpc is not None:
+                        await self.grpc.close_unused_channels()
             except Exception:  # keep serving whatever happens to the database
                 log.exception("state poll failed")
 
@@ -446,8 +513,8 @@ class Gateway:
                 routes,
                 why=f"v{version} idle for {idle_for:.0f} s (idle timeout {idle:g} s)",
             )
-            gen, routes = await asyncio.to_thread(self.store.routes, self.deployment)
-            self._set_table(gen, routes)
+            gen, routes, ports = await asyncio.to_thread(self._read_table)
+            self._set_table(gen, routes, ports)
 
             for m in members:
                 for _ in range(600):
@@ -530,6 +597,12 @@ def build_app(gateway: Gateway) -> web.Application:
             connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
         )
         app["poller"] = asyncio.create_task(gateway._poll())
+        await gateway._start_grpc()  # before the HTTP site starts: once /health answers, gRPC listens too
+
+    async def on_shutdown(app: web.Application) -> None:
+        # gRPC calls in flight get the same drain time as HTTP requests (aiohttp's shutdown_timeout).
+        if gateway.grpc is not None:
+            await gateway.grpc.stop(grace=30)
 
     async def on_cleanup(app: web.Application) -> None:
         app["poller"].cancel()
@@ -537,6 +610,7 @@ def build_app(gateway: Gateway) -> web.Application:
         gateway.store.touch_instances(dict(gateway.last_request))
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
 
@@ -579,4 +653,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    raise SystemExit(main())
+    # The module proper, not this __main__ copy: grpc_proxy imports llmserve.deploy.gateway, and its
+    # NoRoute must be the one route() raises.
+    from llmserve.deploy.gateway import main as _main
+
+    raise SystemExit(_main())

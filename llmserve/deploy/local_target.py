@@ -30,12 +30,13 @@ class LocalTarget:
             self._wait_gateway(dep, None, timeout)  # its watchdog may be restarting it
             return dep
         procs.kill_session(dep.gateway_session)  # a gateway left by a killed watchdog
-        if not procs.port_free(dep.gateway_host, dep.gateway_port):
-            raise GatewayError(
-                f"gateway port {dep.gateway_host}:{dep.gateway_port} is taken by another process",
-                hint="Free the port, or tear down with `llmserve deploy down "
-                f"{dep.name}` and deploy again with --port.",
-            )
+        for what, port, option in (("", dep.gateway_port, "--port"), (" gRPC", dep.grpc_port, "--grpc-port")):
+            if port and not procs.port_free(dep.gateway_host, port):
+                raise GatewayError(
+                    f"gateway{what} port {dep.gateway_host}:{port} is taken by another process",
+                    hint="Free the port, or tear down with `llmserve deploy down "
+                    f"{dep.name}` and deploy again with {option}.",
+                )
         argv = [
             sys.executable,
             "-m",
@@ -58,7 +59,8 @@ class LocalTarget:
         self.store.set_gateway_process(dep.name, launched.pid, launched.start, launched.session)
         dep = self.store.require(dep.name)
         self._wait_gateway(dep, launched, timeout)
-        self.report(f"gateway up on {dep.gateway_url} (watchdog pid {launched.pid})")
+        grpc = f", KServe v2 gRPC on {dep.grpc_address}" if dep.grpc_address else ""
+        self.report(f"gateway up on {dep.gateway_url}{grpc} (watchdog pid {launched.pid})")
         return dep
 
     def _wait_gateway(self, dep: Deployment, launched: procs.Launched | None, timeout: float) -> None:
@@ -134,14 +136,15 @@ class LocalTarget:
     ) -> Instance:
         """Start one server. `package` is what the state records (a path, or a store reference as given);
         `serve_package`, when given, is what the server is started with (a store reference pinned by digest)."""
-        port = procs.free_port()
-        inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port)
-        argv = procs.serve_argv(serve_package or package, port, drain_timeout, serve_args)
+        port, grpc_port = procs.free_port(), procs.free_port()
+        inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port, grpc_port)
+        argv = procs.serve_argv(serve_package or package, port, drain_timeout, serve_args, grpc_port=grpc_port)
         assert inst.log is not None  # add_instance records the log path with the row
         launched = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=daemon_env(self.store.root, dep.name))
         self.store.set_instance_process(inst.id, launched.pid, launched.start, launched.session, argv)
         self.report(
-            f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (pid {launched.pid}); log {inst.log}"
+            f"started v{version} as instance #{inst.id} on 127.0.0.1:{port} (gRPC {grpc_port}, pid {launched.pid}); "
+            f"log {inst.log}"
         )
         return self.store.instance(inst.id)
 

@@ -199,8 +199,11 @@ def log_tail(path: str | Path | None, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def serve_argv(package: str, port: int, drain_timeout: float, extra: list[str] | None = None) -> list[str]:
-    """The real server: `llmserve serve PKG --openai --host 127.0.0.1 --port N`."""
+def serve_argv(
+    package: str, port: int, drain_timeout: float, extra: list[str] | None = None, grpc_port: int = 0
+) -> list[str]:
+    """The real server: `llmserve serve PKG --openai --host 127.0.0.1 --port N --grpc-port M` (KServe v2 gRPC
+    on loopback too, for the gateway's gRPC entry point; 0: any free port, unknown to the gateway)."""
     return [
         sys.executable,
         "-m",
@@ -213,7 +216,7 @@ def serve_argv(package: str, port: int, drain_timeout: float, extra: list[str] |
         "--port",
         str(port),
         "--grpc-port",
-        "0",
+        str(grpc_port),
         "--drain-timeout",
         f"{drain_timeout:g}",
         *(extra or []),

@@ -52,6 +52,7 @@ class DeployOptions:
     drain_timeout_s: float = 30.0
     host: str = "127.0.0.1"
     port: int | None = None  # gateway port; default: chosen once, then kept
+    grpc_port: int | None = None  # gateway KServe v2 gRPC port; default: chosen once, then kept
     idle_timeout_s: float | None = None  # versioned: stop idle non-newest versions after this
     promote: bool | None = None  # versioned: make the new version the default for unversioned requests
     max_step_errors: int = 0  # health gate: server errors (5xx, broken connections) allowed per step
@@ -143,9 +144,12 @@ class Deployer:
                     self.report(note)
             else:
                 port = opts.port or procs.free_port(opts.host)
-                dep = self.store.create_deployment(name, m.modelId, opts.host, port, {})
+                grpc_port = opts.grpc_port or procs.free_port(opts.host)
+                dep = self.store.create_deployment(name, m.modelId, opts.host, port, {"grpc_port": grpc_port})
                 dep = self.target.ensure_gateway(dep)
             config = dict(dep.config)
+            # A deployment made before the gateway spoke gRPC gets a port now (the gateway opens it on reload).
+            config.setdefault("grpc_port", opts.grpc_port or procs.free_port(opts.host))
             config["api_key"] = api_key  # a fingerprint, never the key
             if opts.idle_timeout_s is not None:
                 config["idle_timeout_s"] = opts.idle_timeout_s
@@ -699,6 +703,7 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
         "state_dir": str(store.root),
         "gateway": {
             "url": dep.gateway_url,
+            "grpc": dep.grpc_address,
             "pid": dep.gateway_pid,
             "alive": target.gateway_alive(dep),
             "generation_applied": (stats or {}).get("generation"),

@@ -115,6 +115,7 @@ ADDED_COLUMNS = (
     ("instances", "down_since", "REAL"),  # set while the supervisor restarts it; NULL when it serves
     ("instances", "last_exit", "TEXT"),  # why it last went down
     ("deployments", "gateway_session", "INTEGER"),
+    ("instances", "grpc_port", "INTEGER"),  # the server's loopback KServe v2 gRPC port (the gateway proxies to it)
 )
 
 # Instance lifecycle. Only `serving` instances may appear in routes.
@@ -200,6 +201,7 @@ class Instance:
     restarts: int = 0
     down_since: float | None = None
     last_exit: str | None = None
+    grpc_port: int | None = None  # None: started by an llmserve that did not record it (not reachable over gRPC)
 
     @property
     def url(self) -> str:
@@ -244,6 +246,17 @@ class Deployment:
     @property
     def gateway_url(self) -> str:
         return f"http://{self.gateway_host}:{self.gateway_port}"
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The gateway's KServe v2 gRPC port (config `grpc_port`); None for a deployment made before it existed."""
+        port = self.config.get("grpc_port")
+        return int(port) if port else None
+
+    @property
+    def grpc_address(self) -> str | None:
+        host = f"[{self.gateway_host}]" if ":" in self.gateway_host else self.gateway_host
+        return f"{host}:{self.grpc_port}" if self.grpc_port else None
 
 
 def _row_instance(row: sqlite3.Row) -> Instance:
@@ -383,13 +396,32 @@ class StateStore:
 
     # -- instances -----------------------------------------------------------------------------
     def add_instance(
-        self, deployment: str, version: int, package: str, digest: str | None, interface: dict, strategy: str, port: int
+        self,
+        deployment: str,
+        version: int,
+        package: str,
+        digest: str | None,
+        interface: dict,
+        strategy: str,
+        port: int,
+        grpc_port: int | None = None,
     ) -> Instance:
         with self.tx() as db:
             cur = db.execute(
-                "INSERT INTO instances(deployment, model_version, package, digest, interface, strategy, port, status, created) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
-                (deployment, version, package, digest, json.dumps(interface), strategy, port, STARTING, time.time()),
+                "INSERT INTO instances(deployment, model_version, package, digest, interface, strategy, port, status, "
+                "created, grpc_port) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    deployment,
+                    version,
+                    package,
+                    digest,
+                    json.dumps(interface),
+                    strategy,
+                    port,
+                    STARTING,
+                    time.time(),
+                    grpc_port,
+                ),
             )
             iid = _row_id(cur)
             log = str(self.log_file(deployment, f"i{iid}-v{version}"))
@@ -398,6 +430,15 @@ class StateStore:
 
     def instance(self, iid: int) -> Instance:
         return _row_instance(self.db.execute("SELECT * FROM instances WHERE id=?", (iid,)).fetchone())
+
+    def grpc_ports(self, deployment: str) -> dict[int, int]:
+        """{instance id: loopback gRPC port} of the deployment's live servers that have one recorded."""
+        marks = ",".join("?" * len(LIVE_STATUSES))
+        rows = self.db.execute(
+            f"SELECT id, grpc_port FROM instances WHERE deployment=? AND grpc_port IS NOT NULL AND status IN ({marks})",
+            (deployment, *LIVE_STATUSES),
+        )
+        return {int(r["id"]): int(r["grpc_port"]) for r in rows}
 
     def new_instance_of(self, rollout: Rollout) -> Instance:
         """The server a rollout started; every rollout past its first journal entry has one."""

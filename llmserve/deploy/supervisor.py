@@ -3,7 +3,7 @@
 A routed, serving instance whose process is gone (engine death, OOM kill, `kill -9`) is marked down
 at once: the gateway stops picking it and holds requests that have no other backend. What is left of
 its process tree (the engine core, reparented to init) is stopped, and it is started again on the
-same port with the arguments it was first started with; a start that dies or does not pass /health
+same ports (HTTP and gRPC) with the arguments it was first started with; a start that dies or does not pass /health
 within the deployment's health timeout counts as a failure, and the next waits longer (1, 2, 4 ... 30
 s). It is back in rotation once /health answers 200. After MAX_FAILED_STARTS failures in a row it is
 marked failed: it stays out of rotation and `llmserve status` reports the deployment degraded.
@@ -152,7 +152,8 @@ class Supervisor:
             return "recovering"
         procs.kill_session(inst.session)
         deadline = self.clock() + 10.0
-        while not procs.port_free("127.0.0.1", inst.port) and self.clock() < deadline:
+        ports = [p for p in (inst.port, inst.grpc_port) if p]
+        while not all(procs.port_free("127.0.0.1", p) for p in ports) and self.clock() < deadline:
             time.sleep(0.1)
         launched = procs.launch(inst.argv, Path(inst.log or "/dev/null"), self._pid_file(inst), env=self.env)
         if not self.store.restarted(inst.id, launched.pid, launched.start, launched.session):

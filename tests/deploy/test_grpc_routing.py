@@ -1,0 +1,148 @@
+"""KServe v2 gRPC through the local gateway, with the real `tritonclient.grpc` client against real
+`llmserve serve` processes: one deployment of two versions (v1 the default, v2 versioned beside it),
+made once for the module. Calls pinned to a version reach that version's server (the response's
+model_version says which), a ModelStreamInfer stream goes through, calls without the key are refused,
+and calls naming no version split by the default pool's weights, counted in the gateway's stats."""
+
+from __future__ import annotations
+
+import json
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from deploy_helpers import MODEL
+from deploy_helpers import auth as http_auth
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.timeout(600)
+
+ONE_TOKEN = {"max_tokens": 1, "temperature": 0}
+
+
+def inputs(prompt: str, sampling: dict, stream: bool | None = None) -> list:
+    out = [grpcclient.InferInput("text_input", [1], "BYTES")]
+    out[0].set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+    params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=object))
+    out.append(params)
+    if stream is not None:
+        flag = grpcclient.InferInput("stream", [1], "BOOL")
+        flag.set_data_from_numpy(np.array([stream], dtype=bool))
+        out.append(flag)
+    return out
+
+
+@pytest.fixture(scope="module")
+def deployed(cli, deploy_packages) -> dict:
+    """v1 deployed (default pool, 100%), then v2 versioned beside it (reachable by its number only)."""
+    rc, _, text = cli.run("deploy", str(deploy_packages["v1"]), "--pause", "0")
+    assert rc == 0, text
+    rc, _, text = cli.run("deploy", str(deploy_packages["v2"]), "--strategy", "versioned")
+    assert rc == 0, text
+    status = cli.status()
+    assert status["gateway"]["grpc"] and status["config"]["grpc_port"], status["gateway"]
+    return status
+
+
+def auth(status: dict) -> dict[str, str]:
+    """The deployment's key as gRPC metadata (keys are lower case there)."""
+    return {"authorization": http_auth(status)["Authorization"]}
+
+
+@pytest.fixture()
+def client(deployed):
+    with grpcclient.InferenceServerClient(deployed["gateway"]["grpc"]) as c:
+        yield c
+
+
+def served_version(client, headers: dict, **kw) -> str:
+    result = client.infer(MODEL, inputs("hello", ONE_TOKEN), headers=headers, **kw)
+    assert result.as_numpy("text_output")[0]  # a real generation came back
+    return result.get_response().model_version
+
+
+def test_unary_calls_reach_the_version_they_name(deployed, client):
+    key = auth(deployed)
+    # the request's model_version field, or the x-model-version metadata (which wins, as the header does on HTTP)
+    assert served_version(client, key, model_version="2") == "2"
+    assert served_version(client, key, model_version="1") == "1"
+    assert served_version(client, {**key, "x-model-version": "2"}) == "2"
+    assert served_version(client, {**key, "x-model-version": "1"}, model_version="2") == "1"
+    assert served_version(client, key) == "1"  # no version: the default pool (v1 only)
+    assert client.get_model_metadata(MODEL, "2", headers=key).versions == ["2"]
+    assert client.get_model_metadata(MODEL, headers=key).versions == ["1"]
+    with pytest.raises(InferenceServerException) as info:
+        served_version(client, key, model_version="9")
+    assert info.value.status() == "StatusCode.NOT_FOUND" and "version 9" in info.value.message()
+    # health, answered by the gateway without a key, as `llmserve serve` answers it
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "2")
+    assert not client.is_model_ready(MODEL, "9") and not client.is_model_ready("no-such-model")
+
+
+def test_a_stream_goes_through_to_the_version_named(deployed, client):
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=auth(deployed))
+    try:
+        sampling = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        for rid in ("a", "b"):
+            client.async_stream_infer(
+                MODEL, inputs("once upon", sampling, stream=True), request_id=rid, model_version="2"
+            )
+        finals, deltas = set(), []
+        while finals != {"a", "b"}:
+            result, error = responses.get(timeout=120)
+            assert error is None, error
+            resp = result.get_response()
+            assert resp.model_version == "2"
+            deltas.append(resp.id)
+            if resp.parameters["triton_final_response"].bool_param:
+                finals.add(resp.id)
+    finally:
+        client.stop_stream()
+    assert len(deltas) > 2  # token by token, not one answer per request
+
+
+def test_calls_without_the_key_are_refused(deployed, client):
+    for headers in (None, {"authorization": "Bearer wrong"}, {"x-api-key": "wrong"}):
+        with pytest.raises(InferenceServerException) as info:
+            served_version(client, headers, model_version="1")
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED", info.value
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_metadata(MODEL, headers=headers)
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+    errors: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: errors.put(error))
+    try:
+        client.async_stream_infer(MODEL, inputs("x", ONE_TOKEN))
+        assert "UNAUTHENTICATED" in str(errors.get(timeout=60))
+    finally:
+        client.stop_stream()
+
+
+def test_unversioned_calls_split_by_weight(cli, deployed, client):
+    """The default pool's weights, as a red-black step sets them, apply to gRPC as to HTTP (smooth weighted
+    round robin: 75/25 is exactly 3 in 4), and gRPC calls count in the gateway's per-backend stats."""
+    from llmserve.deploy.local_target import LocalTarget
+    from llmserve.deploy.state import StateStore
+
+    store = StateStore(cli.state_dir)
+    target = LocalTarget(store)
+    dep = store.require(MODEL)
+    _gen, before = store.routes(MODEL)
+    v1, v2 = before.pinned[1][0], before.pinned[2][0]
+    split = type(before).from_dict(before.to_dict())
+    split.default = [type(v1)(v1.instance, 1, v1.url, 75), type(v2)(v2.instance, 2, v2.url, 25)]
+    counts0 = target.stats(dep)["counts"]
+    target.apply_routes(dep, split, why="test: a 75/25 step")
+    try:
+        seen = [served_version(client, auth(deployed)) for _ in range(8)]
+    finally:
+        target.apply_routes(dep, before, why="test: back")
+    assert sorted(seen) == ["1"] * 6 + ["2"] * 2, seen
+    counts = target.stats(dep)["counts"]
+    ok = {i: counts[str(i)]["ok"] - counts0.get(str(i), {}).get("ok", 0) for i in (v1.instance, v2.instance)}
+    assert ok == {v1.instance: 6, v2.instance: 2}
+    assert all(n == 0 for n in target.stats(dep)["inflight"].values())
