@@ -22,10 +22,10 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from llmserve.serve.disconnect import unless_disconnected
-from llmserve.serve.limits import JsonProblem, load_json, log_safe
+from llmserve.serve.limits import JsonProblem, OverCap, load_json, log_safe
 from llmserve.serve.openai.engine_calls import engine_call, result_response, validated
 from llmserve.serve.openai.errors import RequestRejected
-from llmserve.serve.openai.fields import TABLES
+from llmserve.serve.openai.fields import TABLES, over_cap_problem, read_caps
 from llmserve.serve.openai.logprobs import fix_logprobs
 from llmserve.serve.openai.request_check import check_request, prompt_chars
 from llmserve.serve.readiness import Readiness
@@ -129,9 +129,12 @@ class OpenAIRoutes:
         handle = self.readiness.engine_for_inference()
         raw = await request.body()
         try:
-            body = load_json(raw)
+            body = load_json(raw, read_caps(kind))
         except JsonProblem as exc:
             raise RequestRejected(f"the request body is {exc}", code="invalid_json") from None
+        except OverCap as exc:
+            problem = over_cap_problem(exc.key, exc.cap)
+            raise RequestRejected(f"field '{exc.key}': {problem}", param=exc.key, code="unsupported_value") from None
         # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
         forwarded, consumed = await asyncio.to_thread(check_request, kind, body, handle.constraints)
         self._check_model_and_size(kind, body, handle)

@@ -484,4 +484,25 @@ EMBEDDING_FIELDS: dict[str, Fate] = {
 }
 
 TABLES = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "embedding": EMBEDDING_FIELDS}
+
+# Top-level arrays with a fixed cap (checked by the fields' checks above): the body reader refuses an
+# over-cap one as soon as it has read cap + 1 items (llmserve/serve/limits.py load_json), so 100k
+# messages cost what 2049 do. (`prompt` and `input` are not here: one prompt may be a token-id list.)
+LIST_CAPS: dict[str, tuple[int, str]] = {
+    "messages": (MAX_MESSAGES, "messages"),
+    "stop": (MAX_STOP_STRINGS, "stop strings"),
+    "stop_token_ids": (MAX_TOKEN_LIST, "token ids"),
+}
+
+
+def read_caps(kind: str) -> dict[str, int]:
+    """The LIST_CAPS of the fields a request of this kind takes, for load_json."""
+    return {key: cap for key, (cap, _) in LIST_CAPS.items() if key in TABLES[kind]}
+
+
+def over_cap_problem(key: str, cap: int) -> str:
+    """The fields' own words for an array refused while the body was read (its full length unknown)."""
+    return f"at most {cap} {LIST_CAPS[key][1]} are accepted, got more"
+
+
 REQUIRED = {"chat": ("model", "messages"), "completion": ("model", "prompt"), "embedding": ("model", "input")}
