@@ -29,25 +29,20 @@ whose shortest answer does not fit in max_tokens is a 400 saying how many tokens
 registers it at startup).
 
 Checking a new constraint compiles it (up to the compile time budget, LLMSERVE_CONSTRAINT_COMPILE_MS),
-so async frontends call `validation_problem_async`, which runs the check on a small pool of worker
-threads: the event loop keeps serving /health and other requests meanwhile. The compiled automaton
-is kept (memory and disk cache), so vLLM's own validate_params and the engine reuse it.
+so it runs off the event loop, on the constraint-check threads of constraint_checks.py (few, at a lower
+CPU priority, refusals remembered): the event loop keeps serving /health and other requests meanwhile.
+The compiled automaton is kept (memory and disk cache), so vLLM's own validate_params and the engine
+reuse it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-# Threads that check constraints: a few, so that a burst of new constraints queues here rather than
-# taking every core (or the event loop's default executor, which other work shares).
-CHECK_THREADS = 2
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
+from llmserve.serve.constraint_checks import on_check_thread
 
 # = ("constraint", *llmserve.constraints.vllm_processor.FLAT_KEYS); importing that module imports vLLM.
 CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
@@ -141,21 +136,24 @@ def validation_problem(key: str, value: Any, max_tokens: int | None = None, budg
     vLLM admits the request), reported with the key; None if valid. With `max_tokens` and the
     budget on, a constraint whose shortest answer cannot fit is refused with the tokens it needs.
     Only the processor's ConstraintError is the client's fault; anything else it raises propagates
-    (a server fault). Imports vLLM."""
+    (a server fault). Runs on a constraint-check thread (constraint_checks.py). Imports vLLM."""
     # deferred to the first constrained request: the processor module imports vLLM (seconds), and
     # the frontends import this module before the engine step
     from llmserve.constraints.errors import ConstraintError
     from llmserve.constraints.vllm_processor import check_budget, request_constraint, validate_constraint
 
-    try:
-        obj = request_constraint({key: value})
-        if obj is not None:
-            validate_constraint(obj)
-            if budget and max_tokens is not None:
-                check_budget(obj, max_tokens)
-    except ConstraintError as exc:
-        return f"key '{key}': invalid constraint: {exc.message}"
-    return None
+    def check() -> str | None:
+        try:
+            obj = request_constraint({key: value})
+            if obj is not None:
+                validate_constraint(obj)
+                if budget and max_tokens is not None:
+                    check_budget(obj, max_tokens)
+        except ConstraintError as exc:
+            return f"key '{key}': invalid constraint: {exc.message}"
+        return None
+
+    return on_check_thread(check)
 
 
 def object_problem(obj: dict[str, Any], max_tokens: int | None = None, budget: bool = True) -> str | None:
@@ -166,9 +164,8 @@ def object_problem(obj: dict[str, Any], max_tokens: int | None = None, budget: b
 
 
 async def validation_problem_async(key: str, value: Any) -> str | None:
-    """`validation_problem` on a worker thread (see the module doc): the caller's event loop is free
-    while the constraint compiles."""
-    return await asyncio.get_running_loop().run_in_executor(_check_executor(), validation_problem, key, value)
+    """`validation_problem` off the event loop: the caller's loop is free while the constraint compiles."""
+    return await asyncio.to_thread(validation_problem, key, value)
 
 
 # ---- structured-output fields -> llmserve constraints -------------------------------------------
@@ -299,14 +296,6 @@ def no_additional_properties(schema: Any) -> Any:
     ):
         out["additionalProperties"] = False
     return out
-
-
-def _check_executor() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="llmserve-constraint-check")
-        return _executor
 
 
 def extra_args_value(value: Any) -> Any:

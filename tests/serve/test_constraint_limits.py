@@ -4,11 +4,14 @@ loop, and a constraint over a compile budget is refused with a message naming th
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 
 import pytest
 
 from llmserve.constraints.limits import Limits, set_limits
+from llmserve.serve.constraint_checks import CHECK_NICE, on_check_thread
 from llmserve.serve.constraint_keys import validation_problem, validation_problem_async
 
 SLOW = "((a|b|c|d|e|f|g|h)?){1000}"  # 39 bytes; took 41 s to compile before the time budget
@@ -54,3 +57,10 @@ def test_async_check_leaves_the_event_loop_free(short_budget):
     # the compile ran for the whole budget on a worker thread, the GIL released; a busy 2-core
     # machine still schedules the loop within a fraction of that
     assert worst_gap < 0.4, worst_gap
+
+
+def test_constraints_are_checked_at_a_lower_cpu_priority():
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    niceness = on_check_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert niceness == min(19, base + CHECK_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's thread is untouched

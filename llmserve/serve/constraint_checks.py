@@ -1,0 +1,58 @@
+"""Where a request's constraint is checked (issue #11).
+
+Checking a new constraint compiles it, and what that costs is the client's choice, up to the compile
+budgets (llmserve/constraints/limits.py: 2 s of wall-clock time by default). So the check runs:
+
+  * on a few threads of its own (CHECK_THREADS): a burst of new constraints queues here instead of
+    taking every core or the event loop's default executor, which every request's other work shares;
+  * at a lower CPU priority (CHECK_NICE, Linux's per-thread nice value): when the CPUs are contended,
+    the engine and the event loop, which serve every other client, win them. On an idle machine the
+    priority changes nothing.
+What a check found is remembered by the compiler itself (llmserve/constraints/compiler.py): a
+constraint that compiled is not compiled again, nor one that was refused, except over the time
+budget (it may fit on a less busy machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+log = logging.getLogger("llmserve.serve")
+
+CHECK_THREADS = 2
+CHECK_NICE = 10  # added to the process's nice value: weight ~1/10 of a normal thread under contention
+THREAD_PREFIX = "llmserve-constraint-check"
+
+T = TypeVar("T")
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _lower_priority() -> None:
+    try:
+        # on Linux a thread is a task of its own: its id as PRIO_PROCESS changes this thread only
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + CHECK_NICE)
+    except (OSError, AttributeError) as exc:  # not Linux, or refused: the checks still run, at normal priority
+        log.warning("constraint checks run at normal CPU priority (%s)", exc)
+
+
+def _check_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix=THREAD_PREFIX, initializer=_lower_priority)
+        return _executor
+
+
+def on_check_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a constraint-check thread, waiting for it (the caller is itself a worker thread,
+    never the event loop). Called from a check thread, it runs in place."""
+    if threading.current_thread().name.startswith(THREAD_PREFIX):
+        return fn(*args)
+    return _check_executor().submit(fn, *args).result()
