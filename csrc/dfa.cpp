@@ -309,7 +309,67 @@ class NfaBuilder {
       }
       return {ids[start], e};
     }
+    if (kind == 5) return members(pos);
+    if (kind == 6) return comma_list(pos);
     throw std::invalid_argument("unknown AST node kind");
+  }
+  // JSON object members, each built once (see regex.py, _NFA.members, which this mirrors state for
+  // state): a[i] no member before i, p[i] after a comma (member i or a later one), after member i
+  // one state that takes the comma or ends, so the subset after a member holds one state, not one
+  // per later optional member.
+  std::pair<int32_t, int32_t> members(int64_t& pos) {
+    const int32_t n = at(pos), at_least_one = at(pos + 1);
+    pos += 2;
+    if (n < 0) throw std::invalid_argument("members: bad count");
+    const int32_t s = state(), end = state();
+    std::vector<int32_t> a{s}, p, e;
+    for (int32_t i = 0; i < n; ++i) a.push_back(state());
+    for (int32_t i = 0; i < n; ++i) p.push_back(state());
+    for (int32_t i = 0; i < n; ++i) e.push_back(state());
+    e.push_back(end);
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t req = at(pos++);
+      auto [cs, ce] = node(pos);
+      const int32_t entry = state();
+      nfa_.eps[entry].push_back(cs);
+      nfa_.eps[a[i]].push_back(entry);
+      nfa_.eps[p[i]].push_back(entry);
+      const int32_t after = state();
+      nfa_.eps[ce].push_back(after);
+      if (i + 1 < n) edge(after, 0x2C, 0x2C, p[i + 1]);
+      nfa_.eps[after].push_back(e[i + 1]);
+      if (!req) {
+        nfa_.eps[a[i]].push_back(a[i + 1]);
+        if (i + 1 < n) nfa_.eps[p[i]].push_back(p[i + 1]);
+        nfa_.eps[e[i]].push_back(e[i + 1]);
+      }
+    }
+    if (!at_least_one) nfa_.eps[a[n]].push_back(end);
+    return {s, end};
+  }
+  // child lo..hi times, comma-separated; unbounded: max(lo, 1) copies, the last looping back
+  std::pair<int32_t, int32_t> comma_list(int64_t& pos) {
+    const int32_t lo = at(pos), hi = at(pos + 1);
+    pos += 2;
+    if (lo < 0 || (hi >= 0 && hi < lo)) throw std::invalid_argument("list bounds");
+    const int64_t child = pos;
+    const int32_t s = state(), end = state();
+    if (lo == 0) nfa_.eps[s].push_back(end);
+    const int32_t copies = hi < 0 ? std::max(lo, 1) : hi;
+    int32_t cur = s;
+    for (int32_t k = 0; k < copies; ++k) {
+      int64_t q = child;
+      auto [cs, ce] = node(q);
+      pos = q;
+      if (k == 0) nfa_.eps[cur].push_back(cs);
+      else edge(cur, 0x2C, 0x2C, cs);
+      cur = state();
+      nfa_.eps[ce].push_back(cur);
+      if (k + 1 >= lo) nfa_.eps[cur].push_back(end);
+      if (hi < 0 && k + 1 == copies) edge(cur, 0x2C, 0x2C, cs);
+    }
+    if (copies == 0) skip(pos);
+    return {s, end};
   }
   void skip(int64_t& pos) {
     if (++skip_depth_ > kMaxAstDepth) throw std::invalid_argument("AST nested deeper than " + std::to_string(kMaxAstDepth));
@@ -326,6 +386,16 @@ class NfaBuilder {
       const int32_t count = at(pos);
       pos += 2 + static_cast<int64_t>(count);
       for (int32_t q = 0; q < count; ++q) pos += 3 * static_cast<int64_t>(at(pos)) + 1;
+    } else if (kind == 5) {
+      const int32_t count = at(pos);
+      pos += 2;
+      for (int32_t k = 0; k < count; ++k) {
+        ++pos;  // the member's required flag
+        skip(pos);
+      }
+    } else if (kind == 6) {
+      pos += 2;
+      skip(pos);
     } else {
       throw std::invalid_argument("unknown AST node kind");
     }

@@ -45,6 +45,9 @@ struct Nfa {
 //   rep: 3, lo, hi (-1: unbounded), child
 //   dfa: 4, S, start, accept_1 ... accept_S, then per state: n, (lo, hi, target) x n  (byte ranges,
 //        no UTF-8 step: an automaton over bytes built elsewhere, e.g. an intersection, used as it is)
+//   members: 5, n, at_least_one, then per member: required, child  (comma-separated, in order, each
+//        optional unless required: a JSON object's properties, each built once)
+//   list: 6, lo, hi (-1: unbounded), child  (child lo..hi times, comma-separated: a JSON array)
 // Code-point ranges become UTF-8 byte-range sequences (surrogates excluded), so the automaton runs
 // over bytes. Mirrors the Python reference (regex.py) state for state.
 // Thrown with a message fit for the user (too many states, empty language, a budget exceeded).

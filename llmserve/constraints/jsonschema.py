@@ -148,9 +148,9 @@ def any_value(depth: int = ANY_DEPTH):
     if depth <= 0:
         return ("alt", scalars)
     inner = any_value(depth - 1)
-    array = _cat(_lit("["), ("rep", _cat(inner, ("rep", _cat(_lit(","), inner), 0, None)), 0, 1), _lit("]"))
+    array = _cat(_lit("["), ("list", inner, 0, None), _lit("]"))
     member = _cat(_string_any(), _lit(":"), inner)
-    obj = _cat(_lit("{"), ("rep", _cat(member, ("rep", _cat(_lit(","), member), 0, None)), 0, 1), _lit("}"))
+    obj = _cat(_lit("{"), ("list", member, 0, None), _lit("}"))
     return ("alt", [*scalars, array, obj])
 
 
@@ -750,7 +750,7 @@ def _sequence(heads: list, item, lo: int, hi: int | None) -> tuple:
     if n > 0:
         first = _cat(heads[0], rest)
     elif item is not None and hi != 0:
-        first = _cat(item, ("rep", _cat(_lit(","), item), max(lo - 1, 0), None if hi is None else hi - 1))
+        return ("list", item, lo, hi)  # item once, not twice (before and after a comma)
     else:
         return ("cat", [])
     return ("rep", first, 0, 1) if lo == 0 else first
@@ -771,20 +771,12 @@ def _members(kvs: list[tuple[bool, tuple]], at_least_one: bool = False) -> tuple
     Each step wraps the previous ``some`` once, so the expression (and the automaton built from it)
     grows linearly; enumerating which optional properties appear would be exponential.
     """
-    some: tuple | None = None
-    none_ok = True
-    for req, kv in kvs:
-        branches = []
-        if some is not None:
-            after = _cat(_lit(","), kv)
-            branches.append(_cat(some, after if req else ("rep", after, 0, 1)))
-        if none_ok:
-            branches.append(kv)
-        some = branches[0] if len(branches) == 1 else ("alt", branches)
-        none_ok = none_ok and not req
-    if some is None:
+    if not kvs:
         return ("cat", [])
-    return ("rep", some, 0, 1) if none_ok and not at_least_one else some
+    # the regular expression above writes kv_i twice (first member, or after a comma): nested
+    # objects then doubled per level in the automaton's construction; the "members" node builds
+    # that automaton with each kv_i once (regex.py, _NFA.members)
+    return ("members", [(bool(req), kv) for req, kv in kvs], bool(at_least_one))
 
 
 def schema_to_ast(schema) -> tuple:

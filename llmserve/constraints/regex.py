@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise
 
 import numpy as np
@@ -38,6 +39,13 @@ SUBSET_FACTOR = 8
 # --------------------------------------------------------------------------------------------
 # AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi|None)
 #      | ("dfa", ByteDFA): an automaton over bytes used as it is (intersections, dfa_ops.py)
+#      | ("members", [(required, node), ...], at_least_one): comma-separated members in order, each
+#        optional unless required (a JSON object's properties); empty only when none is required
+#        and not at_least_one
+#      | ("list", node, lo, hi|None): ``node`` repeated lo..hi times, comma-separated (a JSON array)
+# "members" and "list" build each element once (``jsonschema`` would otherwise write the element
+# twice, before and after a comma, and nested objects and arrays doubled per level: 2^depth copies
+# of the innermost value in the NFA and in the unminimised DFA). See _NFA.members / _NFA.comma_list.
 # ranges: sorted, merged list of inclusive (lo, hi) code-point pairs.
 # --------------------------------------------------------------------------------------------
 
@@ -72,7 +80,13 @@ _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0
 
 def literal(text: str):
     """AST matching exactly ``text``."""
-    return ("cat", [("set", [(ord(c), ord(c))]) for c in text])
+    return ("cat", [_char(c) for c in text])
+
+
+@lru_cache(maxsize=4096)
+def _char(c: str) -> tuple:
+    """The set node of one character (shared: AST nodes are never mutated)."""
+    return ("set", [(ord(c), ord(c))])
 
 
 # ECMA-262's ``.`` leaves out every line terminator, Python's only ``\n``: a JSON Schema pattern
@@ -418,7 +432,63 @@ class _NFA:
                 self.eps[ce].append(end)
                 e = ce
             return s, end
+        if kind == "members":
+            return self.members(node[1], node[2])
+        if kind == "list":
+            return self.comma_list(node[1], node[2], node[3])
         raise AssertionError(kind)
+
+    def members(self, kvs, at_least_one: bool) -> tuple[int, int]:
+        """Each member built once. ``a[i]``: no member emitted before i (epsilon only); ``p[i]``: after
+        a comma, member i or a later one (the ones between optional); ``after[i]``: member i-1 was
+        the last emitted, so a comma or the end (``e[i]``: the end, if members i.. are optional)
+        follows. After a member the subset holds ``after[i]`` alone, not one state per later member."""
+        n = len(kvs)
+        s, end = self.state(), self.state()
+        a = [s] + [self.state() for _ in range(n)]
+        p = [self.state() for _ in range(n)]
+        e = [self.state() for _ in range(n)] + [end]
+        for i, (req, child) in enumerate(kvs):
+            cs, ce = self.build(child)
+            entry = self.state()
+            self.eps[entry].append(cs)
+            self.eps[a[i]].append(entry)
+            self.eps[p[i]].append(entry)
+            after = self.state()
+            self.eps[ce].append(after)
+            if i + 1 < n:
+                self.edges[after].append((0x2C, 0x2C, p[i + 1]))
+            self.eps[after].append(e[i + 1])
+            if not req:
+                self.eps[a[i]].append(a[i + 1])
+                if i + 1 < n:
+                    self.eps[p[i]].append(p[i + 1])
+                self.eps[e[i]].append(e[i + 1])
+        if not at_least_one:
+            self.eps[a[n]].append(end)
+        return s, end
+
+    def comma_list(self, child, lo: int, hi: int | None) -> tuple[int, int]:
+        """``child`` lo..hi times, comma-separated. Unbounded: max(lo, 1) copies, the last one looping
+        back through a comma (a counted bound needs its copies: the automaton counts)."""
+        s, end = self.state(), self.state()
+        if lo == 0:
+            self.eps[s].append(end)
+        copies = max(lo, 1) if hi is None else hi
+        at = s
+        for k in range(copies):
+            cs, ce = self.build(child)
+            if k == 0:
+                self.eps[at].append(cs)
+            else:
+                self.edges[at].append((0x2C, 0x2C, cs))
+            at = self.state()
+            self.eps[ce].append(at)
+            if k + 1 >= lo:
+                self.eps[at].append(end)
+            if hi is None and k + 1 == copies:
+                self.edges[at].append((0x2C, 0x2C, cs))
+        return s, end
 
 
 def byte_ranges(row) -> list[tuple[int, int, int]]:
@@ -606,7 +676,7 @@ def _renumber(t: np.ndarray, acc: np.ndarray, live: np.ndarray, cls: np.ndarray)
 
 
 MAX_NFA_STATES = Limits.max_nfa_states  # the default; the limit in force is limits().max_nfa_states
-_SET, _CAT, _ALT, _REP, _DFA = 0, 1, 2, 3, 4
+_SET, _CAT, _ALT, _REP, _DFA, _MEMBERS, _LIST = 0, 1, 2, 3, 4, 5, 6
 
 
 def _states_error(n: int) -> ConstraintError:
@@ -630,7 +700,15 @@ def expanded_size(node, cap: int) -> int:
         if id(n) in sizes:
             continue
         kind = n[0]
-        children = [n[1]] if kind == "rep" else [] if kind == "dfa" else n[1] if kind in ("cat", "alt") else []
+        children = (
+            [n[1]]
+            if kind in ("rep", "list")
+            else [c for _, c in n[1]]
+            if kind == "members"
+            else n[1]
+            if kind in ("cat", "alt")
+            else []
+        )
         if not ready and children:
             stack.append((n, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
@@ -641,6 +719,11 @@ def expanded_size(node, cap: int) -> int:
             size = 1 + n[1].num_states
         elif kind in ("cat", "alt"):
             size = 2 + sum(sizes[id(c)] for c in n[1])
+        elif kind == "members":
+            size = 2 + sum(5 + sizes[id(c)] for _, c in n[1])
+        elif kind == "list":
+            child, lo, hi = sizes[id(n[1])], n[2], n[3]
+            size = 2 + (child + 1) * (max(lo, 1) if hi is None else hi)
         else:
             child, lo, hi = sizes[id(n[1])], n[2], n[3]
             size = 3 + child * (lo + (1 if hi is None else hi - lo))
@@ -665,6 +748,16 @@ def serialize_ast(node) -> np.ndarray:
             stack.extend(reversed(n[1]))
         elif kind == "rep":
             out += (_REP, n[2], -1 if n[3] is None else n[3])
+            stack.append(n[1])
+        elif kind == "members":
+            out += (_MEMBERS, len(n[1]), int(bool(n[2])))
+            for req, child in reversed(n[1]):
+                stack.append(child)
+                stack.append(("req", bool(req)))
+        elif kind == "req":  # a member's flag, just before it
+            out.append(int(n[1]))
+        elif kind == "list":
+            out += (_LIST, n[2], -1 if n[3] is None else n[3])
             stack.append(n[1])
         elif kind == "dfa":
             # the same automaton is embedded at every use of a shared $ref or free-form value:

@@ -21,6 +21,7 @@ intersection (``dfa_ops.intersect``).
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
 from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
@@ -93,6 +94,13 @@ _ALL_NO_SHORT = (
 def _encode_set(ranges: list[tuple[int, int]]):
     """The JSON encodings of the characters in ``ranges``: raw where JSON allows, else one escape
     (kept compact: one backslash, then a set of escape letters or ``u00`` and hex digits)."""
+    return _encode_ranges(tuple(ranges))
+
+
+@lru_cache(maxsize=4096)
+def _encode_ranges(ranges: tuple[tuple[int, int], ...]):
+    """``_encode_set``, built once per set (a schema's patterns repeat the same few classes
+    thousands of times; the AST it returns is shared, never mutated)."""
 
     def has(cp: int) -> bool:
         return any(lo <= cp <= hi for lo, hi in ranges)
