@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import gzip
 import importlib.util
+import itertools
 import json
 import multiprocessing
 import os
@@ -163,17 +164,20 @@ def hostile_requests(with_constraints: bool) -> list[tuple[str, str, dict]]:
         ),
     ]
     if with_constraints:
-        schema = {
-            "type": "object",
-            "properties": {f"p{i}": {"type": "string", "pattern": "a{1,99}b{1,99}"} for i in range(300)},
-        }
-        out.append(
-            (
-                "constraint_schema",
-                "/v1/chat/completions",
-                {"json": {"model": MODEL, "messages": msg, "vllm_xargs": {"constraint_json_schema": schema}}},
-            )
-        )
+        counter = itertools.count()
+
+        def schema_body() -> bytes:
+            # a new schema each time, as an attacker would send: a refused constraint is remembered,
+            # so resending one would measure the memo rather than the compile's cost to others
+            n = next(counter)
+            schema = {
+                "type": "object",
+                "properties": {f"p{i}_{n}": {"type": "string", "pattern": "a{1,99}b{1,99}"} for i in range(300)},
+            }
+            body = {"model": MODEL, "messages": msg, "vllm_xargs": {"constraint_json_schema": schema}}
+            return json.dumps(body).encode()
+
+        out.append(("constraint_schema", "/v1/chat/completions", {"content": schema_body, "headers": json_h}))
     return [
         (name, path, {"content": json.dumps(kw["json"]).encode(), "headers": json_h} if "json" in kw else kw)
         for name, path, kw in out
@@ -209,7 +213,9 @@ async def run_normal(client: httpx.AsyncClient, n: int, concurrency: int, cap_s:
     return latencies, failed
 
 
-def hostile_process(base: str, workers: int, constraints: bool, stop: Any, results: Any) -> None:
+def hostile_process(
+    base: str, workers: int, constraints: bool, stop: Any, results: Any, only: list[str] | None = None
+) -> None:
     """The hostile clients, in their own process: their work (multi-megabyte bodies) does not run on
     the normal clients' event loop, so what the normal requests measure is the server."""
 
@@ -224,22 +230,24 @@ def hostile_process(base: str, workers: int, constraints: bool, stop: Any, resul
                 done.set()
 
             watcher = asyncio.create_task(watch())
-            outcomes = await run_hostile(client, done, workers, constraints)
+            outcomes = await run_hostile(client, done, workers, constraints, only)
             await watcher
             return outcomes
 
     results.put(dict(asyncio.run(main())))
 
 
-async def run_hostile(client: httpx.AsyncClient, stop: asyncio.Event, workers: int, constraints: bool) -> Counter:
+async def run_hostile(
+    client: httpx.AsyncClient, stop: asyncio.Event, workers: int, constraints: bool, only: list[str] | None = None
+) -> Counter:
     outcomes: Counter = Counter()
-    cases = hostile_requests(constraints)
+    cases = [c for c in hostile_requests(constraints) if only is None or c[0] in only]
 
     async def worker(offset: int) -> None:
         i = offset
         while not stop.is_set():
             name, path, kwargs = cases[i % len(cases)]
-            if callable(kwargs.get("content")):  # a generator is consumed once: a fresh one each time
+            if callable(kwargs.get("content")):  # a fresh body (or body generator) each time
                 kwargs = {**kwargs, "content": kwargs["content"]()}
             try:
                 r = await client.post(path, **kwargs)
@@ -259,6 +267,22 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+async def mixed_phase(
+    client: httpx.AsyncClient, base: str, args: argparse.Namespace, only: list[str] | None
+) -> tuple[list[float], int, Counter]:
+    """Normal requests while the hostile clients (all cases, or `only` these) send back to back."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, results = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=hostile_process, args=(base, args.hostile_workers, args.constraints, stop, results, only))
+    proc.start()
+    await asyncio.sleep(3)  # the hostile clients are sending before the normal ones start
+    mixed, failed = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
+    stop.set()
+    outcomes = Counter(await asyncio.to_thread(results.get, True, 300))
+    proc.join(60)
+    return mixed, failed, outcomes
+
+
 async def measure(base: str, args: argparse.Namespace) -> dict:
     headers = {"Authorization": f"Bearer {KEY}"}
     limits = httpx.Limits(max_connections=64)
@@ -266,15 +290,16 @@ async def measure(base: str, args: argparse.Namespace) -> dict:
         # warm-up (first requests compile the chat template, fill caches)
         await run_normal(client, 4, 1, args.phase_cap_s)
         alone, failed_alone = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
-        ctx = multiprocessing.get_context("spawn")
-        stop, results = ctx.Event(), ctx.Queue()
-        proc = ctx.Process(target=hostile_process, args=(base, args.hostile_workers, args.constraints, stop, results))
-        proc.start()
-        await asyncio.sleep(3)  # the hostile clients are sending before the normal ones start
-        mixed, failed_mixed = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
-        stop.set()
-        outcomes = Counter(await asyncio.to_thread(results.get, True, 300))
-        proc.join(60)
+        mixed, failed_mixed, outcomes = await mixed_phase(client, base, args, None)
+        per_case = {}
+        if args.per_case:  # what each hostile request costs the normal ones: one case at a time
+            for name, _, _ in hostile_requests(args.constraints):
+                lat, failed, _ = await mixed_phase(client, base, args, [name])
+                per_case[name] = {
+                    "ratio_p50": round(pct(lat, 0.5) / pct(alone, 0.5), 2),
+                    "ratio_p99": round(pct(lat, 0.99) / pct(alone, 0.99), 2),
+                    "failed_normal": failed,
+                }
     p50a, p99a, p50m, p99m = pct(alone, 0.5), pct(alone, 0.99), pct(mixed, 0.5), pct(mixed, 0.99)
     bad = {f"{n}:{s}": c for (n, s), c in outcomes.items() if not (isinstance(s, int) and 400 <= s < 500)}
     return {
@@ -288,8 +313,33 @@ async def measure(base: str, args: argparse.Namespace) -> dict:
         "failed_normal": {"alone": failed_alone, "mixed": failed_mixed},
         "hostile_outcomes": {f"{n}:{s}": c for (n, s), c in sorted(outcomes.items(), key=str)},
         "hostile_not_4xx": bad,
+        **({"per_case": per_case} if per_case else {}),
         "targets_met": p50m / p50a <= 1.5 and p99m / p99a <= 1.5 and failed_mixed == 0 and not bad,
     }
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far (its own threads, not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_per_case(base: str, pid: int, args: argparse.Namespace) -> dict:
+    """What each kind of request costs the server's API process in CPU, one request at a time: a
+    figure a noisy machine disturbs far less than latency ratios (clock ticks are 10 ms: use >= 10)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    out = {}
+    normal = ("normal", "/v1/chat/completions", {"json": normal_request(0)[1]})
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120) as client:
+        for name, path, kwargs in [normal, *hostile_requests(args.constraints)]:
+            statuses: Counter = Counter()
+            before = process_cpu_s(pid)
+            for _ in range(args.cpu_per_case):
+                sent = {**kwargs, "content": kwargs["content"]()} if callable(kwargs.get("content")) else kwargs
+                statuses[(await client.post(path, **sent)).status_code] += 1
+            cost = (process_cpu_s(pid) - before) / args.cpu_per_case
+            out[name] = {"api_cpu_ms": round(cost * 1000, 1), "statuses": dict(statuses)}
+    return out
 
 
 def main() -> int:
@@ -300,6 +350,14 @@ def main() -> int:
     ap.add_argument("--phase-cap-s", type=float, default=600, help="time cap of each phase")
     ap.add_argument("--ready-cap-s", type=float, default=900, help="time cap for the server to get ready")
     ap.add_argument("--constraints", action="store_true", help="also send hostile constraint schemas")
+    ap.add_argument("--per-case", action="store_true", help="also one mixed phase per hostile case (diagnosis)")
+    ap.add_argument(
+        "--cpu-per-case",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N requests of each case, one at a time: API CPU each",
+    )
     ap.add_argument("--json", type=Path, help="write the result here too")
     args = ap.parse_args()
     # SIGTERM ends the run like Ctrl-C: the finally below still stops the server and cleans up
@@ -310,6 +368,8 @@ def main() -> int:
         package = make_package(work)
         proc, base, log = start_server(package, work, args.ready_cap_s)
         result = asyncio.run(measure(base, args))
+        if args.cpu_per_case:
+            result["cpu_per_case"] = asyncio.run(cpu_per_case(base, proc.pid, args))
         result["server_alive_after"] = proc.poll() is None
         result["server_log_tracebacks"] = log.read_text(errors="replace").count("Traceback")
     finally:
