@@ -568,7 +568,14 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
     for (int32_t i = first[b]; i < last[b]; ++i) in |= enters[elems[i]];
     return in;
   };
+  // The block that holds the sink is never a splitter: every missing transition enters the sink,
+  // so its predecessor lists cover most states on most letters and scanning them made this
+  // minimisation quadratic in practice (seconds at 50k states). Hopcroft's argument allows it:
+  // initially one of the two blocks suffices (the other is the whole minus it), and after a split
+  // of a block not queued, either half does (the other is the parent minus it). Where neither half
+  // holds the sink, the smaller one is queued, as usual.
   for (int32_t b = 0; b < static_cast<int32_t>(first.size()); ++b) {
+    if (b == block[sink]) continue;
     const auto in = block_enters(b);
     for (int64_t l = 0; l < L; ++l)
       if (in[l]) push(b, l);
@@ -610,7 +617,9 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
       marked.push_back(0);
       first[b] += m;
       for (int32_t i = first[nb]; i < last[nb]; ++i) block[elems[i]] = nb;
-      const bool new_smaller = (last[nb] - first[nb]) <= (last[b] - first[b]);
+      const bool new_smaller = block[sink] == b   ? true  // queue nb: the half without the sink, else the smaller
+                               : block[sink] == nb ? false
+                                                   : (last[nb] - first[nb]) <= (last[b] - first[b]);
       // only the smaller side's letters are needed, except where b was queued already
       bool b_queued = false;
       for (int64_t ll = 0; ll < L && !b_queued; ++ll)
