@@ -19,7 +19,10 @@ subset is narrower than the schema it says so here:
   non-empty); a branch that may still overlap another is not generated, and a ``oneOf`` with no
   such branch left is refused. String values are checked against a pattern with Python's ``re``.
 * ``if``/``then``/``else``: answers satisfy ``if`` and ``then`` (``else`` with ``if: false``);
-  values that fail ``if`` are not generated (a subset).
+  values that fail ``if`` are not generated (a subset). Several in one ``allOf`` whose ``if``s
+  exclude each other by one property's value (an if-chain on a discriminator) are one branch each:
+  that ``if`` (its properties present) and ``then``, and every other ``else`` (``_if_chain``);
+  other combinations hold every ``if`` at once, or are refused naming the conflict.
 * strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
   time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
   (``schema_strings.py``).
@@ -211,8 +214,12 @@ class _Converter:
                 subs = schema["allOf"]
                 if not isinstance(subs, list) or not subs:
                     raise self.fail("allOf must be a non-empty list")
+                chain = _if_chain(schema)
+                if chain is not None:
+                    schema = chain
+                    continue
                 out = {k: v for k, v in schema.items() if k != "allOf"}
-                conditional = any(isinstance(sub, dict) and "if" in sub for sub in subs)
+                conditional = sum(1 for sub in subs if isinstance(sub, dict) and "if" in sub)
                 for sub in subs:
                     sub, refs = self.normalize(sub, refs)
                     try:
@@ -223,6 +230,15 @@ class _Converter:
                         raise Unsatisfiable(
                             "json_schema: if/then/else generates only values that satisfy its 'if' (a subset), "
                             "and no value satisfies every 'if' here together with the rest of the schema"
+                        ) from None
+                    except ConstraintError as exc:
+                        if conditional < 2:
+                            raise
+                        raise self.fail(
+                            f"allOf with {conditional} if/then/else: served as an if-chain only when each 'if' "
+                            "excludes the others by one property's value (e.g. different const or enum values of "
+                            "the same property); these 'if's may hold together, and holding them all at once "
+                            f"failed: {exc.message.removeprefix('json_schema: ')}"
                         ) from None
                 schema = out
                 continue
@@ -515,6 +531,55 @@ class _Converter:
                 raise
             return _lit("{}")
         return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
+
+
+def _if_chain(schema: dict) -> dict | None:
+    """``allOf`` with several ``if``/``then``/``else`` whose ``if``s exclude each other (an
+    if-chain on one discriminator: ``if: {properties: {kind: {const: "a"}}}``, then ``"b"``, ...),
+    as an ``anyOf`` with one branch per ``if``: that ``if`` (its properties required), its ``then``,
+    and the ``else`` of every other, which fails there. Sound: a value of branch i satisfies
+    ``if`` i, and holds a property whose value the other ``if``s refuse. Values that satisfy none of
+    the ``if``s are not generated (a subset). None when the ``if``s may overlap."""
+    subs = schema["allOf"]
+    conds = [sub for sub in subs if isinstance(sub, dict) and isinstance(sub.get("if"), dict)]
+    if len(conds) < 2:
+        return None
+    strict = [_props_required(c["if"]) for c in conds]
+    for i, a in enumerate(strict):
+        if not all(_fails(a, c["if"]) for j, c in enumerate(conds) if j != i):
+            return None
+    others = [sub for sub in subs if not any(sub is c for c in conds)]
+    base = {k: v for k, v in schema.items() if k != "allOf"}
+
+    def plain(c: dict) -> dict:
+        return {k: v for k, v in c.items() if k not in ("if", "then", "else")}
+
+    branches = []
+    for i, c in enumerate(conds):
+        parts = [base, *others, *(plain(d) for d in conds), strict[i], c.get("then", True)]
+        parts += [d.get("else", True) for j, d in enumerate(conds) if j != i]
+        branches.append({"allOf": parts})
+    return {"anyOf": branches}
+
+
+def _props_required(cond: dict) -> dict:
+    """``cond`` with the properties it names required (a subset of it)."""
+    props = cond.get("properties")
+    if not isinstance(props, dict) or not props:
+        return cond
+    return {**cond, "required": list(dict.fromkeys([*cond.get("required", []), *props]))}
+
+
+def _fails(a: dict, b: Any) -> bool:
+    """Whether every value of ``a`` fails ``b``: ``a`` requires a property whose values ``b``'s
+    schema for it refuses (so ``b`` fails whether or not it requires the property)."""
+    if not isinstance(b, dict):
+        return b is False
+    pa, pb = a.get("properties") or {}, b.get("properties") or {}
+    return any(
+        k in pb and isinstance(pa.get(k), dict) and isinstance(pb[k], dict) and _disjoint(pa[k], pb[k])
+        for k in a.get("required", [])
+    )
 
 
 def _conditional(schema: dict) -> dict:

@@ -445,16 +445,38 @@ def test_if_then_else_answers_satisfy_if_and_then(schema):
     assert_samples_valid(schema, n=80)
 
 
-def test_if_chains_no_value_satisfies_together_are_refused():
+IF_CHAIN = {
+    "type": "object",
+    "properties": {"kind": {"enum": ["a", "b", "c"]}, "x": {"type": "integer"}, "y": {"type": "boolean"}},
+    "required": ["kind"],
+    "allOf": [
+        {
+            "if": {"properties": {"kind": {"const": "a"}}},
+            "then": {"required": ["x"]},
+            "else": {"properties": {"x": False}},
+        },
+        {"if": {"properties": {"kind": {"const": "b"}}}, "then": {"required": ["y"]}},
+        {"if": {"properties": {"kind": {"const": "c"}}}, "then": {"properties": {"y": {"const": True}}}},
+    ],
+}
+
+
+def test_if_chains_on_one_discriminator_generate_every_branch():
+    # an if-chain (one 'if' per value of a property) was refused: every 'if' was held at once
+    assert accepts(IF_CHAIN, '{"kind":"a","x":1}') and not accepts(IF_CHAIN, '{"kind":"a"}')
+    assert accepts(IF_CHAIN, '{"kind":"b","y":false}') and not accepts(IF_CHAIN, '{"kind":"b","x":1,"y":true}')
+    assert accepts(IF_CHAIN, '{"kind":"c","y":true}') and not accepts(IF_CHAIN, '{"kind":"c","y":false}')
+    assert_samples_valid(IF_CHAIN, n=60)
+
+
+def test_if_chains_whose_ifs_may_hold_together_are_refused_by_name():
     schema = {
         "type": "object",
-        "properties": {"kind": {"enum": ["a", "b"]}},
-        "required": ["kind"],
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
         "allOf": [
-            {"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
-            {"if": {"properties": {"kind": {"const": "b"}}}, "then": {"required": ["y"]}},
+            {"if": {"required": ["a"]}, "then": {"propertyNames": {"maxLength": 3}}},
+            {"if": {"required": ["b"]}, "then": {"propertyNames": {"maxLength": 4}}},
         ],
     }
-    # every 'if' held at once is the subset generated: here it has no value (kind a and b)
-    with pytest.raises(ConstraintError, match=r"nothing in common|satisfy its 'if'"):
+    with pytest.raises(ConstraintError, match=r"allOf with 2 if/then/else: served as an if-chain only when"):
         dfa_of(schema)
