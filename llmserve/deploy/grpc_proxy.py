@@ -74,7 +74,13 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
     ("grpc.enable_retries", 0),  # the gateway retries itself, knowing which calls are safe to
+    # A server restarted on its port is reachable again within a second, not after gRPC's default backoff
+    # (up to 120 s, during which every call on the channel fails at once).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+CONNECT_S = 5.0  # how long a call waits for its server's channel to connect before trying another server
 UNAUTHENTICATED_MSG = "missing or invalid API key: send metadata 'authorization: Bearer <key>'"
 
 
@@ -129,6 +135,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
     def __init__(self, gateway: Gateway):
         self.gw = gateway
         self.channels: dict[str, grpc.aio.Channel] = {}
+        self.owners: dict[str, int] = {}  # channel address -> the instance it was opened for
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
 
@@ -159,15 +166,23 @@ class GrpcProxy(grpc.GenericRpcHandler):
         """Channels of servers no longer in the table and with nothing in flight (called by the poller)."""
         ports = self.gw.grpc_ports
         routed = {f"127.0.0.1:{ports[i]}" for i in self.gw.table.routes.instances() if i in ports}
-        busy = any(self.gw.inflight.get(i, 0) for i in self.gw.inflight)
         for address in [a for a in self.channels if a not in routed]:
-            if not busy:
+            if not self.gw.inflight.get(self.owners.get(address, -1), 0):
+                self.owners.pop(address, None)
                 await self.channels.pop(address).close()
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
+    async def _channel(self, member: Member) -> grpc.aio.Channel:
+        """The member's channel, connected (raises _NotStarted when it cannot connect within CONNECT_S)."""
+        address = f"127.0.0.1:{self.gw.grpc_ports[member.instance]}"
         channel = self.channels.get(address)
         if channel is None:
             channel = self.channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.owners[address] = member.instance
+        if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), CONNECT_S)
+            except TimeoutError:
+                raise _NotStarted() from ConnectionError(f"cannot connect to {address} within {CONNECT_S:g} s")
         return channel
 
     # -- grpc.GenericRpcHandler ----------------------------------------------------------------
@@ -216,9 +231,6 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 return _as_version(named)
         return None
 
-    def _address(self, member: Member) -> str:
-        return f"127.0.0.1:{self.gw.grpc_ports[member.instance]}"
-
     def _without_port(self) -> frozenset[int]:
         return frozenset(self.gw.table.routes.instances() - set(self.gw.grpc_ports))
 
@@ -258,7 +270,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
         upstream_md = self._upstream_metadata(context.invocation_metadata() or (), md)
 
         async def attempt(member: Member) -> bytes:
-            call = self._channel(self._address(member)).unary_unary(method)(
+            call = (await self._channel(member)).unary_unary(method)(
                 request, metadata=upstream_md, timeout=self._timeout(context)
             )
             try:
@@ -317,7 +329,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
             upstream_md = self._upstream_metadata(context.invocation_metadata() or (), md)
 
             async def attempt(member: Member) -> None:
-                call = self._channel(self._address(member)).stream_stream(method)(
+                call = (await self._channel(member)).stream_stream(method)(
                     inbox.replay(), metadata=upstream_md, timeout=self._timeout(context)
                 )
                 responded = False
