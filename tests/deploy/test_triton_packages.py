@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -81,7 +82,9 @@ def deployed(tmp_path_factory, tiny_model_dir):
     cli = Cli(tmp / "state")
     env = {PYTHON_ENV_ENV: str(TRITON_ENV), "LLMSERVE_API_KEY": KEY}
     rc, out, text = run_cli_json(
-        *cli.args("deploy", str(package), "--pause", "0", "--health-timeout", "300"), env=env, timeout=400
+        *cli.args("deploy", str(package), "--pause", "0", "--drain-timeout", "2", "--health-timeout", "300"),
+        env=env,
+        timeout=400,
     )
     try:
         assert rc == 0, text
@@ -138,6 +141,10 @@ def test_the_triton_hosted_package_serves_openai_and_kserve_through_the_gateway(
 def test_deploy_down_leaves_nothing_of_triton_running(deployed):
     cli, _ = deployed
     assert any("tritonserver" in c for c in tagged_processes(cli.state_dir))  # what down must stop
+    t0 = time.monotonic()
     rc, _, text = cli.run("deploy", "down", MODEL, "--drain-timeout", "2", timeout=180)
     assert rc == 0, text
+    print(f"deploy down took {time.monotonic() - t0:.1f} s")
+    (log,) = (cli.state_dir / "logs").glob(f"{MODEL}-i*-v1.log")
+    assert "shutdown: done" in log.read_text(), log.read_text()[-2000:]  # stopped Triton itself, not killed
     assert tagged_processes(cli.state_dir) == []
