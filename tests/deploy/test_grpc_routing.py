@@ -152,3 +152,20 @@ def test_unversioned_calls_split_by_weight(cli, deployed, client):
     ok = {i: counts[str(i)]["ok"] - counts0.get(str(i), {}).get("ok", 0) for i in (v1.instance, v2.instance)}
     assert ok == {v1.instance: 6, v2.instance: 2}
     assert all(n == 0 for n in target.stats(dep)["inflight"].values())
+
+
+def test_the_version_field_is_read_from_the_raw_bytes():
+    """No process needed: the one field the proxy reads, from messages serialized by the real protobuf classes."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from llmserve.deploy.grpc_proxy import string_field
+
+    infer = pb.ModelInferRequest(model_name=MODEL, model_version="2", id="r")
+    infer.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    infer.raw_input_contents.append(b"\x05\x00\x00\x00hello" * 1000)
+    data = infer.SerializeToString()
+    assert string_field(data, 2) == "2" and string_field(data, 1) == MODEL
+    assert string_field(pb.ModelInferRequest(model_name=MODEL).SerializeToString(), 2) is None
+    ready = pb.ModelReadyRequest(name=MODEL, version="7").SerializeToString()
+    assert string_field(ready, 2) == "7"
+    assert string_field(data[:-3], 2) is None  # truncated: the server says what is wrong with it
