@@ -23,6 +23,11 @@ subset is narrower than the schema it says so here:
   exclude each other by one property's value (an if-chain on a discriminator) are one branch each:
   that ``if`` (its properties present) and ``then``, and every other ``else`` (``_if_chain``);
   other combinations hold every ``if`` at once, or are refused naming the conflict.
+* ``not``: turned into conditions that imply it (``_Converter.negate``): excluded string, boolean
+  and null values (every JSON spelling of them) and patterns by the complement automaton (exact),
+  ``required`` as one of those names never generated, ``type`` as the other types, ``properties``
+  as that property present with a value failing its schema, ``anyOf``/``oneOf`` branch by branch;
+  a subset where the ``not`` has more keywords. Other forms are refused by name.
 * strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
   time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
   (``schema_strings.py``).
@@ -49,12 +54,15 @@ import json
 import time
 from typing import Any
 
+import numpy as np
+
+from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
 from llmserve.constraints.regex import ByteDFA, _time_budget_error, compile_ast, expanded_size, literal, parse
 from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
-from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, string_ast
+from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, string_ast
 
 MAX_DEPTH = 32
 # A $ref target whose tree would expand to more NFA states than this is built into its own minimal
@@ -104,14 +112,19 @@ _TYPE_KEYWORDS = {
 }
 _ALL_TYPE_KEYWORDS = set().union(*_TYPE_KEYWORDS.values())
 # the vocabulary that may change validation and that no branch below implements
-_UNSUPPORTED = {"not", "$dynamicRef", "$recursiveRef"}
+_UNSUPPORTED = {"$dynamicRef", "$recursiveRef"}
+# internal keywords a ``not`` becomes (``_Converter.negate``): JSON values whose text is excluded
+# (["value", v] for a string, boolean or null; ["pattern", p] for strings that match p), and
+# property names never generated; merged by union (schema_merge.py)
+NOT_TEXT = "x-llmserve-not"
+ABSENT = "x-llmserve-absent"
 # keywords of a type that no branch below implements yet (refused by name when present)
 _UNSUPPORTED_OF_TYPE = {
     "object": {"unevaluatedProperties"},
     "array": {"contains", "minContains", "maxContains", "unevaluatedItems"},
 }
 _SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
-_STRUCTURE = {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable"}
+_STRUCTURE = {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", NOT_TEXT, ABSENT}
 
 
 def _lit(text: str):
@@ -242,8 +255,93 @@ class _Converter:
                         ) from None
                 schema = out
                 continue
+            if "not" in schema:
+                schema = self.negate(schema, refs)
+                continue
             return schema, refs
         raise self.fail(f"$ref/allOf chain deeper than {MAX_DEPTH}")
+
+    def negate(self, schema: dict, refs: tuple[str, ...]) -> Any:
+        """``schema`` with its ``not`` turned into conditions that imply it (a subset where exactness
+        is out of reach: which values *fail* a schema is not regular to generate in general):
+
+        * ``anyOf``/``oneOf`` inside: a value failing every branch fails them; each is negated;
+        * ``const``/``enum`` of strings, booleans, null: those values' every JSON text is excluded
+          (numbers, arrays and objects have many texts per value: refused);
+        * ``required``: an object without one of those names (one the schema does not require);
+        * ``properties``: an object holding the first of them, valued against its schema;
+        * ``pattern``: a string whose decoded value the pattern does not match (exact);
+        * ``type``: the other types (a subset when the ``not`` has more keywords).
+
+        Anything else is refused by name."""
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        n, _ = self.normalize(schema["not"], refs)
+        return self._merge(rest, self._not_of(n, rest, refs))
+
+    def _not_of(self, n: Any, base: dict, refs: tuple[str, ...]) -> Any:
+        if n is False:
+            return {}
+        if n is True or (isinstance(n, dict) and not _constrains(n)):
+            raise Unsatisfiable("json_schema: 'not' of a schema every value satisfies")
+        if not isinstance(n, dict):
+            raise self.fail("'not' must be a schema")
+        for key in ("anyOf", "oneOf"):
+            if isinstance(n.get(key), list) and n[key]:
+                out: Any = {}
+                for sub in n[key]:
+                    sub, _ = self.normalize(sub, refs)
+                    out = self._merge(out, self._not_of(sub, base, refs))
+                return out
+        values = values_of(n)
+        if values is not None:
+            if all(v is None or isinstance(v, (str, bool)) for v in values):
+                return {NOT_TEXT: [["value", v] for v in values]}
+            raise self.fail("'not' with const/enum numbers, arrays or objects is not supported")
+        n_types = types_of(n)
+        names = [r for r in n.get("required", []) if isinstance(r, str) and r not in base.get("required", [])]
+        if names and (n_types is None or "object" in n_types):
+            return {"type": "object", ABSENT: names[:1]}
+        props = n.get("properties")
+        if isinstance(props, dict) and props and (n_types is None or "object" in n_types):
+            # an object whose property k is present with a value that fails k's schema
+            k, sub = next(iter(props.items()))
+            return {"type": "object", "required": [k], "properties": {k: {"not": sub}}}
+        patterns = n.get("pattern")
+        if patterns and (n_types is None or "string" in n_types):
+            patterns = patterns if isinstance(patterns, list) else [patterns]
+            return {"type": "string", NOT_TEXT: [["pattern", p] for p in patterns]}
+        if n_types is not None:
+            return {"type": _other_types(n_types)}
+        raise self.fail(
+            f"'not' of {sorted(k for k in n if _constrains({k: n[k]}))} is not supported (supported: type, "
+            "const/enum of strings, booleans or null, pattern, required, properties, and anyOf/oneOf of those)"
+        )
+
+    def exclude(self, node: tuple, items: list) -> tuple:
+        """``node`` less the JSON texts ``items`` describe (NOT_TEXT): the product with the
+        complement of their automaton. Strings are excluded in every encoding the converter
+        generates (``encode``), so no escaped spelling of an excluded value slips through."""
+        alts = []
+        for kind, v in items:
+            if kind == "pattern":
+                alts.append(_cat(QUOTE, encode(pattern_ast(v)), QUOTE))
+            elif isinstance(v, str):
+                alts.append(_cat(QUOTE, encode(literal(v)), QUOTE))
+            else:
+                alts.append(_lit(_dumps(v)))
+        try:
+            excluded = compile_ast(("alt", alts), started=self.started)
+        except ConstraintError as exc:
+            if "matches no string" in exc.message:
+                return node  # nothing to exclude
+            raise
+        try:
+            dfa = intersect([compile_ast(node, started=self.started), _complement(excluded)], started=self.started)
+        except ConstraintError as exc:
+            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+                raise Unsatisfiable("json_schema: no value is left once 'not' is applied") from None
+            raise
+        return ("dfa", dfa)
 
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
         """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
@@ -282,9 +380,12 @@ class _Converter:
             raise Unsatisfiable("json_schema: a false schema admits no value")
         if not isinstance(schema, dict):
             raise self.fail(f"schema must be an object or a boolean, got {type(schema).__name__}")
-        for key in schema:
-            if key in _UNSUPPORTED:
-                raise self.fail(f"keyword {key!r} is not supported")
+        unsupported = [key for key in schema if key in _UNSUPPORTED]
+        if unsupported:
+            raise self.fail(f"keyword {unsupported[0]!r} is not supported")
+        if NOT_TEXT in schema:
+            rest = {k: v for k, v in schema.items() if k != NOT_TEXT}
+            return self.exclude(self.convert(rest, depth + 1, refs), schema[NOT_TEXT])
         if schema.get("nullable") is True:
             rest = {k: v for k, v in schema.items() if k != "nullable"}
             try:
@@ -462,6 +563,7 @@ class _Converter:
         dependencies are not certain to be there (never generating those is a subset)."""
         props = dict(schema.get("properties") or {})
         required = list(dict.fromkeys(schema.get("required", [])))
+        _drop_absent(schema, props, required)
         additional = schema.get("additionalProperties", True)
         patterns = schema.get("patternProperties") or {}
         deps = {
@@ -505,9 +607,9 @@ class _Converter:
         pattern, or propertyNames) and whose values follow additionalProperties."""
         additional = schema.get("additionalProperties", True)
         patterns = schema.get("patternProperties") or {}
-        for key in ("dependencies", "dependentSchemas", "dependentRequired"):
-            if key in schema:
-                raise self.fail(f"{key!r} on an object without properties is not supported")
+        for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
+            if kw in schema:
+                raise self.fail(f"{kw!r} on an object without properties is not supported")
         if (patterns and "propertyNames" in schema) or len(patterns) > 1:
             raise self.fail(
                 "patternProperties with several patterns (or with propertyNames) and no properties are not supported"
@@ -524,6 +626,8 @@ class _Converter:
             key = _string_any()
             if "propertyNames" in schema:
                 key = self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
+        if schema.get(ABSENT):
+            key = self.exclude(key, [["value", name] for name in schema[ABSENT]])
         try:
             value = self.convert(value_schema, depth + 1, refs)
         except Unsatisfiable:
@@ -580,6 +684,35 @@ def _fails(a: dict, b: Any) -> bool:
         k in pb and isinstance(pa.get(k), dict) and isinstance(pb[k], dict) and _disjoint(pa[k], pb[k])
         for k in a.get("required", [])
     )
+
+
+def _drop_absent(schema: dict, props: dict, required: list) -> None:
+    """The names a ``not`` of ``required`` excludes (ABSENT) are never generated."""
+    for name in schema.get(ABSENT, []):
+        if name in required:
+            raise Unsatisfiable(f"json_schema: property {name!r} is required and excluded by 'not'")
+        props.pop(name, None)
+
+
+def _other_types(types: set[str]) -> list[str]:
+    """The JSON types a value of none of ``types`` may have (a number answer may be an integer)."""
+    left = {"object", "array", "string", "number", "integer", "boolean", "null"} - types
+    if "integer" in types:
+        left.discard("number")
+    if "number" in types:
+        left.discard("integer")
+    if not left:
+        raise Unsatisfiable("json_schema: 'not' excludes every type")
+    return sorted(left)
+
+
+def _complement(dfa: ByteDFA) -> ByteDFA:
+    """Every byte string ``dfa`` refuses: a sink state takes the missing transitions, acceptance
+    flips (every state still reaches acceptance: the sink accepts)."""
+    n = dfa.num_states
+    table = np.vstack([np.where(dfa.table < 0, n, dfa.table), np.full((1, 256), n)]).astype(np.int32)
+    accept = np.append(1 - np.asarray(dfa.accept, dtype=np.uint8), 1).astype(np.uint8)
+    return ByteDFA(table, accept, dfa.start)
 
 
 def _conditional(schema: dict) -> dict:

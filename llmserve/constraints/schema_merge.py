@@ -232,6 +232,10 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "oneOf":
         raise ConstraintError("json_schema: oneOf on both sides of allOf is not supported")
+    if key == "not":  # not A and not B: not (A or B)
+        return {"anyOf": [mine, value]}
+    if key in ("x-llmserve-not", "x-llmserve-absent"):  # the converter's, from a 'not': both hold
+        return [*mine, *(v for v in value if v not in mine)]
     if key not in VALIDATION_KEYWORDS:
         return mine
     return _same(key, mine, value)

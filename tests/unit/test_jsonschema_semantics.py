@@ -303,7 +303,8 @@ def test_annotations_are_ignored():
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        ({"type": "string", "not": {"const": "a"}}, "not"),
+        ({"type": "integer", "not": {"minimum": 3}}, "'not' of \\['minimum'\\] is not supported"),
+        ({"type": "integer", "not": {"const": 3}}, "'not' with const/enum numbers"),
         ({"$dynamicRef": "#meta"}, "dynamicRef"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
         ({"type": "object", "patternProperties": {"^a": {}}, "propertyNames": {"maxLength": 3}}, "propertyNames"),
@@ -315,6 +316,45 @@ def test_annotations_are_ignored():
 def test_unsupported_keywords_are_refused_by_name(schema, keyword):
     with pytest.raises(ConstraintError, match=keyword):
         dfa_of(schema)
+
+
+NOT_SCHEMAS = [
+    {"type": "string", "maxLength": 2, "not": {"enum": ["a", "b", ""]}},
+    {"type": "string", "not": {"pattern": "^[aA][sS]$"}},
+    {"type": ["string", "integer", "boolean"], "not": {"type": "integer"}},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "not": {"required": ["a", "b"]},
+    },
+    {"type": "object", "additionalProperties": {"type": "integer"}, "not": {"required": ["a"]}},
+    {"type": "string", "not": {"oneOf": [{"const": "X"}, {"const": "Y"}]}},
+    {
+        "type": "object",
+        "properties": {"k": {"type": ["string", "null"]}},
+        "not": {"properties": {"k": {"type": "string"}}},
+    },
+    {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}, "c": {"type": "integer"}},
+        "allOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", NOT_SCHEMAS)
+def test_not_is_served_as_a_sound_subset(schema):
+    # 'not' was refused outright
+    assert_samples_valid(schema, n=40)
+
+
+def test_not_excludes_every_spelling_of_a_value():
+    assert not accepts({"type": "string", "not": {"const": "a"}}, '"a"')
+    assert not accepts({"type": "string", "not": {"const": "a"}}, '"\\u0061"')
+    assert accepts({"type": "string", "not": {"const": "a"}}, '"ab"')
+    free = {"type": "object", "additionalProperties": {"type": "integer"}, "not": {"required": ["a"]}}
+    assert not accepts(free, '{"a":1}') and accepts(free, '{"b":1}')
+    assert not accepts({"type": "string", "not": {"pattern": "^[aA][sS]$"}}, '"As"')
 
 
 def test_thirty_five_optional_properties_compile_in_well_under_a_second():
