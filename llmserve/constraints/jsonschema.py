@@ -28,7 +28,9 @@ subset is narrower than the schema it says so here:
   ``required`` as one of those names never generated, ``type`` as the other types, ``properties``
   as that property present with a value failing its schema, ``anyOf``/``oneOf`` branch by branch;
   a subset where the ``not`` has more keywords. Other forms are refused by name.
-* strings: ``pattern`` (a search over the decoded value, JSON escapes handled), ``format`` (date,
+* strings: ``pattern`` (a search over the decoded value, JSON escapes handled; look-aheads at its
+  anchored start, ``^(?=A)(?!B)...``, as patterns the value must or must not match, exact; other
+  look-around is refused), ``format`` (date,
   time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
   (``schema_strings.py``).
 * integers and numbers with ``minimum``/``maximum``/``exclusive*`` (``schema_numbers.py``).
@@ -62,7 +64,7 @@ from llmserve.constraints.limits import limits
 from llmserve.constraints.regex import ByteDFA, _time_budget_error, compile_ast, expanded_size, literal, parse
 from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
-from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, string_ast
+from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, split_lookaheads, string_ast
 
 MAX_DEPTH = 32
 # A $ref target whose tree would expand to more NFA states than this is built into its own minimal
@@ -495,7 +497,14 @@ class _Converter:
         fmt = schema.get("format")
         lo = _count(schema, "minLength", 0)
         hi = _count(schema, "maxLength", None)
-        return string_ast(patterns, fmt, lo, hi, started=self.started)
+        # look-aheads at a pattern's anchored start: patterns that must (not) match too
+        must, must_not = [], []
+        for p in patterns:
+            rest, pos, neg = split_lookaheads(p) if isinstance(p, str) else (p, [], [])
+            must += [q for q in (rest, *pos) if q != "^"]
+            must_not += neg
+        node = string_ast(must, fmt, lo, hi, started=self.started)
+        return self.exclude(node, [["pattern", q] for q in must_not]) if must_not else node
 
     def _array(self, schema, depth, refs):
         items = schema.get("items")

@@ -194,6 +194,40 @@ def pattern_ast(pattern: str):
     return node
 
 
+def split_lookaheads(pattern: str) -> tuple[str, list[str], list[str]]:
+    """``^(?=A)(?!B)rest`` -> (``^rest``, [``^(?:A)``], [``^(?:B)``]): look-aheads at the anchored
+    start of a pattern, as patterns the value must match (``(?=``) or must not match (``(?!``);
+    the rest unchanged. Look-around anywhere else is left in ``rest`` (and refused by the parser)."""
+    if not pattern.startswith("^("):
+        return pattern, [], []
+    i = 1
+    must: list[str] = []
+    must_not: list[str] = []
+    while pattern.startswith(("(?=", "(?!"), i):
+        depth, j, in_class = 0, i, False
+        while j < len(pattern):
+            c = pattern[j]
+            if c == "\\":
+                j += 2
+                continue
+            if in_class:
+                in_class = c != "]"
+            elif c == "[":
+                in_class = True
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        if j >= len(pattern):
+            return pattern, [], []  # unbalanced: the parser says so
+        (must if pattern[i + 2] == "=" else must_not).append(f"^(?:{pattern[i + 3 : j]})")
+        i = j + 1
+    return "^" + pattern[i:], must, must_not
+
+
 def format_ast(fmt: str):
     if fmt not in FORMATS:
         raise ConstraintError(f"json_schema: unsupported string format {fmt!r} (supported: {sorted(FORMATS)})")

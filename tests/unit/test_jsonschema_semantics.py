@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 
 import jsonschema
@@ -520,3 +521,20 @@ def test_if_chains_whose_ifs_may_hold_together_are_refused_by_name():
     }
     with pytest.raises(ConstraintError, match=r"allOf with 2 if/then/else: served as an if-chain only when"):
         dfa_of(schema)
+
+
+LOOKAHEADS = [
+    ("^(?!variables$)([a-zA-Z][a-zA-Z0-9_]+)$", ["variables", "variable", "variabless", "ab", "a"]),
+    (r"^(?=[^=]+$)(?!\s+$)(.|\n)+$", ["a=b", "  ", "ab", " a", ""]),
+    (r"^(?!@@)[@a-zA-Z0-9_-]+$", ["@@a", "@a", "a@@"]),
+    (r"^(?!.*--)[a-z-]+$", ["a--b", "a-b", "--"]),
+]
+
+
+@pytest.mark.parametrize(("pattern", "words"), LOOKAHEADS)
+def test_lookaheads_at_a_patterns_start_match_as_python_re_does(pattern, words):
+    # refused before ("look-around ... not supported")
+    schema = {"type": "string", "pattern": pattern}
+    for word in words:
+        assert accepts(schema, json.dumps(word)) == (re.search(pattern, word) is not None), word
+    assert_samples_valid(schema, n=20)
