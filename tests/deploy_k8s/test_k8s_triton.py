@@ -1,7 +1,7 @@
 """Triton-hosted packages on the `kubernetes` target: the manifests `llmserve deploy --target kubernetes` renders
 for them (container ports, probes, /dev/shm, serve arguments), and one pod whose server really runs (node agent)
 hosting a Python-backend LLM package in a real Triton 2.51, Ready only once Triton has the model READY, answering
-KServe v2 HTTP and gRPC through its Service's endpoint with the key from a Secret.
+KServe v2 HTTP, gRPC and the OpenAI API through its Service's endpoint with the key from a Secret.
 
 The node agent's "image" is this machine: the pod finds Triton as an image's own installation would be found
 (here the Triton environment `make triton-env` builds, named by LLMSERVE_TRITON_ENV in the node's environment).
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 from kubernetes import client
@@ -131,11 +132,16 @@ def test_manifests_of_triton_packages_have_their_ports_probes_and_shared_memory(
     tensor = [{"name": "X", "datatype": "FP32", "dims": [-1]}]
     python = {**base, "backend": "python", "python": {"tensors": {"inputs": tensor, "outputs": tensor}}}
     vllm = {**base, "backend": "vllm"}
+    llm = {**python, "python": {**python["python"], "frontend": "llm-text"}}
     for manifest, host, ports, ready, live, args in (
-        (vllm, "vllm", {"http": 8000, "grpc": 8001}, "/health", "/health", []),
-        ({**vllm, "engine": "triton"}, "triton", {"http": 8000, "grpc": 8001}, "/health", "/health", ["--engine", "triton"]),
-        (python, "triton", {"http": 8000, "grpc": 8001}, "/health", "/health", ["--engine", "triton"]),
-        ({**python, "executionMode": "standalone"}, "triton-standalone", {"http": 8000, "grpc": 8001, "metrics": 8002},
+        (vllm, "vllm", {"http": 8000, "grpc": 8001}, "/health", "/health", ["--openai"]),
+        ({**vllm, "engine": "triton"}, "triton", {"http": 8000, "grpc": 8001}, "/health", "/health",
+         ["--openai", "--engine", "triton"]),
+        (llm, "triton", {"http": 8000, "grpc": 8001}, "/health", "/health", ["--openai", "--engine", "triton"]),
+        # python.frontend none: no text generated, KServe v2 only (serve refuses --openai for it)
+        ({**python, "python": {**python["python"], "frontend": "none"}}, "triton", {"http": 8000, "grpc": 8001},
+         "/health", "/health", ["--engine", "triton"]),
+        ({**llm, "executionMode": "standalone"}, "triton-standalone", {"http": 8000, "grpc": 8001, "metrics": 8002},
          "/v2/health/ready", "/v2/health/live", ["--engine", "triton", "--metrics-port", "8002"]),
     ):  # fmt: skip
         d, pod = render(manifest)
@@ -223,6 +229,12 @@ def test_a_triton_pod_becomes_ready_and_serves_through_its_service(
     r = httpx.post(url, json=body, headers=headers, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"][0]
+
+    # the OpenAI API on the same port (a generating package): chat rendered with the package's template
+    chat = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+    )
+    assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
 
     grpc = grpcclient.InferenceServerClient(f"{host}:{grpc_port}")
     tensor = grpcclient.InferInput("text_input", [1], "BYTES")

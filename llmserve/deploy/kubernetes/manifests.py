@@ -48,6 +48,7 @@ class Hosting:
     else the embedded vLLM engine for a vLLM-backend package and Triton for a Python-backend one.
 
     - vllm: llmserve's frontends on the embedded engine; /health on the HTTP port, /metrics there too.
+      A package that generates text gets the OpenAI API on the HTTP port beside KServe v2 (vllm and embedded).
     - triton, embedded: a Triton in the pod on loopback, llmserve's frontends (HTTP, gRPC) in front of it;
       /health answers 503 until every model is READY in Triton and the server exits when Triton or a model
       stops serving; /metrics on the HTTP port merges Triton's.
@@ -59,17 +60,23 @@ class Hosting:
 
     engine: str = "vllm"  # vllm | triton
     mode: str = "embedded"  # embedded | standalone (the manifest's executionMode; Triton only)
+    # The package generates text (a vLLM-backend package, or a Python-backend one with python.frontend llm-text):
+    # the pods serve the OpenAI API on the HTTP port too (--openai), as the local target's servers do. Others
+    # (python.frontend none) answer KServe v2 only: serve refuses --openai for them.
+    openai: bool = True
 
     @classmethod
     def of(cls, manifest: Any) -> Hosting:
         host = manifest.engine_host or ("vllm" if manifest.backend == "vllm" else "triton")
-        return cls(host, manifest.executionMode if host == "triton" else "embedded")
+        python = manifest.python
+        generates = manifest.backend == "vllm" or (python is not None and python.frontend == "llm-text")
+        return cls(host, manifest.executionMode if host == "triton" else "embedded", generates)
 
     @classmethod
-    def parse(cls, text: str | None) -> Hosting:
-        """From the A_HOST annotation (absent on Deployments made before it: the embedded vLLM engine)."""
+    def parse(cls, text: str | None, openai: bool = True) -> Hosting:
+        """From the A_HOST annotation or the journal (absent before they held it: the embedded vLLM engine)."""
         engine, _, mode = (text or "vllm").partition("-")
-        return cls(engine, mode or "embedded")
+        return cls(engine, mode or "embedded", openai)
 
     @property
     def triton(self) -> bool:
@@ -83,9 +90,10 @@ class Hosting:
         return f"{self.engine}-{self.mode}" if self.standalone else self.engine
 
     def serve_args(self) -> list[str]:
+        args = ["--openai"] if self.openai and not self.standalone else []  # standalone: Triton's endpoints only
         if not self.triton:
-            return []
-        return ["--engine", "triton", *(["--metrics-port", str(METRICS_PORT)] if self.standalone else [])]
+            return args
+        return [*args, "--engine", "triton", *(["--metrics-port", str(METRICS_PORT)] if self.standalone else [])]
 
     def probes(self) -> dict[str, str]:
         """The HTTP paths of the readiness (and startup) and liveness probes."""

@@ -242,7 +242,7 @@ class KubernetesDeployer:
             health_timeout_s=opts.health_timeout_s,
             store_ref=rec.get("store_ref"),
             api_key_secret=_ref(rec.get("api_key_secret")),
-            host=manifests.Hosting.parse(rec.get("host")),
+            host=manifests.Hosting.parse(rec.get("host"), rec.get("openai", True)),
         )
 
     def _create_dep(self, body: dict) -> None:
@@ -316,6 +316,7 @@ class KubernetesDeployer:
                 "model_id": m.modelId,
                 "api_key_secret": list(key_ref) if key_ref else None,
                 "host": str(host),
+                "openai": host.openai,
             }
             try:
                 if opts.strategy == VERSIONED:
