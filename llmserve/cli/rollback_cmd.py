@@ -12,13 +12,16 @@ from llmserve.cli.deploy_common import (
     NamespaceOpt,
     OutputOpt,
     StateDirOpt,
+    StoreCacheOpt,
     Target,
     TargetOpt,
     kube_deployer,
     render_result,
     reporter,
+    store_options,
 )
 from llmserve.cli.render import OutputFormat, console, print_json
+from llmserve.cli.store_cmd import EndpointOpt, ProfileOpt, RegionOpt
 
 
 def rollback(
@@ -32,6 +35,10 @@ def rollback(
         300.0, "--health-timeout", help="Seconds the restarted version gets to be healthy."
     ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds in-flight requests get."),
+    cache: StoreCacheOpt = None,
+    endpoint_url: EndpointOpt = None,
+    profile: ProfileOpt = None,
+    region: RegionOpt = None,
     state_dir: StateDirOpt = None,
     target: TargetOpt = Target.local,
     namespace: NamespaceOpt = None,
@@ -42,16 +49,22 @@ def rollback(
     """Roll NAME back. An interrupted rollout (its CLI was killed) is undone: one routing swap back to the
     last good table, then the new server is drained and stopped. Otherwise the last finished rollout is
     reversed: versioned -> its version is retired (the previous one becomes the default if needed);
-    red-black -> the previous package is rolled out again, red-black.
+    red-black -> the previous package is rolled out again, red-black. A previous package deployed from a
+    model store (s3://...) is found in the store cache, or pulled again from the store: --endpoint-url,
+    --profile and --region say where, as for `llmserve deploy`.
 
-    Example:
+    Examples:
 
         llmserve rollback tiny-chat
+
+        llmserve rollback tiny-chat --to-version 2 --endpoint-url http://127.0.0.1:9000
     """
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
     opts = DeployOptions(
         package=Path("."),
+        cache_dir=cache,
+        store=store_options(endpoint_url, profile, region),
         steps=parse_steps(steps),
         pause_s=pause,
         health_timeout_s=health_timeout,

@@ -182,3 +182,26 @@ def test_rollback_to_a_reference_needs_no_store_when_it_is_cached(scli, pushed):
     (inst,) = [i for i in data["instances"] if i["status"] == "serving"]
     assert inst["package"] == f"{pushed['store']}/{MODEL}:1" and inst["digest"] == pushed["digest"][1]
     assert chat(data).headers["x-served-version"] == "1"
+
+
+def test_rollback_pulls_from_the_store_it_is_told(scli, pushed, tmp_path):
+    # version 2 is not in this fresh cache and the environment's endpoint is dead: only --endpoint-url
+    # can bring it back
+    fresh = tmp_path / "other-cache"
+    rc, data, text = scli.run(
+        "rollback",
+        MODEL,
+        "--pause",
+        "0.5",
+        "--cache",
+        str(fresh),
+        "--endpoint-url",
+        scli.env["AWS_ENDPOINT_URL"],
+        env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+    )
+    assert rc == 0, text
+    assert serving(data) == {2: 100}
+    (inst,) = [i for i in data["instances"] if i["status"] == "serving"]
+    assert inst["digest"] == pushed["digest"][2]
+    assert any(fresh.rglob("*")), "the package was pulled into the cache named on the command line"
+    assert chat(data).headers["x-served-version"] == "2"
