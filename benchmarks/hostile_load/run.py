@@ -269,18 +269,21 @@ def pct(values: list[float], q: float) -> float:
 
 async def mixed_phase(
     client: httpx.AsyncClient, base: str, args: argparse.Namespace, only: list[str] | None
-) -> tuple[list[float], int, Counter]:
-    """Normal requests while the hostile clients (all cases, or `only` these) send back to back."""
+) -> tuple[list[float], int, Counter, float]:
+    """Normal requests while the hostile clients (all cases, or `only` these) send back to back; also
+    the hostile requests per second (the clients are closed-loop: a slower refusal means fewer)."""
     ctx = multiprocessing.get_context("spawn")
     stop, results = ctx.Event(), ctx.Queue()
     proc = ctx.Process(target=hostile_process, args=(base, args.hostile_workers, args.constraints, stop, results, only))
     proc.start()
+    started = time.monotonic()
     await asyncio.sleep(3)  # the hostile clients are sending before the normal ones start
     mixed, failed = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
     stop.set()
     outcomes = Counter(await asyncio.to_thread(results.get, True, 300))
+    rate = sum(outcomes.values()) / (time.monotonic() - started)
     proc.join(60)
-    return mixed, failed, outcomes
+    return mixed, failed, outcomes, rate
 
 
 async def measure(base: str, args: argparse.Namespace) -> dict:
@@ -290,15 +293,16 @@ async def measure(base: str, args: argparse.Namespace) -> dict:
         # warm-up (first requests compile the chat template, fill caches)
         await run_normal(client, 4, 1, args.phase_cap_s)
         alone, failed_alone = await run_normal(client, args.normal, args.concurrency, args.phase_cap_s)
-        mixed, failed_mixed, outcomes = await mixed_phase(client, base, args, None)
+        mixed, failed_mixed, outcomes, hostile_rps = await mixed_phase(client, base, args, None)
         per_case = {}
         if args.per_case:  # what each hostile request costs the normal ones: one case at a time
             for name, _, _ in hostile_requests(args.constraints):
-                lat, failed, _ = await mixed_phase(client, base, args, [name])
+                lat, failed, _, rps = await mixed_phase(client, base, args, [name])
                 per_case[name] = {
                     "ratio_p50": round(pct(lat, 0.5) / pct(alone, 0.5), 2),
                     "ratio_p99": round(pct(lat, 0.99) / pct(alone, 0.99), 2),
                     "failed_normal": failed,
+                    "hostile_rps": round(rps, 1),
                 }
     p50a, p99a, p50m, p99m = pct(alone, 0.5), pct(alone, 0.99), pct(mixed, 0.5), pct(mixed, 0.99)
     bad = {f"{n}:{s}": c for (n, s), c in outcomes.items() if not (isinstance(s, int) and 400 <= s < 500)}
@@ -311,6 +315,7 @@ async def measure(base: str, args: argparse.Namespace) -> dict:
         "ratio_p50": p50m / p50a,
         "ratio_p99": p99m / p99a,
         "failed_normal": {"alone": failed_alone, "mixed": failed_mixed},
+        "hostile_rps": round(hostile_rps, 1),
         "hostile_outcomes": {f"{n}:{s}": c for (n, s), c in sorted(outcomes.items(), key=str)},
         "hostile_not_4xx": bad,
         **({"per_case": per_case} if per_case else {}),
