@@ -33,6 +33,7 @@ from llmserve.constraints.disk_cache import (
 )
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.finisher import FINISHER
+from llmserve.constraints.jsonschema import schema_to_dfa
 from llmserve.constraints.limits import limits
 from llmserve.constraints.memory_cache import MemoryCache
 from llmserve.constraints.regex import ByteDFA, compile_ast
@@ -74,7 +75,10 @@ def dfa_for(
     if dfa is None:
         started = time.monotonic()
         try:
-            dfa = compile_ast(spec.to_ast(), backend, started=started)
+            if spec.kind == "json_schema":
+                dfa = schema_to_dfa(spec.value, backend, started=started, build=compile_ast)
+            else:
+                dfa = compile_ast(spec.to_ast(), backend, started=started)
         except ConstraintError as exc:
             if "time budget" not in exc.message:
                 _MEMORY.put(memo, exc, len(exc.message) + 256)

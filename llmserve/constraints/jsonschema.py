@@ -76,6 +76,9 @@ EMBED_AT = 4000
 # one level deeper it admits no value, so an optional property, an anyOf branch or array items that
 # would go deeper are left out (a subset: every answer still validates). See ``convert``.
 MAX_RECURSION = 3
+# an if-chain copies the object around it once per 'if' (``_if_chain``): longer ones hold every
+# 'if' at once instead
+MAX_IF_CHAIN = 8
 ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the automaton's states)
 
 # keywords each type reads; a keyword of another type says nothing about this one (JSON Schema:
@@ -173,14 +176,17 @@ def any_value(depth: int = ANY_DEPTH):
 
 
 class _Converter:
-    def __init__(self, root: Any):
+    def __init__(self, root: Any, if_chains: bool = True, started: float | None = None):
         self.root = root
+        self.if_chains = if_chains  # _if_chain in use (schema_to_dfa retries without when too large)
+        self.chained = False  # whether some if-chain was served as branches
         # $ref -> its converted tree, built once and shared by every use: a schema whose references
         # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self._any: tuple | None = None
-        self.started = time.monotonic()  # automata built along the way share the compile time budget
+        # automata built along the way share the compile time budget, counted from here
+        self.started = time.monotonic() if started is None else started
         self.budget_ms = limits().compile_ms
         self.deadline = self.started + self.budget_ms / 1000
 
@@ -229,8 +235,9 @@ class _Converter:
                 subs = schema["allOf"]
                 if not isinstance(subs, list) or not subs:
                     raise self.fail("allOf must be a non-empty list")
-                chain = _if_chain(schema)
+                chain = _if_chain(schema) if self.if_chains else None
                 if chain is not None:
+                    self.chained = True
                     schema = chain
                     continue
                 out = {k: v for k, v in schema.items() if k != "allOf"}
@@ -655,7 +662,7 @@ def _if_chain(schema: dict) -> dict | None:
     the ``if``s are not generated (a subset). None when the ``if``s may overlap."""
     subs = schema["allOf"]
     conds = [sub for sub in subs if isinstance(sub, dict) and isinstance(sub.get("if"), dict)]
-    if len(conds) < 2:
+    if not 2 <= len(conds) <= MAX_IF_CHAIN:
         return None
     strict = [_props_required(c["if"]) for c in conds]
     for i, a in enumerate(strict):
@@ -986,13 +993,43 @@ def _members(kvs: list[tuple[bool, tuple]], at_least_one: bool = False) -> tuple
     return ("members", [(bool(req), kv) for req, kv in kvs], bool(at_least_one))
 
 
-def schema_to_ast(schema) -> tuple:
+def _parsed(schema: Any) -> Any:
     if isinstance(schema, (str, bytes)):
         try:
-            schema = json.loads(schema)
+            return json.loads(schema)
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+    return schema
+
+
+def _convert(converter: _Converter, schema: Any) -> tuple:
     try:
-        return _Converter(schema).convert(schema)
+        return converter.convert(schema)
     except RecursionError:
         raise ConstraintError("json_schema: nested too deeply") from None
+
+
+def schema_to_ast(schema, *, if_chains: bool = True) -> tuple:
+    schema = _parsed(schema)
+    return _convert(_Converter(schema, if_chains), schema)
+
+
+def schema_to_dfa(schema, backend: str = "native", *, started: float | None = None, build=compile_ast) -> ByteDFA:
+    """The schema's automaton. An if-chain (``_if_chain``) copies the object around it once per
+    ``if``: when it is in use, the automaton is built within half the compile time budget; when
+    that is too large or too slow, the schema is built again holding every ``if`` at once (the
+    narrower subset) within what is left of the budget. ``build``: the whole automaton's builder
+    (``regex.compile_ast``; the automata embedded along the way are built by it too)."""
+    schema = _parsed(schema)
+    started = time.monotonic() if started is None else started
+    converter = _Converter(schema, started=started)
+    try:
+        ast = _convert(converter, schema)
+        if not converter.chained:
+            return build(ast, backend, started=started)
+        return build(ast, backend, started=started - limits().compile_ms / 2000)
+    except ConstraintError as exc:
+        too_much = "constraint too large" in exc.message or "time budget" in exc.message
+        if not converter.chained or not too_much:
+            raise
+    return build(_convert(_Converter(schema, False, started), schema), backend, started=started)

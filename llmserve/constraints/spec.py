@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.jsonschema import schema_to_ast
+from llmserve.constraints.jsonschema import schema_to_ast, schema_to_dfa
 from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
 
 KINDS = ("regex", "choice", "json_schema", "automaton")
@@ -62,9 +62,12 @@ class ConstraintSpec:
             return ("alt", [literal(c) for c in self.value])
         return schema_to_ast(self.value)
 
-    def to_dfa(self, backend: str = "native") -> ByteDFA:
-        """Built now, within the compile limits (no cache: ``compiler.dfa_for`` adds those)."""
-        started = time.monotonic()  # converting a schema counts towards the time budget too
+    def to_dfa(self, backend: str = "native", *, started: float | None = None) -> ByteDFA:
+        """Built now, within the compile limits counted from ``started`` (default now; converting a
+        schema counts towards the time budget too). No cache: ``compiler.dfa_for`` adds those."""
+        started = time.monotonic() if started is None else started
+        if self.kind == "json_schema":
+            return schema_to_dfa(self.value, backend, started=started)
         return compile_ast(self.to_ast(), backend, started=started)
 
 
