@@ -284,6 +284,9 @@ class _Converter:
 
         Anything else is refused by name."""
         rest = {k: v for k, v in schema.items() if k != "not"}
+        if '"if"' in json.dumps(schema["not"]):
+            # the converter serves if/then/else as a subset: the negation of a subset would not be
+            raise self.fail("'not' of a schema with if/then/else is not supported")
         n, _ = self.normalize(schema["not"], refs)
         return self._merge(rest, self._not_of(n, rest, refs))
 
@@ -683,11 +686,12 @@ def _if_chain(schema: dict) -> dict | None:
 
 
 def _props_required(cond: dict) -> dict:
-    """``cond`` with the properties it names required (a subset of it)."""
+    """``cond`` for objects only, with the properties it names required (a subset of it: a value
+    that is not an object satisfies every ``if`` of properties, so it must not be generated)."""
     props = cond.get("properties")
     if not isinstance(props, dict) or not props:
         return cond
-    return {**cond, "required": list(dict.fromkeys([*cond.get("required", []), *props]))}
+    return {**cond, "type": "object", "required": list(dict.fromkeys([*cond.get("required", []), *props]))}
 
 
 def _fails(a: dict, b: Any) -> bool:

@@ -306,6 +306,7 @@ def test_annotations_are_ignored():
     [
         ({"type": "integer", "not": {"minimum": 3}}, "'not' of \\['minimum'\\] is not supported"),
         ({"type": "integer", "not": {"const": 3}}, "'not' with const/enum numbers"),
+        ({"not": {"if": {"type": "string"}, "then": {"minLength": 2}}}, "'not' of a schema with if/then/else"),
         ({"$dynamicRef": "#meta"}, "dynamicRef"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
         ({"type": "object", "patternProperties": {"^a": {}}, "propertyNames": {"maxLength": 3}}, "propertyNames"),
@@ -508,6 +509,19 @@ def test_if_chains_on_one_discriminator_generate_every_branch():
     assert accepts(IF_CHAIN, '{"kind":"b","y":false}') and not accepts(IF_CHAIN, '{"kind":"b","x":1,"y":true}')
     assert accepts(IF_CHAIN, '{"kind":"c","y":true}') and not accepts(IF_CHAIN, '{"kind":"c","y":false}')
     assert_samples_valid(IF_CHAIN, n=60)
+
+
+def test_if_chain_branches_are_objects_only():
+    # a non-object satisfies every 'if' of properties, so every 'then' would apply to it
+    schema = {
+        "type": ["object", "string"],
+        "allOf": [
+            {"if": {"properties": {"k": {"const": "a"}}}, "then": {"minLength": 3}},
+            {"if": {"properties": {"k": {"const": "b"}}}, "then": {"maxLength": 1}},
+        ],
+    }
+    assert not accepts(schema, '"ab"')
+    assert_samples_valid(schema, n=40)
 
 
 def test_if_chains_whose_ifs_may_hold_together_are_refused_by_name():
