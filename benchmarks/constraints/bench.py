@@ -872,7 +872,7 @@ HOSTILE = {
                 "$ref": "#/$defs/L0",
             }
         },
-        "refused: expanded size",
+        "refused: expanded size or state limit, well within the time budget",
     ),
 }
 
