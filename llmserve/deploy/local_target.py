@@ -133,12 +133,16 @@ class LocalTarget:
         serve_args: list[str],
         drain_timeout: float,
         serve_package: str | None = None,
+        openai: bool = True,
     ) -> Instance:
         """Start one server. `package` is what the state records (a path, or a store reference as given);
-        `serve_package`, when given, is what the server is started with (a store reference pinned by digest)."""
+        `serve_package`, when given, is what the server is started with (a store reference pinned by digest);
+        `openai`: whether it serves the OpenAI API too (procs.serve_argv)."""
         port, grpc_port = procs.free_port(), procs.free_port()
         inst = self.store.add_instance(dep.name, version, package, digest, interface, strategy, port, grpc_port)
-        argv = procs.serve_argv(serve_package or package, port, drain_timeout, serve_args, grpc_port=grpc_port)
+        argv = procs.serve_argv(
+            serve_package or package, port, drain_timeout, serve_args, grpc_port=grpc_port, openai=openai
+        )
         assert inst.log is not None  # add_instance records the log path with the row
         launched = procs.launch(argv, Path(inst.log), self.pid_file(inst), env=daemon_env(self.store.root, dep.name))
         self.store.set_instance_process(inst.id, launched.pid, launched.start, launched.session, argv)

@@ -200,17 +200,24 @@ def log_tail(path: str | Path | None, lines: int = 15) -> str:
 
 
 def serve_argv(
-    package: str, port: int, drain_timeout: float, extra: list[str] | None = None, grpc_port: int = 0
+    package: str,
+    port: int,
+    drain_timeout: float,
+    extra: list[str] | None = None,
+    grpc_port: int = 0,
+    openai: bool = True,
 ) -> list[str]:
     """The real server: `llmserve serve PKG --openai --host 127.0.0.1 --port N --grpc-port M` (KServe v2 gRPC
-    on loopback too, for the gateway's gRPC entry point; 0: any free port, unknown to the gateway)."""
+    on loopback too, for the gateway's gRPC entry point; 0: any free port, unknown to the gateway). `openai`
+    False: no --openai, for a package that generates no text (a Python-backend model with `python.frontend:
+    none`, hosted in Triton): serve refuses --openai for it, and it answers KServe v2 only."""
     return [
         sys.executable,
         "-m",
         "llmserve.cli.app",
         "serve",
         package,
-        "--openai",
+        *(["--openai"] if openai else []),
         "--host",
         "127.0.0.1",
         "--port",

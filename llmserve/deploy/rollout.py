@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from llmserve.deploy import interface as iface
 from llmserve.deploy import local_keys, procs
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
+from llmserve.deploy.hosting import HostChoice
 from llmserve.deploy.local_keys import KeyRequest
 from llmserve.deploy.local_target import LocalTarget, without
 from llmserve.deploy.source import PackageSource, is_reference, open_source, reference_model_id
@@ -115,6 +116,7 @@ class Deployer:
         opened = open_package(src.path)  # verifies and unpacks once, so the servers start from the cache
         m = opened.manifest
         name = opts.name or m.modelId
+        _check_local_hosting(m)
         new_iface = iface.fingerprint(opened)
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.store.deployment(name)
@@ -268,6 +270,7 @@ class Deployer:
                 opts.serve_args,
                 opts.drain_timeout_s,
                 serve_package=opts.serve_package,
+                openai=HostChoice.of(opened.manifest).openai,
             )
             self.store.journal(
                 rollout.id,
@@ -730,3 +733,16 @@ def _lock_held(store: StateStore, name: str) -> bool:
         lock.release()
         return False
     return True
+
+
+def _check_local_hosting(manifest) -> None:
+    """The local target runs every server behind its gateway with llmserve's frontends (/health, the backend
+    key): a Triton-hosted package in executionMode standalone has none (Triton's own endpoints), so it is
+    refused before anything starts rather than failing its health check."""
+    if HostChoice.of(manifest).standalone:
+        raise DeployInputError(
+            f"{manifest.modelId} v{manifest.modelVersion} has executionMode standalone: Triton's own endpoints "
+            "would serve it, without the /health and the API key the local gateway and its servers use",
+            hint="Package it with `executionMode: embedded` (the default) to deploy it locally; standalone "
+            "packages deploy on --target kubernetes (with --no-api-key).",
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -49,6 +50,10 @@ pytestmark = pytest.mark.timeout(600)
 def tagged_processes(state_dir: Path) -> list[str]:
     """Command lines of live processes that carry this state folder's deploy tag (llmserve.deploy.doctor): the
     servers, gateways and watchdogs, and every child they spawned (tritonserver, its Python-backend stubs)."""
+    return [cmdline for _, cmdline in tagged_pids(state_dir)]
+
+
+def tagged_pids(state_dir: Path) -> list[tuple[int, str]]:
     from llmserve.deploy import doctor
 
     found = []
@@ -63,7 +68,7 @@ def tagged_processes(state_dir: Path) -> list[str]:
             continue
         tags = [e.split(b"=", 1)[1].decode(errors="replace") for e in environ if e.startswith(doctor.TAG_ENV.encode())]
         if state != "Z" and any(t.startswith(f"{state_dir}::") for t in tags):
-            found.append(cmdline)
+            found.append((int(entry.name), cmdline))
     return found
 
 
@@ -138,6 +143,29 @@ def test_the_triton_hosted_package_serves_openai_and_kserve_through_the_gateway(
     assert httpx.post(f"{gateway}/v2/models/{MODEL}/infer", json=body, timeout=60).status_code == 401
 
 
+def test_a_killed_server_takes_its_triton_with_it_and_comes_back(deployed):
+    cli, _ = deployed
+    rc, st, text = cli.run("status", MODEL, "--no-metrics")
+    assert rc == 0, text
+    (inst,) = st["instances"]
+    tritons = [pid for pid, c in tagged_pids(cli.state_dir) if "tritonserver" in c]
+    assert tritons, "the server's Triton runs"
+    os.kill(inst["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # the gateway's supervisor: out of rotation, session stopped, restarted
+        rc, st, _ = cli.run("status", MODEL, "--no-metrics")
+        (now,) = st["instances"]
+        if now["pid"] != inst["pid"] and now["status"] == "serving" and rc == 0:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail(f"not restarted: {st}")
+    alive = {pid for pid, _ in tagged_pids(cli.state_dir)}
+    assert not alive & set(tritons), "the killed server's Triton was stopped with it (same session)"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{_gateway(cli)}/v2/models/{MODEL}/ready", headers=headers, timeout=10).status_code == 200
+
+
 def test_deploy_down_leaves_nothing_of_triton_running(deployed):
     cli, _ = deployed
     assert any("tritonserver" in c for c in tagged_processes(cli.state_dir))  # what down must stop
@@ -147,4 +175,17 @@ def test_deploy_down_leaves_nothing_of_triton_running(deployed):
     print(f"deploy down took {time.monotonic() - t0:.1f} s")
     (log,) = (cli.state_dir / "logs").glob(f"{MODEL}-i*-v1.log")
     assert "shutdown: done" in log.read_text(), log.read_text()[-2000:]  # stopped Triton itself, not killed
+    assert tagged_processes(cli.state_dir) == []
+
+
+def test_a_standalone_package_is_refused_before_anything_starts(tmp_path, tiny_model_dir):
+    # the local target's servers need llmserve's frontends (/health, the key): Triton's own endpoints have neither
+    from llmserve.packaging import build_package
+
+    shutil.copytree(tiny_model_dir, tmp_path / "src" / "model")
+    (tmp_path / "src" / "llmserve.yaml").write_text(MANIFEST + "executionMode: standalone\n")
+    package = build_package(tmp_path / "src", tmp_path / "dist").path
+    cli = Cli(tmp_path / "state")
+    rc, _, text = cli.run("deploy", str(package), "--pause", "0", timeout=120)
+    assert rc == 3 and "executionMode standalone" in text and "--target kubernetes" in text, text
     assert tagged_processes(cli.state_dir) == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from llmserve.deploy.hosting import HostChoice
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_MANAGED, L_STRATEGY, L_VERSION, LABEL_PREFIX
 from llmserve.formats.safe_yaml import load_yaml
 from llmserve.templating import render
@@ -42,10 +42,8 @@ SCRATCH_ENV = {
 
 
 @dataclass(frozen=True)
-class Hosting:
-    """What serves a package in its pods, decided from its manifest as `llmserve serve` decides it
-    (llmserve.serve.triton.host.choose_engine, for one package and no --engine): the package's `engine.host`,
-    else the embedded vLLM engine for a vLLM-backend package and Triton for a Python-backend one.
+class Hosting(HostChoice):
+    """What serves a package in its pods (the choice: llmserve.deploy.hosting), and what that means there:
 
     - vllm: llmserve's frontends on the embedded engine; /health on the HTTP port, /metrics there too.
       A package that generates text gets the OpenAI API on the HTTP port beside KServe v2 (vllm and embedded).
@@ -58,36 +56,11 @@ class Hosting:
     Triton's Python-backend stubs exchange tensors through shared memory in /dev/shm: Triton-hosted pods get a
     memory-backed /dev/shm (the runtime's default is 64 MiB)."""
 
-    engine: str = "vllm"  # vllm | triton
-    mode: str = "embedded"  # embedded | standalone (the manifest's executionMode; Triton only)
-    # The package generates text (a vLLM-backend package, or a Python-backend one with python.frontend llm-text):
-    # the pods serve the OpenAI API on the HTTP port too (--openai), as the local target's servers do. Others
-    # (python.frontend none) answer KServe v2 only: serve refuses --openai for them.
-    openai: bool = True
-
-    @classmethod
-    def of(cls, manifest: Any) -> Hosting:
-        host = manifest.engine_host or ("vllm" if manifest.backend == "vllm" else "triton")
-        python = manifest.python
-        generates = manifest.backend == "vllm" or (python is not None and python.frontend == "llm-text")
-        return cls(host, manifest.executionMode if host == "triton" else "embedded", generates)
-
     @classmethod
     def parse(cls, text: str | None, openai: bool = True) -> Hosting:
         """From the A_HOST annotation or the journal (absent before they held it: the embedded vLLM engine)."""
         engine, _, mode = (text or "vllm").partition("-")
         return cls(engine, mode or "embedded", openai)
-
-    @property
-    def triton(self) -> bool:
-        return self.engine == "triton"
-
-    @property
-    def standalone(self) -> bool:
-        return self.triton and self.mode == "standalone"
-
-    def __str__(self) -> str:
-        return f"{self.engine}-{self.mode}" if self.standalone else self.engine
 
     def serve_args(self) -> list[str]:
         args = ["--openai"] if self.openai and not self.standalone else []  # standalone: Triton's endpoints only

@@ -226,7 +226,9 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             env=self.install.environment(self._environ),
             cwd=self.workdir,
-            start_new_session=True,  # its own process group: stop() ends the stubs with it
+            # its own process group (stop() ends the stubs with it), in the caller's session: a supervisor that
+            # stops the whole session of a killed llmserve (llmserve.deploy.procs.kill_session) stops Triton too
+            process_group=0,
         )
         self.pgid = self._proc.pid
 
@@ -383,7 +385,7 @@ class TritonServer:
         grace = self.stop_timeout if grace is None else grace
         proc, self._proc = self._proc, None
         if proc is not None:
-            pgid = proc.pid  # start_new_session: the server leads its own group
+            pgid = proc.pid  # process_group=0: the server leads its own group
             _signal_group(pgid, signal.SIGTERM)
             try:
                 proc.wait(grace + 5.0)
