@@ -136,7 +136,7 @@ def test_json_schema_answers_through_triton_validate(host, stream):
     for prompt in ("A parcel:", "héllo ☃ 日本", "Describe the box"):
         params = {"max_tokens": 60, "temperature": 0.8, "seed": 7, "structured_outputs": {"json": SCHEMA}}
         text, errors = generate(host, prompt, params, stream=stream)
-        assert not errors
+        assert not errors, [str(e) for e in errors]
         jsonschema.validate(json.loads(text), SCHEMA)
 
 

@@ -279,6 +279,13 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
         if options.triton_url
         else execution_mode({p.manifest.modelId: p.manifest.executionMode for p in packages})
     )
+    if mode == "standalone" and options.api_key:
+        raise InvalidInputError(
+            "an API key is set, and executionMode standalone serves Triton's own endpoints, which take no key: "
+            "it would not be enforced",
+            hint="Set `executionMode: embedded` in llmserve.yaml (llmserve's frontends, with the key, in front of "
+            "Triton), or serve without a key (unset LLMSERVE_API_KEY, no --api-key-file) where auth is done in front.",
+        )
     if options.openai and mode == "standalone":
         raise InvalidInputError(
             "--openai needs llmserve's frontends in front of Triton, and executionMode standalone has none "

@@ -110,6 +110,9 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
                 return Response(status_code=200)
             return JSONResponse({"error": "the server is not ready (starting or draining)"}, status_code=503)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in PRIVATE_HEADERS}
+        # httpx asks for gzip when the request names no encoding, and Triton then compresses /infer answers: a
+        # client that did not ask for it would get a gzip body (the raw bytes are streamed through)
+        headers.setdefault("accept-encoding", "identity")
         upstream = client.build_request(
             request.method,
             f"/v2/{path}" if path else "/v2",
