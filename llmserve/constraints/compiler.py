@@ -6,8 +6,9 @@ A new constraint is compiled once per request, wherever the request is checked f
 validation builds the automaton (``dfa_for``, bounded by the limits in ``limits.py``), keeps it in
 memory and writes it to the disk cache; the engine's processor (another process) finds it there and
 only compiles it against the vocabulary. A constraint that failed is remembered too (the same bad
-constraint sent again costs nothing), except for a time budget failure, which may pass on a less
-busy machine.
+constraint sent again costs nothing). A time budget failure is remembered (under that budget) only
+when the compile used at least half the budget in CPU time: one starved of CPU by a busy machine
+may pass later, one that really needs more is not compiled again for every request that sends it.
 
 A form miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start
 state's row exist, so a new constraint is usable within about a millisecond; the background finisher
@@ -70,10 +71,15 @@ def dfa_for(
         raise hit
     if hit is not None:
         return hit
+    budget_ms = limits().compile_ms
+    over_time = ("dfa-over-time", key, backend, budget_ms)
+    refused = _MEMORY.get(over_time)
+    if isinstance(refused, ConstraintError):
+        raise refused
     path = None if cache_dir is False or backend != "native" else _cache_root(cache_dir) / f"{key}.bin"
     dfa = read_dfa(path) if path is not None else None
     if dfa is None:
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         try:
             if spec.kind == "json_schema":
                 dfa = schema_to_dfa(spec.value, backend, started=started, build=compile_ast)
@@ -82,6 +88,8 @@ def dfa_for(
         except ConstraintError as exc:
             if "time budget" not in exc.message:
                 _MEMORY.put(memo, exc, len(exc.message) + 256)
+            elif (time.thread_time() - cpu_started) * 1000 >= budget_ms / 2:  # not merely starved of CPU
+                _MEMORY.put(over_time, exc, len(exc.message) + 256)
             raise
         if path is not None and keep_on_disk:
             try_write_dfa(path, key, dfa)

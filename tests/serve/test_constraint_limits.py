@@ -15,6 +15,8 @@ from llmserve.serve.constraint_checks import CHECK_NICE, on_check_thread
 from llmserve.serve.constraint_keys import validation_problem, validation_problem_async
 
 SLOW = "((a|b|c|d|e|f|g|h)?){1000}"  # 39 bytes; took 41 s to compile before the time budget
+# the same cost, another constraint: a refusal of SLOW may be remembered (see the last test)
+SLOW_TOO = "((a|b|c|d|e|f|g|i)?){1000}"
 
 
 @pytest.fixture
@@ -47,7 +49,7 @@ def test_async_check_leaves_the_event_loop_free(short_budget):
                 last = now
 
         tick = asyncio.create_task(ticker())
-        problem = await validation_problem_async("constraint_regex", SLOW)
+        problem = await validation_problem_async("constraint_regex", SLOW_TOO)
         done.set()
         await tick
         return problem, max(gaps)
@@ -64,3 +66,25 @@ def test_constraints_are_checked_at_a_lower_cpu_priority():
     niceness = on_check_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
     assert niceness == min(19, base + CHECK_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's thread is untouched
+
+
+def test_a_time_budget_refusal_is_remembered_when_the_compile_really_used_the_cpu(short_budget):
+    from llmserve.constraints.compiler import dfa_for
+    from llmserve.constraints.errors import ConstraintError
+    from llmserve.constraints.spec import spec_from_request
+
+    spec = spec_from_request({"regex": "((a|b|c|d|e|f|h|i)?){1000}"})
+
+    def attempt() -> float:
+        """CPU seconds this thread spent on one compile (each is refused for the 800 ms budget)."""
+        cpu = time.thread_time()
+        with pytest.raises(ConstraintError, match="time budget"):
+            dfa_for(spec, cache_dir=False)
+        return time.thread_time() - cpu
+
+    first = attempt()
+    again = attempt()
+    if first >= 0.4:  # it used half the budget in CPU: the same refusal, without compiling again
+        assert again < 0.05, (first, again)
+    else:  # starved of CPU by a busy machine: tried again, as it may fit later
+        assert again > 0.05, (first, again)
