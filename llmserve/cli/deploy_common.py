@@ -147,7 +147,8 @@ def render_status(r: dict) -> None:
     gw = r["gateway"]
     console.print(
         f"[bold]{escape(r['deployment'])}[/] (model {escape(r['model_id'])})  gateway {gw['url']} "
-        f"{'[green]up[/]' if gw['alive'] else '[red]down[/]'}  routes generation {r['routes']['generation']}"
+        + (f"grpc {gw['grpc']} " if gw.get("grpc") else "")
+        + f"{'[green]up[/]' if gw['alive'] else '[red]down[/]'}  routes generation {r['routes']['generation']}"
         + (f"  [dim]{r['action']}[/]" if r.get("action") else ""),
         highlight=False,
     )
