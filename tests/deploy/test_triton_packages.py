@@ -21,6 +21,7 @@ import openai
 import pytest
 from deploy_helpers import Cli
 from support.cli import run_cli_json
+from support.models import llm_text_manifest
 
 from llmserve.serve.triton import PYTHON_ENV_ENV, locate_tritonserver
 
@@ -28,21 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRITON_ENV = Path(os.environ.get(PYTHON_ENV_ENV) or REPO / ".venv-triton")
 MODEL = "tiny-py-llm"
 KEY = "triton-deploy-test-key-0123456789"
-MANIFEST = f"""\
-modelId: {MODEL}
-modelVersion: 1
-backend: python
-python:
-  frontend: llm-text
-  tensors:
-    inputs:
-      - {{name: text_input, datatype: BYTES, dims: [1]}}
-      - {{name: stream, datatype: BOOL, dims: [1], optional: true}}
-      - {{name: sampling_parameters, datatype: BYTES, dims: [1], optional: true}}
-      - {{name: exclude_input_in_output, datatype: BOOL, dims: [1], optional: true}}
-    outputs:
-      - {{name: text_output, datatype: BYTES, dims: [-1]}}
-"""
+MANIFEST = llm_text_manifest(MODEL)
 
 pytestmark = pytest.mark.timeout(600)
 

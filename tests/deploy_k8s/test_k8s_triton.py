@@ -23,6 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from kubernetes import client
 from support.cli import run_cli_json
+from support.processes import processes_mentioning
 from tritonclient.utils import InferenceServerException
 
 from llmserve.deploy.kubernetes import manifests
@@ -96,21 +97,6 @@ def triton_packages(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
         (src / "llmserve.yaml").write_text(MANIFEST.format(mode=mode))
         out[mode] = build_package(src, tmp / f"dist-{mode}").path
     return out
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and text in cmdline:
-            found.append(cmdline)
-    return found
 
 
 def _server(ns: str, kube_api) -> dict:
@@ -252,7 +238,7 @@ def test_a_triton_pod_becomes_ready_and_serves_through_its_service(
         time.sleep(0.5)
     assert runner.proc is None or runner.proc.poll() is not None
     deadline = time.monotonic() + 30
-    while _processes_mentioning(str(runner.dir)) and time.monotonic() < deadline:
+    while processes_mentioning(str(runner.dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _processes_mentioning(str(runner.dir)) == []  # no tritonserver, no stub left of the pod
+    assert processes_mentioning(str(runner.dir)) == []  # no tritonserver, no stub left of the pod
     print(f"triton pod ready and rolled out in {took:.1f} s")

@@ -42,3 +42,23 @@ def write_vllm_source(
         + extra
     )
     return root
+
+
+def llm_text_manifest(model_id: str, version: int = 1) -> str:
+    """llmserve.yaml of a Python-backend LLM package of the llm-text contract (`llmserve serve` hosts it in
+    Triton and serves the OpenAI API over it)."""
+    return f"""\
+modelId: {model_id}
+modelVersion: {version}
+backend: python
+python:
+  frontend: llm-text
+  tensors:
+    inputs:
+      - {{name: text_input, datatype: BYTES, dims: [1]}}
+      - {{name: stream, datatype: BOOL, dims: [1], optional: true}}
+      - {{name: sampling_parameters, datatype: BYTES, dims: [1], optional: true}}
+      - {{name: exclude_input_in_output, datatype: BOOL, dims: [1], optional: true}}
+    outputs:
+      - {{name: text_output, datatype: BYTES, dims: [-1]}}
+"""

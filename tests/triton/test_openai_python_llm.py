@@ -13,27 +13,14 @@ import textwrap
 
 import openai
 import pytest
+from support.models import llm_text_manifest
 from transformers import AutoTokenizer
 from triton_serving import start_serve, stop, wait_ready
 
 from llmserve.packaging import build_package
 
 MODEL = "tiny-py-llm"
-MANIFEST = f"""\
-modelId: {MODEL}
-modelVersion: 1
-backend: python
-python:
-  frontend: llm-text
-  tensors:
-    inputs:
-      - {{name: text_input, datatype: BYTES, dims: [1]}}
-      - {{name: stream, datatype: BOOL, dims: [1], optional: true}}
-      - {{name: sampling_parameters, datatype: BYTES, dims: [1], optional: true}}
-      - {{name: exclude_input_in_output, datatype: BOOL, dims: [1], optional: true}}
-    outputs:
-      - {{name: text_output, datatype: BYTES, dims: [-1]}}
-"""
+MANIFEST = llm_text_manifest(MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from support.cli import cli_argv, cli_env, run_cli
 from support.models import write_vllm_source
-from triton_models import BROKEN_MODEL, processes_mentioning
+from support.processes import processes_mentioning
+from triton_models import BROKEN_MODEL
 from triton_serving import Served, start_serve, stop, wait_ready
 from tritonclient.utils import InferenceServerException
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from triton_models import BROKEN_MODEL, ECHO_MODEL, HANGING_MODEL, processes_mentioning
+from support.processes import processes_mentioning
+from triton_models import BROKEN_MODEL, ECHO_MODEL, HANGING_MODEL
 
 from llmserve.errors import ExitCode
 from llmserve.serve.triton import TritonModelLoadError, TritonServer, TritonStartError

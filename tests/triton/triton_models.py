@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -67,19 +66,3 @@ def write_model(repo: Path, name: str, code: str, config: str = ECHO_CONFIG, ver
     (folder / "config.pbtxt").write_text(config.format(name=name), encoding="utf-8")
     (folder / str(version) / "model.py").write_text(textwrap.dedent(code), encoding="utf-8")
     return folder
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """Command lines of live (non-zombie) processes that mention `text`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and text in cmdline:
-            found.append(cmdline)
-    return found
