@@ -7,14 +7,13 @@ and calls naming no version split by the default pool's weights, counted in the 
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from deploy_helpers import MODEL
 from deploy_helpers import auth as http_auth
+from support.kserve_inputs import text_inputs
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.timeout(600)
@@ -23,16 +22,7 @@ ONE_TOKEN = {"max_tokens": 1, "temperature": 0}
 
 
 def inputs(prompt: str, sampling: dict, stream: bool | None = None) -> list:
-    out = [grpcclient.InferInput("text_input", [1], "BYTES")]
-    out[0].set_data_from_numpy(np.array([prompt.encode()], dtype=object))
-    params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
-    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=object))
-    out.append(params)
-    if stream is not None:
-        flag = grpcclient.InferInput("stream", [1], "BOOL")
-        flag.set_data_from_numpy(np.array([stream], dtype=bool))
-        out.append(flag)
-    return out
+    return text_inputs(grpcclient, prompt, sampling=sampling, stream=stream)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy_helpers import MODEL, Cli, auth
-from store.store_helpers import start_moto, stop
+from store.store_helpers import aws_test_env, start_moto, stop
 from support.cli import run_cli, run_cli_json
 
 pytestmark = pytest.mark.timeout(900)
@@ -33,14 +33,7 @@ def moto(tmp_path_factory):
 @pytest.fixture(scope="module")
 def aws_env(moto, tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("aws")
-    return {
-        "AWS_ENDPOINT_URL": moto,
-        "AWS_ACCESS_KEY_ID": "testing-key-id",
-        "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(home / "config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
-    }
+    return aws_test_env(moto, home, secret=SECRET)
 
 
 class StoreCli(Cli):

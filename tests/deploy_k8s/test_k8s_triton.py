@@ -60,19 +60,12 @@ def triton_store(tmp_path_factory, triton_packages) -> dict:
     """A moto server with the embedded package pushed (the pod pulls it, as pods of store references do: a
     package path under /tmp would be hidden by the pod's own /tmp), and the settings a client needs."""
     import boto3
-    from store.store_helpers import start_moto, stop
+    from store.store_helpers import aws_test_env, start_moto, stop
     from support.cli import run_cli
 
     proc, url = start_moto(tmp_path_factory.mktemp("moto") / "server.log")
     home = tmp_path_factory.mktemp("aws")
-    env = {
-        "AWS_ENDPOINT_URL": url,
-        "AWS_ACCESS_KEY_ID": "testing-key-id",
-        "AWS_SECRET_ACCESS_KEY": "testing-secret",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(home / "config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
-    }
+    env = aws_test_env(url, home, secret="testing-secret")
     try:
         boto3.client(
             "s3", endpoint_url=url, aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1"

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kserve_inputs import text_inputs
+from support.kserve_inputs import text_inputs
 from tritonclient.utils import InferenceServerException
 
 from llmserve.serve.constraint_keys import ConstraintSupport

@@ -8,7 +8,7 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from kserve_inputs import text_inputs
+from support.kserve_inputs import text_inputs
 from tritonclient.utils import InferenceServerException
 
 from llmserve.formats.tensors import LLM_TEXT_CONTRACT

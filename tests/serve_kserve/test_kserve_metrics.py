@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kserve_inputs import text_inputs
+from support.kserve_inputs import text_inputs
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.engine

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from store_helpers import make_package, start_moto, stop
+from store_helpers import aws_test_env, make_package, start_moto, stop
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +26,7 @@ def s3_endpoint(tmp_path_factory) -> str:
 def aws_env(s3_endpoint, tmp_path_factory) -> dict[str, str]:
     """The environment of every CLI run: the test server, dummy keys, no config from the host."""
     home = tmp_path_factory.mktemp("aws")
-    env = {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing-key-id",
-        "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(home / "config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
-    }
+    env = aws_test_env(s3_endpoint, home)
     for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         os.environ.pop(var, None)
     os.environ.update(env)  # the tests' own boto3 client reads the same settings

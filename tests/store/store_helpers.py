@@ -72,3 +72,16 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def aws_test_env(endpoint: str, home: Path, secret: str = "testing-secret-key") -> dict[str, str]:
+    """What a CLI run against the test S3 server needs: its endpoint, dummy keys, and AWS config files under
+    `home` (none exist there), so nothing comes from the host's AWS configuration."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing-key-id",
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(home / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
+    }
