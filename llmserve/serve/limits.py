@@ -86,9 +86,9 @@ def load_json(raw: bytes | str, caps: dict[str, int] | None = None) -> Any:
         raise JsonProblem(DEEP) from None
     except json.JSONDecodeError as exc:
         raise JsonProblem(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except ValueError as exc:  # UnicodeDecodeError included
-        if isinstance(exc, OverCap):
-            raise
+    except OverCap:
+        raise
+    except ValueError:  # UnicodeDecodeError included
         raise JsonProblem("not valid JSON (not UTF-8 text)") from None
 
 
