@@ -171,7 +171,7 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
             metrics = ServerMetrics()
             openai = await asyncio.to_thread(_openai_settings, packages) if options.openai else None
             with steps.step("listen", "KServe v2 HTTP and gRPC in front of Triton"):
-                proxies = await _start_proxies(options, readiness, metrics, openai)
+                proxies = await _start_proxies(options, readiness, metrics, openai, _llm_text_inputs(packages))
         if stop.is_set():
             return 0
         ids = model_names(packages)
@@ -364,7 +364,19 @@ def structured_outputs_key(lock_path: Path = Path("llmserve.lock")) -> str:
     return "structured_outputs"
 
 
-async def _start_proxies(options: ServeOptions, readiness: Any, metrics: Any, openai: Any) -> list[Any]:
+def _llm_text_inputs(packages: list[Any]) -> dict[str, list[str]]:
+    """Python-backend models of the llm-text contract: name -> their input tensor names."""
+    found = {}
+    for package in packages:
+        python = package.manifest.python
+        if package.manifest.backend == "python" and python is not None and python.frontend == "llm-text":
+            found[package.manifest.modelId] = [t.name for t in python.tensors.inputs]
+    return found
+
+
+async def _start_proxies(
+    options: ServeOptions, readiness: Any, metrics: Any, openai: Any, llm_text_inputs: dict[str, list[str]]
+) -> list[Any]:
     from llmserve.serve.triton.grpc_proxy import TritonGrpcProxy
     from llmserve.serve.triton.http_proxy import TritonHttpProxy
 
@@ -375,6 +387,7 @@ async def _start_proxies(options: ServeOptions, readiness: Any, metrics: Any, op
         max_body_bytes=options.max_body_bytes,
         metrics=metrics.exposition,
         openai=openai,
+        llm_text_inputs=llm_text_inputs,
     )
     grpc = TritonGrpcProxy(
         options.host, options.grpc_port, api_key=options.api_key, max_message_bytes=options.max_body_bytes

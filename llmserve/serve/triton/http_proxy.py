@@ -1,7 +1,9 @@
 """KServe v2 HTTP in front of Triton (executionMode embedded): llmserve's port, guards (API key, body size) and
 /health, Triton's answers; with --openai, the OpenAI API over Triton on the same port (openai_routes.py).
 
-Every /v2 route is forwarded to the Triton on loopback unchanged (method, path, query, body, content headers), and
+Every /v2 route is forwarded to the Triton on loopback unchanged (method, path, query, body, content headers; the one
+exception: a generate body for an llm-text model gets its sampling settings moved into `sampling_parameters`, where
+the model reads them: llm_text_generate.py), and
 Triton's answer comes back as it is sent, streamed: `generate_stream` server-sent events arrive as Triton writes
 them, and a client that disconnects closes Triton's request. The API key is checked by the guards and never
 forwarded. Until the server is ready, and while it drains, /v2 routes get 503 (health routes: 200 live, 503 ready),
@@ -22,6 +24,7 @@ from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.routing import Exposition, new_app, operations_router
+from llmserve.serve.triton.llm_text_generate import GenerateBodyError, generated_model, rewrite_generate_body
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,11 @@ class TritonHttpProxy(UvicornFrontend):
         max_body_bytes: int,
         metrics: Exposition | None = None,
         openai: OpenAISettings | None = None,
+        llm_text_inputs: dict[str, list[str]] | None = None,
     ):
         super().__init__(host, port)
+        # llm-text models (name -> input tensor names): their generate bodies are rewritten (llm_text_generate.py)
+        self.llm_text_inputs = dict(llm_text_inputs or {})
         self._api_key = api_key
         self.max_body_bytes = max_body_bytes
         self._metrics = metrics
@@ -113,12 +119,19 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
         # httpx asks for gzip when the request names no encoding, and Triton then compresses /infer answers: a
         # client that did not ask for it would get a gzip body (the raw bytes are streamed through)
         headers.setdefault("accept-encoding", "identity")
+        content = await request.body()
+        model = generated_model(path) if request.method == "POST" else None
+        if model in proxy.llm_text_inputs:
+            try:
+                content = rewrite_generate_body(content, proxy.llm_text_inputs[model])
+            except GenerateBodyError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
         upstream = client.build_request(
             request.method,
             f"/v2/{path}" if path else "/v2",
             params=request.url.query,
             headers=headers,
-            content=await request.body(),
+            content=content,
         )
         try:
             answer = await client.send(upstream, stream=True)

@@ -1,0 +1,92 @@
+"""Triton's generate extension (`POST /v2/models/{m}/generate`, `generate_stream`) for llm-text packages.
+
+Triton maps a generate body's top-level fields to the model's inputs by name and passes everything else (the
+`parameters` object, and top-level fields no input is named after) as request parameters. A model of the llm-text
+contract (llmserve.serve.triton.text_protocols) reads its sampling settings from the `sampling_parameters` input
+only, so `{"text_input": "hi", "max_tokens": 5}` used to reach it without its max_tokens: the setting was dropped
+and the answer ran to the model's own default length.
+
+Here such a body is rewritten before it is forwarded, the way Triton's vLLM backend reads request parameters when
+no `sampling_parameters` input is sent: every top-level field that is not one of the model's inputs, and every
+entry of `parameters` that is not Triton's own (priority, timeout, sequence_*, headers, triton_*), becomes a key of
+`sampling_parameters`. The model then honours it or refuses it by name (the built-in template refuses keys it does
+not take), so nothing is dropped. A key given twice (top level or parameters, and inside sampling_parameters) and a
+sampling_parameters that is not a JSON object are 400s here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+# The KServe/Triton request parameters Triton itself acts on (its parameters extension): not sampling settings.
+TRITON_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers"})
+GENERATE_PATH = re.compile(r"^models/([^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
+
+
+class GenerateBodyError(ValueError):
+    """A generate body that cannot be forwarded to an llm-text model as it means: answered with a 400."""
+
+
+def generated_model(path: str) -> str | None:
+    """The model a generate/generate_stream path (below /v2/) names; None for any other route."""
+    found = GENERATE_PATH.match(path)
+    return found.group(1) if found else None
+
+
+def _triton_own(key: str) -> bool:
+    return key in TRITON_PARAMETERS or key.startswith("triton_")
+
+
+def rewrite_generate_body(raw: bytes, inputs: Iterable[str]) -> bytes:
+    """The generate body with its sampling settings moved into `sampling_parameters` (module doc).
+
+    `inputs`: the model's input tensor names. A body that is not a JSON object is returned unchanged (Triton
+    answers it with its own error)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(body, dict):
+        return raw
+    names = set(inputs)
+    sampling: dict[str, Any] = {}
+    given = body.get("sampling_parameters")
+    if given is not None:
+        try:
+            sampling = json.loads(given) if isinstance(given, str) else given
+        except ValueError as exc:
+            raise GenerateBodyError(f"sampling_parameters is not JSON: {exc}") from exc
+        if not isinstance(sampling, dict):
+            raise GenerateBodyError("sampling_parameters must be a JSON object (or a string holding one)")
+        sampling = dict(sampling)
+    moved: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in names or key in ("id", "parameters"):
+            rest[key] = value
+        else:
+            moved[key] = value
+    parameters = body.get("parameters")
+    if isinstance(parameters, dict):
+        kept = {}
+        for key, value in parameters.items():
+            if _triton_own(key):
+                kept[key] = value
+            elif key in moved:
+                raise GenerateBodyError(f"'{key}' is given twice: at the top level and in parameters")
+            else:
+                moved[key] = value
+        if kept:
+            rest["parameters"] = kept
+        else:
+            rest.pop("parameters", None)
+    if not moved:
+        return raw
+    twice = sorted(set(moved) & set(sampling))
+    if twice:
+        raise GenerateBodyError(f"{', '.join(twice)}: given twice, in sampling_parameters and outside it")
+    rest["sampling_parameters"] = json.dumps({**sampling, **moved})
+    return json.dumps(rest).encode()

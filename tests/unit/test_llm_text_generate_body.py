@@ -1,0 +1,56 @@
+"""The generate body rewrite for llm-text models (llmserve.serve.triton.llm_text_generate): sampling settings sent
+the generate way land in sampling_parameters, Triton's own parameters stay, conflicts are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmserve.serve.triton.llm_text_generate import GenerateBodyError, generated_model, rewrite_generate_body
+
+INPUTS = ["text_input", "stream", "sampling_parameters", "exclude_input_in_output"]
+
+
+def _rewrite(body: dict) -> dict:
+    return json.loads(rewrite_generate_body(json.dumps(body).encode(), INPUTS))
+
+
+def test_top_level_and_parameters_settings_become_sampling_parameters():
+    out = _rewrite(
+        {"id": "7", "text_input": "hi", "stream": False, "max_tokens": 3, "parameters": {"seed": 1, "priority": 2}}
+    )
+    assert json.loads(out.pop("sampling_parameters")) == {"max_tokens": 3, "seed": 1}
+    assert out == {"id": "7", "text_input": "hi", "stream": False, "parameters": {"priority": 2}}
+
+
+def test_settings_merge_with_a_given_sampling_parameters():
+    out = _rewrite({"text_input": "hi", "sampling_parameters": json.dumps({"top_k": 2}), "temperature": 0})
+    assert json.loads(out["sampling_parameters"]) == {"top_k": 2, "temperature": 0}
+
+
+def test_a_body_with_nothing_to_move_is_forwarded_byte_for_byte():
+    raw = b'{"text_input": "hi",  "parameters": {"triton_enable_empty_final_response": true}}'
+    assert rewrite_generate_body(raw, INPUTS) is raw
+    assert rewrite_generate_body(b"not json", INPUTS) == b"not json"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"text_input": "hi", "max_tokens": 2, "sampling_parameters": json.dumps({"max_tokens": 4})},
+        {"text_input": "hi", "max_tokens": 2, "parameters": {"max_tokens": 4}},
+        {"text_input": "hi", "sampling_parameters": "[1]", "max_tokens": 2},
+        {"text_input": "hi", "sampling_parameters": "{", "max_tokens": 2},
+    ],
+)
+def test_conflicts_and_bad_sampling_parameters_are_refused(body):
+    with pytest.raises(GenerateBodyError):
+        _rewrite(body)
+
+
+def test_only_generate_routes_name_a_model():
+    assert generated_model("models/m/generate") == "m"
+    assert generated_model("models/m/versions/2/generate_stream") == "m"
+    assert generated_model("models/m/infer") is None
+    assert generated_model("models/m/generate/x") is None
