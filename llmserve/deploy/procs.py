@@ -21,17 +21,33 @@ from pathlib import Path
 import httpx
 
 
+def bare_host(host: str) -> str:
+    """A host as sockets take it: an IPv6 literal without the brackets a URL puts around it."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def family(host: str) -> socket.AddressFamily:
+    """The socket family of an address literal (or name): IPv6 for one with a colon (`::1`, `::`), else IPv4."""
+    return socket.AF_INET6 if ":" in bare_host(host) else socket.AF_INET
+
+
+def http_url(host: str, port: int) -> str:
+    """http://HOST:PORT with an IPv6 literal in brackets (`http://[::1]:8000`): without them the URL is invalid."""
+    host = bare_host(host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
+    with socket.socket(family(host)) as s:
+        s.bind((bare_host(host), 0))
         return s.getsockname()[1]
 
 
 def port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    with socket.socket(family(host)) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
+            s.bind((bare_host(host), port))
             return True
         except OSError:
             return False

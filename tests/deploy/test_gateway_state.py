@@ -180,3 +180,53 @@ def test_gateway_wants_the_key_and_forwards_with_the_servers_key(store, backends
         )
     finally:
         target.stop_gateway(store.require("k"))
+
+
+def _watchdog(store, name: str, host: str, port: int) -> subprocess.Popen:
+    """The deployment's watchdog (which runs its gateway) on host:port, as `llmserve deploy` starts it."""
+    argv = [sys.executable, "-m", "llmserve.deploy.watchdog", "--state-dir", str(store.root), "--deployment", name]
+    return subprocess.Popen([*argv, "--host", host, "--port", str(port)])
+
+
+def _wait_health(url: str, watchdog: subprocess.Popen) -> None:
+    for _ in range(300):
+        assert watchdog.poll() is None, f"the watchdog exited with {watchdog.returncode}"
+        if procs.health(url) is not None:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no gateway answered on {url}")
+
+
+@pytest.mark.parametrize("host", ["::1", "::"])
+def test_a_gateway_on_ipv6_is_watched_and_reached(store, backends, host):
+    """IPv6 hosts: the watchdog binds an IPv6 socket (`::` dual stack: IPv4 clients too), the gateway serves on it,
+    routes reload and traffic flows over [::1], and a killed gateway is restarted on the same socket."""
+    import psutil
+
+    port = procs.free_port(host)
+    assert procs.port_free(host, port)
+    _, url, _p = backends("1")
+    store.create_deployment("m6", "m6", host, port, {})
+    watchdog = _watchdog(store, "m6", host, port)
+    try:
+        gw = procs.http_url("::1", port)
+        assert gw == f"http://[::1]:{port}"
+        _wait_health(gw, watchdog)
+        assert not procs.port_free(host, port)  # taken, and seen as taken in its own family
+        a = store.add_instance("m6", 1, "/a", None, {}, "red-black", 0)
+        gen = store.set_routes("m6", Routes("m6", [Member(a.id, 1, url, 100)], {}))
+        assert httpx.post(gw + "/-/reload", timeout=10).json()["generation"] >= gen  # admin: loopback ::1 is local
+        assert httpx.post(gw + "/v1/chat/completions", json={}, timeout=10).json()["version"] == "1"
+        if host == "::" and socket.has_dualstack_ipv6():
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={}, timeout=10)
+            assert r.json()["version"] == "1"
+        (gateway,) = psutil.Process(watchdog.pid).children()
+        gateway.kill()
+        gateway.wait(10)
+        time.sleep(0.5)
+        assert watchdog.poll() is None
+        # the next gateway serves on the socket the watchdog kept, and reads its routes from the state
+        assert httpx.post(gw + "/v1/chat/completions", json={}, timeout=30).json()["version"] == "1"
+    finally:
+        watchdog.terminate()
+        assert watchdog.wait(60) == 0
