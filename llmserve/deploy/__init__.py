@@ -3,8 +3,10 @@
 Public surface: Deployer (deploy, rollback, down, recover), DeployOptions, status_of, StateStore.
 """
 
-from llmserve.deploy.rollout import DEFAULT_STEPS, RED_BLACK, VERSIONED, Deployer, DeployOptions, parse_steps, status_of
+from llmserve.deploy.options import DeployOptions, parse_steps
+from llmserve.deploy.rollout import Deployer, status_of
 from llmserve.deploy.state import StateStore, default_state_dir
+from llmserve.deploy.strategy import DEFAULT_STEPS, RED_BLACK, VERSIONED
 
 __all__ = [
     "DEFAULT_STEPS",

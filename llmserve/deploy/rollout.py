@@ -1,4 +1,5 @@
-"""Strategies (red-black, versioned), recovery of interrupted rollouts, rollback, teardown, status.
+"""The local target's rollouts: `llmserve deploy` / `rollback` / `deploy down` / `status` for servers
+behind a deployment's gateway, on the strategies of llmserve.deploy.strategy.
 
 Every action is journaled before it is taken (llmserve.deploy.state): the rollout row says what the
 CLI is about to do and which routing table was the last good one, so the next command can finish or
@@ -8,75 +9,47 @@ undo a rollout whose CLI was killed. All changes hold the deployment's flock.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from llmserve.deploy import interface as iface
 from llmserve.deploy import local_keys, procs
-from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
+from llmserve.deploy.errors import DeployInputError
 from llmserve.deploy.hosting import HostChoice
-from llmserve.deploy.local_keys import KeyRequest
 from llmserve.deploy.local_target import LocalTarget, without
+from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions
 from llmserve.deploy.source import PackageSource, is_reference, open_source, reference_model_id
 from llmserve.deploy.state import (
     DONE,
+    DRAINING,
     FAILED,
     ROLLED_BACK,
     SERVING,
     STARTING,
     Deployment,
     DeploymentLock,
+    Instance,
     Member,
     Rollout,
     Routes,
     StateStore,
 )
-
-if TYPE_CHECKING:
-    from llmserve.store import StoreOptions
-
-RED_BLACK, VERSIONED = "red-black", "versioned"
-ROLLED_FORWARD = "rolled-forward"
-DEFAULT_STEPS = [10, 25, 50, 100]
-LOCK_WAIT_S = 120.0  # how long a command waits for another change (a CLI or the idle reaper) to finish
-
-
-@dataclass
-class DeployOptions:
-    package: Path | str  # a local package, or a model store reference s3://BUCKET/PREFIX/MODEL_ID:VERSION
-    strategy: str = RED_BLACK
-    name: str | None = None  # default: the package's modelId
-    steps: list[int] = field(default_factory=lambda: list(DEFAULT_STEPS))
-    pause_s: float = 5.0
-    health_timeout_s: float = 300.0
-    drain_timeout_s: float = 30.0
-    host: str = "127.0.0.1"
-    port: int | None = None  # gateway port; default: chosen once, then kept
-    grpc_port: int | None = None  # gateway KServe v2 gRPC port; default: chosen once, then kept
-    idle_timeout_s: float | None = None  # versioned: stop idle non-newest versions after this
-    promote: bool | None = None  # versioned: make the new version the default for unversioned requests
-    max_step_errors: int = 0  # health gate: server errors (5xx, broken connections) allowed per step
-    hold_timeout_s: float | None = None  # gateway: how long a request waits for a restarting server (kept)
-    api_key: KeyRequest = field(default_factory=KeyRequest)  # --api-key-file / env, --no-api-key, --rotate
-    serve_args: list[str] = field(default_factory=list)
-    cache_dir: Path | None = None  # store references: the store cache (default: the deployment's, else the usual)
-    store: StoreOptions | None = None  # store references: endpoint, profile, region (credentials: AWS config)
-    digest_hint: str | None = None  # store references: the digest recorded for it (rollback finds it cached)
-    serve_package: str | None = None  # set by deploy: what servers are started with (the source's serve_ref)
-
-
-def parse_steps(text: str) -> list[int]:
-    try:
-        steps = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise DeployInputError(f"--steps '{text}': expected comma-separated percentages, e.g. 10,25,50,100") from None
-    if not steps or steps[-1] != 100 or any(not 0 < s <= 100 for s in steps) or steps != sorted(set(steps)):
-        raise DeployInputError(f"--steps '{text}': percentages must rise strictly, each in 1..100, ending at 100")
-    return steps
+from llmserve.deploy.strategy import (
+    FINISHING,
+    RED_BLACK,
+    RETIRE,
+    VERSIONED,
+    LiveVersion,
+    NewVersion,
+    Rollouts,
+    Step,
+)
 
 
 class Deployer:
+    """deploy / rollback / down / recover on the local target: the shared strategies
+    (llmserve.deploy.strategy) over servers behind the deployment's gateway."""
+
     def __init__(self, store: StateStore, report=None):
         self.store = store
         self.report = report or (lambda msg, **kw: None)
@@ -109,6 +82,9 @@ class Deployer:
             report=self.report,
         )
 
+    def _rollouts(self, dep: Deployment, opts: DeployOptions, opened=None) -> Rollouts[Rollout]:
+        return Rollouts(LocalRollouts(self.target, dep, opts, opened), self.report)
+
     def _deploy(self, opts: DeployOptions, src: PackageSource) -> dict:
         from llmserve.packaging.opened import open_package
 
@@ -117,7 +93,7 @@ class Deployer:
         m = opened.manifest
         name = opts.name or m.modelId
         _check_local_hosting(m)
-        new_iface = iface.fingerprint(opened)
+        new = NewVersion(m.modelId, m.modelVersion, opened.digest, package, iface.fingerprint(opened))
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.store.deployment(name)
             recovered = None
@@ -139,7 +115,7 @@ class Deployer:
             )
             if dep is not None:
                 dep = self.target.ensure_gateway(dep)
-                recovered = self.recover(dep, resume_package=package, opts=opts)
+                recovered = self._rollouts(dep, opts, opened).recover(package, opts.promote)
                 if recovered and recovered.get("resumed"):
                     return recovered
                 for note in self.target.reconcile(dep):
@@ -161,14 +137,18 @@ class Deployer:
             if src.cache_dir is not None:
                 config["store_cache"] = str(src.cache_dir)  # rollbacks to a store reference find it there
             self.store.update_deployment_config(name, config)
-            dep = self.store.require(name)
+            rollouts = self._rollouts(self.store.require(name), opts, opened)
             if opts.strategy == VERSIONED:
-                result = self._versioned(dep, opts, package, opened, new_iface)
+                result = rollouts.versioned(new, opts.promote)
             else:
-                result = self._red_black(dep, opts, package, opened, new_iface)
+                result = rollouts.red_black(new, opts.steps)
             if recovered:
                 result["recovered"] = recovered
             return result
+
+    def recover(self, dep: Deployment, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
+        """Finish or undo a rollout whose CLI died (llmserve.deploy.strategy.Rollouts.recover)."""
+        return self._rollouts(dep, opts).recover(resume_package, opts.promote)
 
     def rollback(self, name: str, to_version: int | None = None, opts: DeployOptions | None = None) -> dict:
         opts = opts or DeployOptions(package=Path("."))
@@ -184,7 +164,7 @@ class Deployer:
                     hint=f"See its history with `llmserve status {name}`.",
                 )
             if last.strategy == VERSIONED and to_version is None:
-                return self._retire(dep, last, opts)
+                return self._rollouts(dep, opts).retire(last)
             # red-black back to the previous package, or to the newest package of the version asked for
             target_pkg = target_digest = None
             if to_version is None:
@@ -246,369 +226,294 @@ class Deployer:
             self.report(f"deployment '{name}' removed ({len(stopped)} server(s) stopped)")
             return {"deployment": name, "action": "removed", "stopped_instances": stopped}
 
-    # -- shared by both strategies -----------------------------------------------------------
-    def _start_healthy(
-        self,
-        dep: Deployment,
-        rollout: Rollout,
-        package: str,
-        opened,
-        new_iface: dict,
-        strategy: str,
-        opts: DeployOptions,
-        hint_suffix: str = "",
-    ):
-        """Start the new version's server and wait for its health check; on failure undo the rollout."""
-        try:
-            inst = self.target.start_instance(
-                dep,
-                package,
-                opened.digest,
-                opened.manifest.modelVersion,
-                new_iface,
-                strategy,
-                opts.serve_args,
-                opts.drain_timeout_s,
-                serve_package=opts.serve_package,
-                openai=HostChoice.of(opened.manifest).openai,
-            )
-            self.store.journal(
-                rollout.id,
-                to_instance=inst.id,
-                phase="health-check",
-                event=f"instance #{inst.id} started; waiting for its health check",
-            )
-            return inst, self.target.wait_healthy(inst, opts.health_timeout_s)
-        except HealthCheckFailedError as exc:
-            self._undo(
-                dep,
-                self.store.rollout(rollout.id),
-                f"health check failed: {exc.message.splitlines()[0]}",
-                opts,
-            )
-            hint = exc.hint + hint_suffix if exc.hint else exc.hint
-            raise RolloutFailedError(f"rollout #{rollout.id} rolled back: {exc.message}", hint=hint) from exc
+
+class LocalRollouts:
+    """The local target's side of the strategies (llmserve.deploy.strategy.Target): versions are `llmserve
+    serve` processes, traffic is the weights of the gateway's routing table, the journal is the SQLite state.
+    One object serves one command on one deployment."""
+
+    def __init__(self, target: LocalTarget, dep: Deployment, opts: DeployOptions, opened=None):
+        self.target = target
+        self.store = target.store
+        self.report = target.report
+        self.dep = dep
+        self.name = dep.name
+        self.opts = opts
+        self.opened = opened  # the package being deployed (None for a rollback or a recovery)
+        self._main: Instance | None = None
+        self._live_count = 0
+        self._olds: list[Member] | None = None  # the replaced servers, fixed when the shift starts
+        self._step_table: Routes | None = None
+        self._replaced: set[int] = set()
+
+    # -- journal ------------------------------------------------------------------------------
+    def begin(
+        self, strategy: str, new: NewVersion, live: LiveVersion | None, steps: list[int], promote: bool | None = None
+    ) -> Rollout:
+        # promote is not journaled here: a resuming command decides it again (its --promote)
+        _gen, routes = self.store.routes(self.name)
+        main = self._main.id if live is not None and self._main is not None else None
+        return self.store.begin_rollout(self.name, strategy, new.package, main, steps, routes)
+
+    def journal(self, r: Rollout, event: str | None = None, **changes) -> Rollout:
+        self.store.journal(r.id, event=event, **changes)
+        return self.store.rollout(r.id)
+
+    def event(self, kind: str, message: str, rollout: int | None = None) -> None:
+        self.store.event(self.name, kind, message, rollout)
+
+    def open_rollout(self) -> Rollout | None:
+        return self.store.open_rollout(self.name)
+
+    def version_of(self, r: Rollout) -> int:
+        if r.to_instance:
+            return self.store.instance(r.to_instance).model_version
+        return self.opened.manifest.modelVersion if self.opened is not None else 0
+
+    def summary(self, r: Rollout | None, action: str) -> dict:
+        out = status_of(self.store, self.name, self.target)
+        out["action"] = action
+        if r is not None:
+            out["rollout"] = _rollout_dict(r)
+            out["rollout"]["seconds"] = round(r.updated - r.started, 2)
+        return out
+
+    def where(self) -> str:
+        return f"on '{self.name}'"
+
+    def status_hint(self) -> str:
+        return f"llmserve status {self.name}"
+
+    # -- starting a version -------------------------------------------------------------------
+    def _start(self, r: Rollout, new: NewVersion, strategy: str) -> float:
+        assert self.opened is not None  # only a deploy starts versions
+        inst = self.target.start_instance(
+            self.dep,
+            new.package,
+            new.digest,
+            new.version,
+            new.interface,
+            strategy,
+            self.opts.serve_args,
+            self.opts.drain_timeout_s,
+            serve_package=self.opts.serve_package,
+            openai=HostChoice.of(self.opened.manifest).openai,
+        )
+        self.store.journal(
+            r.id,
+            to_instance=inst.id,
+            phase="health-check",
+            event=f"instance #{inst.id} started; waiting for its health check",
+        )
+        took = self.target.wait_healthy(inst, self.opts.health_timeout_s)
+        self.target.mark_serving(inst)
+        return took
 
     # -- red-black ----------------------------------------------------------------------------
-    def _red_black(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
-        m = opened.manifest
-        _gen, routes = self.store.routes(dep.name)
+    def live(self) -> LiveVersion | None:
+        _gen, routes = self.store.routes(self.name)
         live = [self.store.instance(mb.instance) for mb in routes.default if mb.weight > 0]
-        if live:
-            main = max(live, key=lambda i: routes.weights().get(i.id, 0))
-            diff = iface.differences(main.interface, new_iface)
-            if diff:
-                raise InterfaceChangedError(
-                    f"the interface of {m.modelId} v{m.modelVersion} differs from the live v{main.model_version} "
-                    f"({', '.join(r[0] for r in diff)}): red-black would mix two interfaces behind one name",
-                    details=[iface.difference_detail(diff)],
-                )
-            if len(live) == 1 and main.digest and main.digest == opened.digest and main.model_version == m.modelVersion:
-                self.report(f"v{m.modelVersion} with this digest already takes 100% of '{dep.name}': nothing to do")
-                return self._summary(dep, None, "unchanged")
-        rollout = self.store.begin_rollout(
-            dep.name, RED_BLACK, package, main.id if live else None, opts.steps if live else [100], routes
-        )
-        self.report(
-            f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} red-black on '{dep.name}' "
-            f"({'steps ' + ','.join(map(str, opts.steps)) + '%' if live else 'first version'})"
-        )
-        inst, took = self._start_healthy(
-            dep,
-            rollout,
-            package,
-            opened,
-            new_iface,
-            RED_BLACK,
-            opts,
-            hint_suffix="; traffic stayed on the live version." if live else "",
-        )
-        self.target.mark_serving(inst)
-        self.report(f"v{m.modelVersion} healthy after {took:.1f} s")
-        return self._shift(dep, self.store.rollout(rollout.id), opts, start_index=0)
+        if not live:
+            return None
+        weights = routes.weights()
+        self._main = max(live, key=lambda i: weights.get(i.id, 0))
+        self._live_count = len(live)
+        return LiveVersion(self._main.model_version, self._main.digest, self._main.interface)
 
-    def _shift(self, dep: Deployment, rollout: Rollout, opts: DeployOptions, start_index: int) -> dict:
-        """Walk the steps from start_index; each: journal intent, apply weights, pause, health gate."""
-        new = self.store.new_instance_of(rollout)
-        last_good = Routes.from_dict(rollout.last_good)
-        olds = [mb for mb in last_good.default if mb.weight > 0 and mb.instance != new.id]
-        steps = rollout.steps
-        self.store.journal(rollout.id, phase="shifting")
-        for i in range(start_index, len(steps)):
-            pct = steps[i]
-            target = step_routes(last_good, olds, new, pct)
-            self.store.journal(
-                rollout.id, step_index=i, event=f"step {i + 1}/{len(steps)}: {pct}% to v{new.model_version}"
-            )
-            errors_before = self.target.errors_of(dep, new.id)
-            t0 = time.monotonic()
-            self.target.apply_routes(dep, target, rollout=rollout.id, why=f"rollout #{rollout.id} step {i + 1}")
-            self.report(
-                f"step {i + 1}/{len(steps)}: {pct}% of traffic on v{new.model_version}", step=i + 1, percent=pct
-            )
-            problem = self._gate(dep, new, olds if pct < 100 else [], opts, errors_before, t0)
-            if problem:
-                reason = f"step {i + 1} ({pct}%) failed its health gate: {problem}"
-                if self._undo(dep, self.store.rollout(rollout.id), reason, opts) == ROLLED_FORWARD:
-                    out = self._summary(dep, self.store.rollout(rollout.id), "deployed")
-                    out["rolled_forward"] = reason
-                    return out
-                raise RolloutFailedError(
-                    f"rollout #{rollout.id} rolled back at step {i + 1} ({pct}%): {problem}",
-                    hint=f"Traffic is back on the last healthy state; see `llmserve status {dep.name}`.",
-                )
-            self.store.journal(rollout.id, last_good=target)
-        return self._finish(dep, self.store.rollout(rollout.id), opts)
+    def unchanged(self, live: LiveVersion, new: NewVersion) -> bool:
+        return self._live_count == 1 and bool(live.digest) and live.digest == new.digest and live.version == new.version
 
-    def _gate(
-        self, dep: Deployment, new, olds: list[Member], opts: DeployOptions, errors_before: int, t0: float
-    ) -> str | None:
+    def steps(self, r: Rollout) -> list[Step]:
+        return [Step(pct) for pct in r.steps]
+
+    def start_new(self, r: Rollout, new: NewVersion) -> float:
+        return self._start(r, new, RED_BLACK)
+
+    def shift(self, r: Rollout, index: int) -> tuple[int, float, list[Member]]:
+        new = self.store.new_instance_of(r)
+        last_good = Routes.from_dict(r.last_good)
+        if self._olds is None:
+            self._olds = [mb for mb in last_good.default if mb.weight > 0 and mb.instance != new.id]
+        pct = r.steps[index]
+        self._step_table = step_routes(last_good, self._olds, new, pct)
+        errors_before = self.target.errors_of(self.dep, new.id)
+        t0 = time.monotonic()
+        self.target.apply_routes(self.dep, self._step_table, rollout=r.id, why=f"rollout #{r.id} step {index + 1}")
+        return errors_before, t0, self._olds if pct < 100 else []
+
+    def gate(self, r: Rollout, index: int, mark: tuple[int, float, list[Member]]) -> str | None:
         """Pause, then check: the new server alive and healthy, the old ones too while they take traffic,
         and at most max_step_errors server errors from the new one during the step."""
+        errors_before, t0, olds = mark
+        new = self.store.new_instance_of(r)
+        pause = self.opts.pause_s
         while True:
             if not self.target.instance_alive(new):
                 return f"v{new.model_version} (instance #{new.id}) exited"
-            if time.monotonic() - t0 >= opts.pause_s:
+            if time.monotonic() - t0 >= pause:
                 break
-            time.sleep(min(0.2, opts.pause_s))
+            time.sleep(min(0.2, pause))
         if procs.health(new.url) != 200:
             return f"v{new.model_version} /health is not 200"
         for mb in olds:
             if procs.health(mb.url) != 200:
                 return f"old v{mb.version} (instance #{mb.instance}) /health is not 200"
-        errors = self.target.errors_of(dep, new.id) - errors_before
-        if errors > opts.max_step_errors:
-            return (
-                f"{errors} server error(s) from v{new.model_version} during the step (allowed {opts.max_step_errors})"
-            )
+        errors = self.target.errors_of(self.dep, new.id) - errors_before
+        allowed = self.opts.max_step_errors
+        if errors > allowed:
+            return f"{errors} server error(s) from v{new.model_version} during the step (allowed {allowed})"
         return None
 
-    def _finish(self, dep: Deployment, rollout: Rollout, opts: DeployOptions) -> dict:
-        """Take the replaced version out of every route (default and pinned), then drain and stop it."""
-        new = self.store.new_instance_of(rollout)
-        _gen, routes = self.store.routes(dep.name)
-        old_ids = {mb.instance for mb in routes.default if mb.instance != new.id}
-        if rollout.from_instance and rollout.from_instance != new.id:
-            old_ids.add(rollout.from_instance)
-        final = without(routes, old_ids)
+    def step_passed(self, r: Rollout, index: int) -> None:
+        assert self._step_table is not None
+        self.store.journal(r.id, last_good=self._step_table)
+
+    def finish_record(self, r: Rollout) -> dict:
+        """The final table (the replaced versions out of every route, default and pinned), journaled as the
+        last good one before it is applied."""
+        new = self.store.new_instance_of(r)
+        _gen, routes = self.store.routes(self.name)
+        self._replaced = {mb.instance for mb in routes.default if mb.instance != new.id}
+        if r.from_instance and r.from_instance != new.id:
+            self._replaced.add(r.from_instance)
+        final = without(routes, self._replaced)
         final.default = [new.member(100)]
         final.pinned.setdefault(new.model_version, [])
         if not any(mb.instance == new.id for mb in final.pinned[new.model_version]):
             final.pinned[new.model_version].append(new.member())
-        self.store.journal(
-            rollout.id,
-            phase="finishing",
-            last_good=final,
-            event=f"100% on v{new.model_version}; draining the old version",
-        )
-        self.target.apply_routes(dep, final, rollout=rollout.id, why="old version out of every route")
-        for iid in sorted(old_ids):
-            inst = self.store.instance(iid)
-            if inst.status in (SERVING, "draining", STARTING):
-                self.target.stop_instance(dep, inst, drain_timeout=opts.drain_timeout_s, why="replaced")
-        self.store.journal(
-            rollout.id, status=DONE, phase="done", event=f"rollout #{rollout.id} done: v{new.model_version} takes 100%"
-        )
-        self.report(f"rollout #{rollout.id} done: v{new.model_version} takes 100% of '{dep.name}'")
-        return self._summary(dep, self.store.rollout(rollout.id), "deployed")
+        return {"last_good": final}
 
-    def _undo(self, dep: Deployment, rollout: Rollout, reason: str, opts: DeployOptions) -> str:
-        """Back to the last *healthy* state, atomically: one table swap to the last good routes, then drain
-        and stop the new server. When nothing in those routes is healthy any more (the version being
-        replaced died) and the new server is, going back would send every request to a dead server:
-        the rollout rolls forward instead. Returns ROLLED_BACK or ROLLED_FORWARD."""
-        good = Routes.from_dict(rollout.last_good)
-        if rollout.to_instance:
-            good = without(good, {rollout.to_instance}) if rollout.phase != "finishing" else good
-            new = self.store.instance(rollout.to_instance)
-            if (
-                rollout.strategy == RED_BLACK
-                and not any(self._healthy(mb.instance) for mb in good.default if mb.weight > 0)
-                and any(mb.instance != new.id for mb in Routes.from_dict(rollout.last_good).default)
-                and new.status == SERVING
-                and self._healthy(new.id)
-            ):
-                self.store.journal(
-                    rollout.id,
-                    phase="finishing",
-                    event=f"{reason}; the version being replaced is not healthy and v{new.model_version} is: "
-                    "rolling forward",
-                )
-                self.report(f"{reason}; the old version is not healthy, v{new.model_version} is: rolling forward")
-                self._finish(dep, self.store.rollout(rollout.id), opts)
-                return ROLLED_FORWARD
-        self.store.journal(rollout.id, phase="rolling-back", event=f"rolling back: {reason}")
-        self.report(f"rolling back rollout #{rollout.id}: {reason}")
-        self.target.apply_routes(dep, good, rollout=rollout.id, why=f"rollback of #{rollout.id}")
-        if rollout.to_instance:
-            inst = self.store.instance(rollout.to_instance)
-            self.target.stop_instance(dep, inst, drain_timeout=opts.drain_timeout_s, status=FAILED, why=reason)
-        self.store.journal(
-            rollout.id,
-            status=ROLLED_BACK,
-            phase="rolled-back",
-            message=reason,
-            event=f"rollout #{rollout.id} rolled back",
+    def finish(self, r: Rollout) -> None:
+        self.target.apply_routes(
+            self.dep, Routes.from_dict(r.last_good), rollout=r.id, why="old version out of every route"
         )
-        return ROLLED_BACK
+        for iid in sorted(self._replaced):
+            inst = self.store.instance(iid)
+            if inst.status in (SERVING, DRAINING, STARTING):
+                self.target.stop_instance(self.dep, inst, drain_timeout=self.opts.drain_timeout_s, why="replaced")
+
+    def _good_routes(self, r: Rollout) -> Routes:
+        good = Routes.from_dict(r.last_good)
+        return without(good, {r.to_instance}) if r.to_instance and r.phase != FINISHING else good
 
     def _healthy(self, iid: int) -> bool:
         inst = self.store.instance(iid)
         return inst.down_since is None and self.target.instance_alive(inst) and procs.health(inst.url) == 200
 
-    # -- versioned ----------------------------------------------------------------------------
-    def _versioned(self, dep: Deployment, opts: DeployOptions, package: str, opened, new_iface: dict) -> dict:
-        m = opened.manifest
-        _gen, routes = self.store.routes(dep.name)
-        existing = routes.pinned.get(m.modelVersion)
-        if existing:
-            inst = self.store.instance(existing[0].instance)
-            if inst.digest == opened.digest:
-                self.report(f"v{m.modelVersion} is already serving on '{dep.name}': nothing to do")
-                return self._summary(dep, None, "unchanged")
-            raise DeployInputError(
-                f"v{m.modelVersion} of '{m.modelId}' already serves a different package (digest differs)",
-                hint="Give the new package its own modelVersion, or replace this version with --strategy red-black.",
+    def old_dead_new_healthy(self, r: Rollout) -> bool:
+        if not r.to_instance:
+            return False
+        new = self.store.instance(r.to_instance)
+        return (
+            not any(self._healthy(mb.instance) for mb in self._good_routes(r).default if mb.weight > 0)
+            and any(mb.instance != new.id for mb in Routes.from_dict(r.last_good).default)
+            and new.status == SERVING
+            and self._healthy(new.id)
+        )
+
+    def undo(self, r: Rollout, reason: str) -> None:
+        """One table swap to the last good routes, then drain and stop the new server."""
+        self.target.apply_routes(self.dep, self._good_routes(r), rollout=r.id, why=f"rollback of #{r.id}")
+        if r.to_instance:
+            inst = self.store.instance(r.to_instance)
+            self.target.stop_instance(
+                self.dep, inst, drain_timeout=self.opts.drain_timeout_s, status=FAILED, why=reason
             )
-        rollout = self.store.begin_rollout(dep.name, VERSIONED, package, None, [], routes)
-        serving = [i for i in self.store.instances(dep.name) if i.status == SERVING]
-        self.report(f"rollout #{rollout.id}: {m.modelId} v{m.modelVersion} versioned on '{dep.name}'")
+
+    # -- versioned ----------------------------------------------------------------------------
+    def existing(self, new: NewVersion) -> str | None:
+        _gen, routes = self.store.routes(self.name)
+        members = routes.pinned.get(new.version)
+        return (self.store.instance(members[0].instance).digest or "") if members else None
+
+    def warn_overlap(self, new: NewVersion) -> None:
+        serving = [i for i in self.store.instances(self.name) if i.status == SERVING]
         if serving:
             rss = sum(procs.rss_bytes(i.session, i.pid) for i in serving) / 2**30
             self.report(
-                f"warning: v{m.modelVersion} runs beside {len(serving)} serving version(s) "
+                f"warning: v{new.version} runs beside {len(serving)} serving version(s) "
                 f"({', '.join('v' + str(i.model_version) for i in serving)}); each holds its own engine, weights and "
                 f"KV cache (now {rss:.1f} GiB resident in total), so the overlap costs that much more memory "
                 "until old versions are retired (--idle-timeout, `llmserve rollback`).",
                 warning=True,
             )
-        inst, took = self._start_healthy(dep, rollout, package, opened, new_iface, VERSIONED, opts)
-        self.target.mark_serving(inst)
-        self.report(f"v{m.modelVersion} healthy after {took:.1f} s")
-        return self._publish_version(dep, self.store.rollout(rollout.id), opts)
 
-    def _publish_version(self, dep: Deployment, rollout: Rollout, opts: DeployOptions) -> dict:
-        inst = self.store.new_instance_of(rollout)
-        _gen, routes = self.store.routes(dep.name)
+    def start_version(self, r: Rollout, new: NewVersion) -> float:
+        return self._start(r, new, VERSIONED)
+
+    def promote_by_default(self, r: Rollout) -> bool:
+        _gen, routes = self.store.routes(self.name)
+        return not any(mb.weight > 0 for mb in routes.default)
+
+    def publish(self, r: Rollout, promote: bool) -> None:
+        inst = self.store.new_instance_of(r)
+        _gen, routes = self.store.routes(self.name)
         routes.pinned[inst.model_version] = [inst.member()]
-        promote = opts.promote
-        if promote is None:
-            promote = not any(mb.weight > 0 for mb in routes.default)
         if promote:
             routes.default = [inst.member(100)]
-        self.store.journal(
-            rollout.id,
-            phase="publishing",
-            event=f"v{inst.model_version} routable" + (" and the default" if promote else ""),
-        )
-        self.target.apply_routes(dep, routes, rollout=rollout.id, why=f"v{inst.model_version} ready")
-        self.store.journal(
-            rollout.id,
-            status=DONE,
-            phase="done",
-            last_good=routes,
-            event=f"rollout #{rollout.id} done: v{inst.model_version} serving",
-        )
-        default = ", ".join(f"v{mb.version}" for mb in routes.default if mb.weight > 0) or "none"
-        self.report(
-            f'v{inst.model_version} serving: ask for it with model "{routes.model_id}:{inst.model_version}" '
-            f"or header X-Model-Version: {inst.model_version}; unversioned requests go to {default}"
-        )
-        return self._summary(dep, self.store.rollout(rollout.id), "deployed")
+        self.target.apply_routes(self.dep, routes, rollout=r.id, why=f"v{inst.model_version} ready")
+        self.store.journal(r.id, last_good=routes)
 
-    def _retire(self, dep: Deployment, last: Rollout, opts: DeployOptions) -> dict:
+    def published_note(self, r: Rollout) -> str:
+        version = self.version_of(r)
+        _gen, routes = self.store.routes(self.name)
+        default = ", ".join(f"v{mb.version}" for mb in routes.default if mb.weight > 0) or "none"
+        return (
+            f'v{version} serving: ask for it with model "{routes.model_id}:{version}" '
+            f"or header X-Model-Version: {version}; unversioned requests go to {default}"
+        )
+
+    def retire_idle(self) -> None:
+        """Nothing to do here: the gateway retires idle versions itself while it runs (llmserve.deploy.gateway)."""
+
+    def retire_version(self, last: Rollout, drain: bool) -> tuple[Rollout, int]:
         inst = self.store.new_instance_of(last)
-        _gen, routes = self.store.routes(dep.name)
+        _gen, routes = self.store.routes(self.name)
         remaining = sorted(v for v in routes.pinned if v != inst.model_version)
         if not remaining:
             raise DeployInputError(
-                f"v{inst.model_version} is the only serving version of '{dep.name}'",
-                hint=f"Tear it down with `llmserve deploy down {dep.name}`.",
+                f"v{inst.model_version} is the only serving version of '{self.name}'",
+                hint=f"Tear it down with `llmserve deploy down {self.name}`.",
             )
-        rollout = self.store.begin_rollout(dep.name, "retire", inst.package, inst.id, [], routes)
+        r = self.store.begin_rollout(self.name, RETIRE, inst.package, inst.id, [], routes)
         new_routes = without(routes, {inst.id})
         if not any(mb.weight > 0 for mb in new_routes.default):
             newest = new_routes.pinned[remaining[-1]]
             new_routes.default = [
                 Member(mb.instance, mb.version, mb.url, 100 if k == 0 else 0) for k, mb in enumerate(newest)
             ]
-        self.store.journal(rollout.id, phase="finishing", last_good=new_routes, event=f"retiring v{inst.model_version}")
-        self.target.apply_routes(dep, new_routes, rollout=rollout.id, why=f"rollback: v{inst.model_version} retired")
-        self.target.stop_instance(dep, inst, drain_timeout=opts.drain_timeout_s, why="rolled back")
-        self.store.journal(rollout.id, status=DONE, phase="done", event=f"v{inst.model_version} retired")
-        self.store.journal(last.id, status=ROLLED_BACK, message=f"rolled back by #{rollout.id}")
-        return {
-            **self._summary(dep, self.store.rollout(rollout.id), "rolled-back"),
-            "retired_version": inst.model_version,
-        }
+        r = self.journal(r, phase=FINISHING, last_good=new_routes, event=f"retiring v{inst.model_version}")
+        self.complete_retire(r)
+        return r, inst.model_version
 
     # -- recovery -----------------------------------------------------------------------------
-    def recover(self, dep: Deployment, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
-        """Finish or undo a rollout whose CLI died (we hold the lock, so its owner is gone).
-
-        finishing phase -> finish it (the new version already had 100%);
-        same package asked again and its server healthy -> resume from the journaled step;
-        anything else -> roll back to the journaled last good routes."""
-        r = self.store.open_rollout(dep.name)
-        if r is None:
-            return None
-        self.store.event(
-            dep.name,
-            "interrupted",
-            f"rollout #{r.id} ({r.strategy}) was interrupted in phase "
-            f"'{r.phase}' at step {r.step_index + 1}; recovering",
-            r.id,
-        )
-        self.report(f"found interrupted rollout #{r.id} ({r.strategy}, phase {r.phase}, step {r.step_index + 1})")
+    def adopt_new(self, r: Rollout) -> tuple[Rollout, bool]:
         new = None
         if r.to_instance is None:
             # Killed between recording the instance and journaling it: find the orphan.
-            orphans = [i for i in self.store.instances(dep.name) if i.status == STARTING and i.created >= r.started]
+            orphans = [i for i in self.store.instances(self.name) if i.status == STARTING and i.created >= r.started]
             if orphans:
                 new = self.target.adopt(orphans[-1])
-                self.store.journal(r.id, to_instance=new.id)
-                r = self.store.rollout(r.id)
+                r = self.journal(r, to_instance=new.id)
         else:
             new = self.target.adopt(self.store.instance(r.to_instance))
-        if r.phase == "finishing":
-            result = self._finish(dep, r, opts) if r.strategy == RED_BLACK else None
-            if result is None:
-                self.store.journal(r.id, status=DONE, phase="done", event=f"rollout #{r.id} completed on recovery")
-            return {"rollout": r.id, "recovered": "completed", "resumed": False}
-        healthy = new is not None and self.target.instance_alive(new) and procs.health(new.url) == 200
-        if (
-            resume_package is not None
-            and r.package == resume_package
-            and new is not None
-            and self.target.instance_alive(new)
-        ):
-            try:
-                self.target.wait_healthy(new, opts.health_timeout_s)
-                healthy = True
-            except HealthCheckFailedError:
-                healthy = False
-            if healthy:
-                self.target.mark_serving(new)
-                self.report(f"resuming rollout #{r.id} at step {max(r.step_index, 0) + 1}")
-                self.store.event(
-                    dep.name, "resumed", f"rollout #{r.id} resumed at step {max(r.step_index, 0) + 1}", r.id
-                )
-                if r.strategy == VERSIONED:
-                    out = self._publish_version(dep, self.store.rollout(r.id), opts)
-                else:
-                    out = self._shift(dep, self.store.rollout(r.id), opts, start_index=max(r.step_index, 0))
-                return {**out, "recovered": "resumed", "resumed": True, "rollout": r.id}
-        outcome = self._undo(dep, r, "interrupted rollout (its CLI stopped)", opts)
-        return {"rollout": r.id, "recovered": outcome, "resumed": False}
+        return r, new is not None and self.target.instance_alive(new)
 
-    # -- status -------------------------------------------------------------------------------
-    def _summary(self, dep: Deployment, rollout: Rollout | None, action: str) -> dict:
-        out = status_of(self.store, dep.name, self.target)
-        out["action"] = action
-        if rollout is not None:
-            out["rollout"] = _rollout_dict(rollout)
-            out["rollout"]["seconds"] = round(rollout.updated - rollout.started, 2)
-        return out
+    def wait_new_ready(self, r: Rollout) -> None:
+        new = self.store.new_instance_of(r)
+        self.target.wait_healthy(new, self.opts.health_timeout_s)
+        self.target.mark_serving(new)
+
+    def complete_retire(self, r: Rollout) -> None:
+        """The retired version (the retire rollout's from_instance) out of the journaled routes, then stopped."""
+        self.target.apply_routes(self.dep, Routes.from_dict(r.last_good), rollout=r.id, why="rollback: version retired")
+        if r.from_instance:
+            inst = self.store.instance(r.from_instance)
+            if inst.status in (SERVING, DRAINING, STARTING):
+                self.target.stop_instance(self.dep, inst, drain_timeout=self.opts.drain_timeout_s, why="rolled back")
+
+    def close_rolled_back(self, last: Rollout, by: Rollout) -> None:
+        self.store.journal(last.id, status=ROLLED_BACK, message=f"rolled back by #{by.id}")
 
 
 def step_routes(last_good: Routes, olds: list[Member], new, pct: int) -> Routes:

@@ -1,4 +1,5 @@
-"""Red-black and versioned rollouts on a Kubernetes API.
+"""The Kubernetes target: the strategies of llmserve.deploy.strategy carried out on a Kubernetes API
+(ClusterRollouts), and deploy / rollback / down / status for one namespace (KubernetesDeployer).
 
 red-black: two colors, Deployments <name>-red and <name>-black, behind one Service <name> that selects
   every red-black pod of the deployment; traffic follows *ready* replicas, like server groups behind a
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from llmserve.deploy import interface as iface
-from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
+from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError
 from llmserve.deploy.kubernetes import manifests
 from llmserve.deploy.kubernetes.api_key import ApiKeyOptions, ApiKeys
 from llmserve.deploy.kubernetes.cluster import (
@@ -35,12 +37,19 @@ from llmserve.deploy.kubernetes.cluster import (
     api_call,
     dns_name,
 )
-from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, RUNNING, ClusterState, LeaseLock
-from llmserve.deploy.rollout import RED_BLACK, VERSIONED, DeployOptions
+from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, RUNNING, ClusterRollout, ClusterState, LeaseLock
+from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions
 from llmserve.deploy.source import PackageSource, is_reference, open_source
-
-LOCK_WAIT_S = 120.0
-RETIRE = "retire"
+from llmserve.deploy.strategy import (
+    RED_BLACK,
+    RETIRE,
+    VERSIONED,
+    LiveVersion,
+    NewVersion,
+    Rollouts,
+    Step,
+    idle_versions,
+)
 
 
 def replica_plan(steps: list[int], replicas: int) -> list[dict]:
@@ -221,34 +230,34 @@ class KubernetesDeployer:
             namespace=self.ns, object_name=name, name=name, strategy=strategy, selector=sel, spec=self.spec
         )
 
-    def _render_dep(
-        self, name: str, obj: str, strategy: str, rec: dict, color: str | None, replicas: int, opts: DeployOptions
-    ) -> dict:
+    def _render_dep(self, name: str, obj: str, rec: ClusterRollout, replicas: int, opts: DeployOptions) -> dict:
         return manifests.deployment(
             namespace=self.ns,
             object_name=obj,
             name=name,
-            strategy=strategy,
-            version=rec["version"],
-            color=color,
+            strategy=rec.strategy,
+            version=rec.version,
+            color=(rec.to or {}).get("color"),
             replicas=replicas,
             spec=self.spec,
-            package=rec["package"],
-            digest=rec["digest"],
-            interface=rec["interface"],
-            model_id=rec["model_id"],
-            rollout=rec["id"],
+            package=rec.package,
+            digest=rec.digest,
+            interface=rec.interface,
+            model_id=rec.model_id,
+            rollout=rec.id,
             drain_timeout_s=opts.drain_timeout_s,
             health_timeout_s=opts.health_timeout_s,
-            store_ref=rec.get("store_ref"),
-            api_key_secret=_ref(rec.get("api_key_secret")),
-            host=manifests.Hosting.parse(rec.get("host"), rec.get("openai", True)),
+            store_ref=rec.store_ref,
+            api_key_secret=_ref(rec.api_key_secret),
+            host=manifests.Hosting.parse(rec.host, rec.openai),
         )
 
     def _create_dep(self, body: dict) -> None:
         api_call(
             f"create Deployment {body['metadata']['name']}", self.c.apps.create_namespaced_deployment, self.ns, body
         )
+
+    # -- entry points -------------------------------------------------------------------------
 
     # -- entry points -------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> dict:
@@ -265,6 +274,9 @@ class KubernetesDeployer:
                 )
             return self._deploy(opts, src)
 
+    def _rollouts(self, name: str, opts: DeployOptions, base: ClusterRollout | None = None) -> Rollouts[ClusterRollout]:
+        return Rollouts(ClusterRollouts(self, name, opts, base), self.report)
+
     def _deploy(self, opts: DeployOptions, src: PackageSource) -> dict:
         from llmserve.packaging.opened import open_package
 
@@ -272,7 +284,7 @@ class KubernetesDeployer:
         opened = open_package(src.path)
         m = opened.manifest
         name = dns_name(opts.name or m.modelId)
-        new_iface = iface.fingerprint(opened)
+        new = NewVersion(m.modelId, m.modelVersion, opened.digest, package, iface.fingerprint(opened))
         state = ClusterState(self.c, name)
         with LeaseLock(self.c, name, LOCK_WAIT_S):
             if state.exists():
@@ -307,27 +319,35 @@ class KubernetesDeployer:
                     "Triton), or deploy with --no-api-key where authentication is done in front of the Service.",
                 )
             key_ref = self.keys.resolve(name, live is not None, _key_of(live))
-            base = {
-                "package": package,
-                "store_ref": src.serve_ref if src.from_store else None,
-                "digest": opened.digest,
-                "version": m.modelVersion,
-                "interface": new_iface,
-                "model_id": m.modelId,
-                "api_key_secret": list(key_ref) if key_ref else None,
-                "host": str(host),
-                "openai": host.openai,
-            }
+            # What every rollout record of this package carries (the pods are rendered from it).
+            base = ClusterRollout(
+                id=0,
+                strategy=opts.strategy,
+                package=package,
+                version=m.modelVersion,
+                model_id=m.modelId,
+                digest=opened.digest,
+                interface=new.interface,
+                store_ref=src.serve_ref if src.from_store else None,
+                api_key_secret=list(key_ref) if key_ref else None,
+                host=str(host),
+                openai=host.openai,
+            )
+            rollouts = self._rollouts(name, opts, base)
             try:
                 if opts.strategy == VERSIONED:
-                    result = self._versioned(name, state, opts, base)
+                    result = rollouts.versioned(new, opts.promote)
                 else:
-                    result = self._red_black(name, state, opts, base)
+                    result = rollouts.red_black(new, opts.steps)
             finally:
                 self._prune_keys(name, state)
             if recovered:
                 result["recovered"] = recovered
             return result
+
+    def recover(self, name: str, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
+        """Finish or undo a rollout whose CLI died (llmserve.deploy.strategy.Rollouts.recover)."""
+        return self._rollouts(name, opts).recover(resume_package)
 
     def _prune_keys(self, name: str, state: ClusterState) -> None:
         """Delete the key Secrets llmserve created that no Deployment and no open rollout reads any more
@@ -335,8 +355,7 @@ class KubernetesDeployer:
         try:
             keep = {ref[0] for d in self._deployments(name) if (ref := _key_of(d))}
             if state.exists():
-                open_ = [r for r in state.load()["rollouts"] if r["status"] == RUNNING]
-                keep |= {str(r["api_key_secret"][0]) for r in open_ if r.get("api_key_secret")}
+                keep |= {str(r.api_key_secret[0]) for r in state.rollouts() if r.status == RUNNING and r.api_key_secret}
             gone = self.keys.remove_created(name, keep)
         except KubernetesAPIError as exc:  # best effort: never hide the rollout's own outcome
             self.report(f"unused API key Secrets not removed: {exc.message}", warning=True)
@@ -349,28 +368,26 @@ class KubernetesDeployer:
         name = dns_name(name)
         state = ClusterState(self.c, name)
         with LeaseLock(self.c, name, LOCK_WAIT_S):
-            st = state.load()
+            state.load()  # not found -> clear error
             recovered = self.recover(name, resume_package=None, opts=opts)
             if recovered:
                 return {"deployment": name, "action": "undid-interrupted-rollout", **recovered}
-            done = [
-                r for r in state.load()["rollouts"] if r["status"] == DONE and r["strategy"] in (RED_BLACK, VERSIONED)
-            ]
+            done = [r for r in state.rollouts() if r.status == DONE and r.strategy in (RED_BLACK, VERSIONED)]
             if not done:
                 raise DeployInputError(
                     f"deployment '{name}' has no finished rollout to roll back",
                     hint=f"See its history with `llmserve status {name} --target kubernetes`.",
                 )
             last = done[0]
-            if last["strategy"] == VERSIONED and to_version is None:
-                return self._retire(name, state, last, opts)
+            if last.strategy == VERSIONED and to_version is None:
+                return self._rollouts(name, opts).retire(last)
             target_pkg = target_digest = None
             if to_version is None:
-                target_pkg = (last.get("from") or {}).get("package")
-                target_digest = (last.get("from") or {}).get("digest")
+                target_pkg = (last.from_ or {}).get("package")
+                target_digest = (last.from_ or {}).get("digest")
             else:
-                earlier = next((r for r in done if r["version"] == to_version), None)
-                target_pkg, target_digest = (earlier["package"], earlier["digest"]) if earlier else (None, None)
+                earlier = next((r for r in done if r.version == to_version), None)
+                target_pkg, target_digest = (earlier.package, earlier.digest) if earlier else (None, None)
             if not target_pkg or not (is_reference(target_pkg) or Path(target_pkg).exists()):
                 raise DeployInputError(
                     f"no earlier package of '{name}' to roll back to"
@@ -378,7 +395,6 @@ class KubernetesDeployer:
                     + (f": {target_pkg} is gone" if target_pkg else ""),
                     hint="Deploy the package you want with `llmserve deploy PKG --target kubernetes`.",
                 )
-            del st
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
         ropts = DeployOptions(
             package=target_pkg if is_reference(target_pkg) else Path(target_pkg),
@@ -417,428 +433,31 @@ class KubernetesDeployer:
         self.report(f"deployment '{name}' removed from namespace '{self.ns}' ({len(removed)} object(s))")
         return {"deployment": name, "action": "removed", "removed": removed, "namespace": self.ns}
 
-    # -- red-black ----------------------------------------------------------------------------
-    def _red_black(self, name: str, state: ClusterState, opts: DeployOptions, base: dict) -> dict:
-        self._apply_service(self._main_service(name, RED_BLACK))
-        lives = [d for d in self._deployments(name, RED_BLACK)]
-        main = max(lives, key=lambda d: (d.spec.replicas or 0, d.metadata.creation_timestamp), default=None)
-        for d in lives:
-            if d is not main:  # a leftover of a rollout that never journaled (cannot happen after recover)
-                self.report(f"removing leftover Deployment {d.metadata.name}", warning=True)
-                self._delete_dep(d.metadata.name, opts.drain_timeout_s + 30, name)
-        if main is not None:
-            ann = main.metadata.annotations or {}
-            live_iface = _json(ann.get(manifests.A_INTERFACE))
-            live_version = int(main.metadata.labels.get(L_VERSION, 0))
-            diff = iface.differences(live_iface, base["interface"])
-            if diff:
-                raise InterfaceChangedError(
-                    f"the interface of {base['model_id']} v{base['version']} differs from the live v{live_version} "
-                    f"({', '.join(r[0] for r in diff)}): red-black would mix two interfaces behind one Service",
-                    details=[iface.difference_detail(diff)],
-                )
-            if (
-                ann.get(manifests.A_DIGEST) == base["digest"]
-                and live_version == base["version"]
-                and (self.replicas is None or self.replicas == main.spec.replicas)
-                and _key_of(main) == _ref(base.get("api_key_secret"))
-            ):
-                self.report(f"v{base['version']} with this digest already serves '{name}': nothing to do")
-                return self._summary(name, None, "unchanged")
-        old_n = (main.spec.replicas or 0) if main is not None else 0
-        n = self.replicas or (old_n if old_n > 0 else 1)
-        steps = opts.steps if main is not None else [100]
-        plan = replica_plan(steps, n)
-        color = "black" if main is not None and main.metadata.labels.get(L_COLOR) == "red" else "red"
-        obj = f"{name}-{color}"
-        frm = None
-        if main is not None:
-            ann = main.metadata.annotations or {}
-            frm = {
-                "object": main.metadata.name,
-                "replicas": old_n,
-                "version": int(main.metadata.labels.get(L_VERSION, 0)),
-                "package": ann.get(manifests.A_PACKAGE),
-                "digest": ann.get(manifests.A_DIGEST),
-            }
-        rec = state.begin(
-            {
-                "strategy": RED_BLACK,
-                **base,
-                "from": frm,
-                "to": {"object": obj, "color": color},
-                "steps": steps,
-                "plan": plan,
-                "replicas": n,
-            }
-        )
-        self.report(
-            f"rollout #{rec['id']}: {base['model_id']} v{base['version']} red-black on '{name}' in namespace "
-            f"'{self.ns}': {n} replica(s), "
-            + ", ".join(f"{p['percent']}%={p['new']}/{p['new'] + p['old']}" for p in plan)
-        )
-        try:
-            if self._get_dep(obj) is not None:
-                self._delete_dep(obj, opts.drain_timeout_s + 30, name)
-            self._create_dep(self._render_dep(name, obj, RED_BLACK, rec, color, plan[0]["new"], opts))
-            rec = state.journal(
-                rec["id"],
-                phase="health-check",
-                event=f"Deployment {obj} created ({plan[0]['new']} replica(s)); waiting for readiness",
-            )
-            took = self._wait_ready(obj, name, base["version"], plan[0]["new"], opts.health_timeout_s)
-        except HealthCheckFailedError as exc:
-            self._undo(
-                name, state, state.journal(rec["id"]), f"health check failed: {exc.message.splitlines()[0]}", opts
-            )
-            raise RolloutFailedError(
-                f"rollout #{rec['id']} rolled back: {exc.message}",
-                hint=(exc.hint or "") + ("; traffic stayed on the live version." if frm else ""),
-            ) from exc
-        self.report(f"v{base['version']} ready after {took:.1f} s")
-        return self._shift(name, state, rec, opts, 0)
-
-    def _shift(self, name: str, state: ClusterState, rec: dict, opts: DeployOptions, start: int) -> dict:
-        obj = rec["to"]["object"]
-        frm = rec.get("from")
-        plan = rec["plan"]
-        rec = state.journal(rec["id"], phase="shifting")
-        for i in range(start, len(plan)):
-            p = plan[i]
-            rec = state.journal(
-                rec["id"],
-                step_index=i,
-                event=f"step {i + 1}/{len(plan)}: {p['percent']}% to v{rec['version']} "
-                f"({p['new']} new / {p['old']} old replica(s))",
-            )
-            problem = None
-            try:
-                self._scale(obj, p["new"])
-                t0 = time.monotonic()
-                self._wait_ready(obj, name, rec["version"], p["new"], opts.health_timeout_s)
-                self._wait_endpoints(name, rec["version"], p["new"], opts.health_timeout_s)
-                if frm:
-                    self._scale(frm["object"], p["old"])
-                self.report(
-                    f"step {i + 1}/{len(plan)}: {p['percent']}% on v{rec['version']} "
-                    f"({p['new']}/{p['new'] + p['old']} replicas)",
-                    step=i + 1,
-                    percent=p["percent"],
-                )
-                problem = self._gate(obj, frm, p, opts, t0)
-            except HealthCheckFailedError as exc:
-                problem = exc.message.splitlines()[0]
-            if problem:
-                self._undo(
-                    name,
-                    state,
-                    state.journal(rec["id"]),
-                    f"step {i + 1} ({p['percent']}%) failed its health gate: {problem}",
-                    opts,
-                )
-                raise RolloutFailedError(
-                    f"rollout #{rec['id']} rolled back at step {i + 1} ({p['percent']}%): {problem}",
-                    hint=f"The old version has its replicas back; see `llmserve status {name} --target kubernetes`.",
-                )
-        return self._finish(name, state, state.journal(rec["id"]), opts)
-
-    def _gate(self, obj: str, frm: dict | None, p: dict, opts: DeployOptions, t0: float) -> str | None:
-        """Pause, watching the new color; then both colors must have their ready replicas."""
-        while True:
-            ready = self._ready(obj)
-            if ready is None:
-                return f"Deployment {obj} disappeared"
-            if 0 <= ready < p["new"]:
-                return f"{obj} dropped to {ready}/{p['new']} ready replicas"
-            if time.monotonic() - t0 >= opts.pause_s:
-                break
-            time.sleep(min(0.25, max(opts.pause_s, 0.01)))
-        if frm and p["old"] > 0:
-            deadline = time.monotonic() + 10
-            while True:
-                old_ready = self._ready(frm["object"])
-                if old_ready is None:
-                    return f"the old Deployment {frm['object']} disappeared"
-                if old_ready >= p["old"]:
-                    break
-                if time.monotonic() > deadline:
-                    return f"old {frm['object']} has {max(old_ready, 0)}/{p['old']} ready replicas"
-                time.sleep(0.25)
-        return None
-
-    def _finish(self, name: str, state: ClusterState, rec: dict, opts: DeployOptions) -> dict:
-        obj = rec["to"]["object"]
-        frm = rec.get("from")
-        rec = state.journal(rec["id"], phase="finishing", event=f"100% on v{rec['version']}; removing the old version")
-        self._scale(obj, rec["replicas"])
-        if frm and frm["object"] != obj:
-            self._delete_dep(frm["object"], opts.drain_timeout_s + 30, name)
-        rec = state.journal(
-            rec["id"],
-            status=DONE,
-            phase="done",
-            event=f"rollout #{rec['id']} done: v{rec['version']} ({obj}) takes 100%",
-        )
-        self.report(f"rollout #{rec['id']} done: v{rec['version']} takes 100% of '{name}'")
-        return self._summary(name, rec, "deployed")
-
-    def _undo(self, name: str, state: ClusterState, rec: dict, reason: str, opts: DeployOptions) -> None:
-        """Atomic rollback: the old color back to its journaled replica count (waited ready), then the new
-        color deleted. Versioned: the new version's Deployment and Service deleted."""
-        rec = state.journal(rec["id"], phase="rolling-back", event=f"rolling back: {reason}")
-        self.report(f"rolling back rollout #{rec['id']}: {reason}")
-        frm = rec.get("from")
-        obj = (rec.get("to") or {}).get("object")
-        if rec["strategy"] == RED_BLACK and frm and frm["object"] != obj and self._get_dep(frm["object"]) is not None:
-            self._scale(frm["object"], frm["replicas"])
-            try:
-                self._wait_ready(frm["object"], name, frm["version"], frm["replicas"], opts.health_timeout_s)
-            except HealthCheckFailedError as exc:
-                self.report(
-                    f"warning: the old version is not fully ready again: {exc.message.splitlines()[0]}",
-                    warning=True,
-                )
-        if obj:
-            self._delete_dep(obj, opts.drain_timeout_s + 30, name, rec["version"])
-            if rec["strategy"] == VERSIONED:
-                self._delete_service(obj)
-        state.journal(
-            rec["id"],
-            status=ROLLED_BACK,
-            phase="rolled-back",
-            message=reason,
-            event=f"rollout #{rec['id']} rolled back",
-        )
-
-    # -- versioned ----------------------------------------------------------------------------
-    def _versioned(self, name: str, state: ClusterState, opts: DeployOptions, base: dict) -> dict:
-        obj = f"{name}-v{base['version']}"
-        existing = self._get_dep(obj)
-        if existing is not None:
-            if (existing.metadata.annotations or {}).get(manifests.A_DIGEST) == base["digest"]:
-                self.report(f"v{base['version']} is already serving on '{name}': nothing to do")
-                self._cleanup_idle(name, state)
-                return self._summary(name, None, "unchanged")
-            raise DeployInputError(
-                f"v{base['version']} of '{base['model_id']}' already serves a different package (digest differs)",
-                hint="Give the new package its own modelVersion, or replace this version with --strategy red-black.",
-            )
-        n = self.replicas or 1
-        serving = self._deployments(name, VERSIONED)
-        rec = state.begin(
-            {
-                "strategy": VERSIONED,
-                **base,
-                "from": None,
-                "to": {"object": obj},
-                "steps": [],
-                "plan": [],
-                "replicas": n,
-                "promote": opts.promote,
-            }
-        )
-        self.report(
-            f"rollout #{rec['id']}: {base['model_id']} v{base['version']} versioned on '{name}' "
-            f"in namespace '{self.ns}' ({n} replica(s))"
-        )
-        if serving:
-            pods = sum(d.spec.replicas or 0 for d in serving)
-            req = [f"{self.spec.cpu} CPU", self.spec.memory] + ([f"{self.spec.gpus} GPU"] if self.spec.gpus else [])
-            self.report(
-                f"warning: v{base['version']} runs beside {len(serving)} serving version(s) "
-                f"({', '.join('v' + d.metadata.labels.get(L_VERSION, '?') for d in serving)}, {pods} pod(s)); "
-                f"each pod requests {' + '.join(req)}, so the overlap costs that much more until old versions "
-                "are retired (--idle-timeout, `llmserve rollback`).",
-                warning=True,
-            )
-        try:
-            self._create_dep(self._render_dep(name, obj, VERSIONED, rec, None, n, opts))
-            self._apply_service(
-                manifests.service(
-                    namespace=self.ns,
-                    object_name=obj,
-                    name=name,
-                    strategy=VERSIONED,
-                    version=base["version"],
-                    selector={L_DEPLOYMENT: name, L_STRATEGY: VERSIONED, L_VERSION: str(base["version"])},
-                    spec=self.spec,
-                )
-            )
-            rec = state.journal(
-                rec["id"],
-                phase="health-check",
-                event=f"Deployment and Service {obj} created; waiting for {n} ready replica(s)",
-            )
-            took = self._wait_ready(obj, name, base["version"], n, opts.health_timeout_s)
-        except HealthCheckFailedError as exc:
-            self._undo(
-                name, state, state.journal(rec["id"]), f"health check failed: {exc.message.splitlines()[0]}", opts
-            )
-            raise RolloutFailedError(f"rollout #{rec['id']} rolled back: {exc.message}", hint=exc.hint) from exc
-        self.report(f"v{base['version']} ready after {took:.1f} s")
-        return self._publish(name, state, rec, opts)
-
-    def _publish(self, name: str, state: ClusterState, rec: dict, opts: DeployOptions) -> dict:
-        version = rec["version"]
-        st = state.load()
-        default = st["deployment"].get("default_version")
-        promote = rec.get("promote")
-        if promote is None:
-            promote = default is None or self._get_dep(f"{name}-v{default}") is None
-        rec = state.journal(
-            rec["id"], phase="publishing", event=f"v{version} routable" + (" and the default" if promote else "")
-        )
-        if promote:
-            self._apply_service(self._main_service(name, VERSIONED, version))
-            state.update(lambda s: s["deployment"].update(default_version=version))
-        now = str(time.time())
-        for d in self._deployments(name, VERSIONED):
-            if int(d.metadata.labels.get(L_VERSION, 0)) < version and manifests.A_SUPERSEDED not in (
-                d.metadata.annotations or {}
-            ):
-                api_call(
-                    "annotate",
-                    self.c.apps.patch_namespaced_deployment,
-                    d.metadata.name,
-                    self.ns,
-                    {"metadata": {"annotations": {manifests.A_SUPERSEDED: now}}},
-                )
-        rec = state.journal(
-            rec["id"], status=DONE, phase="done", event=f"rollout #{rec['id']} done: v{version} serving"
-        )
-        default = state.load()["deployment"].get("default_version")
-        self.report(f"v{version} serving behind Service {name}-v{version}; Service {name} goes to v{default}")
-        self._cleanup_idle(name, state)
-        return self._summary(name, rec, "deployed")
-
     def _cleanup_idle(self, name: str, state: ClusterState) -> list[int]:
-        """Delete versions superseded longer than the idle timeout; never the newest, never the default."""
-        st = state.load()
-        idle = st["deployment"].get("config", {}).get("idle_timeout_s")
+        """Delete versions superseded longer than the idle timeout (llmserve.deploy.strategy.idle_versions)."""
+        idle = state.load()["deployment"].get("config", {}).get("idle_timeout_s")
         if idle is None:
             return []
-        default = st["deployment"].get("default_version")
-        deps = self._deployments(name, VERSIONED)
-        if not deps:
-            return []
-        newest = max(int(d.metadata.labels.get(L_VERSION, 0)) for d in deps)
+        default = state.load()["deployment"].get("default_version")
+        deps = {int(d.metadata.labels.get(L_VERSION, 0)): d for d in self._deployments(name, VERSIONED)}
+        superseded = {
+            v: float(since)
+            for v, d in deps.items()
+            if (since := (d.metadata.annotations or {}).get(manifests.A_SUPERSEDED)) is not None
+        }
+        now = time.time()
         removed = []
-        for d in deps:
-            v = int(d.metadata.labels.get(L_VERSION, 0))
-            since = (d.metadata.annotations or {}).get(manifests.A_SUPERSEDED)
-            if v in (newest, default) or since is None or time.time() - float(since) < idle:
-                continue
-            self._delete_dep(d.metadata.name)
-            self._delete_service(d.metadata.name)
+        for v in idle_versions(set(deps), superseded, {default} if default is not None else set(), idle, now):
+            self._delete_dep(deps[v].metadata.name)
+            self._delete_service(deps[v].metadata.name)
             state.event(
-                "idle-retired",
-                f"v{v} retired: superseded {time.time() - float(since):.0f} s ago (idle timeout {idle:g} s)",
+                "idle-retired", f"v{v} retired: superseded {now - superseded[v]:.0f} s ago (idle timeout {idle:g} s)"
             )
             self.report(f"v{v} retired (idle for more than {idle:g} s)")
             removed.append(v)
         return removed
 
-    def _retire(self, name: str, state: ClusterState, last: dict, opts: DeployOptions) -> dict:
-        version = last["version"]
-        obj = f"{name}-v{version}"
-        others = sorted(
-            int(d.metadata.labels.get(L_VERSION, 0))
-            for d in self._deployments(name, VERSIONED)
-            if d.metadata.name != obj
-        )
-        if not others:
-            raise DeployInputError(
-                f"v{version} is the only serving version of '{name}'",
-                hint=f"Tear it down with `llmserve deploy down {name} --target kubernetes`.",
-            )
-        rec = state.begin(
-            {
-                "strategy": RETIRE,
-                "package": last["package"],
-                "digest": last["digest"],
-                "version": version,
-                "model_id": last["model_id"],
-                "interface": {},
-                "from": None,
-                "to": None,
-                "steps": [],
-                "plan": [],
-                "replicas": 0,
-            }
-        )
-        if state.load()["deployment"].get("default_version") == version:
-            self._apply_service(self._main_service(name, VERSIONED, others[-1]))
-            state.update(lambda s: s["deployment"].update(default_version=others[-1]))
-        self._delete_dep(obj, opts.drain_timeout_s + 30, name, version)
-        self._delete_service(obj)
-        state.journal(rec["id"], status=DONE, phase="done", event=f"v{version} retired")
-
-        def m(st):
-            for r in st["rollouts"]:
-                if r["id"] == last["id"]:
-                    r["status"] = ROLLED_BACK
-                    r["message"] = f"rolled back by #{rec['id']}"
-
-        state.update(m)
-        return {**self._summary(name, state.journal(rec["id"]), "rolled-back"), "retired_version": version}
-
-    # -- recovery -----------------------------------------------------------------------------
-    def recover(self, name: str, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
-        """Finish or undo a rollout whose CLI died (we hold the lease, so its owner is gone).
-        finishing -> finish; same package asked again and the new pods still there -> resume at the
-        journaled step; anything else -> roll back to the journaled state."""
-        state = ClusterState(self.c, name)
-        r = state.open_rollout()
-        if r is None:
-            return None
-        state.event(
-            "interrupted",
-            f"rollout #{r['id']} ({r['strategy']}) was interrupted in phase '{r['phase']}' "
-            f"at step {r['step_index'] + 1}; recovering",
-            r["id"],
-        )
-        self.report(
-            f"found interrupted rollout #{r['id']} ({r['strategy']}, phase {r['phase']}, step {r['step_index'] + 1})"
-        )
-        obj = (r.get("to") or {}).get("object")
-        if r["strategy"] == RETIRE:
-            state.journal(r["id"], status=DONE, phase="done", event=f"retire #{r['id']} completed on recovery")
-            ver = r["version"]
-            self._delete_dep(f"{name}-v{ver}")
-            self._delete_service(f"{name}-v{ver}")
-            return {"rollout": r["id"], "recovered": "completed", "resumed": False}
-        if r["phase"] in ("finishing", "publishing"):
-            if r["strategy"] == RED_BLACK:
-                self._finish(name, state, r, opts)
-            else:
-                self._publish(name, state, r, opts)
-            return {"rollout": r["id"], "recovered": "completed", "resumed": False}
-        if resume_package is not None and r["package"] == resume_package and obj and self._get_dep(obj) is not None:
-            step = max(r["step_index"], 0)
-            need = r["plan"][step]["new"] if r["strategy"] == RED_BLACK else r["replicas"]
-            try:
-                self._wait_ready(obj, name, r["version"], need, opts.health_timeout_s)
-            except HealthCheckFailedError as exc:
-                self._undo(name, state, r, f"interrupted rollout not healthy: {exc.message.splitlines()[0]}", opts)
-                return {"rollout": r["id"], "recovered": "rolled-back", "resumed": False}
-            self.report(f"resuming rollout #{r['id']} at step {step + 1}")
-            state.event("resumed", f"rollout #{r['id']} resumed at step {step + 1}", r["id"])
-            if r["strategy"] == VERSIONED:
-                out = self._publish(name, state, r, opts)
-            else:
-                out = self._shift(name, state, r, opts, step)
-            return {**out, "recovered": "resumed", "resumed": True, "rollout": r["id"]}
-        self._undo(name, state, r, "interrupted rollout (its CLI stopped)", opts)
-        return {"rollout": r["id"], "recovered": "rolled-back", "resumed": False}
-
     # -- status -------------------------------------------------------------------------------
-    def _summary(self, name: str, rec: dict | None, action: str) -> dict:
-        out = self.status(name)
-        out["action"] = action
-        if rec is not None:
-            out["rollout"] = _rollout_dict(rec) | {"seconds": round(rec["updated"] - rec["started"], 2)}
-        return out
-
     def status(self, name: str, events: int = 15) -> dict:
         name = dns_name(name)
         state = ClusterState(self.c, name)
@@ -900,7 +519,7 @@ class KubernetesDeployer:
             "deployments": deployments,
             "services": services,
             "open_rollout": (_rollout_dict(open_r) | {"interrupted": not alive, "holder": holder}) if open_r else None,
-            "rollouts": [_rollout_dict(r) for r in st["rollouts"][:10]],
+            "rollouts": [_rollout_dict(r) for r in state.rollouts(st)[:10]],
             "history": st["history"][-events:],
         }
 
@@ -925,27 +544,23 @@ def _json(text: str | None) -> dict:
         return {}
 
 
-def _rollout_dict(r: dict) -> dict:
+def _rollout_dict(r: ClusterRollout) -> dict:
     return {
-        k: r.get(k)
-        for k in (
-            "id",
-            "strategy",
-            "status",
-            "phase",
-            "package",
-            "version",
-            "steps",
-            "plan",
-            "replicas",
-            "message",
-            "started",
-            "updated",
-        )
-    } | {
-        "step": r.get("step_index", -1) + 1,
-        "from": (r.get("from") or {}).get("object"),
-        "to": (r.get("to") or {}).get("object"),
+        "id": r.id,
+        "strategy": r.strategy,
+        "status": r.status,
+        "phase": r.phase,
+        "package": r.package,
+        "version": r.version,
+        "steps": r.steps,
+        "plan": r.plan,
+        "replicas": r.replicas,
+        "message": r.message,
+        "started": r.started,
+        "updated": r.updated,
+        "step": r.step_index + 1,
+        "from": (r.from_ or {}).get("object"),
+        "to": (r.to or {}).get("object"),
     }
 
 
@@ -968,3 +583,334 @@ def _init_problems(pod) -> list[str]:
         elif st.running is not None:
             out.append(f"    init container {c.name} running (pulling the package)")
     return out
+
+
+class ClusterRollouts:
+    """The Kubernetes side of the strategies (llmserve.deploy.strategy.Target): versions are Deployments,
+    traffic is the ratio of ready replicas behind the Service <name> (red-black) or the Service's selector
+    (versioned), the journal is the deployment's ConfigMap. One object serves one command."""
+
+    def __init__(self, k: KubernetesDeployer, name: str, opts: DeployOptions, base: ClusterRollout | None):
+        self.k = k
+        self.name = name
+        self.opts = opts
+        self.base = base  # what the package being deployed puts in its records (None: rollback, recovery)
+        self.state = ClusterState(k.c, name)
+        self._main = None  # the live red-black Deployment
+        self._replicas = 1
+
+    # -- journal ------------------------------------------------------------------------------
+    def begin(
+        self, strategy: str, new: NewVersion, live: LiveVersion | None, steps: list[int], promote: bool | None = None
+    ) -> ClusterRollout:
+        assert self.base is not None  # only a deploy begins a rollout of a package
+        if strategy == VERSIONED:
+            self._replicas = self.k.replicas or 1
+            return self.state.begin(
+                replace(
+                    self.base,
+                    strategy=VERSIONED,
+                    to={"object": f"{self.name}-v{new.version}"},
+                    replicas=self._replicas,
+                    promote=promote,
+                )
+            )
+        main = self._main if live is not None else None
+        old_n = (main.spec.replicas or 0) if main is not None else 0
+        n = self.k.replicas or (old_n if old_n > 0 else 1)
+        color = "black" if main is not None and main.metadata.labels.get(L_COLOR) == "red" else "red"
+        frm = None
+        if main is not None:
+            ann = main.metadata.annotations or {}
+            frm = {
+                "object": main.metadata.name,
+                "replicas": old_n,
+                "version": int(main.metadata.labels.get(L_VERSION, 0)),
+                "package": ann.get(manifests.A_PACKAGE),
+                "digest": ann.get(manifests.A_DIGEST),
+            }
+        self._replicas = n
+        return self.state.begin(
+            replace(
+                self.base,
+                strategy=RED_BLACK,
+                from_=frm,
+                to={"object": f"{self.name}-{color}", "color": color},
+                steps=steps,
+                plan=replica_plan(steps, n),
+                replicas=n,
+            )
+        )
+
+    def journal(self, r: ClusterRollout, event: str | None = None, **changes) -> ClusterRollout:
+        return self.state.journal(r.id, event=event, **changes)
+
+    def event(self, kind: str, message: str, rollout: int | None = None) -> None:
+        self.state.event(kind, message, rollout)
+
+    def open_rollout(self) -> ClusterRollout | None:
+        return self.state.open_rollout()
+
+    def version_of(self, r: ClusterRollout) -> int:
+        return r.version
+
+    def summary(self, r: ClusterRollout | None, action: str) -> dict:
+        out = self.k.status(self.name)
+        out["action"] = action
+        if r is not None:
+            out["rollout"] = _rollout_dict(r) | {"seconds": round(r.updated - r.started, 2)}
+        return out
+
+    def where(self) -> str:
+        return f"on '{self.name}' in namespace '{self.k.ns}' ({self._replicas} replica(s))"
+
+    def status_hint(self) -> str:
+        return f"llmserve status {self.name} --target kubernetes"
+
+    def _obj(self, r: ClusterRollout) -> str:
+        return str((r.to or {}).get("object") or "")
+
+    def _create(self, r: ClusterRollout, replicas: int) -> None:
+        self.k._create_dep(self.k._render_dep(self.name, self._obj(r), r, replicas, self.opts))
+
+    # -- red-black ----------------------------------------------------------------------------
+    def live(self) -> LiveVersion | None:
+        """The red-black Deployment with the most replicas (the Service <name> is made sure of first)."""
+        k = self.k
+        k._apply_service(k._main_service(self.name, RED_BLACK))
+        lives = list(k._deployments(self.name, RED_BLACK))
+        main = max(lives, key=lambda d: (d.spec.replicas or 0, d.metadata.creation_timestamp), default=None)
+        for d in lives:
+            if d is not main:  # a leftover of a rollout that never journaled (cannot happen after recover)
+                k.report(f"removing leftover Deployment {d.metadata.name}", warning=True)
+                k._delete_dep(d.metadata.name, self.opts.drain_timeout_s + 30, self.name)
+        self._main = main
+        if main is None:
+            self._replicas = self.k.replicas or 1
+            return None
+        self._replicas = self.k.replicas or (main.spec.replicas or 1)
+        ann = main.metadata.annotations or {}
+        return LiveVersion(
+            int(main.metadata.labels.get(L_VERSION, 0)),
+            ann.get(manifests.A_DIGEST),
+            _json(ann.get(manifests.A_INTERFACE)),
+        )
+
+    def unchanged(self, live: LiveVersion, new: NewVersion) -> bool:
+        assert self._main is not None and self.base is not None
+        return (
+            live.digest == new.digest
+            and live.version == new.version
+            and (self.k.replicas is None or self.k.replicas == self._main.spec.replicas)
+            and _key_of(self._main) == _ref(self.base.api_key_secret)
+        )
+
+    def steps(self, r: ClusterRollout) -> list[Step]:
+        return [Step(p["percent"], f" ({p['new']}/{p['new'] + p['old']} replicas)") for p in r.plan]
+
+    def start_new(self, r: ClusterRollout, new: NewVersion) -> float:
+        obj, first = self._obj(r), r.plan[0]["new"]
+        if self.k._get_dep(obj) is not None:
+            self.k._delete_dep(obj, self.opts.drain_timeout_s + 30, self.name)
+        self._create(r, first)
+        self.journal(
+            r, phase="health-check", event=f"Deployment {obj} created ({first} replica(s)); waiting for readiness"
+        )
+        return self.k._wait_ready(obj, self.name, r.version, first, self.opts.health_timeout_s)
+
+    def shift(self, r: ClusterRollout, index: int) -> float:
+        """The new color scaled up and its pods registered behind the Service, then the old one scaled down:
+        capacity never drops below the replica count."""
+        k, p, obj = self.k, r.plan[index], self._obj(r)
+        k._scale(obj, p["new"])
+        t0 = time.monotonic()
+        k._wait_ready(obj, self.name, r.version, p["new"], self.opts.health_timeout_s)
+        k._wait_endpoints(self.name, r.version, p["new"], self.opts.health_timeout_s)
+        if r.from_:
+            k._scale(r.from_["object"], p["old"])
+        return t0
+
+    def gate(self, r: ClusterRollout, index: int, t0: float) -> str | None:
+        """Pause, watching the new color; then both colors must have their ready replicas."""
+        k, p, obj = self.k, r.plan[index], self._obj(r)
+        pause = self.opts.pause_s
+        while True:
+            ready = k._ready(obj)
+            if ready is None:
+                return f"Deployment {obj} disappeared"
+            if 0 <= ready < p["new"]:
+                return f"{obj} dropped to {ready}/{p['new']} ready replicas"
+            if time.monotonic() - t0 >= pause:
+                break
+            time.sleep(min(0.25, max(pause, 0.01)))
+        if r.from_ and p["old"] > 0:
+            deadline = time.monotonic() + 10
+            while True:
+                old_ready = k._ready(r.from_["object"])
+                if old_ready is None:
+                    return f"the old Deployment {r.from_['object']} disappeared"
+                if old_ready >= p["old"]:
+                    break
+                if time.monotonic() > deadline:
+                    return f"old {r.from_['object']} has {max(old_ready, 0)}/{p['old']} ready replicas"
+                time.sleep(0.25)
+        return None
+
+    def step_passed(self, r: ClusterRollout, index: int) -> None:
+        """Nothing to record: the journaled plan and step say what each color has."""
+
+    def finish_record(self, r: ClusterRollout) -> dict:
+        return {}
+
+    def finish(self, r: ClusterRollout) -> None:
+        obj = self._obj(r)
+        self.k._scale(obj, r.replicas)
+        if r.from_ and r.from_["object"] != obj:
+            self.k._delete_dep(r.from_["object"], self.opts.drain_timeout_s + 30, self.name)
+
+    def old_dead_new_healthy(self, r: ClusterRollout) -> bool:
+        """Never: the Deployment controller replaces dead pods of the old color, so going back stays possible."""
+        return False
+
+    def undo(self, r: ClusterRollout, reason: str) -> None:
+        """The old color back to its journaled replica count (waited ready), then the new one deleted."""
+        k, obj, frm = self.k, self._obj(r), r.from_
+        if r.strategy == RED_BLACK and frm and frm["object"] != obj and k._get_dep(frm["object"]) is not None:
+            k._scale(frm["object"], frm["replicas"])
+            try:
+                k._wait_ready(frm["object"], self.name, frm["version"], frm["replicas"], self.opts.health_timeout_s)
+            except HealthCheckFailedError as exc:
+                k.report(
+                    f"warning: the old version is not fully ready again: {exc.message.splitlines()[0]}",
+                    warning=True,
+                )
+        if obj:
+            k._delete_dep(obj, self.opts.drain_timeout_s + 30, self.name, r.version)
+            if r.strategy == VERSIONED:
+                k._delete_service(obj)
+
+    # -- versioned ----------------------------------------------------------------------------
+    def existing(self, new: NewVersion) -> str | None:
+        d = self.k._get_dep(f"{self.name}-v{new.version}")
+        return None if d is None else ((d.metadata.annotations or {}).get(manifests.A_DIGEST) or "")
+
+    def warn_overlap(self, new: NewVersion) -> None:
+        serving = self.k._deployments(self.name, VERSIONED)
+        if serving:
+            spec = self.k.spec
+            pods = sum(d.spec.replicas or 0 for d in serving)
+            req = [f"{spec.cpu} CPU", spec.memory] + ([f"{spec.gpus} GPU"] if spec.gpus else [])
+            self.k.report(
+                f"warning: v{new.version} runs beside {len(serving)} serving version(s) "
+                f"({', '.join('v' + d.metadata.labels.get(L_VERSION, '?') for d in serving)}, {pods} pod(s)); "
+                f"each pod requests {' + '.join(req)}, so the overlap costs that much more until old versions "
+                "are retired (--idle-timeout, `llmserve rollback`).",
+                warning=True,
+            )
+
+    def start_version(self, r: ClusterRollout, new: NewVersion) -> float:
+        obj = self._obj(r)
+        self._create(r, r.replicas)
+        self.k._apply_service(
+            manifests.service(
+                namespace=self.k.ns,
+                object_name=obj,
+                name=self.name,
+                strategy=VERSIONED,
+                version=r.version,
+                selector={L_DEPLOYMENT: self.name, L_STRATEGY: VERSIONED, L_VERSION: str(r.version)},
+                spec=self.k.spec,
+            )
+        )
+        self.journal(
+            r,
+            phase="health-check",
+            event=f"Deployment and Service {obj} created; waiting for {r.replicas} ready replica(s)",
+        )
+        return self.k._wait_ready(obj, self.name, r.version, r.replicas, self.opts.health_timeout_s)
+
+    def _default_version(self) -> int | None:
+        return self.state.load()["deployment"].get("default_version")
+
+    def promote_by_default(self, r: ClusterRollout) -> bool:
+        if r.promote is not None:
+            return r.promote
+        default = self._default_version()
+        return default is None or self.k._get_dep(f"{self.name}-v{default}") is None
+
+    def _make_default(self, version: int) -> None:
+        self.k._apply_service(self.k._main_service(self.name, VERSIONED, version))
+        self.state.update(lambda s: s["deployment"].update(default_version=version))
+
+    def publish(self, r: ClusterRollout, promote: bool) -> None:
+        """The Service <name> points at it when promoted; older versions are marked superseded (the idle
+        clock starts)."""
+        if promote:
+            self._make_default(r.version)
+        now = str(time.time())
+        for d in self.k._deployments(self.name, VERSIONED):
+            if int(d.metadata.labels.get(L_VERSION, 0)) < r.version and manifests.A_SUPERSEDED not in (
+                d.metadata.annotations or {}
+            ):
+                api_call(
+                    "annotate",
+                    self.k.c.apps.patch_namespaced_deployment,
+                    d.metadata.name,
+                    self.k.ns,
+                    {"metadata": {"annotations": {manifests.A_SUPERSEDED: now}}},
+                )
+
+    def published_note(self, r: ClusterRollout) -> str:
+        return (
+            f"v{r.version} serving behind Service {self.name}-v{r.version}; "
+            f"Service {self.name} goes to v{self._default_version()}"
+        )
+
+    def retire_idle(self) -> None:
+        self.k._cleanup_idle(self.name, self.state)
+
+    def retire_version(self, last: ClusterRollout, drain: bool) -> tuple[ClusterRollout, int]:
+        obj = f"{self.name}-v{last.version}"
+        if not [d for d in self.k._deployments(self.name, VERSIONED) if d.metadata.name != obj]:
+            raise DeployInputError(
+                f"v{last.version} is the only serving version of '{self.name}'",
+                hint=f"Tear it down with `llmserve deploy down {self.name} --target kubernetes`.",
+            )
+        r = self.state.begin(
+            ClusterRollout(
+                id=0,
+                strategy=RETIRE,
+                package=last.package,
+                version=last.version,
+                model_id=last.model_id,
+                digest=last.digest,
+            )
+        )
+        self.complete_retire(r)
+        return r, last.version
+
+    # -- recovery -----------------------------------------------------------------------------
+    def adopt_new(self, r: ClusterRollout) -> tuple[ClusterRollout, bool]:
+        obj = self._obj(r)
+        return r, bool(obj) and self.k._get_dep(obj) is not None
+
+    def wait_new_ready(self, r: ClusterRollout) -> None:
+        need = r.plan[max(r.step_index, 0)]["new"] if r.strategy == RED_BLACK else r.replicas
+        self.k._wait_ready(self._obj(r), self.name, r.version, need, self.opts.health_timeout_s)
+
+    def complete_retire(self, r: ClusterRollout) -> None:
+        """The Service <name> moved to the newest other version if it pointed at this one, then the version's
+        Deployment and Service deleted."""
+        obj = f"{self.name}-v{r.version}"
+        others = sorted(
+            int(d.metadata.labels.get(L_VERSION, 0))
+            for d in self.k._deployments(self.name, VERSIONED)
+            if d.metadata.name != obj
+        )
+        if others and self._default_version() == r.version:
+            self._make_default(others[-1])
+        self.k._delete_dep(obj, self.opts.drain_timeout_s + 30, self.name, r.version)
+        self.k._delete_service(obj)
+
+    def close_rolled_back(self, last: ClusterRollout, by: ClusterRollout) -> None:
+        self.state.journal(last.id, status=ROLLED_BACK, message=f"rolled back by #{by.id}")

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field, fields
 
 from llmserve.deploy.errors import DeploymentBusyError, DeploymentNotFoundError
 from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, L_MANAGED, Cluster, KubernetesAPIError, api_call
@@ -29,6 +30,45 @@ from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, L_MANAGED, Cluster,
 RUNNING, DONE, ROLLED_BACK = "running", "done", "rolled-back"
 HISTORY_MAX, ROLLOUTS_MAX = 200, 30
 LEASE_S = 15
+
+
+@dataclass
+class ClusterRollout:
+    """One journal entry, as the ConfigMap holds it (JSON, key "from" for from_)."""
+
+    id: int
+    strategy: str  # red-black, versioned, retire
+    package: str
+    version: int
+    status: str = RUNNING
+    phase: str = "starting"
+    step_index: int = -1
+    message: str | None = None
+    cli: str | None = None  # host:pid of the command that wrote it last
+    started: float = 0.0
+    updated: float = 0.0
+    model_id: str = ""
+    digest: str | None = None
+    interface: dict = field(default_factory=dict)
+    store_ref: str | None = None
+    api_key_secret: list[str] | None = None  # [Secret name, key]
+    host: str | None = None  # manifests.Hosting, as text
+    openai: bool = True
+    from_: dict | None = None  # the replaced Deployment: object, replicas, version, package, digest
+    to: dict | None = None  # the new Deployment: object (and color)
+    steps: list[int] = field(default_factory=list)
+    plan: list[dict] = field(default_factory=list)  # per step: percent, new, old replicas
+    replicas: int = 0
+    promote: bool | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ClusterRollout:
+        known = {f.name for f in fields(cls)}
+        values = {("from_" if k == "from" else k): v for k, v in data.items()}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return {("from" if f.name == "from_" else f.name): getattr(self, f.name) for f in fields(self)}
 
 
 def state_name(name: str) -> str:
@@ -148,48 +188,50 @@ class ClusterState:
     def event(self, kind: str, message: str, rollout: int | None = None) -> None:
         self.update(lambda st: st["history"].append(_event(rollout, kind, message)))
 
-    def open_rollout(self, st: dict | None = None) -> dict | None:
-        st = st or self.load()
-        return next((r for r in st["rollouts"] if r["status"] == RUNNING), None)
+    def rollouts(self, st: dict | None = None) -> list[ClusterRollout]:
+        """The journal, newest first."""
+        return [ClusterRollout.from_dict(r) for r in (st or self.load())["rollouts"]]
 
-    def begin(self, record: dict) -> dict:
-        out = {}
+    def open_rollout(self, st: dict | None = None) -> ClusterRollout | None:
+        return next((r for r in self.rollouts(st) if r.status == RUNNING), None)
+
+    def begin(self, record: ClusterRollout) -> ClusterRollout:
+        """Journal a new rollout (its id and times are given here)."""
+        out: list[ClusterRollout] = []
 
         def m(st):
-            rid = max([r["id"] for r in st["rollouts"]] or [0]) + 1
             now = time.time()
-            rec = {
-                "id": rid,
-                "status": RUNNING,
-                "phase": "starting",
-                "step_index": -1,
-                "message": None,
-                "cli": _holder_host_pid(),
-                "started": now,
-                "updated": now,
-                **record,
-            }
-            st["rollouts"].insert(0, rec)
-            st["history"].append(_event(rid, "rollout-begin", f"{rec['strategy']} rollout #{rid} of {rec['package']}"))
-            out.update(rec)
+            rid = max([r["id"] for r in st["rollouts"]] or [0]) + 1
+            rec = ClusterRollout.from_dict(
+                record.to_dict()
+                | {"id": rid, "status": RUNNING, "cli": _holder_host_pid(), "started": now, "updated": now}
+            )
+            st["rollouts"].insert(0, rec.to_dict())
+            st["history"].append(_event(rid, "rollout-begin", f"{rec.strategy} rollout #{rid} of {rec.package}"))
+            out.append(rec)
 
         self.update(m)
-        return out
+        return out[-1]
 
-    def journal(self, rid: int, event: str | None = None, **changes) -> dict:
-        out = {}
+    def journal(self, rid: int, event: str | None = None, **changes) -> ClusterRollout:
+        """Change fields of rollout rid (ClusterRollout's names), with an optional history line."""
+        known = {f.name for f in fields(ClusterRollout)}
+        unknown = set(changes) - known
+        if unknown:
+            raise TypeError(f"not fields of a rollout: {sorted(unknown)}")
+        out: list[ClusterRollout] = []
 
         def m(st):
             rec = next(r for r in st["rollouts"] if r["id"] == rid)
-            rec.update(changes)
+            rec.update({("from" if k == "from_" else k): v for k, v in changes.items()})
             rec["updated"] = time.time()
             rec["cli"] = _holder_host_pid()
             if event:
                 st["history"].append(_event(rid, changes.get("phase") or changes.get("status") or "rollout", event))
-            out.update(rec)
+            out.append(ClusterRollout.from_dict(rec))
 
         self.update(m)
-        return out
+        return out[-1]
 
     def set_config(self, **config) -> None:
         def m(st):
