@@ -24,6 +24,14 @@ from llmserve.cli.deploy_common import (
     reporter,
     store_options,
 )
+from llmserve.cli.deploy_regions import (
+    ContextsOpt,
+    RegionMaxErrorsOpt,
+    RegionPauseOpt,
+    check_contexts,
+    regional,
+    render_regions,
+)
 from llmserve.cli.render import OutputFormat, console, print_json
 from llmserve.cli.store_cmd import EndpointOpt, ProfileOpt, RegionOpt
 
@@ -69,6 +77,8 @@ Examples:
     llmserve deploy down tiny-chat
 
     llmserve deploy dist/tiny-chat-2.llmpkg --target kubernetes --replicas 4 --image registry/llmserve:0.1 --gpus 1
+
+    llmserve deploy dist/tiny-chat-2.llmpkg --target kubernetes --contexts eu-1,us-1,ap-1 --region-pause 60
 """,
 )
 
@@ -133,6 +143,9 @@ def up(
     target: TargetOpt = Target.local,
     namespace: NamespaceOpt = None,
     context: ContextOpt = None,
+    contexts: ContextsOpt = None,
+    region_pause: RegionPauseOpt = 30.0,
+    region_max_errors: RegionMaxErrorsOpt = 0,
     kubeconfig: KubeconfigOpt = None,
     replicas: int = typer.Option(
         None,
@@ -224,6 +237,7 @@ def up(
     """
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
+    regions = check_contexts(contexts, context, target)
     serve_args = ["--kv-cache-gib", f"{kv_cache_gib:g}"] if kv_cache_gib is not None else []
     opts = DeployOptions(
         package=package_argument(package),
@@ -269,6 +283,13 @@ def up(
         from llmserve.deploy.kubernetes import ApiKeyOptions
 
         keys = ApiKeyOptions(api_key_secret, *given_api_key(api_key_file), no_api_key, rotate_api_key)
+        if regions:
+            rollout = regional(
+                regions, reporter(output), namespace, kubeconfig, region_pause, region_max_errors, spec, replicas,
+                setup=lambda k: k.use_api_key(keys),
+            )  # fmt: skip
+            render_regions(rollout.deploy(opts), output)
+            return
         deployer = kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas)
         result = deployer.use_api_key(keys).deploy(opts)
     else:

@@ -20,6 +20,7 @@ from llmserve.cli.deploy_common import (
     reporter,
     store_options,
 )
+from llmserve.cli.deploy_regions import ContextsOpt, check_contexts, regional, render_regions
 from llmserve.cli.render import OutputFormat, console, print_json
 from llmserve.cli.store_cmd import EndpointOpt, ProfileOpt, RegionOpt
 
@@ -43,6 +44,7 @@ def rollback(
     target: TargetOpt = Target.local,
     namespace: NamespaceOpt = None,
     context: ContextOpt = None,
+    contexts: ContextsOpt = None,
     kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
@@ -58,6 +60,8 @@ def rollback(
         llmserve rollback tiny-chat
 
         llmserve rollback tiny-chat --to-version 2 --endpoint-url http://127.0.0.1:9000
+
+        llmserve rollback tiny-chat --target kubernetes --contexts eu-1,us-1,ap-1
     """
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
@@ -70,6 +74,11 @@ def rollback(
         health_timeout_s=health_timeout,
         drain_timeout_s=drain_timeout,
     )
+    regions = check_contexts(contexts, context, target)
+    if regions:
+        rollout = regional(regions, reporter(output), namespace, kubeconfig, 0.0, 0)
+        render_regions(rollout.rollback(name, to_version, opts), output)
+        return
     if target is Target.kubernetes:
         result = kube_deployer(reporter(output), namespace, context, kubeconfig).rollback(name, to_version, opts)
     else:

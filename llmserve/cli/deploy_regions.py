@@ -1,0 +1,103 @@
+"""`--contexts a,b,c` of `llmserve deploy` and `llmserve rollback` (llmserve.deploy.kubernetes.regions): the
+options, one Kubernetes deployer per context, and the per-region rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from llmserve.cli.deploy_common import Target, kube_deployer
+from llmserve.cli.render import OutputFormat, console, print_json
+
+ContextsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--contexts",
+        help="kubernetes: roll out region by region, one kubeconfig context after another (comma-separated, in "
+        "order), with a gate between regions (--region-pause, --region-max-errors); a region that fails rolls "
+        "back every region already moved. Not with --context.",
+    ),
+]
+RegionPauseOpt = Annotated[
+    float,
+    typer.Option(
+        "--region-pause",
+        min=0,
+        help="--contexts: seconds each region is watched after its rollout (every Deployment ready, no restarts "
+        "of the new pods, server errors within --region-max-errors) before the next region starts.",
+    ),
+]
+RegionMaxErrorsOpt = Annotated[
+    int,
+    typer.Option(
+        "--region-max-errors",
+        min=0,
+        help="--contexts: server errors (5xx) of the new version's pods allowed during a region's pause "
+        "(counted where the pods' /metrics can be read).",
+    ),
+]
+
+
+def check_contexts(contexts: str | None, context: str | None, target: Target) -> list[str] | None:
+    """The parsed --contexts, or None; refused with --context or on the local target."""
+    if contexts is None:
+        return None
+    from llmserve.deploy.errors import DeployInputError
+    from llmserve.deploy.kubernetes.regions import parse_contexts
+
+    if target is not Target.kubernetes:
+        raise DeployInputError("--contexts is for --target kubernetes (one kubeconfig context per region)")
+    if context is not None:
+        raise DeployInputError("--context and --contexts exclude each other: give the regions with --contexts only")
+    return parse_contexts(contexts)
+
+
+def regional(
+    contexts: list[str],
+    report,
+    namespace: str | None,
+    kubeconfig: Path | None,
+    pause_s: float,
+    max_errors: int,
+    pod_spec=None,
+    replicas: int | None = None,
+    setup=None,
+):
+    """The RegionalRollout over `contexts`; `setup(deployer)` finishes each context's deployer (API key...)."""
+    from llmserve.deploy.kubernetes.regions import GateOptions, RegionalRollout
+
+    def connect(ctx: str):
+        k = kube_deployer(report, namespace, ctx, kubeconfig, pod_spec, replicas)
+        return setup(k) if setup else k
+
+    return RegionalRollout(connect, contexts, report, GateOptions(pause_s=pause_s, max_errors=max_errors))
+
+
+def render_regions(result: dict, output: OutputFormat) -> None:
+    if output is OutputFormat.json:
+        print_json(result)
+        return
+    console.print(f"[bold]{escape(str(result['deployment']))}[/]  {result['action']}", highlight=False)
+    table = Table(show_lines=False)
+    for col in ("context", "namespace", "result", "version", "gate"):
+        table.add_column(col)
+    for r in result["regions"]:
+        gate = r.get("gate") or {}
+        gate_text = "-"
+        if gate:
+            errs = "-" if gate.get("errors") is None else str(gate["errors"])
+            gate_text = (
+                f"{'failed' if gate.get('failed') else 'ok'} (restarts {gate.get('restarts', 0)}, errors {errs})"
+            )
+        table.add_row(
+            escape(r["context"]),
+            escape(r.get("namespace") or "-"),
+            r.get("result", "-"),
+            f"v{r['version']}" if r.get("version") is not None else "-",
+            gate_text,
+        )
+    console.print(table)
