@@ -16,8 +16,12 @@ subset is narrower than the schema it says so here:
   other (different types, listed values the other refuses, a discriminating property, a required
   name the other lacks or forbids), after narrowing it where that separates it (requiring a
   discriminating property, never generating a name another branch requires, arrays of disjoint items
-  non-empty); a branch that may still overlap another is not generated, and a ``oneOf`` with no
-  such branch left is refused. String values are checked against a pattern with Python's ``re``.
+  non-empty, leaving out of a branch the types another branch accepts, the strings/booleans/null
+  another branch lists (of the value, or of a property both declare) and the strings another
+  string branch's pattern matches); a branch's types include those its own ``anyOf``/``oneOf``
+  branches have (``$ref`` resolved). A branch that may still overlap another is not generated, and
+  a ``oneOf`` with no such branch left is refused. String values are checked against a pattern with
+  Python's ``re``.
 * ``if``/``then``/``else``: answers satisfy ``if`` and ``then`` (``else`` with ``if: false``);
   values that fail ``if`` are not generated (a subset). Several in one ``allOf`` whose ``if``s
   exclude each other by one property's value (an if-chain on a discriminator) are one branch each:
@@ -30,14 +34,21 @@ subset is narrower than the schema it says so here:
   a subset where the ``not`` has more keywords. Other forms are refused by name.
 * strings: ``pattern`` (a search over the decoded value, JSON escapes handled; look-aheads at its
   anchored start, ``^(?=A)(?!B)...``, as patterns the value must or must not match, exact; other
-  look-around is refused), ``format`` (date,
-  time, date-time, email, uuid, ipv4, ipv6, hostname, uri), ``minLength``/``maxLength``, all together
-  (``schema_strings.py``).
+  look-around is refused), ``format`` (every format JSON Schema defines: date, time, date-time,
+  duration, email, idn-email, hostname, idn-hostname, ipv4, ipv6, uri, uri-reference, iri,
+  iri-reference, uri-template, uuid, json-pointer, relative-json-pointer, regex; several as a subset
+  of their values), ``minLength``/``maxLength``, all together (``schema_strings.py``). A ``format``
+  outside that vocabulary (``int32``, ``color``, ``password``, ...) leaves the string unconstrained:
+  a decision, not an oversight. In 2019-09/2020-12 ``format`` is an annotation unless a
+  format-assertion vocabulary is declared, and validators (``jsonschema`` among them) ignore formats
+  they do not know, so every such string validates.
 * integers and numbers with ``minimum``/``maximum``/``exclusive*`` (``schema_numbers.py``).
 * objects: declared ``properties`` with ``required``; only declared properties are generated when
   there are any (as in OpenAI's strict mode), whatever ``additionalProperties`` says; without
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
-  when it is true or absent); ``patternProperties`` apply to the declared names they match.
+  when it is true or absent), or, with ``patternProperties``, members whose names match one pattern
+  (and none of the others, when there are several), valued by its schema; ``patternProperties``
+  apply to the declared names they match.
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
   ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item (``minItems`` > 1 is
   refused).
@@ -462,9 +473,10 @@ class _Converter:
             except Unsatisfiable:
                 continue
         if not merged:
-            raise self.fail(f"no branch of {key} is satisfiable together with the keywords beside it")
+            raise Unsatisfiable(f"json_schema: no branch of {key} is satisfiable together with the keywords beside it")
         if key == "oneOf":
-            merged = _exclusive_branches(merged)
+            typed = [self._branch_types(m, sub_refs) for m, sub_refs in merged]
+            merged = _exclusive_branches(merged, typed)
         branches = []
         for m, sub_refs in merged:
             try:
@@ -472,8 +484,38 @@ class _Converter:
             except Unsatisfiable:
                 continue
         if not branches:
-            raise self.fail(f"no branch of {key} is satisfiable")
+            raise Unsatisfiable(f"json_schema: no branch of {key} is satisfiable")
         return _alt(branches)
+
+    def _branch_types(self, schema: Any, refs: tuple[str, ...], depth: int = 0) -> Any:
+        """``schema`` with the ``type`` its ``anyOf``/``oneOf`` implies when it has none: the union
+        of its branches' types (given, or of their listed values), references resolved. Equivalent
+        (every value satisfying the branches has one of those types); used only to tell ``oneOf``
+        branches apart, unchanged where a branch's types are unknown."""
+        if not isinstance(schema, dict) or types_of(schema) is not None or depth > 4 or "nullable" in schema:
+            return schema
+        values = values_of(schema)
+        if values is not None:
+            return {**schema, "type": sorted({_json_type(v) for v in values})} if values else schema
+        key = "anyOf" if "anyOf" in schema else "oneOf" if "oneOf" in schema else None
+        subs = schema.get(key) if key else None
+        if not isinstance(subs, list) or not subs:
+            return schema
+        types: set[str] = set()
+        for sub in subs:
+            try:
+                sub, sub_refs = self.normalize(sub, refs)
+            except Unsatisfiable:
+                continue
+            if sub is False:
+                continue
+            if isinstance(sub, dict) and "nullable" in sub:
+                return schema  # OpenAPI's nullable: null too, whatever its type says
+            sub_types = types_of(self._branch_types(sub, sub_refs, depth + 1)) if isinstance(sub, dict) else None
+            if sub_types is None:
+                return schema
+            types |= sub_types
+        return {**schema, "type": sorted(types)} if types else schema
 
     def _values(self, values: list, schema: dict, depth: int, refs):
         """``const``/``enum``: the listed values that also satisfy the keywords beside them."""
@@ -629,10 +671,10 @@ class _Converter:
         for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
             if kw in schema:
                 raise self.fail(f"{kw!r} on an object without properties is not supported")
-        if (patterns and "propertyNames" in schema) or len(patterns) > 1:
-            raise self.fail(
-                "patternProperties with several patterns (or with propertyNames) and no properties are not supported"
-            )
+        if patterns and "propertyNames" in schema:
+            raise self.fail("patternProperties with propertyNames and no properties are not supported")
+        if len(patterns) > 1:
+            return self._pattern_members(schema, patterns, depth, refs, lo, hi)
         if patterns:
             ((pattern, value_schema),) = patterns.items()
             key = string_ast([pattern], None, 0, None)
@@ -654,6 +696,26 @@ class _Converter:
                 raise
             return _lit("{}")
         return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
+
+    def _pattern_members(self, schema: dict, patterns: dict, depth: int, refs, lo: int, hi: int | None):
+        """Several ``patternProperties`` and no declared property: each member's name matches one
+        pattern and none of the others (the complement of their automaton: a name several patterns
+        match would owe its value to each of their schemas), valued by that pattern's schema. Names
+        no pattern matches (``additionalProperties``) are not generated: a subset."""
+        members = []
+        for pattern, value_schema in patterns.items():
+            others = [["pattern", q] for q in patterns if q != pattern]
+            others += [["value", name] for name in schema.get(ABSENT, [])]
+            try:
+                key = self.exclude(string_ast([pattern], None, 0, None, started=self.started), others)
+                members.append(_cat(key, _lit(":"), self.convert(value_schema, depth + 1, refs)))
+            except Unsatisfiable:
+                continue
+        if not members:
+            if lo > 0:
+                raise Unsatisfiable("json_schema: minProperties > 0 and no patternProperties member can be generated")
+            return _lit("{}")
+        return _cat(_lit("{"), _sequence([], _alt(members), lo, hi), _lit("}"))
 
 
 def _if_chain(schema: dict) -> dict | None:
@@ -773,6 +835,10 @@ def _may_admit(schema: dict, value: Any) -> bool:
     t = _json_type(value)
     if types is not None and t not in types and not (t == "integer" and "number" in types):
         return False
+    if _excluded_by_not(schema.get("not"), value):
+        return False
+    if _text_excluded(value, schema.get(NOT_TEXT) or []):
+        return False
     if not isinstance(value, str):
         return True
     lo, hi = schema.get("minLength"), schema.get("maxLength")
@@ -815,19 +881,22 @@ def _constrains(schema: Any) -> bool:
     return any(k in _STRUCTURE or k in _ALL_TYPE_KEYWORDS or k in _UNSUPPORTED for k in schema)
 
 
-def _exclusive_branches(merged: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+def _exclusive_branches(merged: list[tuple[Any, Any]], typed: list[Any] | None = None) -> list[tuple[Any, Any]]:
     """``oneOf``: the branches whose generated answers cannot match any other branch, so that every
     answer matches exactly one. A branch that might overlap another is not generated (a subset: its
     values are still valid through the branches kept, or are left out); refused when none is left.
-    Arrays whose items exclude each other's overlap only on ``[]``: they keep at least one item."""
+    ``typed``: the branches with the types their ``anyOf``/``oneOf`` imply (``_branch_types``), to
+    tell them apart; a branch is converted as given unless it had to be narrowed (``_narrowed``)."""
+    views = typed if typed is not None else [m for m, _ in merged]
     schemas = []
     for i, (m, _) in enumerate(merged):
-        others = [o for j, (o, _) in enumerate(merged) if j != i]
-        schemas.append(_separated(_non_empty_if_items_exclusive(m, others), others))
+        others = [o for j, o in enumerate(views) if j != i]
+        narrowed = _narrowed(views[i], others)
+        schemas.append(m if narrowed is views[i] else narrowed)
     kept = [
         (schemas[i], refs)
         for i, (_, refs) in enumerate(merged)
-        if all(_excludes(schemas[i], other) for j, (other, _) in enumerate(merged) if j != i)
+        if all(_excludes(_view(schemas[i], merged[i][0], views[i]), other) for j, other in enumerate(views) if j != i)
     ]
     if not kept:
         raise ConstraintError(
@@ -836,6 +905,111 @@ def _exclusive_branches(merged: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
             "or each a required property the others do not declare)"
         )
     return kept
+
+
+def _excluded_by_not(negated: Any, value: Any) -> bool:
+    """Whether a ``not`` of nothing but listed values (``const``/``enum``) lists ``value``."""
+    if not isinstance(negated, dict) or any(
+        _constrains({k: v}) for k, v in negated.items() if k not in ("enum", "const")
+    ):
+        return False
+    return canonical(value) in {canonical(v) for v in values_of(negated) or []}
+
+
+def _readable(pattern: Any) -> bool:
+    """Whether ``pattern`` is a string the converter can build an automaton of (to exclude it)."""
+    if not isinstance(pattern, str):
+        return False
+    try:
+        pattern_ast(pattern)
+    except ConstraintError:
+        return False
+    return True
+
+
+def _scalar_values(schema: Any) -> list | None:
+    """The listed values of ``schema`` when they are all strings, booleans or null (texts that a
+    NOT_TEXT item can exclude exactly)."""
+    if not isinstance(schema, dict):
+        return None
+    values = values_of(schema)
+    if not values or not all(v is None or isinstance(v, (str, bool)) for v in values):
+        return None
+    return values
+
+
+def _text_excluded(value: Any, excluded: list) -> bool:
+    """Whether NOT_TEXT items ``excluded`` hold the string, boolean or null ``value``."""
+    if value is not None and not isinstance(value, (str, bool)):
+        return False
+    return any(x[0] == "value" and type(x[1]) is type(value) and x[1] == value for x in excluded)
+
+
+def _view(schema: Any, given: Any, typed: Any) -> Any:
+    """The analysis view of a converted branch: its typed view when it is converted as given."""
+    return typed if schema is given else schema
+
+
+def _narrowed(a: Any, others: list) -> Any:
+    """Branch ``a`` of a ``oneOf`` narrowed (a subset of it) so that its answers fail the other
+    branches where that is in reach: arrays of exclusive items non-empty, objects separated by a
+    property (``_separated``), the types another branch accepts left out (``_own_types``), the
+    listed strings/booleans/null of another branch and the strings another branch's pattern
+    requires excluded (``_excluding_texts``)."""
+    out = _non_empty_if_items_exclusive(a, others)
+    out = _separated(out, others)
+    out = _own_types(out, others)
+    out = _excluding_texts(out, others)
+    return out
+
+
+def _widen(types: set[str]) -> set[str]:
+    return types | ({"integer"} if "number" in types else set())
+
+
+def _own_types(a: Any, others: list) -> Any:
+    """``a`` with several types keeps those no other branch accepts (when every other branch says
+    which types it accepts and some type of ``a`` is left)."""
+    if not isinstance(a, dict):
+        return a
+    types = types_of(a)
+    if types is None or len(types) < 2:
+        return a
+    taken: set[str] = set()
+    for b in others:
+        if b is False:
+            continue
+        tb = types_of(b) if isinstance(b, dict) else None
+        if tb is None:
+            return a
+        taken |= _widen(tb)
+    own = {t for t in types if t not in taken and not (t == "number" and "integer" in taken)}
+    if not own or own == types:
+        return a
+    return {**a, "type": sorted(own)}
+
+
+def _excluding_texts(a: Any, others: list) -> Any:
+    """Scalar branch ``a`` (strings, booleans, null) less the texts that would match another branch:
+    that branch's listed strings/booleans/null, or, for a string branch against a string-only
+    branch with a ``pattern``, the strings that pattern matches (exact: ``_Converter.exclude``)."""
+    if not isinstance(a, dict):
+        return a
+    types = _generated_types(a)
+    if types is None or not types <= {"string", "boolean", "null"}:
+        return a
+    items: list = []
+    for b in others:
+        if not isinstance(b, dict) or _excludes(a, b):
+            continue
+        values = values_of(b)
+        if values is not None and all(v is None or isinstance(v, (str, bool)) for v in values):
+            items += [["value", v] for v in values]
+        elif types == {"string"} and types_of(b) == {"string"} and _readable(b.get("pattern")):
+            items.append(["pattern", b["pattern"]])
+    if not items:
+        return a
+    return {**a, NOT_TEXT: [*a.get(NOT_TEXT, []), *(x for x in items if x not in a.get(NOT_TEXT, []))]}
 
 
 def _non_empty_if_items_exclusive(a: Any, others: list) -> Any:
@@ -880,7 +1054,33 @@ def _separated(a: Any, others: list) -> Any:
         missing = [n for n in b.get("required", []) if isinstance(n, str) and n not in required]
         if missing:
             a = {**a, "properties": {**props, missing[0]: False}}
+            continue
+        listed = [
+            n
+            for n in props
+            if isinstance(props[n], dict)
+            and _scalar_values(b_props.get(n))
+            and not any(n in (a.get(k) or {}) for k in ("dependencies", "dependentSchemas", "dependentRequired"))
+            and n not in a.get(ABSENT, [])
+            and not _only_listed(props[n], _scalar_values(b_props[n]) or [])
+        ]
+        if listed:
+            # a holds that property with none of the values b's schema for it lists
+            n = listed[0]
+            items = [["value", v] for v in _scalar_values(b_props[n]) or []]
+            a = {
+                **a,
+                "required": [*required, n] if n not in required else required,
+                "properties": {**props, n: {**props[n], NOT_TEXT: [*props[n].get(NOT_TEXT, []), *items]}},
+            }
+            continue
     return a
+
+
+def _only_listed(schema: dict, values: list) -> bool:
+    """Whether ``schema`` lists values and every one of them is among ``values``."""
+    own = values_of(schema)
+    return own is not None and all(any(canonical(v) == canonical(w) for w in values) for v in own)
 
 
 def _generated_types(schema: dict) -> set[str] | None:
@@ -898,6 +1098,15 @@ def _excludes(a: Any, b: Any) -> bool:
         return True
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
+    generated, accepted = _generated_types(a), types_of(b)
+    if generated is not None and accepted is not None and not _widen(generated) & _widen(accepted):
+        return True  # a's answers have types b refuses
+    excluded = a.get(NOT_TEXT) or []
+    values = values_of(b)
+    if values and all(_text_excluded(v, excluded) for v in values):
+        return True  # b admits only texts a never generates
+    if generated == {"string"} and accepted == {"string"} and ["pattern", b.get("pattern")] in excluded:
+        return True  # a's strings do not match b's pattern
     if _generated_types(a) == {"array"} and isinstance(a.get("minItems"), int) and a["minItems"] >= 1:
         # a's arrays hold an item, and no item of a's can be an item of b's
         items_a, items_b = a.get("items"), b.get("items")
@@ -943,6 +1152,7 @@ def _disjoint(a: Any, b: Any) -> bool:
     if va is not None and vb is not None and not {canonical(v) for v in va} & {canonical(v) for v in vb}:
         return True
     for values, other in ((va, b), (vb, a)):  # listed values none of which the other admits
+        # (_may_admit: by type, length, pattern, 'not' of those values, or the texts a 'not' excludes)
         if values is not None and not any(_may_admit(other, v) for v in values):
             return True
     pa, pb = a.get("properties") or {}, b.get("properties") or {}

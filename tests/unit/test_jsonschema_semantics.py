@@ -312,7 +312,10 @@ def test_annotations_are_ignored():
         ({"type": "object", "patternProperties": {"^a": {}}, "propertyNames": {"maxLength": 3}}, "propertyNames"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),
-        ({"type": "string", "format": "color"}, "format"),
+        (
+            {"type": "object", "patternProperties": {"^a": {}, "^b": {}}, "propertyNames": {"maxLength": 3}},
+            "propertyNames",
+        ),
     ],
 )
 def test_unsupported_keywords_are_refused_by_name(schema, keyword):
@@ -455,7 +458,96 @@ def test_oneof_generates_only_answers_that_match_exactly_one_branch(schema):
 
 def test_oneof_with_only_overlapping_branches_is_refused():
     with pytest.raises(ConstraintError, match="oneOf"):
-        dfa_of({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^a"}]})
+        dfa_of({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]})
+
+
+ONEOF_NARROWED = [
+    # a branch whose types come from its own oneOf and a $ref: told apart from the object branch
+    (
+        {
+            "$defs": {"s": {"type": "string"}},
+            "oneOf": [
+                {"oneOf": [{"$ref": "#/$defs/s"}, {"type": "array", "items": {"type": "string"}}]},
+                {"type": "object", "properties": {"a": {"type": "integer"}}},
+            ],
+        },
+        ['"x"', '["x"]', '{"a":1}'],
+        [],
+    ),
+    # several types, one of which another branch takes: only the others are generated
+    (
+        {"oneOf": [{"type": ["array", "boolean"], "items": {"type": "integer"}}, {"type": "boolean"}]},
+        ["[1]"],
+        ["true"],
+    ),
+    # a string branch against listed strings and against a pattern: those strings left out
+    ({"oneOf": [{"type": "string"}, {"enum": ["inherit"]}]}, ['"x"'], ['"inherit"']),
+    ({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^a"}]}, ['"b"', '"ba"'], ['"ab"', '"a"']),
+    # a discriminator whose open branch excludes the others' values with 'not'
+    (
+        {
+            "type": "object",
+            "oneOf": [
+                {"properties": {"k": {"type": "string", "not": {"enum": ["x", "y"]}}, "v": {"type": "integer"}}},
+                {"properties": {"k": {"const": "x"}}},
+                {"properties": {"k": {"const": "y"}}},
+            ],
+        },
+        ['{"k":"z","v":1}', '{"k":"x"}'],
+        ['{"v":1}'],
+    ),
+    # an open branch of a discriminator: the others' listed values left out of it
+    (
+        {
+            "type": "object",
+            "required": ["id"],
+            "oneOf": [
+                {"properties": {"id": {"type": "string"}}},
+                {"properties": {"id": {"enum": ["a", "b"]}, "n": {"type": "integer"}}},
+            ],
+        },
+        ['{"id":"c"}'],
+        ['{"id":"a"}'],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "yes", "no"), ONEOF_NARROWED)
+def test_overlapping_oneof_branches_are_narrowed_until_they_exclude_each_other(schema, yes, no):
+    assert_samples_valid(schema, n=80)
+    for text in yes:
+        assert accepts(schema, text), text
+    for text in no:
+        assert not accepts(schema, text), text
+
+
+def test_several_pattern_properties_without_properties_generate_names_of_one_pattern_each():
+    schema = {
+        "type": "object",
+        "patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "string"}},
+        "additionalProperties": False,
+    }
+    assert_samples_valid(schema, n=120)
+    assert accepts(schema, '{"ax":1,"xb":"s"}')
+    assert not accepts(schema, '{"ab":1}')  # both patterns match: owed to both schemas, not generated
+    assert not accepts(schema, '{"x":1}')  # neither matches: additionalProperties false
+
+
+@pytest.mark.parametrize("fmt", ["int32", "color", "password", "via [$symbol]($style)"])
+def test_formats_outside_json_schemas_vocabulary_are_annotations(fmt):
+    """JSON Schema 2019-09/2020-12: ``format`` annotates unless a format-assertion vocabulary is
+    declared, and validators ignore formats they do not know: any string, as ``jsonschema`` says."""
+    schema = {"type": "string", "format": fmt, "maxLength": 4}
+    assert accepts(schema, '"a b"') and not accepts(schema, '"abcde"')
+    assert_samples_valid(schema)
+    assert accepts({"type": "string", "format": "uuid"}, '"00000000-0000-0000-0000-000000000000"')
+    assert not accepts({"type": "string", "format": "uuid"}, '"a b"')  # a format it knows still constrains
+
+
+def test_duration_format_generates_iso_durations():
+    schema = {"type": "string", "format": "duration"}
+    assert accepts(schema, '"P3D"') and accepts(schema, '"PT5M"') and not accepts(schema, '"3 days"')
+    assert_samples_valid(schema)
 
 
 def test_an_embedded_automaton_is_encoded_as_runs_of_equal_targets_per_row():
