@@ -7,7 +7,8 @@ Each region is an ordinary KubernetesDeployer deploy in its own context (and the
 unless --namespace names one for all): red-black or versioned, gated at every step, rolled back by itself
 when it fails. When a region's rollout is done, its gate watches it for --region-pause seconds:
 
-- every Deployment of the name has its ready replicas (checked all along the pause, and at its end);
+- every Deployment of the name has its ready replicas, all along the pause (a Deployment an autoscaler
+  scales up meanwhile is held to the count it had when the pause began);
 - no container of the new version's pods has restarted;
 - the new version's pods answered no more server errors (HTTP 5xx, failed gRPC calls) during the pause than
   --region-max-errors. The figures are scraped from each pod's /metrics at its pod IP (as `llmserve
@@ -257,10 +258,11 @@ def region_gate(k: KubernetesDeployer, name: str, version: int | None, gate: Gat
     headers = auth_headers(_api_key(k, name))
     out: dict[str, Any] = {"pause_s": gate.pause_s, "pods": len(pods), "failed": None}
     t0 = time.monotonic()
+    at_start = _replicas(k, name)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-region-gate") as pool:
         scrape = pool.submit(snapshots, urls, max(gate.pause_s, 0.1), gate.scrape_timeout_s, headers)
         while True:
-            short = _not_ready(k, name)
+            short = _not_ready(k, name, at_start)
             if short:
                 out["failed"] = short
                 break
@@ -303,11 +305,21 @@ def _restarts(pod) -> dict[str, int]:
     return {c.name: c.restart_count or 0 for c in statuses}
 
 
-def _not_ready(k: KubernetesDeployer, name: str) -> str | None:
-    """Why some Deployment of the name is short of ready replicas now; None when all are ready."""
+def _deployments(k: KubernetesDeployer, name: str) -> list:
     sel = f"{L_DEPLOYMENT}={name}"
-    for d in api_call("list Deployments", k.c.apps.list_namespaced_deployment, k.ns, label_selector=sel).items:
-        want = d.spec.replicas or 0
+    return api_call("list Deployments", k.c.apps.list_namespaced_deployment, k.ns, label_selector=sel).items
+
+
+def _replicas(k: KubernetesDeployer, name: str) -> dict[str, int]:
+    return {d.metadata.name: d.spec.replicas or 0 for d in _deployments(k, name)}
+
+
+def _not_ready(k: KubernetesDeployer, name: str, at_start: dict[str, int]) -> str | None:
+    """Why some Deployment of the name is short of ready replicas now; None when all are ready. A Deployment
+    scaled up during the pause (by an autoscaler) is held to the count it had when the gate began: its new
+    pods may take their time."""
+    for d in _deployments(k, name):
+        want = min(d.spec.replicas or 0, at_start.get(d.metadata.name, d.spec.replicas or 0))
         ready = d.status.ready_replicas or 0
         if ready < want:
             return f"Deployment {d.metadata.name} has {ready}/{want} ready replicas"
