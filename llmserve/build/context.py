@@ -226,6 +226,15 @@ def _check_wheel_python(wheel: Path, lock: Lock) -> None:
         )
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where src and dst share a filesystem (a full stack's wheelhouse is ~1 GB: no second
+    copy on disk, no minutes spent writing one), else a copy. The context only ever reads it."""
+    try:
+        dst.hardlink_to(src)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
 def _prepare_destination(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / CONTEXT_REPORT).is_file())):
         raise BuildInputError(
@@ -313,7 +322,7 @@ def render_context(
             (tmp / "wheelhouse").mkdir()
             for f in sorted(Path(wheelhouse).iterdir()):
                 if f.is_file() and f.suffix == ".whl":
-                    shutil.copyfile(f, tmp / "wheelhouse" / f.name)
+                    _link_or_copy(f, tmp / "wheelhouse" / f.name)
                     count += 1
         entrypoint, health_path = _entrypoint(manifest, lock, package_file)
         labels = _labels(manifest, lock, lock_digest, package_digest)
