@@ -107,6 +107,33 @@ def _check_version(report: CheckReport, lock: Lock, source: VllmSource) -> None:
     )
 
 
+def _check_package_set(report: CheckReport, lock: Lock) -> None:
+    """A local-cpu lock's package set is what an image or environment installs: it must hold the vLLM (and
+    torch) the stack pins, or what gets installed is not the engine the lock was proven against."""
+    if lock.target.kind != "local-cpu" or lock.packages is None:
+        return
+    pinned = {normalize(line.split("==", 1)[0]): line.split("==", 1)[1] for line in lock.packages.requirements}
+    want = {lock.stack.vllm.distribution: lock.stack.vllm.version}
+    if lock.stack.torch:
+        want["torch"] = lock.stack.torch
+    wrong = []
+    for name, version in want.items():
+        have = pinned.get(normalize(name))
+        if have != version:
+            wrong.append(f"{name}=={version} (the set has {f'{name}=={have}' if have else f'no {name}'})")
+    if not wrong:
+        report.add("packages", f"{len(pinned)} packages", "ok", "the set holds the pinned " + ", ".join(want))
+        return
+    report.add(
+        "packages",
+        f"{len(pinned)} packages",
+        "fail",
+        "the lock's package set lacks what its stack pins: " + "; ".join(wrong),
+        f"relock the set from the pinned stack: install it, then `llmserve lock --stack {lock.target.name} --upgrade` "
+        f"(or `--requirements FILE` with a FILE that pins {', '.join(f'{n}=={v}' for n, v in want.items())})",
+    )
+
+
 def _check_surface(report: CheckReport, lock: Lock, index: ModuleIndex) -> None:
     surface = lock.interfaces.importSurface
     who = (
@@ -446,6 +473,8 @@ def run_checks(
         )
     except LLMServeError as exc:
         report.add("lock", lock.target.name, "warn", f"target not in this llmserve's knowledge base ({exc.message})")
+
+    _check_package_set(report, lock)
 
     index = None
     spec = vllm if vllm is not None else ("installed" if lock.target.kind == "local-cpu" else None)

