@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -107,15 +108,23 @@ def build(
             shutil.rmtree(out.parent, ignore_errors=True)
 
 
+_ERROR_LINE = re.compile(r"^(error|fatal)\b|\berror:|^ERROR\b", re.I)
+
+
 def _progress(json_out: bool):
-    """Build output as it streams, on stderr: steps bold, their output dim (plain lines for scripts)."""
+    """Build output as it streams, on stderr (plain lines for scripts and JSON). On a terminal: each step
+    bold on one line (a long RUN cut to the width: the whole step is in the Dockerfile and in any
+    error), its output dim, error lines red so they stand out of pip's and the engine's chatter."""
     from rich.markup import escape
+    from rich.text import Text
 
     def show(kind: str, text: str) -> None:
         if json_out or not err_console.is_terminal:
             err_console.print(text, markup=False, highlight=False, soft_wrap=True)
         elif kind in ("step", "push"):
-            err_console.print(f"[bold]{escape(text)}[/]", highlight=False, soft_wrap=True)
+            err_console.print(Text(text, style="bold"), overflow="ellipsis", no_wrap=True, highlight=False)
+        elif _ERROR_LINE.search(text):
+            err_console.print(f"[red]  {escape(text)}[/]", highlight=False, soft_wrap=True)
         else:
             err_console.print(f"[dim]  {escape(text)}[/]", highlight=False, soft_wrap=True)
 
