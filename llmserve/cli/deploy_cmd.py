@@ -210,6 +210,16 @@ def up(
         help="Take requests without an API key (auth is done in front). Changing a keyed deployment to open needs "
         "--rotate-api-key.",
     ),
+    autoscale: str = typer.Option(
+        None,
+        "--autoscale",
+        help="kubernetes: MIN:MAX replicas for a HorizontalPodAutoscaler on the serving Deployment, driven by the "
+        "engine's queue (vLLM's waiting requests per pod, through prometheus-adapter: templates/deploy/k8s/"
+        "prometheus-adapter-rules.yaml), not CPU; paused during red-black steps. Kept for later deploys; off removes it.",
+    ),
+    queue_target: float = typer.Option(
+        4.0, "--queue-target", help="kubernetes, --autoscale: waiting requests per pod the autoscaler aims at."
+    ),
     hold_timeout: float = typer.Option(
         None,
         "--hold-timeout",
@@ -281,21 +291,29 @@ def up(
             memory_limit=memory_limit,
         )
         from llmserve.deploy.kubernetes import ApiKeyOptions
+        from llmserve.deploy.kubernetes.autoscale import Autoscale
 
         keys = ApiKeyOptions(api_key_secret, *given_api_key(api_key_file), no_api_key, rotate_api_key)
+        scaling = Autoscale.parse(autoscale, queue_target) if autoscale is not None else None
+
+        def setup(k):
+            k.autoscale = scaling
+            return k.use_api_key(keys)
+
         if regions:
             rollout = regional(
                 regions, reporter(output), namespace, kubeconfig, region_pause, region_max_errors, spec, replicas,
-                setup=lambda k: k.use_api_key(keys),
+                setup=setup,
             )  # fmt: skip
             render_regions(rollout.deploy(opts), output)
             return
-        deployer = kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas)
-        result = deployer.use_api_key(keys).deploy(opts)
+        result = setup(kube_deployer(reporter(output), namespace, context, kubeconfig, spec, replicas)).deploy(opts)
     else:
         from llmserve.deploy.errors import DeployInputError
         from llmserve.deploy.local_keys import KeyRequest
 
+        if autoscale is not None:
+            raise DeployInputError("--autoscale is for --target kubernetes (a HorizontalPodAutoscaler)")
         if api_key_secret is not None:
             raise DeployInputError(
                 "--api-key-secret names a Kubernetes Secret: the local target takes --api-key-file or LLMSERVE_API_KEY"

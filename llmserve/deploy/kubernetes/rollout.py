@@ -25,7 +25,7 @@ from pathlib import Path
 
 from llmserve.deploy import interface as iface
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError
-from llmserve.deploy.kubernetes import manifests
+from llmserve.deploy.kubernetes import autoscale, manifests
 from llmserve.deploy.kubernetes.api_key import ApiKeyOptions, ApiKeys
 from llmserve.deploy.kubernetes.cluster import (
     L_COLOR,
@@ -81,6 +81,7 @@ class KubernetesDeployer:
         self.spec = pod_spec or manifests.PodSpec()
         self.replicas = replicas
         self.keys = ApiKeys(cluster, api_key or ApiKeyOptions(), self.report)
+        self.autoscale: autoscale.Autoscale | None = None  # this command's --autoscale (None: keep the recorded)
 
     def use_api_key(self, options: ApiKeyOptions) -> KubernetesDeployer:
         """Where the pods' API key comes from on the next deploy (llmserve.deploy.kubernetes.api_key)."""
@@ -309,6 +310,7 @@ class KubernetesDeployer:
                 recovered = None
             if opts.idle_timeout_s is not None:
                 state.set_config(idle_timeout_s=opts.idle_timeout_s)
+            autoscale.configure(self, state, self.autoscale)
             live = max(self._deployments(name), key=lambda d: (d.spec.replicas or 0, d.metadata.creation_timestamp), default=None)  # fmt: skip
             host = manifests.Hosting.of(m)
             if host.standalone and not self.keys.stays_open(live is not None, _key_of(live)):
@@ -341,6 +343,7 @@ class KubernetesDeployer:
                     result = rollouts.red_black(new, opts.steps)
             finally:
                 self._prune_keys(name, state)
+                autoscale.follow(self, name)  # the HPA back on (or onto) the serving Deployment
             if recovered:
                 result["recovered"] = recovered
             return result
@@ -429,6 +432,7 @@ class KubernetesDeployer:
                 self._delete_service(svc.metadata.name)
                 removed.append(f"service/{svc.metadata.name}")
             removed += self.keys.remove_created(name)
+            removed += [f"horizontalpodautoscaler/{name}"] if autoscale.remove(self.c, name) else []
             state.delete()
         self.report(f"deployment '{name}' removed from namespace '{self.ns}' ({len(removed)} object(s))")
         return {"deployment": name, "action": "removed", "removed": removed, "namespace": self.ns}
@@ -521,6 +525,7 @@ class KubernetesDeployer:
             "open_rollout": (_rollout_dict(open_r) | {"interrupted": not alive, "holder": holder}) if open_r else None,
             "rollouts": [_rollout_dict(r) for r in state.rollouts(st)[:10]],
             "history": st["history"][-events:],
+            "autoscaler": autoscale.describe(self, name),
         }
 
 
@@ -630,6 +635,7 @@ class ClusterRollouts:
                 "digest": ann.get(manifests.A_DIGEST),
             }
         self._replicas = n
+        autoscale.pause(self.k, self.name)  # the HPA out of the way of the ratio steps (follow() brings it back)
         return self.state.begin(
             replace(
                 self.base,
@@ -767,6 +773,7 @@ class ClusterRollouts:
         self.k._scale(obj, r.replicas)
         if r.from_ and r.from_["object"] != obj:
             self.k._delete_dep(r.from_["object"], self.opts.drain_timeout_s + 30, self.name)
+        autoscale.follow(self.k, self.name)
 
     def old_dead_new_healthy(self, r: ClusterRollout) -> bool:
         """Never: the Deployment controller replaces dead pods of the old color, so going back stays possible."""
@@ -788,6 +795,7 @@ class ClusterRollouts:
             k._delete_dep(obj, self.opts.drain_timeout_s + 30, self.name, r.version)
             if r.strategy == VERSIONED:
                 k._delete_service(obj)
+        autoscale.follow(k, self.name)
 
     # -- versioned ----------------------------------------------------------------------------
     def existing(self, new: NewVersion) -> str | None:
@@ -859,6 +867,7 @@ class ClusterRollouts:
                     self.k.ns,
                     {"metadata": {"annotations": {manifests.A_SUPERSEDED: now}}},
                 )
+        autoscale.follow(self.k, self.name)
 
     def published_note(self, r: ClusterRollout) -> str:
         return (
@@ -911,6 +920,7 @@ class ClusterRollouts:
             self._make_default(others[-1])
         self.k._delete_dep(obj, self.opts.drain_timeout_s + 30, self.name, r.version)
         self.k._delete_service(obj)
+        autoscale.follow(self.k, self.name)
 
     def close_rolled_back(self, last: ClusterRollout, by: ClusterRollout) -> None:
         self.state.journal(last.id, status=ROLLED_BACK, message=f"rolled back by #{by.id}")
