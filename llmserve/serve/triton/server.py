@@ -37,6 +37,13 @@ log = logging.getLogger("llmserve.serve.triton")
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
+# Once Triton reports that no inference is in flight any more and it is unloading its models, they get this long:
+# then the group is killed. Unloading is cleanup only (a Python model's finalize, an engine's shutdown), and it took
+# 3.6 s for the tiny transformers model and 8 s for a vLLM one here, which made an idle stop take 5-10 s (more on a
+# loaded host, up to Triton's exit timeout for a model whose finalize hangs).
+UNLOAD_GRACE_S = 2.0
+# Triton's log line (server.cc) once its in-flight inferences are done, or its exit timeout spent waiting for them.
+_UNLOADING = b"All models are stopped, unloading models"
 _POLL_S = 0.1
 _PORT_ATTEMPTS = 3
 _SHM_DIR = Path("/dev/shm")
@@ -371,26 +378,24 @@ class TritonServer:
                 stubs[pid] = Path(argv[1].decode(errors="replace")).parent.parent.name
         return stubs
 
-    def stop(self, grace: float | None = None) -> None:
-        """SIGTERM the server (Triton drains in-flight requests and unloads models), SIGKILL its group after
-        `grace` (default stop_timeout); then no process of the group remains and the server's shared memory is
-        removed. A working folder llmserve made is removed too, unless the server failed or crashed (its log
-        stays for reading)."""
+    def stop(self, grace: float | None = None, unload_s: float = UNLOAD_GRACE_S) -> None:
+        """SIGTERM the server (Triton drains in-flight requests, then unloads models), SIGKILL its group after
+        `grace` (default stop_timeout), or `unload_s` after Triton said its in-flight requests are done and it
+        is unloading (in-flight requests are never cut short for it; an idle server stops in about unload_s);
+        then no process of the group remains and the server's shared memory is removed. A working folder llmserve
+        made is removed too, unless the server failed or crashed (its log stays for reading)."""
         crashed = self.exit_code() not in (None, 0)  # exited on its own: its log says why, and stays
-        self._terminate(self.stop_timeout if grace is None else grace)
+        self._terminate(self.stop_timeout if grace is None else grace, unload_s)
         if self._own_workdir and self._was_ready and not crashed:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _terminate(self, grace: float | None = None) -> None:
+    def _terminate(self, grace: float | None = None, unload_s: float | None = None) -> None:
         grace = self.stop_timeout if grace is None else grace
         proc, self._proc = self._proc, None
         if proc is not None:
             pgid = proc.pid  # process_group=0: the server leads its own group
             _signal_group(pgid, signal.SIGTERM)
-            try:
-                proc.wait(grace + 5.0)
-            except subprocess.TimeoutExpired:
-                log.warning("Triton did not stop in %.0f s after SIGTERM; killing it", grace + 5.0)
+            if not self._wait_stopped(proc, grace + 5.0, unload_s):
                 _signal_group(pgid, signal.SIGKILL)
                 proc.wait()
             if not _wait_group_gone(pgid, 5.0):
@@ -402,6 +407,38 @@ class TritonServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def _wait_stopped(self, proc: subprocess.Popen[bytes], timeout: float, unload_s: float | None) -> bool:
+        """Wait for the SIGTERMed server to exit: True if it did; False when it is to be killed (timeout spent, or
+        its models still unloading unload_s after Triton began unloading them)."""
+        deadline = time.monotonic() + timeout
+        unloading_since: float | None = None
+        with contextlib.ExitStack() as stack:
+            tail = None
+            if unload_s is not None:
+                with contextlib.suppress(OSError):
+                    tail = stack.enter_context(open(self.log_path, "rb"))
+                    tail.seek(self._log_offset)
+            seen = b""
+            while True:
+                try:
+                    proc.wait(_POLL_S)
+                    return True
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if tail is not None and unloading_since is None:
+                    seen = seen[-len(_UNLOADING) :] + tail.read()
+                    if _UNLOADING in seen:
+                        unloading_since = now
+                if unload_s is not None and unloading_since is not None and now - unloading_since > unload_s:
+                    log.info(
+                        "Triton's models still unloading %.1f s after its last request ended; stopping them", unload_s
+                    )
+                    return False
+                if now > deadline:
+                    log.warning("Triton did not stop in %.0f s after SIGTERM; killing it", timeout)
+                    return False
 
     def _shm_regions(self) -> Iterator[Path]:
         if _SHM_DIR.is_dir():
