@@ -68,12 +68,22 @@ class EngineHandle:
     def embeds(self) -> bool:
         return "embed" in self.supported_tasks
 
+    # set by the server's engine watch when the engine core stopped answering (hung: alive, but no answer)
+    stalled: str | None = None
+
     @property
     def healthy(self) -> bool:
-        return not self.engine.errored
+        return not self.engine.errored and self.stalled is None
+
+    async def ping(self) -> None:
+        """A no-op round trip through the engine core: a utility call it answers between two engine steps
+        (vLLM's is_sleeping). It never returns from a core that is hung (stopped, deadlocked, stuck in a step)."""
+        await self.engine.is_sleeping()
 
     def failure_cause(self) -> str:
         """Why the engine stopped, as far as this process can tell (the engine core logs its own traceback)."""
+        if self.stalled is not None:
+            return self.stalled
         resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
         manager = getattr(resources, "engine_manager", None)
         try:

@@ -14,6 +14,24 @@ from llmserve.errors import InvalidInputError
 log = logging.getLogger("llmserve.serve")
 
 API_KEY_ENV = "LLMSERVE_API_KEY"
+# Seconds an engine core may leave a ping unanswered before the server counts it hung and ends (exit 7).
+STALL_TIMEOUT_ENV = "LLMSERVE_ENGINE_STALL_TIMEOUT_S"
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, else the default (a bad value is an error)."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise InvalidInputError(f"{name}={text!r}: not a positive number of seconds", hint=f"Unset {name} or fix it.")
+    return value
+
+
 # Most choices (`n`) one request may ask for. vLLM's own cap is 16384: one request could fill the
 # batch and the KV cache with copies of itself. The frontends refuse more with a 400 (EngineHandle.max_n).
 DEFAULT_MAX_N = 8
@@ -92,6 +110,8 @@ class ServeOptions:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_chars: int = 200_000
     drain_timeout_s: float = 30.0
+    # an engine core that does not answer a ping this long is hung: the server ends (llmserve.serve.server)
+    engine_stall_timeout_s: float = field(default_factory=lambda: _env_seconds(STALL_TIMEOUT_ENV, 60.0))
     metrics_dir: Path | None = None
     log_requests: bool = False
     # llmserve's constraint processor (per-request regex / choice / JSON Schema via `vllm_xargs`):

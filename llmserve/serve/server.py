@@ -15,7 +15,11 @@ SIGTERM or SIGINT at any point: /health turns 503 "draining", listeners close, i
 finish (bounded by --drain-timeout), the engine shuts down, and the process exits 0.
 An engine that dies once ready (its engine-core process killed, a fatal error inside it) ends the
 process at once with exit code 7 (ExitCode.ENGINE) and the cause logged: a server that cannot answer
-must not look alive to its supervisor, which restarts it.
+must not look alive to its supervisor, which restarts it. So does an engine that hangs: its core is
+pinged every ENGINE_PING_INTERVAL_S with a no-op call it answers between two steps, and one that does
+not answer within the stall timeout (ServeOptions.engine_stall_timeout_s, default 60 s, env
+LLMSERVE_ENGINE_STALL_TIMEOUT_S) turns /health to 503 "engine-error" and ends the process with exit
+code 7 too. /health is what the Kubernetes liveness probe reads (llmserve.deploy.kubernetes.manifests).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ log = logging.getLogger("llmserve.serve")
 # still in flight get to end after the engine died (they are failing already; a supervisor waits).
 ENGINE_WATCH_INTERVAL_S = 0.25
 DEAD_ENGINE_DRAIN_S = 2.0
+# How often the engine core is pinged (a round trip it answers between two steps).
+ENGINE_PING_INTERVAL_S = 5.0
 
 
 def frontend_factories() -> dict[str, Callable]:
@@ -92,18 +98,45 @@ def requested_frontends(options: ServeOptions) -> list[str]:
     return ["openai", "kserve-grpc"] if options.openai else ["kserve-http", "kserve-grpc"]
 
 
-async def watch_engine(handle, stop: asyncio.Event, died: list[str]) -> None:
+async def watch_engine(handle, stop: asyncio.Event, died: list[str], stall_timeout_s: float) -> None:
     """Set `stop` (with the cause in `died`) when the engine stops being able to serve.
 
     vLLM marks a dead engine core (killed, or crashed in a step) and fails every request after it,
-    but its process stays up: without this, /health would say 503 engine-error forever.
+    but its process stays up: without this, /health would say 503 engine-error forever. A hung core
+    (alive, answering nothing: stopped, deadlocked, stuck in a step) is marked by nobody: the ping
+    finds it, and a server whose engine does not answer for stall_timeout_s is as good as dead.
     """
-    while not stop.is_set():
-        if not handle.healthy:
-            died.append(handle.failure_cause())
-            stop.set()
-            return
-        await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+    loop = asyncio.get_running_loop()
+    ping: asyncio.Task | None = None
+    sent = 0.0
+    next_ping = loop.time() + ENGINE_PING_INTERVAL_S
+    try:
+        while not stop.is_set():
+            if not handle.healthy:
+                died.append(handle.failure_cause())
+                stop.set()
+                return
+            now = loop.time()
+            if ping is None and now >= next_ping:
+                ping, sent = asyncio.create_task(handle.ping()), now
+            elif ping is not None and ping.done():
+                if not ping.cancelled() and ping.exception() is not None and handle.healthy:
+                    log.warning("engine: ping failed: %r", ping.exception())
+                ping, next_ping = None, now + ENGINE_PING_INTERVAL_S
+            elif ping is not None and now - sent > stall_timeout_s:
+                handle.stalled = (
+                    f"the engine core has not answered for {now - sent:.0f} s (hung: alive but not serving; "
+                    f"the limit is {stall_timeout_s:g} s)"
+                )
+                continue  # reported as not healthy on the next pass
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+    finally:
+        if ping is not None:
+            # ended here, so that no task holds the engine past its shutdown (AsyncLLM.__del__ at exit)
+            ping.cancel()
+            with contextlib.suppress(BaseException):
+                await ping
+            ping = None
 
 
 class StepLog:
@@ -183,7 +216,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             model_name = options.served_model_name or package.manifest.modelId
             handle = await start_engine(package, model_name, engine_args, options.max_n)
         readiness.set_ready(handle)
-        watcher = asyncio.create_task(watch_engine(handle, stop, died))
+        watcher = asyncio.create_task(watch_engine(handle, stop, died, options.engine_stall_timeout_s))
         metrics.ready.set(1)
         record_steps(metrics, steps.steps)
         total = sum(s for _, s in steps.steps)

@@ -93,3 +93,47 @@ def test_the_api_key_comes_from_a_secret_never_inline():
     assert body["metadata"]["annotations"][manifests.A_API_KEY] == "m-api-key-3:api-key"
     (open_server,) = _containers(_render(manifests.PodSpec()))
     assert "LLMSERVE_API_KEY" not in {e["name"] for e in open_server["env"]}
+
+
+@pytest.mark.parametrize(
+    ("host", "live"),
+    [
+        (manifests.Hosting("vllm", "embedded"), "/health"),
+        (manifests.Hosting("triton", "embedded"), "/health"),
+        (manifests.Hosting("triton", "standalone"), "/v2/health/live"),
+    ],
+)
+def test_the_liveness_probe_reads_the_route_that_fails_on_a_dead_or_hung_engine(host, live):
+    """llmserve's /health answers 503 once its engine is dead or hung (and the server then exits 7: tests/serve/
+    test_engine_liveness.py). Standalone Triton's pods probe Triton's own route; the llmserve process that runs Triton
+    exits when Triton or a model stops serving, which restarts the container just the same."""
+    (server,) = _render(manifests.PodSpec(), host=host)["spec"]["template"]["spec"]["containers"]
+    probe = server["livenessProbe"]
+    assert probe["httpGet"] == {"path": live, "port": "http"}
+    # the kubelet restarts the container after period x threshold seconds of failures: within minutes
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= 300
+
+
+def test_health_answers_503_for_an_engine_that_is_not_healthy():
+    from dataclasses import dataclass
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from llmserve.serve.readiness import Readiness
+    from llmserve.serve.routing import operations_router
+
+    @dataclass
+    class Engine:  # what Readiness reads of an engine handle
+        healthy: bool
+
+    readiness = Readiness()
+    app = FastAPI()
+    app.include_router(operations_router(readiness, None))
+    client = TestClient(app)
+    engine = Engine(True)
+    readiness.set_ready(engine)
+    assert client.get("/health").status_code == 200
+    engine.healthy = False  # the engine core died, or stopped answering its pings (llmserve.serve.server)
+    answer = client.get("/health")
+    assert answer.status_code == 503 and answer.json() == {"status": "engine-error"}
