@@ -94,15 +94,30 @@ def docker_client(build_env):
 
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
-    """A Debian bookworm root with python3 (debootstrap, cached), imported into the engine."""
+    """A Debian bookworm root with python3 (debootstrap, cached), imported into the engine once: tagged with
+    its tarball's digest and reused from a kept store, as each import makes a new image id (its creation
+    time) and every cached layer built on the old one would miss."""
+    import docker
+
     p = subprocess.run([str(SCRIPT), "base"], capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         pytest.fail(f"the base image root could not be made (scripts/build-test-env base):\n{p.stderr[-4000:]}")
-    tarball = p.stdout.strip().splitlines()[-1]
-    out = docker_client.api.import_image(src=tarball)
+    tarball = Path(p.stdout.strip().splitlines()[-1])
+    h = hashlib.sha256()
+    with tarball.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    repo, tag = BASE_REF.split(":")
+    ref = f"{repo}:{tag}-{h.hexdigest()[:12]}"
+    try:
+        docker_client.images.get(ref)
+        return ref
+    except docker.errors.ImageNotFound:
+        pass
+    out = docker_client.api.import_image(src=str(tarball))
     image_id = next(part for part in str(out).split('"') if part.startswith("sha256:"))
-    docker_client.images.get(image_id).tag(*BASE_REF.split(":"))
-    return BASE_REF
+    docker_client.images.get(image_id).tag(repo, f"{tag}-{h.hexdigest()[:12]}")
+    return ref
 
 
 def wheelhouse_for(lock_path: Path) -> Path:
