@@ -133,7 +133,31 @@ def render_k8s_status(r: dict) -> None:
             + (f" ({s['not_ready_endpoints']} not ready)" if s["not_ready_endpoints"] else ""),
             highlight=False,
         )
+    _render_autoscaler(r.get("autoscaler"))
     _render_rollouts(r, len(r["open_rollout"]["plan"] or [1]) if r.get("open_rollout") else 0, " --target kubernetes")
+
+
+def _render_autoscaler(a: dict | None) -> None:
+    """The HorizontalPodAutoscaler on the queue (llmserve.deploy.kubernetes.autoscale.describe), and what its
+    controller last said when that is not a plain yes (e.g. the queue metric unavailable)."""
+    if not a:
+        return
+    if "error" in a:
+        console.print(f"autoscaler: [yellow]{escape(a['error'])}[/]", highlight=False)
+        return
+    console.print(
+        f"autoscaler {a['object']} -> {a['target']}: {a['min_replicas']}..{a['max_replicas']} replicas, "
+        f"{a['metric']} target {a['queue_target']} per pod; now {a.get('current_replicas')}, "
+        f"wants {a.get('desired_replicas')}",
+        highlight=False,
+    )
+    for c in a.get("conditions", []):
+        if c.get("status") != "True":
+            console.print(
+                f"  [yellow]{escape(str(c.get('type')))}: {escape(str(c.get('reason')))}[/] "
+                f"{escape(str(c.get('message') or ''))}",
+                highlight=False,
+            )
 
 
 def _ago(ts: float | None) -> str:
