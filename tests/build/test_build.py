@@ -176,6 +176,7 @@ def test_a_failing_step_is_named_with_its_last_lines(
 FULL_IMAGE_TIMEOUT = 2400
 
 
+@pytest.mark.full_image
 @pytest.mark.timeout(FULL_IMAGE_TIMEOUT)
 def test_full_image_is_tagged_labelled_and_carries_the_locked_versions(full_image, docker_client, tiny_vllm_package):
     digest = read_index(tiny_vllm_package).digest
@@ -243,6 +244,7 @@ def _health(docker_client, container_id: str) -> dict:
         return {"Status": "failed", "Error": str(exc.explanation)}
 
 
+@pytest.mark.full_image
 @pytest.mark.timeout(FULL_IMAGE_TIMEOUT)
 def test_full_image_runs_healthy_and_answers_openai_chat_and_kserve_v2(full_image, docker_client):
     import time
@@ -298,6 +300,7 @@ def test_full_image_runs_healthy_and_answers_openai_chat_and_kserve_v2(full_imag
         container.remove(force=True)
 
 
+@pytest.mark.full_image
 @pytest.mark.timeout(FULL_IMAGE_TIMEOUT)
 def test_full_image_pushed_and_pulled_back(full_image, build_env, docker_client, tiny_vllm_package):
     registry = build_env["LLMSERVE_TEST_REGISTRY"]
@@ -332,6 +335,7 @@ def test_full_image_pushed_and_pulled_back(full_image, build_env, docker_client,
     assert pulled.id == full_image["image"]
 
 
+@pytest.mark.full_image
 @pytest.mark.timeout(FULL_IMAGE_TIMEOUT)
 def test_a_refused_push_is_named(full_image, build_env, base_image, tiny_vllm_package, llmserve_wheel, full_wheelhouse):
     # a port where no registry listens: the push is refused, after a build the layer cache makes quick
