@@ -9,8 +9,9 @@ Startup steps (each logged with its duration, as on the embedded engine):
   4. triton       start `tritonserver` on the packages' model repositories in explicit model-control mode, loading
                   exactly their models; ready when every model is READY (a model that fails to load: its name,
                   Triton's reason and log lines, exit 7)
-  5. ready        supervised: Triton exiting, or a model leaving READY, ends llmserve with exit 7 (a supervisor
-                  restarts it); SIGTERM/SIGINT stop Triton (in-flight requests drain) and leave no process behind.
+  5. ready        supervised: Triton exiting, a model leaving READY, or a model's Python-backend stub or vLLM engine
+                  core dying (Triton keeps such a model READY), ends llmserve with exit 7 (a supervisor restarts
+                  it); SIGTERM/SIGINT stop Triton (in-flight requests drain) and leave no process behind.
 
 executionMode standalone: Triton serves KServe v2 itself on the public ports (--port HTTP, --grpc-port gRPC,
 --metrics-port metrics). executionMode embedded: Triton listens on loopback only, and llmserve's KServe v2 HTTP
@@ -453,8 +454,10 @@ async def _start_unless_stopped(triton: Any, stop: asyncio.Event) -> bool:
 async def _supervise(triton: Any, stop: asyncio.Event) -> str | None:
     """Wait for a signal (None) or for Triton to stop serving (why). A Python-backend stub that dies (kill -9, out
     of memory) is not restarted by Triton: its model stays READY and fails every request ("Stub process is not
-    healthy"), so a stub gone counts as the engine gone."""
+    healthy"), so a stub gone counts as the engine gone; so does a vLLM engine core a stub started."""
     stubs = await asyncio.to_thread(triton.python_stubs) if hasattr(triton, "python_stubs") else {}
+    # a vLLM-backend model's engine core, killed, leaves the model READY in Triton and failing every request too
+    cores = await asyncio.to_thread(triton.engine_cores) if hasattr(triton, "engine_cores") else {}
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), SUPERVISE_INTERVAL_S)
@@ -471,6 +474,14 @@ async def _supervise(triton: Any, stop: asyncio.Event) -> str | None:
                     return (
                         f"the Python-backend stub of model '{model}' (pid {pid}) died; Triton does not restart it, "
                         f"so '{model}' cannot answer (Triton's log: {triton.log_path})"
+                    )
+        if cores:
+            alive = await asyncio.to_thread(triton.engine_cores)
+            for pid, model in cores.items():
+                if pid not in alive and triton.exit_code() is None:
+                    return (
+                        f"the vLLM engine core of model '{model}' (pid {pid}) died; its model stays READY in Triton "
+                        f"but cannot answer (Triton's log: {triton.log_path})"
                     )
         for model in triton.models:
             if not await asyncio.to_thread(triton.is_model_ready, model) and triton.exit_code() is None:

@@ -48,6 +48,9 @@ _POLL_S = 0.1
 _PORT_ATTEMPTS = 3
 _SHM_DIR = Path("/dev/shm")
 _STUB_PROGRAM = b"triton_python_backend_stub"
+# vLLM's title for its engine-core process (setproctitle: "VLLM::EngineCore", "VLLM::EngineCore_DP<n>"), which a
+# vLLM model instance's AsyncLLM starts as a child of its Python-backend stub.
+_ENGINE_CORE_TITLE = b"::EngineCore"
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,22 @@ class TritonServer:
             if len(argv) > 1 and argv[0].endswith(_STUB_PROGRAM):
                 stubs[pid] = Path(argv[1].decode(errors="replace")).parent.parent.name
         return stubs
+
+    def engine_cores(self) -> dict[int, str]:
+        """Live vLLM engine cores of the server's models: pid -> the model. A vLLM model instance runs its engine in
+        a child process of its Python-backend stub; killed, it leaves the stub (and the model, READY) behind."""
+        stubs = self.python_stubs()
+        cores = {}
+        for pid in self.processes():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()  # state ppid ...
+            if len(fields) >= 2 and int(fields[1]) in stubs and _ENGINE_CORE_TITLE in cmdline:
+                cores[pid] = stubs[int(fields[1])]
+        return cores
 
     def stop(self, grace: float | None = None, unload_s: float = UNLOAD_GRACE_S) -> None:
         """SIGTERM the server (Triton drains in-flight requests, then unloads models), SIGKILL its group after
