@@ -63,6 +63,7 @@ from yarl import URL
 from llmserve.deploy import procs
 from llmserve.deploy.local_keys import key_files
 from llmserve.deploy.state import STOPPED, DeploymentLock, Member, Routes, StateStore
+from llmserve.deploy.strategy import idle_versions
 from llmserve.deploy.supervisor import Health, Supervisor
 
 if TYPE_CHECKING:
@@ -487,16 +488,17 @@ class Gateway:
         routes = self.table.routes
         if not routes.pinned:
             return
-        newest = max(routes.pinned)
         default_ids = {m.instance for m in routes.default if m.weight > 0}
-        now = time.time()
-        for version, members in sorted(routes.pinned.items()):
-            if version == newest or any(m.instance in default_ids for m in members):
-                continue
+        defaults = {v for v, ms in routes.pinned.items() if any(m.instance in default_ids for m in ms)}
+        last_active: dict[int, float] = {}
+        for version, members in routes.pinned.items():
             insts = [await asyncio.to_thread(self.store.instance, m.instance) for m in members]
-            last = max(max(self.last_request.get(i.id, 0.0), i.last_request or 0.0, i.ready_at or 0.0) for i in insts)
-            if now - last >= idle:
-                await self._retire_version(version, idle, now - last)
+            last_active[version] = max(
+                max(self.last_request.get(i.id, 0.0), i.last_request or 0.0, i.ready_at or 0.0) for i in insts
+            )
+        now = time.time()
+        for version in idle_versions(set(routes.pinned), last_active, defaults, idle, now):
+            await self._retire_version(version, idle, now - last_active[version])
 
     async def _retire_version(self, version: int, idle: float, idle_for: float) -> None:
         lock = DeploymentLock(self.store, self.deployment)

@@ -245,7 +245,12 @@ class Deployment:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://{self.gateway_host}:{self.gateway_port}"
+        return f"http://{self._host_in_url}:{self.gateway_port}"
+
+    @property
+    def _host_in_url(self) -> str:
+        """An IPv6 literal (`::1`, `::`) in brackets: without them the URL or address is invalid."""
+        return f"[{self.gateway_host}]" if ":" in self.gateway_host else self.gateway_host
 
     @property
     def grpc_port(self) -> int | None:
@@ -255,8 +260,7 @@ class Deployment:
 
     @property
     def grpc_address(self) -> str | None:
-        host = f"[{self.gateway_host}]" if ":" in self.gateway_host else self.gateway_host
-        return f"{host}:{self.grpc_port}" if self.grpc_port else None
+        return f"{self._host_in_url}:{self.grpc_port}" if self.grpc_port else None
 
 
 def _row_instance(row: sqlite3.Row) -> Instance:
