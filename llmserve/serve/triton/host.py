@@ -202,7 +202,12 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
         for proxy in proxies:
             await proxy.drain(grace)
         if triton is not None:
-            await asyncio.to_thread(triton.stop, DEAD_ENGINE_GRACE_S if died else None)
+            # Embedded: the frontends above have drained every request, so Triton's model unload (cleanup only)
+            # gets UNLOAD_GRACE_S; standalone clients talk to Triton itself, and its own drain must run in full.
+            from llmserve.serve.triton.server import UNLOAD_GRACE_S
+
+            unload_s = UNLOAD_GRACE_S if mode == "embedded" else None
+            await asyncio.to_thread(triton.stop, DEAD_ENGINE_GRACE_S if died else None, unload_s)
             log.info("shutdown: done")
         readiness.phase = "stopped"
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -397,12 +397,16 @@ class TritonServer:
                 cores[pid] = stubs[int(fields[1])]
         return cores
 
-    def stop(self, grace: float | None = None, unload_s: float = UNLOAD_GRACE_S) -> None:
+    def stop(self, grace: float | None = None, unload_s: float | None = None) -> None:
         """SIGTERM the server (Triton drains in-flight requests, then unloads models), SIGKILL its group after
-        `grace` (default stop_timeout), or `unload_s` after Triton said its in-flight requests are done and it
-        is unloading (in-flight requests are never cut short for it; an idle server stops in about unload_s);
-        then no process of the group remains and the server's shared memory is removed. A working folder llmserve
-        made is removed too, unless the server failed or crashed (its log stays for reading)."""
+        `grace` (default stop_timeout); then no process of the group remains and the server's shared memory is
+        removed. A working folder llmserve made is removed too, unless the server failed or crashed (its log
+        stays for reading).
+
+        `unload_s` (e.g. UNLOAD_GRACE_S): also kill the group that long after Triton logs that it is unloading
+        its models. Only for a caller that has already drained every request itself (llmserve's frontends in
+        front of an embedded Triton): Triton logs that line while a Python-backend model is still inside
+        execute() for a request, so with clients on Triton's own ports (standalone) it would cut them short."""
         crashed = self.exit_code() not in (None, 0)  # exited on its own: its log says why, and stays
         self._terminate(self.stop_timeout if grace is None else grace, unload_s)
         if self._own_workdir and self._was_ready and not crashed:
