@@ -11,7 +11,9 @@ each test first proves that the condition really happened:
   prompt_tokens); the scheduler never runs more than 32 tokens in one step, so every prompt is
   prefilled in several chunks;
 - preemption: a KV cache of a few hundred tokens for 24 concurrent requests; vLLM's own
-  `vllm:num_preemptions_total` counter on the merged /metrics must grow during the burst.
+  `vllm:num_preemptions_total` counter on the merged /metrics must grow during the burst. That server
+  also steps 32 tokens at a time with prompts longer than that, so a preempted request's recompute
+  (prompt and the output so far) is itself prefilled in chunks.
 
 The tiny model has random weights and never closes a string, array or object by itself: every
 complete answer at these budgets is the constraint processor's steering. No per-request `seed`
@@ -97,6 +99,8 @@ engine:
   block_size: 32
   enable_prefix_caching: false
   max_num_seqs: 24
+  max_num_batched_tokens: 32
+  enable_chunked_prefill: true
   kv_cache_memory_bytes: {KV_BYTES_PER_TOKEN * 224}
 plugins:
   - name: kv-bytes
@@ -257,7 +261,9 @@ def test_preempted_answers_are_complete(preempt_server):
     before = _preemptions(preempt_server)
     results = _burst(preempt_server, SHORT_PROMPT, budgets=(40, 60), copies=2)
     preempted = _preemptions(preempt_server) - before
-    print(f"preemption: {len(results)} requests, {preempted:g} preemptions")
+    prompt_tokens = {res[2] for *_, res in results}
+    print(f"preemption: {len(results)} requests, {preempted:g} preemptions, prompt tokens {sorted(prompt_tokens)}")
+    assert min(prompt_tokens) > 32, prompt_tokens  # recomputed in chunks too
     # the condition really happened: vLLM preempted (and recomputed) requests during the burst
     assert preempted > 0, f"no preemption; prompt tokens {sorted({res[2] for *_, res in results})}"
     _assert_all_complete(results)
