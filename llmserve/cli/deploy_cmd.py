@@ -134,7 +134,9 @@ def up(
         "--promote/--no-promote",
         help="versioned: also send requests that name no version to this version. Default: only for the first version.",
     ),
-    kv_cache_gib: float = typer.Option(None, "--kv-cache-gib", help="Passed to each `llmserve serve`."),
+    kv_cache_gib: int = typer.Option(
+        None, "--kv-cache-gib", min=1, help="Passed to each `llmserve serve` (whole GiB of CPU KV cache)."
+    ),
     cache: StoreCacheOpt = None,
     endpoint_url: EndpointOpt = None,
     profile: ProfileOpt = None,
@@ -248,7 +250,7 @@ def up(
     from llmserve.deploy import Deployer, DeployOptions, StateStore, parse_steps
 
     regions = check_contexts(contexts, context, target)
-    serve_args = ["--kv-cache-gib", f"{kv_cache_gib:g}"] if kv_cache_gib is not None else []
+    serve_args = ["--kv-cache-gib", str(kv_cache_gib)] if kv_cache_gib is not None else []
     opts = DeployOptions(
         package=package_argument(package),
         cache_dir=cache,

@@ -83,8 +83,12 @@ def serve(
     served_model_name: str = typer.Option(
         None, "--served-model-name", help="Model id clients send. Default: the manifest's modelId."
     ),
-    kv_cache_gib: float = typer.Option(
-        None, "--kv-cache-gib", help="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE). Default 1."
+    kv_cache_gib: int = typer.Option(
+        None,
+        "--kv-cache-gib",
+        min=1,
+        help="CPU KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE, which vLLM reads as an integer). Default 1; "
+        "for a smaller cache set the engine argument kv_cache_memory_bytes in the package.",
     ),
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", help="Override: most sequences batched per engine step."),
     max_num_batched_tokens: int = typer.Option(

@@ -27,6 +27,11 @@ CPU_DEFAULTS = {
 }
 # V1 custom logits processors (the `vllm.logits_processors` plugin group) need the V1 model runner.
 RUNNER_DEFAULTS = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+# Set when VLLM_CPU_KVCACHE_SPACE is llmserve's own default (not the operator's, not --kv-cache-gib), so that a
+# process that later learns the engine arguments (this one, or a Triton stub that inherits the environment) may
+# drop it for the package's kv_cache_memory_bytes.
+KV_SPACE_DEFAULTED = "LLMSERVE_KV_CACHE_SPACE_DEFAULTED"
 CACHE_VARS = {
     "VLLM_CACHE_ROOT": "vllm",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
@@ -35,7 +40,7 @@ CACHE_VARS = {
 }
 
 
-def prepare_engine_environment(kv_cache_gib: float | None) -> dict[str, str]:
+def prepare_engine_environment(kv_cache_gib: int | None) -> dict[str, str]:
     """Set the environment the engine reads at import time; return what was set (for the log)."""
     if "vllm" in sys.modules:
         raise StartupError(
@@ -47,13 +52,35 @@ def prepare_engine_environment(kv_cache_gib: float | None) -> dict[str, str]:
         if key not in os.environ:
             os.environ[key] = applied[key] = value
     if kv_cache_gib is not None:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = applied["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+        os.environ[KV_SPACE] = applied[KV_SPACE] = str(kv_cache_gib)
+        os.environ.pop(KV_SPACE_DEFAULTED, None)
+    elif KV_SPACE in applied:
+        os.environ[KV_SPACE_DEFAULTED] = "1"
     base = cache_root()
     for key, sub in CACHE_VARS.items():
         if key not in os.environ:
             os.environ[key] = applied[key] = str(base / sub)
         Path(os.environ[key]).mkdir(parents=True, exist_ok=True)
     return applied
+
+
+def settle_kv_cache_size(engine_args: dict) -> str | None:
+    """vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE replace the engine argument kv_cache_memory_bytes, so the
+    two cannot both be honoured. The engine argument wins over llmserve's own 1 GiB default (the variable is
+    removed: returns a line for the log); against a size the operator chose (--kv-cache-gib or the variable) it
+    is refused, naming both. Call before the engine starts."""
+    if engine_args.get("kv_cache_memory_bytes") is None or KV_SPACE not in os.environ:
+        return None
+    if os.environ.get(KV_SPACE_DEFAULTED) == "1":
+        del os.environ[KV_SPACE]
+        return f"KV cache: kv_cache_memory_bytes={engine_args['kv_cache_memory_bytes']} (not llmserve's 1 GiB default)"
+    raise StartupError(
+        f"the KV cache size is given twice: the engine argument kv_cache_memory_bytes="
+        f"{engine_args['kv_cache_memory_bytes']} and {KV_SPACE}={os.environ[KV_SPACE]} GiB (--kv-cache-gib or the "
+        "environment); vLLM's CPU build would use the second and drop the first",
+        hint="Give one of them: drop --kv-cache-gib (or unset VLLM_CPU_KVCACHE_SPACE), or the engine's "
+        "kv_cache_memory_bytes (the package's engine section or --engine-arg).",
+    )
 
 
 def prepare_metrics_dir(requested: Path | None, port: int) -> Path:

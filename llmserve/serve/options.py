@@ -104,7 +104,7 @@ class ServeOptions:
     # A file holding the key (kept out of the process arguments, which every local user can read).
     api_key_file: Path | None = None
     served_model_name: str | None = None  # default: the manifest's modelId
-    kv_cache_gib: float | None = None  # CPU KV cache size (VLLM_CPU_KVCACHE_SPACE); default 1 GiB on CPU
+    kv_cache_gib: int | None = None  # CPU KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE); default 1 GiB on CPU
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024

@@ -159,7 +159,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
     # imported by the CLI for every `llmserve --help`.
     from llmserve.packaging.opened import cache_root, open_package
     from llmserve.serve.engine import merged_engine_args, require_trust, start_engine
-    from llmserve.serve.environment import prepare_engine_environment, prepare_metrics_dir
+    from llmserve.serve.environment import prepare_engine_environment, prepare_metrics_dir, settle_kv_cache_size
     from llmserve.serve.plugin_entry_points import install_plugins, load_check
 
     names = requested_frontends(options)
@@ -189,6 +189,9 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             if package.discarded:
                 log.warning("startup: package     cache entry discarded and unpacked again: %s", package.discarded)
             engine_args = merged_engine_args(package.manifest.engine_args, options.engine_overrides())
+            kv_note = settle_kv_cache_size(engine_args)
+            if kv_note:
+                log.info("startup: package     %s", kv_note)
             trusted = require_trust(engine_args, trusted=options.trust_remote_code, source=str(options.package))
             if trusted:
                 log.info(

@@ -145,6 +145,8 @@ class TritonPythonModel:
     async def _start(self, model_dir: Path, version: str) -> Any:
         # deferred: these import vLLM, which only this process (the stub) has
         from llmserve.serve.engine import merged_engine_args, require_trust, start_engine
+        from llmserve.serve.environment import settle_kv_cache_size
+        from llmserve.serve.errors import StartupError
         from llmserve.serve.options import CONSTRAINT_PROCESSOR, DEFAULT_MAX_N
 
         model_json = model_dir / version / "model.json"
@@ -161,6 +163,12 @@ class TritonPythonModel:
         if os.environ.get(ENV_CONSTRAINTS, "1") != "0":
             overrides["logits_processors"] = [CONSTRAINT_PROCESSOR]
         merged = merged_engine_args(engine_args, overrides)
+        try:
+            kv_note = settle_kv_cache_size(merged)
+        except StartupError as exc:
+            raise pb_utils.TritonModelException(f"model '{self.model_name}': {exc.message} ({exc.hint})") from exc
+        if kv_note:
+            log.info("llmserve vLLM backend: model '%s': %s", self.model_name, kv_note)
         require_trust(merged, trusted=os.environ.get(ENV_TRUST_REMOTE_CODE) == "1", source=str(model_json))
         package = _package_view(repository.parent, weights)
         if package is not None:
