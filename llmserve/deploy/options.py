@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from llmserve.deploy.errors import DeployInputError
 from llmserve.deploy.local_keys import KeyRequest
+from llmserve.deploy.source import is_reference
 from llmserve.deploy.strategy import DEFAULT_STEPS, RED_BLACK
 
 if TYPE_CHECKING:
@@ -48,3 +49,25 @@ def parse_steps(text: str) -> list[int]:
     if not steps or steps[-1] != 100 or any(not 0 < s <= 100 for s in steps) or steps != sorted(set(steps)):
         raise DeployInputError(f"--steps '{text}': percentages must rise strictly, each in 1..100, ending at 100")
     return steps
+
+
+def rollback_options(
+    opts: DeployOptions, name: str | None = None, package: str | None = None, digest: str | None = None
+) -> DeployOptions:
+    """The red-black deploy a rollback makes of an earlier package: the rollout settings of `opts` (steps,
+    pause, timeouts, server arguments, store), the earlier package (a path, or a store reference found by its
+    recorded digest), nothing else of the command that asked."""
+    ref = package is not None and is_reference(package)
+    return DeployOptions(
+        package=package if ref and package is not None else Path(package or "."),
+        cache_dir=opts.cache_dir,
+        store=opts.store,
+        digest_hint=digest if ref else None,
+        strategy=RED_BLACK,
+        name=name,
+        steps=opts.steps,
+        pause_s=opts.pause_s,
+        health_timeout_s=opts.health_timeout_s,
+        drain_timeout_s=opts.drain_timeout_s,
+        serve_args=opts.serve_args,
+    )

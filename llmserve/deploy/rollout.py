@@ -17,7 +17,7 @@ from llmserve.deploy import local_keys, procs
 from llmserve.deploy.errors import DeployInputError
 from llmserve.deploy.hosting import HostChoice
 from llmserve.deploy.local_target import LocalTarget, without
-from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions
+from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions, rollback_options
 from llmserve.deploy.source import PackageSource, is_reference, open_source, reference_model_id
 from llmserve.deploy.state import (
     DONE,
@@ -185,19 +185,7 @@ class Deployer:
                     hint="Deploy the package you want with `llmserve deploy PKG`.",
                 )
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
-        ropts = DeployOptions(
-            package=target_pkg if is_reference(target_pkg) else Path(target_pkg),
-            cache_dir=opts.cache_dir,
-            store=opts.store,
-            digest_hint=target_digest if is_reference(target_pkg) else None,
-            strategy=RED_BLACK,
-            name=name,
-            steps=opts.steps,
-            pause_s=opts.pause_s,
-            health_timeout_s=opts.health_timeout_s,
-            drain_timeout_s=opts.drain_timeout_s,
-            serve_args=opts.serve_args,
-        )
+        ropts = rollback_options(opts, name, target_pkg, target_digest)
         result = self.deploy(ropts)
         result["action"] = "rolled-back"
         return result
@@ -426,17 +414,14 @@ class LocalRollouts:
         members = routes.pinned.get(new.version)
         return (self.store.instance(members[0].instance).digest or "") if members else None
 
-    def warn_overlap(self, new: NewVersion) -> None:
+    def overlap(self, new: NewVersion) -> tuple[list[str], str] | None:
         serving = [i for i in self.store.instances(self.name) if i.status == SERVING]
-        if serving:
-            rss = sum(procs.rss_bytes(i.session, i.pid) for i in serving) / 2**30
-            self.report(
-                f"warning: v{new.version} runs beside {len(serving)} serving version(s) "
-                f"({', '.join('v' + str(i.model_version) for i in serving)}); each holds its own engine, weights and "
-                f"KV cache (now {rss:.1f} GiB resident in total), so the overlap costs that much more memory "
-                "until old versions are retired (--idle-timeout, `llmserve rollback`).",
-                warning=True,
-            )
+        if not serving:
+            return None
+        rss = sum(procs.rss_bytes(i.session, i.pid) for i in serving) / 2**30
+        return [f"v{i.model_version}" for i in serving], (
+            f"each holds its own engine, weights and KV cache in memory (now {rss:.1f} GiB resident in total)"
+        )
 
     def start_version(self, r: Rollout, new: NewVersion) -> float:
         return self._start(r, new, VERSIONED)

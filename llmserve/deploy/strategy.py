@@ -114,7 +114,7 @@ class Target(Protocol[R]):
 
     # versioned
     def existing(self, new: NewVersion) -> str | None: ...  # digest of that version if it already serves
-    def warn_overlap(self, new: NewVersion) -> None: ...
+    def overlap(self, new: NewVersion) -> tuple[list[str], str] | None: ...  # serving versions, what each costs
     def start_version(self, r: R, new: NewVersion) -> float: ...
     def promote_by_default(self, r: R) -> bool: ...
     def publish(self, r: R, promote: bool) -> None: ...
@@ -248,7 +248,15 @@ class Rollouts(Generic[R]):
             )
         r = t.begin(VERSIONED, new, None, [], promote)
         self.report(f"rollout #{r.id}: {new.model_id} v{new.version} versioned {t.where()}")
-        t.warn_overlap(new)
+        serving = t.overlap(new)
+        if serving:
+            versions, cost = serving
+            self.report(
+                f"warning: v{new.version} runs beside {len(versions)} serving version(s) ({', '.join(versions)}); "
+                f"{cost}, so the overlap costs that much more until old versions are retired (--idle-timeout, "
+                "`llmserve rollback`).",
+                warning=True,
+            )
         try:
             took = t.start_version(r, new)
         except HealthCheckFailedError as exc:

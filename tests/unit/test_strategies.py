@@ -162,8 +162,9 @@ class Fake:
     def existing(self, new):
         return self.running.get(new.version) if new.version in self.pinned else None
 
-    def warn_overlap(self, new):
-        pass
+    def overlap(self, new):
+        others = sorted(v for v in self.pinned if v in self.running)
+        return ([f"v{v}" for v in others], "each its own engine") if others else None
 
     def start_version(self, r, new):
         self.journal(r, phase="health-check", started_new=True)
@@ -361,6 +362,15 @@ def test_versioned_publishes_beside_and_promotes_only_the_first():
     Rollouts(t).versioned(new(3), True)
     assert t.traffic == {3: 100}
     assert t.log.count(("retire_idle",)) == 3  # idle versions are looked at after every publish
+
+
+def test_versioned_warns_of_the_versions_it_runs_beside():
+    t = Fake()
+    said: list[str] = []
+    Rollouts(t, lambda msg, **kw: said.append(msg)).versioned(new(1), None)
+    assert not any("runs beside" in m for m in said)
+    Rollouts(t, lambda msg, **kw: said.append(msg)).versioned(new(2), None)
+    assert any("warning: v2 runs beside 1 serving version(s) (v1); each its own engine" in m for m in said)
 
 
 def test_versioned_same_version_same_digest_is_unchanged_other_digest_refused():

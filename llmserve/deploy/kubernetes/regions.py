@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from llmserve.deploy.errors import DeployInputError, RolloutFailedError
@@ -44,7 +43,7 @@ from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, L_VERSION, api_call
 from llmserve.deploy.kubernetes.figures import pod_url
 from llmserve.deploy.kubernetes.rollout import KubernetesDeployer
 from llmserve.deploy.kubernetes.state import DONE, ClusterState
-from llmserve.deploy.options import DeployOptions
+from llmserve.deploy.options import DeployOptions, rollback_options
 from llmserve.deploy.strategy import RED_BLACK
 from llmserve.errors import Detail, LLMServeError
 from llmserve.metrics.snapshot import auth_headers, snapshots
@@ -176,16 +175,7 @@ class RegionalRollout:
 
     def _undo(self, moved: list[tuple[dict, KubernetesDeployer]], opts: DeployOptions) -> None:
         """Every moved region back to what it served before, newest first; one failure does not stop the others."""
-        ropts = DeployOptions(
-            package=Path("."),
-            cache_dir=opts.cache_dir,
-            store=opts.store,
-            steps=opts.steps,
-            pause_s=opts.pause_s,
-            health_timeout_s=opts.health_timeout_s,
-            drain_timeout_s=opts.drain_timeout_s,
-            serve_args=opts.serve_args,
-        )
+        ropts = rollback_options(opts)
         for res, k in reversed(moved):
             name = res["deployment"]
             self.report(f"rolling back region '{res['context']}' (namespace '{k.ns}')")

@@ -38,7 +38,7 @@ from llmserve.deploy.kubernetes.cluster import (
     dns_name,
 )
 from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, RUNNING, ClusterRollout, ClusterState, LeaseLock
-from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions
+from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions, rollback_options
 from llmserve.deploy.source import PackageSource, is_reference, open_source
 from llmserve.deploy.strategy import (
     RED_BLACK,
@@ -399,19 +399,7 @@ class KubernetesDeployer:
                     hint="Deploy the package you want with `llmserve deploy PKG --target kubernetes`.",
                 )
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
-        ropts = DeployOptions(
-            package=target_pkg if is_reference(target_pkg) else Path(target_pkg),
-            cache_dir=opts.cache_dir,
-            store=opts.store,
-            digest_hint=target_digest if is_reference(target_pkg) else None,
-            strategy=RED_BLACK,
-            name=name,
-            steps=opts.steps,
-            pause_s=opts.pause_s,
-            health_timeout_s=opts.health_timeout_s,
-            drain_timeout_s=opts.drain_timeout_s,
-            serve_args=opts.serve_args,
-        )
+        ropts = rollback_options(opts, name, target_pkg, target_digest)
         result = self.deploy(ropts)
         result["action"] = "rolled-back"
         return result
@@ -802,19 +790,16 @@ class ClusterRollouts:
         d = self.k._get_dep(f"{self.name}-v{new.version}")
         return None if d is None else ((d.metadata.annotations or {}).get(manifests.A_DIGEST) or "")
 
-    def warn_overlap(self, new: NewVersion) -> None:
+    def overlap(self, new: NewVersion) -> tuple[list[str], str] | None:
         serving = self.k._deployments(self.name, VERSIONED)
-        if serving:
-            spec = self.k.spec
-            pods = sum(d.spec.replicas or 0 for d in serving)
-            req = [f"{spec.cpu} CPU", spec.memory] + ([f"{spec.gpus} GPU"] if spec.gpus else [])
-            self.k.report(
-                f"warning: v{new.version} runs beside {len(serving)} serving version(s) "
-                f"({', '.join('v' + d.metadata.labels.get(L_VERSION, '?') for d in serving)}, {pods} pod(s)); "
-                f"each pod requests {' + '.join(req)}, so the overlap costs that much more until old versions "
-                "are retired (--idle-timeout, `llmserve rollback`).",
-                warning=True,
-            )
+        if not serving:
+            return None
+        spec = self.k.spec
+        pods = sum(d.spec.replicas or 0 for d in serving)
+        req = [f"{spec.cpu} CPU", spec.memory] + ([f"{spec.gpus} GPU"] if spec.gpus else [])
+        return [f"v{d.metadata.labels.get(L_VERSION, '?')}" for d in serving], (
+            f"{pods} pod(s) now, each requesting {' + '.join(req)}"
+        )
 
     def start_version(self, r: ClusterRollout, new: NewVersion) -> float:
         obj = self._obj(r)
