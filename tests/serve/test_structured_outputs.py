@@ -21,6 +21,7 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from support.schemas import PERSON
 from tritonclient.utils import InferenceServerException
 
 from llmserve.serve.constraint_keys import ConstraintSupport, no_additional_properties, structured_outputs_constraint
@@ -31,17 +32,7 @@ from llmserve.serve.openai.request_check import check_request
 
 MSG = [{"role": "user", "content": "Describe someone."}]
 OBJECT = {"type": "object"}  # what json_object means (OpenAI's JSON mode answers an object)
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "email": {"type": "string", "format": "email"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-    "required": ["name", "age"],  # the shortest answer: 12 tokens of the tiny vocabulary
-}
+SCHEMA = PERSON  # the shortest answer: 12 tokens of the tiny vocabulary
 BUDGETS = (20, 50, 200)
 REPEATS = 3
 FORMATS = {

