@@ -57,5 +57,5 @@ class RemoteTriton:
     def exit_code(self) -> int | None:
         return None  # not a process of llmserve's
 
-    def stop(self, grace: float | None = None) -> None:
-        """Nothing to stop: the Triton is not llmserve's."""
+    def stop(self, grace: float | None = None, unload_s: float | None = None) -> None:
+        """Nothing to stop: the Triton is not llmserve's (the same call as TritonServer.stop)."""
