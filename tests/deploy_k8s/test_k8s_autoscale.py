@@ -13,6 +13,7 @@ import threading
 import time
 
 from kubernetes import client
+from support.waiting import wait_until
 
 MODEL = "tiny-chat"
 FAST = ("--pause", "1", "--health-timeout", "30", "--drain-timeout", "1")
@@ -41,16 +42,6 @@ def _deployments(kube_api, ns) -> dict[str, int]:
     return {d.metadata.name: d.spec.replicas for d in client.AppsV1Api(kube_api).list_namespaced_deployment(ns).items}
 
 
-def _wait(pred, timeout=60.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_queue_depth_hpa_follows_the_serving_color(kcli, kube_api, k8s_packages):
     ns = kcli.namespace
     rc, out, text = kcli.run("deploy", str(k8s_packages["v1"]), "--autoscale", "2:4", "--queue-target", "3", *FAST)
@@ -67,9 +58,9 @@ def test_queue_depth_hpa_follows_the_serving_color(kcli, kube_api, k8s_packages)
         }
     ]  # fmt: skip
     # The HPA controller acts on it: the Deployment (1 replica) is raised to MIN...
-    _wait(lambda: _deployments(kube_api, ns).get(f"{MODEL}-red") == 2, 90, "the HPA controller to scale to MIN")
+    wait_until(lambda: _deployments(kube_api, ns).get(f"{MODEL}-red") == 2, 90, "the HPA controller to scale to MIN")
     # ...and, with no custom metrics API here, it cannot read the queue metric (so no metric-driven scaling)
-    conds = _wait(
+    conds = wait_until(
         lambda: [
             c
             for c in ((_hpa(kube_api, ns) or {}).get("status") or {}).get("conditions") or []

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 from support.cli import run_cli_json
+from support.waiting import wait_until
 
 MODEL = "tiny-chat"
 VERSION = "llmserve.dev/model-version"
@@ -50,16 +51,6 @@ def _served(kube_api, ns: str) -> dict[str, tuple[int, int, str]]:
     }
 
 
-def _wait(pred, timeout=30.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_failing_second_region_rolls_back_the_first(regions, kube_api, k8s_packages):
     both = ("--contexts", "region-a,region-b", "--region-pause", "1")
     t0 = time.monotonic()
@@ -79,7 +70,7 @@ def test_failing_second_region_rolls_back_the_first(regions, kube_api, k8s_packa
     core.create_namespaced_resource_quota(
         regions["b"], {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
     )
-    _wait(
+    wait_until(
         lambda: (core.read_namespaced_resource_quota("one-pod", regions["b"]).status.used or {}).get("pods") == "1",
         what="the quota's usage computed by the resourcequota controller",
     )
@@ -101,7 +92,7 @@ def test_failing_second_region_rolls_back_the_first(regions, kube_api, k8s_packa
 
     # Both regions serve v1 again: only v1's Deployment, ready, and no open rollout.
     for ns in (regions["a"], regions["b"]):
-        _wait(lambda ns=ns: [v for (_, _, v) in _served(kube_api, ns).values()] == ["1"], what=f"only v1 in {ns}")
+        wait_until(lambda ns=ns: [v for (_, _, v) in _served(kube_api, ns).values()] == ["1"], what=f"only v1 in {ns}")
         rc, status, text = run_cli_json(
             "status", MODEL, "--target", "kubernetes", "--namespace", ns, "--no-metrics",
             env={"KUBECONFIG": regions["kubeconfig"], "PYTHONWARNINGS": "ignore"},
@@ -132,7 +123,7 @@ def test_first_region_of_a_new_deployment_is_removed_when_the_next_fails(regions
     core.create_namespaced_resource_quota(
         regions["b"], {"metadata": {"name": "no-pod"}, "spec": {"hard": {"pods": "0"}}}
     )
-    _wait(
+    wait_until(
         lambda: (core.read_namespaced_resource_quota("no-pod", regions["b"]).status.hard or {}).get("pods") == "0",
         what="the quota's status",
     )
@@ -144,7 +135,7 @@ def test_first_region_of_a_new_deployment_is_removed_when_the_next_fails(regions
     a, b = out["regions"]
     assert a["result"] == "deployed" and a["rollback"]["action"] == "removed"
     assert b["result"] == "failed"
-    _wait(lambda: not _served(kube_api, regions["a"]), what="region a emptied")
+    wait_until(lambda: not _served(kube_api, regions["a"]), what="region a emptied")
     assert f"{MODEL}-llmserve" not in {cm.metadata.name for cm in core.list_namespaced_config_map(regions["a"]).items}
 
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from kubernetes import client
+from support.waiting import wait_until
 
 from llmserve.deploy.kubernetes import replica_plan
 
@@ -38,16 +39,6 @@ def _endpoint_versions(kube_api, ns, service) -> list[str]:
     }
     ep = core.read_namespaced_endpoints(service, ns)
     return sorted(pods.get(a.ip, "?") for s in (ep.subsets or []) for a in (s.addresses or []))
-
-
-def _wait(pred, timeout=30.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _state(kube_api, ns, name=MODEL) -> dict:
@@ -120,10 +111,10 @@ def test_red_black_rollout_completes(kcli, kube_api, k8s_packages):
     assert rc == 0, text
     assert out["action"] == "deployed" and out["rollout"]["status"] == "done"
     # new ready, old removed, the Service selects only the new version
-    _wait(lambda: _deployments(kube_api, ns) == {f"{MODEL}-black": (3, 3, "2")}, what="only the new color")
-    _wait(lambda: _endpoint_versions(kube_api, ns, MODEL) == ["2"] * 3, what="endpoints of v2 only")
+    wait_until(lambda: _deployments(kube_api, ns) == {f"{MODEL}-black": (3, 3, "2")}, what="only the new color")
+    wait_until(lambda: _endpoint_versions(kube_api, ns, MODEL) == ["2"] * 3, what="endpoints of v2 only")
     _, core = _apis(kube_api)
-    _wait(lambda: not core.list_namespaced_pod(ns, label_selector=f"{VERSION}=1").items, what="v1 pods gone")
+    wait_until(lambda: not core.list_namespaced_pod(ns, label_selector=f"{VERSION}=1").items, what="v1 pods gone")
     assert min(len(s) for s in samples) >= 3, samples
     assert any("1" in s and "2" in s for s in samples)  # both served during the shift
     st = _state(kube_api, ns)
@@ -138,7 +129,7 @@ def test_red_black_rollout_completes(kcli, kube_api, k8s_packages):
     # rollback: red-black back to v1 (its package is still there)
     rc, out, text = kcli.run("rollback", MODEL, "--steps", "100", "--pause", "0.2")
     assert rc == 0, text
-    _wait(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (3, 3, "1")}, what="rolled back to v1")
+    wait_until(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (3, 3, "1")}, what="rolled back to v1")
     status = kcli.status()
     assert status["open_rollout"] is None and [d["version"] for d in status["deployments"]] == [1]
 
@@ -153,7 +144,7 @@ def test_unready_version_rolls_back(kcli, kube_api, k8s_packages, node_agent):
     rc, _out, text = kcli.run("deploy", str(k8s_packages["v2"]), "--pause", "0.5", "--health-timeout", "4")
     assert rc == 7, text
     assert "rolled back" in text and "ready replicas" in text
-    _wait(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (2, 2, "1")}, what="old version only")
+    wait_until(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (2, 2, "1")}, what="old version only")
     assert _endpoint_versions(kube_api, ns, MODEL) == ["1", "1"]
     assert _state(kube_api, ns)["rollouts"][0]["status"] == "rolled-back"
 
@@ -165,8 +156,8 @@ def test_unready_version_rolls_back(kcli, kube_api, k8s_packages, node_agent):
     )
     assert rc == 7, text
     assert "step 2" in text
-    _wait(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (2, 2, "1")}, what="old replicas restored")
-    _wait(lambda: _endpoint_versions(kube_api, ns, MODEL) == ["1", "1"], what="endpoints of v1 only")
+    wait_until(lambda: _deployments(kube_api, ns) == {f"{MODEL}-red": (2, 2, "1")}, what="old replicas restored")
+    wait_until(lambda: _endpoint_versions(kube_api, ns, MODEL) == ["1", "1"], what="endpoints of v1 only")
     events = [e["message"] for e in _state(kube_api, ns)["history"]]
     assert any("step 1/2" in m for m in events) and any("rolled back" in m for m in events)
 
@@ -178,14 +169,14 @@ def test_versioned_deployment_and_service_per_version(kcli, kube_api, k8s_packag
         assert rc == 0, text
     assert "runs beside 1 serving version" in text  # the overlap-cost warning
     assert _deployments(kube_api, ns) == {f"{MODEL}-v1": (1, 1, "1"), f"{MODEL}-v2": (1, 1, "2")}
-    _wait(lambda: _endpoint_versions(kube_api, ns, f"{MODEL}-v1") == ["1"], what="v1 service")
-    _wait(lambda: _endpoint_versions(kube_api, ns, f"{MODEL}-v2") == ["2"], what="v2 service")
+    wait_until(lambda: _endpoint_versions(kube_api, ns, f"{MODEL}-v1") == ["1"], what="v1 service")
+    wait_until(lambda: _endpoint_versions(kube_api, ns, f"{MODEL}-v2") == ["2"], what="v2 service")
     assert _endpoint_versions(kube_api, ns, MODEL) == ["1"]  # the default stays on the first version
 
     # a new interface is fine side by side; idle versions go (never the default v1, never the newest v4)
     rc, out, text = kcli.run("deploy", str(k8s_packages["v4"]), "--strategy", "versioned", "--idle-timeout", "0", *FAST)
     assert rc == 0, text
-    _wait(lambda: set(_deployments(kube_api, ns)) == {f"{MODEL}-v1", f"{MODEL}-v4"}, what="v2 retired as idle")
+    wait_until(lambda: set(_deployments(kube_api, ns)) == {f"{MODEL}-v1", f"{MODEL}-v4"}, what="v2 retired as idle")
     _, core = _apis(kube_api)
     assert {s.metadata.name for s in core.list_namespaced_service(ns).items} == {MODEL, f"{MODEL}-v1", f"{MODEL}-v4"}
 
@@ -193,11 +184,11 @@ def test_versioned_deployment_and_service_per_version(kcli, kube_api, k8s_packag
     rc, out, text = kcli.run("rollback", MODEL)
     assert rc == 0, text
     assert out["retired_version"] == 4
-    _wait(lambda: set(_deployments(kube_api, ns)) == {f"{MODEL}-v1"}, what="v4 retired")
+    wait_until(lambda: set(_deployments(kube_api, ns)) == {f"{MODEL}-v1"}, what="v4 retired")
 
     rc, out, text = kcli.run("deploy", "down", MODEL)
     assert rc == 0, text
-    _wait(lambda: not _deployments(kube_api, ns), what="all removed")
+    wait_until(lambda: not _deployments(kube_api, ns), what="all removed")
     assert not core.list_namespaced_config_map(ns, label_selector="llmserve.dev/deployment").items
 
 
@@ -216,7 +207,7 @@ def test_killed_cli_mid_rollout_ends_consistent(kcli, kube_api, k8s_packages, tm
             return False
         return r["status"] == "running" and r["phase"] == "shifting" and r["step_index"] >= 1
 
-    _wait(mid, timeout=60, what="the rollout in its second step")
+    wait_until(mid, timeout=60, what="the rollout in its second step")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     status = kcli.status()
@@ -237,8 +228,8 @@ def test_killed_cli_mid_rollout_ends_consistent(kcli, kube_api, k8s_packages, tm
         assert out["recovered"] == "rolled-back"
         final = {f"{MODEL}-red": (4, 4, "1")}
         versions = ["1"] * 4
-    _wait(lambda: _deployments(kube_api, ns) == final, what=f"consistent after {then}")
-    _wait(lambda: _endpoint_versions(kube_api, ns, MODEL) == versions, what="endpoints of one version")
+    wait_until(lambda: _deployments(kube_api, ns) == final, what=f"consistent after {then}")
+    wait_until(lambda: _endpoint_versions(kube_api, ns, MODEL) == versions, what="endpoints of one version")
     st = _state(kube_api, ns)
     assert not [r for r in st["rollouts"] if r["status"] == "running"]
     assert kcli.status()["open_rollout"] is None
