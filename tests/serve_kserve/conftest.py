@@ -23,9 +23,14 @@ from typing import Any
 
 import pytest
 
-from llmserve.serve.environment import CPU_DEFAULTS, RUNNER_DEFAULTS
+from llmserve.serve.environment import CPU_DEFAULTS, KV_SPACE, KV_SPACE_DEFAULTED, RUNNER_DEFAULTS
 
 # Engine settings measured on CPU machines (llmserve/serve/environment.py), set before anything imports vLLM.
+# They stay in this pytest process's environment for the whole session, so every server a later test starts
+# inherits them: the KV cache size is marked as llmserve's default (as `llmserve serve` marks it), or a package
+# with its own kv_cache_memory_bytes would be refused as if an operator had chosen both.
+if KV_SPACE not in os.environ:
+    os.environ[KV_SPACE_DEFAULTED] = "1"
 for _k, _v in {**CPU_DEFAULTS, **RUNNER_DEFAULTS}.items():
     os.environ.setdefault(_k, _v)
 
