@@ -148,20 +148,26 @@ def test_versioned_side_by_side_and_idle_cleanup(cli, deploy_packages):
     assert any("idle" in e["message"] for e in st["history"])
 
 
+STEPS = (10, 50, 100)
+
+
 def _kill_at_step(cli, package, step: int, tmp_path):
-    """Start a red-black deploy, SIGKILL the CLI once the journal says it is at `step` (1-based)."""
+    """Start a red-black deploy, SIGKILL the CLI once the journal says it is at `step` (1-based) and that
+    step's weights are in the routes (the journal is written before each traffic move), during its pause."""
     from llmserve.deploy import StateStore
 
-    proc = cli.popen("deploy", str(package), "--steps", "10,50,100", "--pause", "4", log=tmp_path / "cli.log")
+    proc = cli.popen(
+        "deploy", str(package), "--steps", ",".join(map(str, STEPS)), "--pause", "4", log=tmp_path / "cli.log"
+    )
     store = StateStore(cli.state_dir)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         r = store.open_rollout(MODEL)
-        if r is not None and r.phase == "shifting" and r.step_index + 1 >= step:
+        at_step = r is not None and r.phase == "shifting" and r.step_index + 1 >= step
+        if at_step and store.routes(MODEL)[1].weights().get(r.to_instance, 0) == STEPS[step - 1]:
             break
         assert proc.poll() is None, (tmp_path / "cli.log").read_text()
         time.sleep(0.1)
-    time.sleep(1)
     kill_pid(proc.pid)
     proc.wait()
     store.close()
@@ -174,7 +180,7 @@ def test_killed_cli_then_rerun_resumes(cli, deploy_packages, tmp_path):
     st = cli.status()
     assert st["open_rollout"]["interrupted"] is True
     assert serving(st) == {4: 50, 5: 50}  # half-switched, and the record says so
-    rc, data, text = cli.run("deploy", str(deploy_packages["v5"]), "--steps", "10,50,100", "--pause", "1")
+    rc, data, text = cli.run("deploy", str(deploy_packages["v5"]), "--steps", ",".join(map(str, STEPS)), "--pause", "1")
     time.sleep(1)
     load.stop()
     assert rc == 0, text
