@@ -6,13 +6,23 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from llmserve.cli.render import OutputFormat, console, err_console, print_json
+
+if TYPE_CHECKING:  # the records are imported where rendered: --help stays free of the deploy package
+    from llmserve.deploy.status import (
+        AutoscalerStatus,
+        AutoscalerUnreadable,
+        ClusterStatus,
+        LocalStatus,
+        Outcome,
+        Status,
+    )
 
 
 class Target(str, Enum):
@@ -100,62 +110,85 @@ def reporter(output: OutputFormat):
     return report
 
 
-def render_result(result: dict, output: OutputFormat) -> None:
+def render_result(result: Outcome, output: OutputFormat) -> None:
+    """What a deploy or rollback did: its JSON, or the deployment's status after it with the action."""
     if output is OutputFormat.json:
-        print_json(result)
+        print_json(result.to_json())
         return
-    (render_k8s_status if result.get("target") == "kubernetes" else render_status)(result)
+    if result.status is None:  # only an interrupted rollout was undone: there is no rollout of this command
+        console.print(
+            f"rollback of '{escape(result.deployment)}': {result.action} (rollout #{result.rollout}: "
+            f"{result.recovered})",
+            highlight=False,
+        )
+        return
+    render_status(result.status, result)
 
 
-def render_k8s_status(r: dict) -> None:
+def render_status(status: Status, outcome: Outcome | None = None) -> None:
+    """One deployment as `status` shows it; with `outcome`, as a deploy or rollback left it."""
+    from llmserve.deploy.status import ClusterStatus
+
+    if isinstance(status, ClusterStatus):
+        _render_cluster(status, outcome)
+    else:
+        _render_local(status, outcome)
+
+
+def _action(outcome: Outcome | None) -> str:
+    return f"  [dim]{outcome.action}[/]" if outcome is not None else ""
+
+
+def _render_cluster(r: ClusterStatus, outcome: Outcome | None) -> None:
     console.print(
-        f"[bold]{escape(r['deployment'])}[/] (model {escape(str(r['model_id']))}, {r['strategy']})  namespace "
-        f"{escape(r['namespace'])} on {escape(r['server'])}" + (f"  [dim]{r['action']}[/]" if r.get("action") else ""),
+        f"[bold]{escape(r.deployment)}[/] (model {escape(str(r.model_id))}, {r.strategy})  namespace "
+        f"{escape(r.namespace)} on {escape(r.server)}" + _action(outcome),
         highlight=False,
     )
     table = Table(show_lines=False)
     for col in ("deployment", "version", "color", "ready", "digest", "package"):
         table.add_column(col)
-    for i in r["deployments"]:
+    for d in r.deployments:
         table.add_row(
-            i["object"],
-            f"v{i['version']}",
-            i["color"] or "-",
-            f"{i['ready']}/{i['replicas']}",
-            (i["digest"] or "")[:19],
-            escape(i["package"] or ""),
+            d.object,
+            f"v{d.version}",
+            d.color or "-",
+            f"{d.ready}/{d.replicas}",
+            (d.digest or "")[:19],
+            escape(d.package or ""),
         )
     console.print(table)
-    for s in r["services"]:
-        eps = ", ".join(f"v{v}: {n}" for v, n in sorted(s["ready_endpoints_by_version"].items())) or "none"
+    for s in r.services:
+        eps = ", ".join(f"v{v}: {n}" for v, n in sorted(s.ready_endpoints_by_version.items())) or "none"
         console.print(
-            f"service {s['service']} -> ready endpoints {eps}"
-            + (f" ({s['not_ready_endpoints']} not ready)" if s["not_ready_endpoints"] else ""),
+            f"service {s.service} -> ready endpoints {eps}"
+            + (f" ({s.not_ready_endpoints} not ready)" if s.not_ready_endpoints else ""),
             highlight=False,
         )
-    _render_autoscaler(r.get("autoscaler"))
-    _render_rollouts(r, len(r["open_rollout"]["plan"] or [1]) if r.get("open_rollout") else 0, " --target kubernetes")
+    _render_autoscaler(r.autoscaler)
+    o = r.open_rollout
+    _render_rollouts(r, outcome, (len(o.plan) or 1) if o else 0, " --target kubernetes")
 
 
-def _render_autoscaler(a: dict | None) -> None:
+def _render_autoscaler(a: AutoscalerStatus | AutoscalerUnreadable | None) -> None:
     """The HorizontalPodAutoscaler on the queue (llmserve.deploy.kubernetes.autoscale.describe), and what its
     controller last said when that is not a plain yes (e.g. the queue metric unavailable)."""
-    if not a:
+    from llmserve.deploy.status import AutoscalerUnreadable
+
+    if a is None:
         return
-    if "error" in a:
-        console.print(f"autoscaler: [yellow]{escape(a['error'])}[/]", highlight=False)
+    if isinstance(a, AutoscalerUnreadable):
+        console.print(f"autoscaler: [yellow]{escape(a.error)}[/]", highlight=False)
         return
     console.print(
-        f"autoscaler {a['object']} -> {a['target']}: {a['min_replicas']}..{a['max_replicas']} replicas, "
-        f"{a['metric']} target {a['queue_target']} per pod; now {a.get('current_replicas')}, "
-        f"wants {a.get('desired_replicas')}",
+        f"autoscaler {a.object} -> {a.target}: {a.min_replicas}..{a.max_replicas} replicas, "
+        f"{a.metric} target {a.queue_target} per pod; now {a.current_replicas}, wants {a.desired_replicas}",
         highlight=False,
     )
-    for c in a.get("conditions", []):
-        if c.get("status") != "True":
+    for c in a.conditions:
+        if c.status != "True":
             console.print(
-                f"  [yellow]{escape(str(c.get('type')))}: {escape(str(c.get('reason')))}[/] "
-                f"{escape(str(c.get('message') or ''))}",
+                f"  [yellow]{escape(str(c.type))}: {escape(str(c.reason))}[/] {escape(str(c.message or ''))}",
                 highlight=False,
             )
 
@@ -167,13 +200,13 @@ def _ago(ts: float | None) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
-def render_status(r: dict) -> None:
-    gw = r["gateway"]
+def _render_local(r: LocalStatus, outcome: Outcome | None) -> None:
+    gw = r.gateway
     console.print(
-        f"[bold]{escape(r['deployment'])}[/] (model {escape(r['model_id'])})  gateway {gw['url']} "
-        + (f"grpc {gw['grpc']} " if gw.get("grpc") else "")
-        + f"{'[green]up[/]' if gw['alive'] else '[red]down[/]'}  routes generation {r['routes']['generation']}"
-        + (f"  [dim]{r['action']}[/]" if r.get("action") else ""),
+        f"[bold]{escape(r.deployment)}[/] (model {escape(r.model_id)})  gateway {gw.url} "
+        + (f"grpc {gw.grpc} " if gw.grpc else "")
+        + f"{'[green]up[/]' if gw.alive else '[red]down[/]'}  routes generation {r.routes.generation}"
+        + _action(outcome),
         highlight=False,
     )
     table = Table(show_lines=False)
@@ -192,46 +225,46 @@ def render_status(r: dict) -> None:
         "url",
     ):
         table.add_column(col)
-    for i in r["instances"]:
+    for i in r.instances:
         table.add_row(
-            str(i["instance"]),
-            f"v{i['version']}",
-            i["status"],
-            f"{i['pid']}{'' if i['alive'] else ' (dead)'}",
-            str(i["health"] or "-") + (" [yellow]restarting[/]" if i.get("down_since") else ""),
-            str(i.get("restarts", 0)),
-            f"{i.get('memory_bytes', 0) / 2**30:.1f} GiB",
-            f"{i['weight']}%",
-            "yes" if i["routable_by_version"] else "no",
-            str(i["inflight"]),
-            _ago(i["last_request"]),
-            i["url"],
+            str(i.instance),
+            f"v{i.version}",
+            i.status,
+            f"{i.pid}{'' if i.alive else ' (dead)'}",
+            str(i.health or "-") + (" [yellow]restarting[/]" if i.down_since else ""),
+            str(i.restarts),
+            f"{i.memory_bytes / 2**30:.1f} GiB",
+            f"{i.weight}%",
+            "yes" if i.routable_by_version else "no",
+            str(i.inflight),
+            _ago(i.last_request),
+            i.url,
         )
     console.print(table)
-    for why in r.get("degraded", []):
+    for why in r.degraded:
         console.print(f"[red]degraded:[/] {escape(why)}", highlight=False)
-    _render_rollouts(r, len(r["open_rollout"]["steps"]) if r.get("open_rollout") else 0, "")
+    _render_rollouts(r, outcome, len(r.open_rollout.steps) if r.open_rollout else 0, "")
 
 
-def _render_rollouts(r: dict, steps: int, target_flag: str) -> None:
-    """The rollout in progress (with the commands that resume or undo it), the last one, recent history."""
-    o = r.get("open_rollout")
+def _render_rollouts(r: Status, outcome: Outcome | None, steps: int, target_flag: str) -> None:
+    """The rollout in progress (with the commands that resume or undo it), this command's, recent history."""
+    from llmserve.deploy.status import ClusterRolloutRecord, RolloutRecord
+
+    o = r.open_rollout
     if o:
-        flag = "[red]interrupted[/] " if o.get("interrupted") else ""
-        console.print(
-            f"{flag}rollout #{o['id']} {o['strategy']} phase {o['phase']} step {o['step']}/{steps}", highlight=False
-        )
-        if o.get("interrupted"):
+        flag = "[red]interrupted[/] " if o.interrupted else ""
+        console.print(f"{flag}rollout #{o.id} {o.strategy} phase {o.phase} step {o.step}/{steps}", highlight=False)
+        if o.interrupted:
             console.print(
-                f"hint: `llmserve deploy {o['package']}{target_flag}` resumes it; `llmserve rollback "
-                f"{r['deployment']}{target_flag}` undoes it.",
+                f"hint: `llmserve deploy {o.package}{target_flag}` resumes it; `llmserve rollback "
+                f"{r.deployment}{target_flag}` undoes it.",
                 highlight=False,
                 markup=False,
             )
-    if r.get("rollout"):
-        ro = r["rollout"]
-        console.print(f"rollout #{ro['id']} {ro['status']} in {ro.get('seconds', 0):.1f} s", highlight=False)
-    for e in r.get("history", [])[-8:]:
+    ro = outcome.rollout if outcome is not None else None
+    if isinstance(ro, RolloutRecord | ClusterRolloutRecord):
+        console.print(f"rollout #{ro.id} {ro.status} in {ro.seconds or 0:.1f} s", highlight=False)
+    for e in r.history[-8:]:
         console.print(
-            f"  [dim]{time.strftime('%H:%M:%S', time.localtime(e['ts']))}[/] {escape(e['message'])}", highlight=False
+            f"  [dim]{time.strftime('%H:%M:%S', time.localtime(e.ts))}[/] {escape(e.message)}", highlight=False
         )

@@ -21,7 +21,7 @@ from llmserve.cli.deploy_common import (
     store_options,
 )
 from llmserve.cli.deploy_regions import ContextsOpt, check_contexts, regional, render_regions
-from llmserve.cli.render import OutputFormat, console, print_json
+from llmserve.cli.render import OutputFormat
 from llmserve.cli.store_cmd import EndpointOpt, ProfileOpt, RegionOpt
 
 
@@ -83,16 +83,7 @@ def rollback(
         result = kube_deployer(reporter(output), namespace, context, kubeconfig).rollback(name, to_version, opts)
     else:
         result = Deployer(StateStore(state_dir), reporter(output)).rollback(name, to_version, opts)
-    if output is OutputFormat.json:
-        print_json(result)
-    elif "instances" in result or "deployments" in result:
-        render_result(result, output)
-    else:
-        console.print(
-            f"rollback of '{name}': {result.get('action')} (rollout #{result.get('rollout')}: "
-            f"{result.get('recovered')})",
-            highlight=False,
-        )
+    render_result(result, output)
 
 
 def register(app: typer.Typer) -> None:

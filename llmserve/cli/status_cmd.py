@@ -3,8 +3,10 @@ server's headline figures from its /metrics (what `llmserve metrics tail` shows)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from functools import partial
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,11 +20,13 @@ from llmserve.cli.deploy_common import (
     Target,
     TargetOpt,
     kube_deployer,
-    render_k8s_status,
     render_status,
 )
 from llmserve.cli.render import OutputFormat, console, print_json
 from llmserve.errors import ExitCode
+
+if TYPE_CHECKING:
+    from llmserve.deploy.status import Status
 
 
 @dataclass(frozen=True)
@@ -119,18 +123,37 @@ def status(
 
         # The servers want the deployment's server key (the gateway's is for callers): the state has it.
         for r in results:
-            key = key_files(store.root, r["deployment"]).backend_key() or figures.api_key
-            status_figures.attach_local([r], figures.interval, figures.timeout, key)
+            key = key_files(store.root, r.deployment).backend_key() or figures.api_key
+            _attach(
+                [r],
+                partial(status_figures.attach_local, interval=figures.interval, timeout=figures.timeout, api_key=key),
+            )
     if output is OutputFormat.json:
-        print_json(results[0] if name else {"deployments": results})
+        print_json(results[0].to_json() if name else {"deployments": [r.to_json() for r in results]})
     else:
         if not results:
             console.print(f"no deployments in {store.root}", highlight=False)
         for r in results:
             render_status(r)
-            status_figures.render_local(r, console)
-    if any(r.get("degraded") for r in results):
+            status_figures.render_local(r.to_json(), console)
+    if any(r.degraded for r in results):
         raise typer.Exit(ExitCode.ENGINE)
+
+
+def _attach(records: list[Status], attach: Callable[[list[dict]], None]) -> None:
+    """The figures (llmserve.cli.status_figures) are attached to the JSON form of the records; each record then
+    takes its own: `metrics` of a local instance, `pods` of a Kubernetes Deployment object."""
+    from llmserve.deploy.status import LocalStatus
+
+    data = [r.to_json() for r in records]
+    attach(data)
+    for record, d in zip(records, data, strict=True):
+        if isinstance(record, LocalStatus):
+            for inst, di in zip(record.instances, d["instances"], strict=True):
+                inst.metrics = di.get("metrics")
+        else:
+            for dep, dd in zip(record.deployments, d["deployments"], strict=True):
+                dep.pods = dd.get("pods")
 
 
 def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: Figures | None) -> None:
@@ -142,23 +165,28 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: 
     else:
         cms = api_call("list ConfigMaps", d.c.core.list_namespaced_config_map, d.ns, label_selector=L_DEPLOYMENT).items
         names = sorted(cm.metadata.labels[L_DEPLOYMENT] for cm in cms)
-    results = [d.status(n, events=history) for n in names]
+    results: list[Status] = [d.status(n, events=history) for n in names]
     if figures is not None:
         pods = {
-            r["deployment"]: api_call(
-                "list Pods", d.c.core.list_namespaced_pod, d.ns, label_selector=f"{L_DEPLOYMENT}={r['deployment']}"
+            r.deployment: api_call(
+                "list Pods", d.c.core.list_namespaced_pod, d.ns, label_selector=f"{L_DEPLOYMENT}={r.deployment}"
             ).items
             for r in results
         }
-        status_figures.attach_kubernetes(results, pods, figures.interval, figures.timeout, figures.api_key)
+        _attach(
+            results,
+            lambda data: status_figures.attach_kubernetes(
+                data, pods, figures.interval, figures.timeout, figures.api_key
+            ),
+        )
     if output is OutputFormat.json:
-        print_json(results[0] if name else {"deployments": results})
+        print_json(results[0].to_json() if name else {"deployments": [r.to_json() for r in results]})
         return
     if not results:
         console.print(f"no deployments in namespace {d.ns}", highlight=False)
     for r in results:
-        render_k8s_status(r)
-        status_figures.render_kubernetes(r, console)
+        render_status(r)
+        status_figures.render_kubernetes(r.to_json(), console)
 
 
 def register(app: typer.Typer) -> None:

@@ -34,6 +34,15 @@ from llmserve.deploy.state import (
     Routes,
     StateStore,
 )
+from llmserve.deploy.status import (
+    GatewayStatus,
+    HistoryEvent,
+    InstanceStatus,
+    LocalStatus,
+    Outcome,
+    RolloutRecord,
+    RoutesStatus,
+)
 from llmserve.deploy.strategy import (
     FINISHING,
     RED_BLACK,
@@ -56,7 +65,7 @@ class Deployer:
         self.target = LocalTarget(store, self.report)
 
     # -- entry points -------------------------------------------------------------------------
-    def deploy(self, opts: DeployOptions) -> dict:
+    def deploy(self, opts: DeployOptions) -> Outcome:
         # A store reference is pulled (or found) in the store cache and leased before anything changes:
         # a store error fails the command here, with the current version still serving.
         with self._source(opts) as src:
@@ -85,7 +94,7 @@ class Deployer:
     def _rollouts(self, dep: Deployment, opts: DeployOptions, opened=None) -> Rollouts[Rollout]:
         return Rollouts(LocalRollouts(self.target, dep, opts, opened), self.report)
 
-    def _deploy(self, opts: DeployOptions, src: PackageSource) -> dict:
+    def _deploy(self, opts: DeployOptions, src: PackageSource) -> Outcome:
         from llmserve.packaging.opened import open_package
 
         package = src.reference
@@ -117,7 +126,7 @@ class Deployer:
                 dep = self.target.ensure_gateway(dep)
                 recovered = self._rollouts(dep, opts, opened).recover(package, opts.promote)
                 if recovered and recovered.get("resumed"):
-                    return recovered
+                    return Outcome.of(name, recovered)
                 for note in self.target.reconcile(dep):
                     self.report(note)
             else:
@@ -144,19 +153,19 @@ class Deployer:
                 result = rollouts.red_black(new, opts.steps)
             if recovered:
                 result["recovered"] = recovered
-            return result
+            return Outcome.of(name, result)
 
     def recover(self, dep: Deployment, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
         """Finish or undo a rollout whose CLI died (llmserve.deploy.strategy.Rollouts.recover)."""
         return self._rollouts(dep, opts).recover(resume_package, opts.promote)
 
-    def rollback(self, name: str, to_version: int | None = None, opts: DeployOptions | None = None) -> dict:
+    def rollback(self, name: str, to_version: int | None = None, opts: DeployOptions | None = None) -> Outcome:
         opts = opts or DeployOptions(package=Path("."))
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.target.ensure_gateway(self.store.require(name))
             recovered = self.recover(dep, resume_package=None, opts=opts)
             if recovered:
-                return {"deployment": name, "action": "undid-interrupted-rollout", **recovered}
+                return Outcome.of(name, {**recovered, "action": "undid-interrupted-rollout"})
             last = next((r for r in self.store.rollouts(name) if r.status == DONE and r.to_instance), None)
             if last is None:
                 raise DeployInputError(
@@ -164,7 +173,7 @@ class Deployer:
                     hint=f"See its history with `llmserve status {name}`.",
                 )
             if last.strategy == VERSIONED and to_version is None:
-                return self._rollouts(dep, opts).retire(last)
+                return Outcome.of(name, self._rollouts(dep, opts).retire(last))
             # red-black back to the previous package, or to the newest package of the version asked for
             target_pkg = target_digest = None
             if to_version is None:
@@ -187,7 +196,7 @@ class Deployer:
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
         ropts = rollback_options(opts, name, target_pkg, target_digest)
         result = self.deploy(ropts)
-        result["action"] = "rolled-back"
+        result.action = "rolled-back"
         return result
 
     def down(self, name: str, drain_timeout_s: float = 30.0) -> dict:
@@ -259,11 +268,10 @@ class LocalRollouts:
         return self.opened.manifest.modelVersion if self.opened is not None else 0
 
     def summary(self, r: Rollout | None, action: str) -> dict:
-        out = status_of(self.store, self.name, self.target)
-        out["action"] = action
+        # The engine adds its own keys to this (llmserve.deploy.strategy); Outcome.of types the whole.
+        out: dict = {"status": status_of(self.store, self.name, self.target), "action": action}
         if r is not None:
-            out["rollout"] = _rollout_dict(r)
-            out["rollout"]["seconds"] = round(r.updated - r.started, 2)
+            out["rollout"] = _rollout_record(r, seconds=round(r.updated - r.started, 2))
         return out
 
     def where(self) -> str:
@@ -517,24 +525,25 @@ def step_routes(last_good: Routes, olds: list[Member], new, pct: int) -> Routes:
     return Routes(last_good.model_id, [d for d in default if d.weight > 0 or d.instance == new.id], pinned)
 
 
-def _rollout_dict(r: Rollout) -> dict:
-    return {
-        "id": r.id,
-        "strategy": r.strategy,
-        "status": r.status,
-        "phase": r.phase,
-        "package": r.package,
-        "steps": r.steps,
-        "step": r.step_index + 1,
-        "from_instance": r.from_instance,
-        "to_instance": r.to_instance,
-        "message": r.message,
-        "started": r.started,
-        "updated": r.updated,
-    }
+def _rollout_record(r: Rollout, **extra) -> RolloutRecord:
+    return RolloutRecord(
+        id=r.id,
+        strategy=r.strategy,
+        status=r.status,
+        phase=r.phase,
+        package=r.package,
+        steps=r.steps,
+        step=r.step_index + 1,
+        from_instance=r.from_instance,
+        to_instance=r.to_instance,
+        message=r.message,
+        started=r.started,
+        updated=r.updated,
+        **extra,
+    )
 
 
-def status_of(store: StateStore, name: str, target: LocalTarget | None = None, events: int = 15) -> dict:
+def status_of(store: StateStore, name: str, target: LocalTarget | None = None, events: int = 15) -> LocalStatus:
     """The truth about one deployment: processes checked now, routes, in-flight counts, journal, history."""
     target = target or LocalTarget(store)
     dep = store.require(name)
@@ -562,59 +571,58 @@ def status_of(store: StateStore, name: str, target: LocalTarget | None = None, e
         elif inst.status == FAILED and routed:
             degraded.append(f"v{inst.model_version} (instance #{inst.id}) failed and is still routed")
         instances.append(
-            {
-                "instance": inst.id,
-                "version": inst.model_version,
-                "status": inst.status,
-                "strategy": inst.strategy,
-                "url": inst.url,
-                "pid": inst.pid,
-                "alive": alive,
-                "health": health,
-                "restarts": inst.restarts,
-                "down_since": inst.down_since,
-                "last_exit": inst.last_exit,
-                "memory_bytes": procs.rss_bytes(inst.session, inst.pid) if alive else 0,
-                "weight": weights.get(inst.id, 0),
-                "routable_by_version": inst.id in pinned,
-                "inflight": int((stats or {}).get("inflight", {}).get(str(inst.id), 0)),
-                "last_request": last,
-                "package": inst.package,
-                "digest": inst.digest,
-                "log": inst.log,
-            }
+            InstanceStatus(
+                instance=inst.id,
+                version=inst.model_version,
+                status=inst.status,
+                strategy=inst.strategy,
+                url=inst.url,
+                pid=inst.pid,
+                alive=alive,
+                health=health,
+                restarts=inst.restarts,
+                down_since=inst.down_since,
+                last_exit=inst.last_exit,
+                memory_bytes=procs.rss_bytes(inst.session, inst.pid) if alive else 0,
+                weight=weights.get(inst.id, 0),
+                routable_by_version=inst.id in pinned,
+                inflight=int((stats or {}).get("inflight", {}).get(str(inst.id), 0)),
+                last_request=last,
+                package=inst.package,
+                digest=inst.digest,
+                log=inst.log,
+            )
         )
     open_r = store.open_rollout(name)
-    if not target.gateway_alive(dep):
+    gateway_alive = target.gateway_alive(dep)
+    if not gateway_alive:
         degraded.append("the gateway is not running (`llmserve deploy` of the live package starts it again)")
     elif stats is None:
         degraded.append("the gateway does not answer")
-    return {
-        "deployment": name,
-        "degraded": degraded,
-        "model_id": dep.model_id,
-        "state_dir": str(store.root),
-        "gateway": {
-            "url": dep.gateway_url,
-            "grpc": dep.grpc_address,
-            "pid": dep.gateway_pid,
-            "alive": target.gateway_alive(dep),
-            "generation_applied": (stats or {}).get("generation"),
-            "log": str(store.log_file(name, "gateway")),
-        },
-        "routes": {"generation": gen, **routes.to_dict()},
-        "config": dep.config,
-        "auth": "open" if dep.config.get("api_key", local_keys.OPEN) == local_keys.OPEN else "api-key",
-        "instances": instances,
-        "open_rollout": (_rollout_dict(open_r) | {"interrupted": True})
-        if open_r and not _lock_held(store, name)
-        else (_rollout_dict(open_r) if open_r else None),
-        "rollouts": [_rollout_dict(r) for r in store.rollouts(name, 10)],
-        "history": [
-            {"ts": e["ts"], "kind": e["kind"], "rollout": e["rollout"], "message": e["message"]}
-            for e in store.events(name, events)
-        ],
-    }
+    return LocalStatus(
+        deployment=name,
+        degraded=degraded,
+        model_id=dep.model_id,
+        state_dir=str(store.root),
+        gateway=GatewayStatus(
+            url=dep.gateway_url,
+            grpc=dep.grpc_address,
+            pid=dep.gateway_pid,
+            alive=gateway_alive,
+            generation_applied=(stats or {}).get("generation"),
+            log=str(store.log_file(name, "gateway")),
+        ),
+        routes=RoutesStatus(generation=gen, table=routes.to_dict()),
+        config=dep.config,
+        auth="open" if dep.config.get("api_key", local_keys.OPEN) == local_keys.OPEN else "api-key",
+        instances=instances,
+        # interrupted: no CLI holds the lock, so no command is driving it (the next deploy resumes it)
+        open_rollout=None
+        if open_r is None
+        else _rollout_record(open_r, interrupted=True if not _lock_held(store, name) else None),
+        rollouts=[_rollout_record(r) for r in store.rollouts(name, 10)],
+        history=[HistoryEvent.of(e) for e in store.events(name, events)],
+    )
 
 
 def _lock_held(store: StateStore, name: str) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from llmserve.deploy.errors import DeployInputError, RolloutFailedError
 from llmserve.deploy.kubernetes import regions
 from llmserve.deploy.options import DeployOptions
+from llmserve.deploy.status import ClusterRolloutRecord, Outcome
 
 
 def test_contexts_are_distinct_names_in_order():
@@ -31,7 +32,14 @@ class FakeRegion:
         self.deployed.append(opts.name)
         if self.fail:
             raise RolloutFailedError("rollout #2 rolled back: v2 has 0/1 ready replicas after 6 s")
-        return {"deployment": "tiny-chat", "action": "deployed", "rollout": {"version": 2}, "deployments": []}
+        return Outcome(deployment="tiny-chat", action="deployed", rollout=_rollout(version=2))
+
+
+def _rollout(version: int) -> ClusterRolloutRecord:
+    return ClusterRolloutRecord(
+        id=1, strategy="red-black", status="done", phase="done", package="p.llmpkg", version=version, steps=[100],
+        plan=[], replicas=1, message=None, started=0.0, updated=1.0, step=1, from_=None, to=f"tiny-chat-{version}",
+    )  # fmt: skip
 
 
 def _run(monkeypatch, fakes: dict, gate_fails: set[str] = frozenset(), undo_fails: set[str] = frozenset()):

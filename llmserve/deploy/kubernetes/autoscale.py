@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from llmserve.deploy.errors import DeployInputError
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_MANAGED, L_STRATEGY, L_VERSION, api_call
 from llmserve.deploy.kubernetes.manifests import base_labels
+from llmserve.deploy.status import AutoscalerCondition, AutoscalerStatus, AutoscalerUnreadable
 from llmserve.deploy.strategy import RED_BLACK, VERSIONED
 from llmserve.errors import LLMServeError
 from llmserve.formats.safe_yaml import load_yaml
@@ -268,26 +269,28 @@ def _spec_key(hpa: dict) -> tuple:
     )
 
 
-def describe(k: KubernetesDeployer, name: str) -> dict | None:
+def describe(k: KubernetesDeployer, name: str) -> AutoscalerStatus | AutoscalerUnreadable | None:
     """For `status`: the HPA's target, bounds, metric target, and what its controller last said."""
     try:
         hpa = read(k.c, name)
     except LLMServeError as exc:
-        return {"error": exc.message}
+        return AutoscalerUnreadable(error=exc.message)
     if hpa is None:
         return None
     s, st = hpa.get("spec") or {}, hpa.get("status") or {}
-    return {
-        "object": name,
-        "target": (s.get("scaleTargetRef") or {}).get("name"),
-        "min_replicas": s.get("minReplicas"),
-        "max_replicas": s.get("maxReplicas"),
-        "metric": METRIC,
-        "queue_target": (hpa["metadata"].get("annotations") or {}).get(A_QUEUE_TARGET),
-        "current_replicas": st.get("currentReplicas"),
-        "desired_replicas": st.get("desiredReplicas"),
-        "conditions": [
-            {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
+    return AutoscalerStatus(
+        object=name,
+        target=(s.get("scaleTargetRef") or {}).get("name"),
+        min_replicas=s.get("minReplicas"),
+        max_replicas=s.get("maxReplicas"),
+        metric=METRIC,
+        queue_target=(hpa["metadata"].get("annotations") or {}).get(A_QUEUE_TARGET),
+        current_replicas=st.get("currentReplicas"),
+        desired_replicas=st.get("desiredReplicas"),
+        conditions=[
+            AutoscalerCondition(
+                type=c.get("type"), status=c.get("status"), reason=c.get("reason"), message=c.get("message")
+            )
             for c in st.get("conditions") or []
         ],
-    }
+    )

@@ -44,6 +44,7 @@ from llmserve.deploy.kubernetes.figures import pod_url
 from llmserve.deploy.kubernetes.rollout import KubernetesDeployer
 from llmserve.deploy.kubernetes.state import DONE, ClusterState
 from llmserve.deploy.options import DeployOptions, rollback_options
+from llmserve.deploy.status import ClusterRolloutRecord, ClusterStatus, Outcome, json_value
 from llmserve.deploy.strategy import RED_BLACK
 from llmserve.errors import Detail, LLMServeError
 from llmserve.metrics.snapshot import auth_headers, snapshots
@@ -129,18 +130,25 @@ class RegionalRollout:
                 res["exit_code"] = exc.exit_code
                 self._undo(moved, opts)
                 raise self._failed(res, results, name, exc.hint) from exc
-            name = out["deployment"]
+            name = out.deployment
             res["deployment"] = name
-            res["result"] = out["action"]  # deployed, unchanged
+            res["result"] = out.action  # deployed, unchanged
             res["version"] = _serving_version(out)
             res["deployments"] = [
-                {k2: d[k2] for k2 in ("object", "version", "color", "replicas", "ready", "digest")}
-                for d in out["deployments"]
+                {
+                    "object": d.object,
+                    "version": d.version,
+                    "color": d.color,
+                    "replicas": d.replicas,
+                    "ready": d.ready,
+                    "digest": d.digest,
+                }
+                for d in (out.status.deployments if isinstance(out.status, ClusterStatus) else [])
             ]
-            if out.get("rollout"):
-                res["rollout"] = out["rollout"]
+            if out.rollout is not None:
+                res["rollout"] = json_value(out.rollout)
             moved.append((res, k))
-            self.report(f"region '{res['context']}': {out['action']}; gate: watching it {self.gate_opts.pause_s:g} s")
+            self.report(f"region '{res['context']}': {out.action}; gate: watching it {self.gate_opts.pause_s:g} s")
             gate = region_gate(k, name, res["version"], self.gate_opts)
             res["gate"] = gate
             if gate["failed"]:
@@ -197,8 +205,8 @@ class RegionalRollout:
             self.report(f"rolling back '{name}' in context '{ctx}' (namespace '{k.ns}')")
             try:
                 out = k.rollback(name, to_version, opts)
-                res["result"] = out.get("action", "rolled-back")
-                res["version"] = _serving_version(out) if "deployments" in out else None
+                res["result"] = out.action
+                res["version"] = _serving_version(out) if out.status is not None else None
             except LLMServeError as exc:
                 res["result"] = "failed"
                 res["error"] = exc.message
@@ -212,11 +220,11 @@ class RegionalRollout:
         return {"target": "kubernetes", "deployment": name, "action": "rolled-back", "regions": results}
 
 
-def _serving_version(out: dict) -> int | None:
+def _serving_version(out: Outcome) -> int | None:
     """The version a region's deploy result serves: the rollout's, else the newest Deployment's."""
-    if out.get("rollout"):
-        return int(out["rollout"]["version"])
-    versions = [d["version"] for d in out.get("deployments", [])]
+    if isinstance(out.rollout, ClusterRolloutRecord):
+        return out.rollout.version
+    versions = [d.version for d in out.status.deployments] if isinstance(out.status, ClusterStatus) else []
     return max(versions) if versions else None
 
 

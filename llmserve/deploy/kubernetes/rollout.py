@@ -22,6 +22,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from llmserve.deploy import interface as iface
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError
@@ -40,6 +41,15 @@ from llmserve.deploy.kubernetes.cluster import (
 from llmserve.deploy.kubernetes.state import DONE, ROLLED_BACK, RUNNING, ClusterRollout, ClusterState, LeaseLock
 from llmserve.deploy.options import LOCK_WAIT_S, DeployOptions, rollback_options
 from llmserve.deploy.source import PackageSource, is_reference, open_source
+from llmserve.deploy.status import (
+    ClusterDeploymentStatus,
+    ClusterRolloutRecord,
+    ClusterStatus,
+    HistoryEvent,
+    OpenClusterRollout,
+    Outcome,
+    ServiceStatus,
+)
 from llmserve.deploy.strategy import (
     RED_BLACK,
     RETIRE,
@@ -50,6 +60,8 @@ from llmserve.deploy.strategy import (
     Step,
     idle_versions,
 )
+
+RecordT = TypeVar("RecordT", bound=ClusterRolloutRecord)
 
 
 def replica_plan(steps: list[int], replicas: int) -> list[dict]:
@@ -261,7 +273,7 @@ class KubernetesDeployer:
     # -- entry points -------------------------------------------------------------------------
 
     # -- entry points -------------------------------------------------------------------------
-    def deploy(self, opts: DeployOptions) -> dict:
+    def deploy(self, opts: DeployOptions) -> Outcome:
         # A store reference is pulled here first (to check the package and its interface) and fails the
         # command before anything in the cluster changes; the pods then pull it by digest themselves.
         with open_source(
@@ -278,7 +290,7 @@ class KubernetesDeployer:
     def _rollouts(self, name: str, opts: DeployOptions, base: ClusterRollout | None = None) -> Rollouts[ClusterRollout]:
         return Rollouts(ClusterRollouts(self, name, opts, base), self.report)
 
-    def _deploy(self, opts: DeployOptions, src: PackageSource) -> dict:
+    def _deploy(self, opts: DeployOptions, src: PackageSource) -> Outcome:
         from llmserve.packaging.opened import open_package
 
         package = src.reference
@@ -297,7 +309,7 @@ class KubernetesDeployer:
                     )
                 recovered = self.recover(name, resume_package=package, opts=opts)
                 if recovered and recovered.get("resumed"):
-                    return recovered
+                    return Outcome.of(name, recovered)
                 other = RED_BLACK if opts.strategy == VERSIONED else VERSIONED
                 if self._deployments(name, other):
                     raise DeployInputError(
@@ -346,7 +358,7 @@ class KubernetesDeployer:
                 autoscale.follow(self, name)  # the HPA back on (or onto) the serving Deployment
             if recovered:
                 result["recovered"] = recovered
-            return result
+            return Outcome.of(name, result)
 
     def recover(self, name: str, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
         """Finish or undo a rollout whose CLI died (llmserve.deploy.strategy.Rollouts.recover)."""
@@ -366,7 +378,7 @@ class KubernetesDeployer:
         for obj in gone:
             self.report(f"removed {obj} (its key is no longer used)")
 
-    def rollback(self, name: str, to_version: int | None = None, opts: DeployOptions | None = None) -> dict:
+    def rollback(self, name: str, to_version: int | None = None, opts: DeployOptions | None = None) -> Outcome:
         opts = opts or DeployOptions(package=Path("."))
         name = dns_name(name)
         state = ClusterState(self.c, name)
@@ -374,7 +386,7 @@ class KubernetesDeployer:
             state.load()  # not found -> clear error
             recovered = self.recover(name, resume_package=None, opts=opts)
             if recovered:
-                return {"deployment": name, "action": "undid-interrupted-rollout", **recovered}
+                return Outcome.of(name, {**recovered, "action": "undid-interrupted-rollout"})
             done = [r for r in state.rollouts() if r.status == DONE and r.strategy in (RED_BLACK, VERSIONED)]
             if not done:
                 raise DeployInputError(
@@ -383,7 +395,7 @@ class KubernetesDeployer:
                 )
             last = done[0]
             if last.strategy == VERSIONED and to_version is None:
-                return self._rollouts(name, opts).retire(last)
+                return Outcome.of(name, self._rollouts(name, opts).retire(last))
             target_pkg = target_digest = None
             if to_version is None:
                 target_pkg = (last.from_ or {}).get("package")
@@ -401,7 +413,7 @@ class KubernetesDeployer:
         self.report(f"rolling back '{name}' to {target_pkg} (red-black)")
         ropts = rollback_options(opts, name, target_pkg, target_digest)
         result = self.deploy(ropts)
-        result["action"] = "rolled-back"
+        result.action = "rolled-back"
         return result
 
     def down(self, name: str, drain_timeout_s: float = 30.0) -> dict:
@@ -450,7 +462,7 @@ class KubernetesDeployer:
         return removed
 
     # -- status -------------------------------------------------------------------------------
-    def status(self, name: str, events: int = 15) -> dict:
+    def status(self, name: str, events: int = 15) -> ClusterStatus:
         name = dns_name(name)
         state = ClusterState(self.c, name)
         st = state.load()
@@ -460,19 +472,19 @@ class KubernetesDeployer:
         for d in self._deployments(name):
             ann = d.metadata.annotations or {}
             deployments.append(
-                {
-                    "object": d.metadata.name,
-                    "strategy": d.metadata.labels.get(L_STRATEGY),
-                    "color": d.metadata.labels.get(L_COLOR),
-                    "version": int(d.metadata.labels.get(L_VERSION, 0)),
-                    "replicas": d.spec.replicas or 0,
-                    "ready": d.status.ready_replicas or 0,
-                    "digest": ann.get(manifests.A_DIGEST),
-                    "package": ann.get(manifests.A_PACKAGE),
-                    "package_uri": ann.get(manifests.A_PACKAGE_URI),
-                    "rollout": ann.get(manifests.A_ROLLOUT),
-                    "superseded_at": float(ann[manifests.A_SUPERSEDED]) if manifests.A_SUPERSEDED in ann else None,
-                }
+                ClusterDeploymentStatus(
+                    object=d.metadata.name,
+                    strategy=d.metadata.labels.get(L_STRATEGY),
+                    color=d.metadata.labels.get(L_COLOR),
+                    version=int(d.metadata.labels.get(L_VERSION, 0)),
+                    replicas=d.spec.replicas or 0,
+                    ready=d.status.ready_replicas or 0,
+                    digest=ann.get(manifests.A_DIGEST),
+                    package=ann.get(manifests.A_PACKAGE),
+                    package_uri=ann.get(manifests.A_PACKAGE_URI),
+                    rollout=ann.get(manifests.A_ROLLOUT),
+                    superseded_at=float(ann[manifests.A_SUPERSEDED]) if manifests.A_SUPERSEDED in ann else None,
+                )
             )
         services = []
         sel = f"{L_DEPLOYMENT}={name}"
@@ -488,33 +500,34 @@ class KubernetesDeployer:
                     ready[v] = ready.get(v, 0) + 1
                 not_ready += len(sub.not_ready_addresses or [])
             services.append(
-                {
-                    "service": svc.metadata.name,
-                    "selector": svc.spec.selector,
-                    "cluster_ip": svc.spec.cluster_ip,
-                    "ready_endpoints_by_version": ready,
-                    "not_ready_endpoints": not_ready,
-                }
+                ServiceStatus(
+                    service=svc.metadata.name,
+                    selector=svc.spec.selector,
+                    cluster_ip=svc.spec.cluster_ip,
+                    ready_endpoints_by_version=ready,
+                    not_ready_endpoints=not_ready,
+                )
             )
         open_r = state.open_rollout(st)
         holder, alive = LeaseLock(self.c, name).holder_state()
-        return {
-            "target": "kubernetes",
-            "deployment": name,
-            "namespace": self.ns,
-            "context": self.c.context,
-            "server": self.c.server,
-            "model_id": st["deployment"].get("model_id"),
-            "strategy": st["deployment"].get("strategy"),
-            "default_version": st["deployment"].get("default_version"),
-            "config": st["deployment"].get("config", {}),
-            "deployments": deployments,
-            "services": services,
-            "open_rollout": (_rollout_dict(open_r) | {"interrupted": not alive, "holder": holder}) if open_r else None,
-            "rollouts": [_rollout_dict(r) for r in state.rollouts(st)[:10]],
-            "history": st["history"][-events:],
-            "autoscaler": autoscale.describe(self, name),
-        }
+        return ClusterStatus(
+            deployment=name,
+            namespace=self.ns,
+            context=self.c.context,
+            server=self.c.server,
+            model_id=st["deployment"].get("model_id"),
+            strategy=st["deployment"].get("strategy"),
+            default_version=st["deployment"].get("default_version"),
+            config=st["deployment"].get("config", {}),
+            deployments=deployments,
+            services=services,
+            open_rollout=_rollout_record(OpenClusterRollout, open_r, interrupted=not alive, holder=holder)
+            if open_r
+            else None,
+            rollouts=[_rollout_record(ClusterRolloutRecord, r) for r in state.rollouts(st)[:10]],
+            history=[HistoryEvent.of(e) for e in st["history"][-events:]],
+            autoscaler=autoscale.describe(self, name),
+        )
 
 
 def _ref(value) -> tuple[str, str] | None:
@@ -537,24 +550,25 @@ def _json(text: str | None) -> dict:
         return {}
 
 
-def _rollout_dict(r: ClusterRollout) -> dict:
-    return {
-        "id": r.id,
-        "strategy": r.strategy,
-        "status": r.status,
-        "phase": r.phase,
-        "package": r.package,
-        "version": r.version,
-        "steps": r.steps,
-        "plan": r.plan,
-        "replicas": r.replicas,
-        "message": r.message,
-        "started": r.started,
-        "updated": r.updated,
-        "step": r.step_index + 1,
-        "from": (r.from_ or {}).get("object"),
-        "to": (r.to or {}).get("object"),
-    }
+def _rollout_record(cls: type[RecordT], r: ClusterRollout, **extra) -> RecordT:
+    return cls(
+        id=r.id,
+        strategy=r.strategy,
+        status=r.status,
+        phase=r.phase,
+        package=r.package,
+        version=r.version,
+        steps=r.steps,
+        plan=r.plan,
+        replicas=r.replicas,
+        message=r.message,
+        started=r.started,
+        updated=r.updated,
+        step=r.step_index + 1,
+        from_=(r.from_ or {}).get("object"),
+        to=(r.to or {}).get("object"),
+        **extra,
+    )
 
 
 def _init_problems(pod) -> list[str]:
@@ -649,10 +663,10 @@ class ClusterRollouts:
         return r.version
 
     def summary(self, r: ClusterRollout | None, action: str) -> dict:
-        out = self.k.status(self.name)
-        out["action"] = action
+        # The engine adds its own keys to this (llmserve.deploy.strategy); Outcome.of types the whole.
+        out: dict = {"status": self.k.status(self.name), "action": action}
         if r is not None:
-            out["rollout"] = _rollout_dict(r) | {"seconds": round(r.updated - r.started, 2)}
+            out["rollout"] = _rollout_record(ClusterRolloutRecord, r, seconds=round(r.updated - r.started, 2))
         return out
 
     def where(self) -> str:
