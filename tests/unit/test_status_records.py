@@ -397,3 +397,29 @@ def test_a_rollout_record_omits_the_keys_it_does_not_have():
     assert list(data) == LOCAL_ROLLOUT_KEYS
     # values pass through as the state holds them: an int timestamp stays an int
     assert data["updated"] == 2 and isinstance(data["updated"], int)
+
+
+def test_status_figures_land_in_the_records_and_their_json(local, cluster):
+    from llmserve.cli.status_cmd import _attach
+
+    store, target = local
+    status = local_rollout.status_of(store, "tiny-chat", target)
+
+    def figures(data: list[dict]) -> None:
+        for i in data[0]["instances"]:
+            i["metrics"] = {"error": f"unreachable: {i['url']}"}
+
+    _attach([status], figures)
+    assert status.instances[1].metrics == {"error": "unreachable: http://127.0.0.1:9002"}
+    assert [list(i) for i in status.to_json()["instances"]] == [[*INSTANCE_KEYS, "metrics"]] * 2
+
+    k, _ = cluster
+    cstatus = k.status("tiny-chat")
+
+    def pods(data: list[dict]) -> None:
+        for d in data[0]["deployments"]:
+            d["pods"] = []
+
+    _attach([cstatus], pods)
+    assert cstatus.deployments[0].pods == []
+    assert [list(d) for d in cstatus.to_json()["deployments"]] == [[*CLUSTER_DEPLOYMENT_KEYS, "pods"]] * 2
