@@ -144,8 +144,9 @@ class Table:
 
 
 class Gateway:
-    def __init__(self, store: StateStore, deployment: str):
+    def __init__(self, store: StateStore, deployment: str, grpc_socket: socket.socket | None = None):
         self.store = store
+        self.grpc_socket = grpc_socket  # the gRPC port's listening socket, held by the watchdog across restarts
         self.deployment = deployment
         gen, routes, self.grpc_ports = self._read_table()
         self.table = Table(gen, routes)
@@ -448,8 +449,11 @@ class Gateway:
         from llmserve.deploy.grpc_proxy import GrpcProxy
 
         proxy = GrpcProxy(self)
+        held = self.grpc_socket
+        if held is not None and held.getsockname()[1] != dep.grpc_port:
+            held = None  # the port changed since the watchdog started; the next watchdog will hold the new one
         try:
-            await proxy.start(dep.gateway_host, dep.grpc_port)
+            await proxy.start(dep.gateway_host, dep.grpc_port, held)
         except RuntimeError as exc:
             log.error("cannot serve gRPC on %s: %s", dep.grpc_address, exc)
             return
@@ -626,11 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fd", type=int, help="a listening socket inherited from the watchdog (which keeps it open across restarts)"
     )
+    parser.add_argument("--grpc-fd", type=int, help="the same, for the deployment's gRPC port")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     store = StateStore(args.state_dir)
-    gateway = Gateway(store, args.deployment)
+    gateway = Gateway(store, args.deployment, socket.socket(fileno=args.grpc_fd) if args.grpc_fd is not None else None)
     log.info(
         "gateway for '%s' on %s:%d, routes generation %d",
         args.deployment,

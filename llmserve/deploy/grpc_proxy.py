@@ -27,9 +27,10 @@ server up). Everything else wants the deployment's key, as metadata `authorizati
 `x-api-key: KEY`; without it: UNAUTHENTICATED.
 
 The port is the deployment's `grpc_port` (`llmserve deploy --grpc-port`, default a free port chosen at
-creation), on the gateway's host. Unlike the HTTP port, the watchdog does not hold it across a gateway
-restart (gRPC binds its own socket): calls during the restart (about a second) fail UNAVAILABLE, which
-gRPC clients retry with wait_for_ready.
+creation), on the gateway's host. The watchdog holds its listening socket, as it holds the HTTP port's, and
+the gateway relays each connection accepted there to its gRPC server on a loopback port
+(llmserve.deploy.tcp_relay): calls made while the gateway restarts wait in the backlog and are served by
+the next gateway, instead of failing UNAVAILABLE. Only calls in flight on the gateway that died fail.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -47,6 +49,7 @@ import grpc
 
 from llmserve.deploy.gateway import VERSION_HEADER, NoRoute, _as_version, _NotStarted
 from llmserve.deploy.state import Member
+from llmserve.deploy.tcp_relay import Relay
 
 if TYPE_CHECKING:
     from llmserve.deploy.gateway import Gateway
@@ -137,9 +140,11 @@ class GrpcProxy(grpc.GenericRpcHandler):
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.owners: dict[str, int] = {}  # channel address -> the instance it was opened for
         self.server: grpc.aio.Server | None = None
+        self.relay: Relay | None = None
         self.port: int | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, listening: socket.socket | None = None) -> None:
+        """Serve on host:port, or on `listening` (the watchdog's socket for that port) through a relay."""
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -148,16 +153,28 @@ class GrpcProxy(grpc.GenericRpcHandler):
             ]
         )
         server.add_generic_rpc_handlers((self,))
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        bound = server.add_insecure_port(where)  # raises RuntimeError when the port is taken
-        await server.start()
+        if listening is None:
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            bound = server.add_insecure_port(where)  # raises RuntimeError when the port is taken
+            await server.start()
+        else:
+            inner = server.add_insecure_port("127.0.0.1:0")
+            await server.start()  # before the relay accepts, so no relayed connection is refused
+            self.relay = Relay("127.0.0.1", inner)
+            await self.relay.start(listening)
+            bound = listening.getsockname()[1]
         self.server, self.port = server, bound
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let in-flight ones finish within grace, then close the upstream channels."""
+        if self.relay is not None:
+            await self.relay.stop_accepting()
         if self.server is not None:
             await self.server.stop(grace)
             self.server = None
+        if self.relay is not None:
+            await self.relay.close()
+            self.relay = None
         for channel in self.channels.values():
             await channel.close()
         self.channels.clear()

@@ -49,6 +49,7 @@ class LocalTarget:
             dep.gateway_host,
             "--port",
             str(dep.gateway_port),
+            *(["--grpc-port", str(dep.grpc_port)] if dep.grpc_port else []),
         ]
         launched = procs.launch(
             argv,

@@ -1,14 +1,15 @@
 """The gateway's watchdog: the daemon `llmserve deploy` starts for a deployment's entry point.
 
-It binds the gateway's port once and runs the gateway as its child on that socket, starting it again
-(0.2 s, then doubling up to 10 s) whenever it exits. Because the watchdog keeps the listening socket
-open, connections that arrive while the gateway restarts wait in the kernel's backlog instead of
-being refused; the new gateway reads its routes from the state database and serves them. SIGTERM
+It binds the gateway's port (and its gRPC port, when the deployment has one) once and runs the gateway as
+its child on those sockets, starting it again (0.2 s, then doubling up to 10 s) whenever it exits. Because
+the watchdog keeps the listening sockets open, connections that arrive while the gateway restarts wait in
+the kernel's backlog instead of being refused; the new gateway reads its routes from the state database
+and serves them. SIGTERM
 (`deploy down`) is passed to the gateway, which drains, and then the watchdog exits. The gateway
 gets SIGTERM from the kernel if the watchdog itself is killed (PR_SET_PDEATHSIG), so no gateway
 outlives its watchdog.
 
-    python -m llmserve.deploy.watchdog --state-dir D --deployment NAME --host H --port P
+    python -m llmserve.deploy.watchdog --state-dir D --deployment NAME --host H --port P [--grpc-port G]
 
 --host takes an IPv4 or an IPv6 address (`::1`, or `::`: every address, IPv4 clients too where the system
 allows it); the socket's family follows it.
@@ -51,13 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deployment", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int)
     args = parser.parse_args(argv)
 
-    try:
-        sock = listen(args.host, args.port)
-    except OSError as exc:
-        print(f"watchdog: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)
-        return 1
+    held: list[socket.socket] = []
+    for port in (args.port, args.grpc_port):
+        if port is None:
+            continue
+        try:
+            held.append(listen(args.host, port))
+        except OSError as exc:
+            print(f"watchdog: cannot listen on {args.host}:{port}: {exc}", file=sys.stderr, flush=True)
+            return 1
     child: subprocess.Popen | None = None
     stopping = False
 
@@ -82,12 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         "--port",
         str(args.port),
         "--fd",
-        str(sock.fileno()),
+        str(held[0].fileno()),
+        *(["--grpc-fd", str(held[1].fileno())] if len(held) > 1 else []),
     ]
     backoff = MIN_BACKOFF_S / 2  # doubled before the first wait
     while not stopping:
         started = time.monotonic()
-        child = subprocess.Popen(gateway, pass_fds=[sock.fileno()], preexec_fn=_die_with_parent)
+        child = subprocess.Popen(gateway, pass_fds=[s.fileno() for s in held], preexec_fn=_die_with_parent)
         code = child.wait()
         if stopping:
             break
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             child.wait(60)
         except subprocess.TimeoutExpired:
             child.kill()
-    sock.close()
+    for s in held:
+        s.close()
     return 0
 
 

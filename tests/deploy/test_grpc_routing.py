@@ -159,3 +159,52 @@ def test_the_version_field_is_read_from_the_raw_bytes():
     ready = pb.ModelReadyRequest(name=MODEL, version="7").SerializeToString()
     assert string_field(ready, 2) == "7"
     assert string_field(data[:-3], 2) is None  # truncated: the server says what is wrong with it
+
+
+def test_calls_wait_for_a_restarting_gateway(cli, deployed):
+    """kill -9 of the gateway under gRPC load, clients without retries: the watchdog holds the gRPC port's
+    socket as it holds the HTTP port's, so calls made while the gateway restarts wait in its backlog and are
+    served by the next gateway; only calls in flight on the killed one may fail (at most one per client)."""
+    import threading
+    import time
+    from pathlib import Path
+
+    from deploy_helpers import kill_pid
+
+    from llmserve.deploy.state import StateStore
+
+    watchdog = StateStore(cli.state_dir).require(MODEL).gateway_pid
+
+    def gateway() -> list[int]:
+        return [int(p) for p in Path(f"/proc/{watchdog}/task/{watchdog}/children").read_text().split()]
+
+    key, stop, ok, failures = auth(deployed), threading.Event(), [0], []
+
+    def calls() -> None:
+        with grpcclient.InferenceServerClient(deployed["gateway"]["grpc"]) as c:
+            while not stop.is_set():
+                try:
+                    served_version(c, key)
+                    ok[0] += 1
+                except InferenceServerException as exc:
+                    failures.append(f"{exc.status()} {exc.message()}")
+
+    workers = [threading.Thread(target=calls, daemon=True) for _ in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        deadline = time.monotonic() + 60
+        while ok[0] < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (killed,) = gateway()
+        kill_pid(killed)
+        t0, before = time.monotonic(), ok[0]
+        while time.monotonic() < t0 + 90 and (ok[0] < before + 10 or gateway() in ([], [killed])):
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(120)
+    assert gateway() and gateway() != [killed]
+    assert ok[0] >= before + 10, (ok[0], before, failures[:5])
+    assert len(failures) <= len(workers), failures[:5]
