@@ -41,7 +41,7 @@ void apply_bitmask(float* logits, int64_t B, int64_t V, int64_t stride, const ui
         const int64_t w0 = c * kChunkWords, w1 = std::min(vw, w0 + kChunkWords);
         apply_words(logits + r * stride, bitmask + r * W, w0, w1, V);
       },
-      B * V >= (1 << 16) ? nthreads : 1);
+      pool.threads_for_bytes(2 * B * V * int64_t(sizeof(float)), nthreads));
 }
 
 }  // namespace llmserve

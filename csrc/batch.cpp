@@ -53,7 +53,7 @@ void BatchState::fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int 
           if (active) active[r] = 1;
         }
       },
-      B * vw >= 4096 ? nthreads : 1);
+      pool.threads_for_bytes(2 * B * W * int64_t(sizeof(uint32_t)), nthreads));
 }
 
 void BatchState::fill_apply(float* logits, int64_t B, int64_t V, int64_t stride, uint32_t* out, int64_t W,
@@ -95,7 +95,7 @@ void BatchState::fill_apply(float* logits, int64_t B, int64_t V, int64_t stride,
           for (int64_t t = vw * 32; t < V; ++t) p[t] = -std::numeric_limits<float>::infinity();
         }
       },
-      B * V >= (1 << 16) ? nthreads : 1);
+      pool.threads_for_bytes(2 * B * V * int64_t(sizeof(float)), nthreads));
 }
 
 }  // namespace llmserve

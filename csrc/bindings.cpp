@@ -230,6 +230,9 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "llmserve constraint core (C++; native thread pool, GIL released on the hot path)";
   m.def("default_threads", &default_threads);
   m.def("pool_size", [] { return ThreadPool::global().size(); });
+  m.def("pool_dispatches", [] { return ThreadPool::global().dispatches(); });
+  m.def("min_bytes_per_thread", &min_bytes_per_thread);
+  m.def("set_min_bytes_per_thread", &set_min_bytes_per_thread, py::arg("bytes"));
 
   py::class_<PyVocab>(m, "Vocab")
       .def(py::init([](py::array offsets, py::array data, std::vector<int32_t> eos, int64_t size) {

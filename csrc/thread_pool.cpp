@@ -5,8 +5,18 @@
 
 namespace llmserve {
 
+namespace {
+std::atomic<int64_t> g_min_bytes_per_thread{kDefaultMinBytesPerThread};
+}
+
+int64_t min_bytes_per_thread() { return g_min_bytes_per_thread.load(std::memory_order_relaxed); }
+
+int64_t set_min_bytes_per_thread(int64_t bytes) {
+  return g_min_bytes_per_thread.exchange(bytes > 0 ? bytes : kDefaultMinBytesPerThread);
+}
+
 ThreadPool::ThreadPool(int n) : nthreads_(std::max(1, n)) {
-  for (int i = 1; i < nthreads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  for (int i = 1; i < nthreads_; ++i) workers_.emplace_back([this] { worker(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -19,28 +29,30 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::worker(int) {
+void ThreadPool::worker() {
   uint64_t seen = 0;
   for (;;) {
-    std::function<void(int64_t)>* job;
+    const std::function<void(int64_t)>* job;
     int64_t ntasks;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return generation_ != seen; });
       seen = generation_;
       if (stop_) return;
+      if (!open_ || joined_ >= wanted_) continue;
+      ++joined_;
       job = job_;
       ntasks = ntasks_;
     }
     run_tasks(job, ntasks);
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--active_ == 0) done_cv_.notify_all();
+      if (--joined_ == 0 && !open_) done_cv_.notify_all();
     }
   }
 }
 
-void ThreadPool::run_tasks(std::function<void(int64_t)>* job, int64_t ntasks) {
+void ThreadPool::run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks) {
   for (;;) {
     int64_t t = next_.fetch_add(1, std::memory_order_relaxed);
     if (t >= ntasks) return;
@@ -50,25 +62,36 @@ void ThreadPool::run_tasks(std::function<void(int64_t)>* job, int64_t ntasks) {
 
 void ThreadPool::parallel_for(int64_t ntasks, const std::function<void(int64_t)>& fn, int max_threads) {
   if (ntasks <= 0) return;
-  int use = std::min<int64_t>(std::min(nthreads_, max_threads <= 0 ? nthreads_ : max_threads), ntasks);
+  const int use = static_cast<int>(
+      std::min<int64_t>(std::min(nthreads_, max_threads <= 0 ? nthreads_ : max_threads), ntasks));
   if (use <= 1) {
     for (int64_t t = 0; t < ntasks; ++t) fn(t);
     return;
   }
   std::lock_guard<std::mutex> one_at_a_time(call_mu_);
-  std::function<void(int64_t)> job = fn;
+  dispatches_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &job;
+    job_ = &fn;
     ntasks_ = ntasks;
-    next_.store(0);
-    active_ = nthreads_ - 1;
+    next_.store(0, std::memory_order_relaxed);
+    wanted_ = use - 1;
+    joined_ = 0;
+    open_ = true;
     ++generation_;
   }
-  cv_.notify_all();
-  run_tasks(&job, ntasks);
+  for (int i = 0; i < use - 1; ++i) cv_.notify_one();
+  run_tasks(&fn, ntasks);
   std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, [&] { return active_ == 0; });
+  open_ = false;  // every task is claimed: a worker waking from now on has nothing to do
+  done_cv_.wait(lk, [&] { return joined_ == 0; });
+  job_ = nullptr;
+}
+
+int ThreadPool::threads_for_bytes(int64_t bytes, int max_threads) const {
+  const int cap = max_threads <= 0 ? nthreads_ : std::min(nthreads_, max_threads);
+  const int64_t want = std::max<int64_t>(1, bytes / std::max<int64_t>(1, min_bytes_per_thread()));
+  return static_cast<int>(std::min<int64_t>(cap, want));
 }
 
 ThreadPool& ThreadPool::global() {

@@ -25,6 +25,16 @@ def default_threads() -> int:
 def pool_size() -> int:
     """Threads of the native pool (the calling thread included)."""
 
+def pool_dispatches() -> int:
+    """Calls that woke the pool's workers since it started (a call on one thread runs inline and
+    does not count). For tests and diagnostics."""
+
+def min_bytes_per_thread() -> int:
+    """Bytes (read and written) each thread must get before a fill/apply is split over the pool."""
+
+def set_min_bytes_per_thread(bytes: int) -> int:
+    """Set ``min_bytes_per_thread`` (<= 0: the default, 1 MiB); returns the previous value."""
+
 class Vocab:
     """A vocabulary as bytes, with the token trie mask rows are computed over."""
 
@@ -104,10 +114,11 @@ class Batch:
     ) -> None:
         """out uint32[B, W'] (C-contiguous): the first n rows (-1: B) get their state's mask row,
         unconstrained rows all ones; active uint8[>= n] gets 1 per constrained row. Computes the lazy rows
-        it needs. Releases the GIL."""
+        it needs. Releases the GIL. Threads: at most ``nthreads`` (0: the pool), fewer for a small
+        batch (see ``min_bytes_per_thread``); one thread runs inline."""
     def fill_apply(self, logits: NDArray[np.float32], out: NDArray[np.uint32] | None = None, nthreads: int = 0) -> None:
         """logits float32[B, V], in place: disallowed tokens become -inf, in one pass; out uint32[B, W']
-        (optional) gets the bitmask too. Releases the GIL."""
+        (optional) gets the bitmask too. Releases the GIL. Threads as for ``fill``."""
     def row(self, index: int, /) -> tuple[int | None, int]:
         """(state, tokens consumed); (None, 0) for an unconstrained row."""
     @property
@@ -134,4 +145,4 @@ def apply_bitmask(
     logits: NDArray[np.float32], bitmask: NDArray[np.uint32], active: NDArray[np.uint8] | None = None, nthreads: int = 0
 ) -> None:
     """logits float32[B, V] in place: tokens whose bit in bitmask uint32[>= B, W'] is clear become -inf
-    (only rows with active[r] set, when given). Releases the GIL."""
+    (only rows with active[r] set, when given). Releases the GIL. Threads as for ``Batch.fill``."""

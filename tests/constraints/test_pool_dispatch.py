@@ -1,0 +1,144 @@
+"""How the native core spreads a batch fill/apply over its thread pool (issue #17 item 4).
+
+Waking the pool costs more than streaming one row of a 128k-token vocabulary, so small batches
+must run inline on the calling thread: these tests read the core's dispatch counter
+(``pool_dispatches``), never a timing. They also pin that the inline and pooled paths write
+exactly the same logits and bitmasks.
+
+Each check runs in a subprocess with ``LLMSERVE_CONSTRAINT_THREADS=4``: the pool is created once per
+process at its first use, and four threads make it a real pool whatever the machine's core count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SETUP = """
+import numpy as np
+from llmserve.constraints import _core as core
+from llmserve.constraints.compiled import compile_dfa
+from llmserve.constraints.native import native_vocab
+from llmserve.constraints.regex import compile_regex
+from llmserve.constraints.vocab import Vocab
+
+assert core.pool_size() == 4, core.pool_size()
+V = 128_256  # Llama-3's vocabulary width: one row of logits is 513 KB
+rng = np.random.default_rng(17)
+letters = np.frombuffer(b"abcdefghij klmnopqrstuvwxyz.,!0123456789", dtype=np.uint8)
+tokens = [bytes([b]) for b in range(256)]
+while len(tokens) < V - 1:
+    tokens.append(bytes(rng.choice(letters, int(rng.integers(2, 7)))))
+tokens.append(None)  # end of sequence
+vocab = Vocab(tokens, (V - 1,), V)
+nv = native_vocab(vocab)
+grammar = compile_dfa(compile_regex(r"[a-z ]{1,40}[.!]"), vocab)
+sample = list(b"hello world and more words.")
+
+def batch_of(B, rows):
+    b = core.Batch(nv)
+    for r in range(B):
+        k = rows[r]
+        b.set_row(r, None if k < 0 else grammar.native, [int(t) for t in sample[:k]] if k >= 0 else [])
+    b.sync(B)
+    return b
+"""
+
+
+def run(body: str) -> None:
+    env = {**os.environ, "LLMSERVE_CONSTRAINT_THREADS": "4"}
+    script = SETUP + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_small_batches_run_inline_and_large_ones_on_the_pool():
+    run(
+        """
+        assert core.min_bytes_per_thread() == 1 << 20
+        for B in (1, 8):
+            b = batch_of(B, [r % len(sample) for r in range(B)])
+            logits = rng.standard_normal((B, V)).astype(np.float32)
+            out = np.zeros((B, (V + 31) // 32), np.uint32)
+            before = core.pool_dispatches()
+            if B == 1:  # one row of logits: read and written once, 1 MB, under a thread's share
+                b.fill_apply(logits)
+                b.fill_apply(logits, out)
+                core.apply_bitmask(logits, out)
+            b.fill(out)  # B rows of 16 KB
+            assert core.pool_dispatches() == before, (B, core.pool_dispatches() - before)
+
+        B = 256
+        b = batch_of(B, [r % len(sample) for r in range(B)])
+        logits = rng.standard_normal((B, V)).astype(np.float32)
+        out = np.zeros((B, (V + 31) // 32), np.uint32)
+        for call in (lambda: b.fill_apply(logits), lambda: b.fill(out), lambda: core.apply_bitmask(logits, out)):
+            before = core.pool_dispatches()
+            call()
+            assert core.pool_dispatches() == before + 1
+        before = core.pool_dispatches()
+        b.fill_apply(logits, nthreads=1)  # an explicit single thread stays inline at any size
+        assert core.pool_dispatches() == before
+        """
+    )
+
+
+def test_threshold_is_settable_and_restorable():
+    run(
+        """
+        b = batch_of(1, [3])
+        logits = rng.standard_normal((1, V)).astype(np.float32)
+        assert core.set_min_bytes_per_thread(1) == 1 << 20
+        before = core.pool_dispatches()
+        b.fill_apply(logits)  # every byte worth a thread: even one row goes to the pool
+        assert core.pool_dispatches() == before + 1
+        assert core.set_min_bytes_per_thread(0) == 1  # 0: back to the default
+        assert core.min_bytes_per_thread() == 1 << 20
+        """
+    )
+
+
+def test_inline_and_pooled_paths_write_the_same_logits_and_bitmask():
+    """Random batches (unconstrained rows, dead rows, strided logits, logits wider than the
+    vocabulary, bitmasks wider than the logits): the pool forced on (a thread's share of one byte)
+    against one thread."""
+    run(
+        """
+        for trial in range(12):
+            B = int(rng.integers(1, 24))
+            rows = [int(rng.integers(-1, len(sample) + 1)) for _ in range(B)]
+            b = batch_of(B, rows)
+            if trial % 3 == 0:  # a row that left the language: its state is dead
+                b.set_row(0, grammar.native, [ord("A")])
+                b.sync(B)
+            width = V + int(rng.integers(0, 70))
+            pad = int(rng.integers(0, 3)) * 32
+            base = rng.standard_normal((B, width + pad)).astype(np.float32)
+            W = (width + 31) // 32 + int(rng.integers(0, 3))
+            results = []
+            for forced in (False, True):
+                core.set_min_bytes_per_thread(1 if forced else 0)
+                nth = 0 if forced else 1
+                before = core.pool_dispatches()
+                l1 = base.copy()[:, :width]  # strided when pad > 0
+                o1 = np.full((B, W), 7, np.uint32)
+                b.fill_apply(l1, o1, nthreads=nth)
+                l2 = base.copy()[:, :width]
+                b.fill_apply(l2, nthreads=nth)
+                o2 = np.full((B, W), 7, np.uint32)
+                a2 = np.zeros(B, np.uint8)
+                b.fill(o2, a2, B, nthreads=nth)
+                l3 = np.ascontiguousarray(base[:, :width])
+                core.apply_bitmask(l3, o2, a2, nthreads=nth)
+                dispatched = core.pool_dispatches() - before
+                # fill_apply twice and apply_bitmask split every row in 4 chunks (a fill of B <= 2
+                # rows is one task, hence inline)
+                assert dispatched >= 3 if forced else dispatched == 0, (forced, dispatched)
+                results.append((l1, o1, l2, o2, a2, l3))
+            for x, y in zip(*results):
+                np.testing.assert_array_equal(x, y)
+        core.set_min_bytes_per_thread(0)
+        """
+    )
