@@ -70,6 +70,33 @@ struct PyVocab {
   std::shared_ptr<Vocab> v;
 };
 
+// Lower dist[S] in place to the fewest tokens to an accepting state (see the bindings' docstrings).
+// Reads the automaton and the vocabulary's trie only, never a mask row: a frontend's budget check
+// runs it without compiling the constraint's mask tables.
+int64_t lower_token_distances(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, int32_t* d,
+                              const int32_t* ord) {
+  std::vector<int32_t> stack(v.max_len() + 2);
+  int64_t rounds = 0;
+  for (bool changed = true; changed; ++rounds) {
+    changed = false;
+    for (int64_t i = 0; i < S; ++i) {
+      const int32_t s = ord[i];
+      if (accept[s]) continue;
+      const int32_t m = v.min_successor(table, s, d, stack.data());
+      if (m != INT32_MAX && m + 1 < d[s]) {
+        d[s] = m + 1;
+        changed = true;
+      }
+    }
+  }
+  return rounds;
+}
+
+void check_order(const int32_t* ord, int64_t S) {
+  for (int64_t i = 0; i < S; ++i)
+    if (ord[i] < 0 || ord[i] >= S) throw std::invalid_argument("token_distances: order holds a state out of range");
+}
+
 struct PyGrammar {
   std::shared_ptr<Grammar> g;
   py::object table, accept, masks;  // keep the buffers alive
@@ -361,28 +388,32 @@ PYBIND11_MODULE(_core, m) {
             const int32_t* ord = buffer_of<int32_t>(order, 1, "order", false);
             if (dist.shape(0) != gr.S || order.shape(0) != gr.S)
               throw std::invalid_argument("token_distances: dist and order must be [S]");
-            std::vector<int32_t> stack(gr.vocab->max_len() + 2);
-            int64_t rounds = 0;
+            check_order(ord, gr.S);
             py::gil_scoped_release nogil;
-            for (bool changed = true; changed; ++rounds) {
-              changed = false;
-              for (int64_t i = 0; i < gr.S; ++i) {
-                const int32_t s = ord[i];
-                if (gr.accept[s]) continue;
-                const int32_t m = gr.vocab->min_successor(gr.table, s, d, stack.data());
-                if (m != INT32_MAX && m + 1 < d[s]) {
-                  d[s] = m + 1;
-                  changed = true;
-                }
-              }
-            }
-            return rounds;
+            return lower_token_distances(*gr.vocab, gr.table, gr.accept, gr.S, d, ord);
           },
           py::arg("dist"), py::arg("order"),
           "Lower dist[S] in place to the fewest tokens to an accepting state (dist: an upper bound, e.g. "
           "single-byte steps; order: the states in increasing dist, which makes few rounds). Returns the rounds.")
       .def_property_readonly("num_states", [](const PyGrammar& g) { return g.g->S; })
       .def_property_readonly("start", [](const PyGrammar& g) { return g.g->start; });
+
+  m.def(
+      "token_distances",
+      [](const PyVocab& v, py::array table, py::array accept, py::array dist, py::array order) {
+        int64_t S = 0;
+        const int32_t* t = dfa_table(table, accept, S);
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
+        int32_t* d = buffer_of<int32_t>(dist, 1, "dist", true);
+        const int32_t* ord = buffer_of<int32_t>(order, 1, "order", false);
+        if (dist.shape(0) != S || order.shape(0) != S)
+          throw std::invalid_argument("token_distances: dist and order must be [S]");
+        check_order(ord, S);
+        py::gil_scoped_release nogil;
+        return lower_token_distances(*v.v, t, a, S, d, ord);
+      },
+      py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("dist"), py::arg("order"),
+      "Grammar.token_distances from the automaton alone (no mask rows): what a budget check needs.");
 
   py::class_<PyBatch>(m, "Batch")
       .def(py::init<const PyVocab&>())

@@ -94,6 +94,12 @@ class Grammar:
     @property
     def start(self) -> int: ...
 
+def token_distances(
+    vocab: Vocab, table: NDArray[np.int32], accept: NDArray[np.uint8], dist: NDArray[np.int32], order: NDArray[np.int32]
+) -> int:
+    """``Grammar.token_distances`` from the automaton alone: reads no mask row, so a budget check
+    needs no compiled mask tables. Releases the GIL."""
+
 class Batch:
     """The engine's persistent batch: per row a grammar (or None: unconstrained), its DFA state, and a
     reference to the engine's output-token list of that row (read by ``sync``, never copied)."""

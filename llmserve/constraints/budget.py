@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.native import native, native_vocab
 
 UNREACHABLE = np.iinfo(np.int32).max
 
@@ -59,15 +60,21 @@ def distances(table: NDArray[np.int32], accept: NDArray[np.uint8], bytes_usable:
     return dist
 
 
-def token_distances(table, accept, vocab, grammar=None) -> NDArray[np.int32]:
+def token_distances(table, accept, vocab) -> NDArray[np.int32]:
     """int32 [S]: fewest tokens to an accepting state. Single-byte steps over the vocabulary's
-    one-byte tokens give an achievable upper bound; the native core (``grammar``: the constraint's
-    ``_core.Grammar``) then lowers it to the exact figure over whole tokens (Bellman-Ford over token
-    steps, states in increasing distance)."""
+    one-byte tokens give an achievable upper bound; the native core, when built, then lowers it to
+    the exact figure over whole tokens (Bellman-Ford over token steps, states in increasing
+    distance). Needs the automaton and the vocabulary only, no mask table."""
     dist = distances(table, accept, vocab.single_bytes)
-    if grammar is not None:
+    if native is not None:
         order = np.argsort(dist, kind="stable").astype(np.int32)
-        grammar.token_distances(dist, order)
+        native.token_distances(
+            native_vocab(vocab),
+            np.ascontiguousarray(table, dtype=np.int32),
+            np.ascontiguousarray(accept, dtype=np.uint8),
+            dist,
+            order,
+        )
     return dist
 
 

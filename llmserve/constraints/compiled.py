@@ -97,9 +97,13 @@ class CompiledConstraint:
     def distances(self) -> NDArray[np.int32]:
         """Per state, the fewest tokens to an accepting state (``budget.py``), computed on first use."""
         if self._distances is None:
-            grammar = None if self._native is None and not _native_available() else self.native
-            self._distances = token_distances(self.table, self.accept, self.vocab, grammar)
+            self._distances = token_distances(self.table, self.accept, self.vocab)
         return self._distances
+
+    @distances.setter
+    def distances(self, dist: NDArray[np.int32]) -> None:
+        """Distances computed elsewhere for this very automaton and vocabulary (a budget check)."""
+        self._distances = dist
 
     @property
     def max_distance(self) -> int:
@@ -157,10 +161,6 @@ class CompiledConstraint:
 
     def is_accepting(self, state: int) -> bool:
         return state >= 0 and bool(self.accept[state])
-
-
-def _native_available() -> bool:
-    return core is not None
 
 
 def compile_dfa(dfa: ByteDFA, vocab: Vocab, *, backend: str = "native", key: str = "") -> CompiledConstraint:

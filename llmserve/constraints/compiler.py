@@ -10,6 +10,12 @@ constraint sent again costs nothing). A time budget failure is remembered (under
 when the compile used at least half the budget in CPU time: one starved of CPU by a busy machine
 may pass later, one that really needs more is not compiled again for every request that sends it.
 
+A budget check (``shortest_answer``) needs only how many tokens the shortest answer takes: it reads
+the compiled form when this process holds one, and otherwise computes it from the automaton and the
+vocabulary alone, without mask tables (a frontend process would otherwise hold a second copy of a
+table the engine builds anyway: megabytes per constraint at a 128k vocabulary). A later compile in
+the same process reuses those distances.
+
 A form miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start
 state's row exist, so a new constraint is usable within about a millisecond; the background finisher
 completes the rest and writes the cache file. ``CompiledConstraint.complete()`` waits for all of it.
@@ -22,6 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from llmserve.constraints.budget import token_distances
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.disk_cache import (
     cache_key,
@@ -112,12 +122,13 @@ def compile_constraint(
     key = cache_key(spec, vocab)
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
     memo = (key, id(vocab), str(path))
-    mem = _MEMORY.get(memo)
-    if isinstance(mem, CompiledConstraint) and mem.vocab is vocab:
+    mem = _held_form(memo, vocab)
+    if mem is not None:
         return mem
     if path is not None:
         hit = read_cache(path, vocab)
         if hit is not None:
+            _reuse_distances(hit, key)
             _MEMORY.put(memo, hit, _form_bytes(hit), weak=True)
             return hit
     dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend, keep_on_disk=False)
@@ -129,8 +140,40 @@ def compile_constraint(
         compiled = CompiledConstraint.lazy(vocab, dfa, key)
         if path is not None:
             _complete_later(compiled, path)
+    _reuse_distances(compiled, key)
     _MEMORY.put(memo, compiled, _form_bytes(compiled), weak=True)
     return compiled
+
+
+def shortest_answer(spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | None = None) -> int:
+    """The fewest tokens of an answer to ``spec`` over ``vocab``, end of sequence not counted
+    (``budget.UNREACHABLE`` when there is none): what a budget check needs (see the module doc).
+    Never compiles mask tables: from the form this process holds, else from the automaton."""
+    spec = spec_from_request(spec)
+    key = cache_key(spec, vocab)
+    path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
+    held = _held_form((key, id(vocab), str(path)), vocab)
+    if held is not None:
+        return int(held.distances[held.start])
+    dfa = dfa_for(spec, cache_dir=cache_dir)
+    dist = _MEMORY.get(("distances", key))
+    if dist is None:
+        dist = token_distances(dfa.table, dfa.accept, vocab)
+        _MEMORY.put(("distances", key), dist, int(dist.nbytes) + 256)
+    return int(dist[dfa.start])
+
+
+def _held_form(memo: tuple, vocab: Vocab) -> CompiledConstraint | None:
+    mem = _MEMORY.get(memo)
+    return mem if isinstance(mem, CompiledConstraint) and mem.vocab is vocab else None
+
+
+def _reuse_distances(compiled: CompiledConstraint, key: str) -> None:
+    """Give ``compiled`` the distances a budget check in this process already computed (the key
+    names the constraint and the vocabulary's digest, so they are the same automaton's)."""
+    dist: NDArray[np.int32] | None = _MEMORY.get(("distances", key))
+    if dist is not None and dist.shape[0] == compiled.num_states:
+        compiled.distances = dist
 
 
 def _cache_root(cache_dir: Path | str | bool | None) -> Path:

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -64,7 +65,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from llmserve.constraints import reference
 from llmserve.constraints.budget import check_fits
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
-from llmserve.constraints.compiler import compile_constraint, dfa_for
+from llmserve.constraints.compiler import compile_constraint, dfa_for, shortest_answer
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.machine import (
     ByteAutomaton,
@@ -118,8 +119,7 @@ def check_budget(obj, max_tokens: int | None) -> None:
     vocab = _validation_vocab()
     if max_tokens is None or vocab is None or "machine" in obj:
         return
-    compiled = compile_constraint(obj, vocab)
-    check_fits(int(compiled.distances[compiled.start]), max_tokens)
+    check_fits(shortest_answer(obj, vocab), max_tokens)
 
 
 def check_engine_env(environ=None) -> list[str]:
@@ -176,10 +176,32 @@ def validate_constraint(obj) -> None:
     dfa_for(spec_from_request(obj))
 
 
+_VOCABS: dict[tuple, Vocab] = {}
+_VOCABS_LOCK = threading.Lock()
+
+
 def vocab_for_model(vllm_config) -> Vocab:
+    """The model's vocabulary, built once per process: the frontend's budget check (``register_vocab``)
+    and an in-process engine's processor share one object, hence one token table and one native
+    trie (each takes seconds and tens of MB at a 128k vocabulary)."""
+    mc = vllm_config.model_config
+    key = (
+        str(mc.tokenizer),
+        getattr(mc, "tokenizer_revision", None),
+        bool(mc.trust_remote_code),
+        int(mc.get_vocab_size()),
+        repr(getattr(mc.hf_config, "eos_token_id", None)),
+    )
+    with _VOCABS_LOCK:  # a second caller waits for the first build instead of doing its own
+        vocab = _VOCABS.get(key)
+        if vocab is None:
+            vocab = _VOCABS[key] = _load_vocab(mc)
+    return vocab
+
+
+def _load_vocab(mc) -> Vocab:
     from transformers import AutoTokenizer
 
-    mc = vllm_config.model_config
     tok = AutoTokenizer.from_pretrained(
         mc.tokenizer, trust_remote_code=mc.trust_remote_code, revision=getattr(mc, "tokenizer_revision", None)
     )

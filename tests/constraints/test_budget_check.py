@@ -1,0 +1,128 @@
+"""The budget check builds the model's token tables once per process (issue #17 item 4).
+
+A frontend refuses a request whose shortest answer cannot fit in ``max_tokens``; for that it needs
+the fewest tokens to an accepting state, not the constraint's [states, vocabulary] mask table, which
+only the engine's processor fills rows from. And a frontend with an in-process engine shares one
+vocabulary object (one token table, one native trie) with the engine's processor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from llmserve.constraints import budget, compiled, compiler
+from llmserve.constraints.budget import BudgetError
+from llmserve.constraints.compiler import compile_constraint, shortest_answer
+from llmserve.constraints.native import native, native_vocab
+from llmserve.constraints.vocab import Vocab
+
+SCHEMA = {
+    "json_schema": {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+}
+
+
+def vocab() -> Vocab:
+    rng = np.random.default_rng(3)
+    letters = np.frombuffer(b'abcdefgh{}":,0123456789 ', dtype=np.uint8)
+    tokens: list[bytes | None] = [bytes([b]) for b in range(256)]
+    tokens += [bytes(rng.choice(letters, int(rng.integers(2, 5)))) for _ in range(3000)]
+    tokens += [b'{"name":"', b'","n":', None]
+    return Vocab(tokens, (len(tokens) - 1,), len(tokens))
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("a budget check compiled the constraint's mask tables")
+
+
+@pytest.fixture(autouse=True)
+def empty_memory():
+    compiler._MEMORY.clear()
+    yield
+    compiler._MEMORY.clear()
+
+
+def test_shortest_answer_compiles_no_mask_table_and_the_engine_reuses_its_distances(monkeypatch, tmp_path):
+    v = vocab()
+    calls = []
+    counted = budget.token_distances
+
+    def counting(*args):
+        calls.append(1)
+        return counted(*args)
+
+    monkeypatch.setattr(compiler, "token_distances", counting)
+    monkeypatch.setattr(compiled, "token_distances", counting)
+    with monkeypatch.context() as m:
+        m.setattr(compiler.CompiledConstraint, "lazy", refuse)
+        m.setattr(compiler, "compile_dfa", refuse)
+        m.setattr(native, "compile_masks", refuse)
+        m.setattr(native, "Grammar", refuse)
+        shortest = shortest_answer(SCHEMA, v, cache_dir=tmp_path)
+        assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == shortest
+    # `{"name":"` and `","n":` are single tokens: `{"name":"","n":0}` takes at most 4 tokens
+    assert 1 <= shortest <= 4
+    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)  # what the engine's processor does
+    assert int(form.distances[form.start]) == shortest
+    assert len(calls) == 1, "the distances were computed twice in one process"
+    fresh = counted(form.table, form.accept, v)
+    np.testing.assert_array_equal(form.distances, fresh)
+
+
+def test_shortest_answer_reads_a_form_the_process_already_holds(monkeypatch, tmp_path):
+    v = vocab()
+    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
+    _ = form.distances
+    monkeypatch.setattr(compiler, "token_distances", refuse)
+    monkeypatch.setattr(compiler, "dfa_for", refuse)
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == int(form.distances[form.start])
+
+
+def test_native_token_distances_check_their_inputs():
+    v = vocab()
+    nv = native_vocab(v)
+    table = np.full((2, 256), -1, np.int32)
+    table[0, ord("a")] = 1
+    accept = np.array([0, 1], np.uint8)
+    dist = np.array([1, 0], np.int32)
+    with pytest.raises(ValueError, match="order"):
+        native.token_distances(nv, table, accept, dist, np.array([0, 5], np.int32))
+    with pytest.raises(ValueError, match=r"\[S\]"):
+        native.token_distances(nv, table, accept, dist[:1], np.array([1, 0], np.int32))
+    native.token_distances(nv, table, accept, dist, np.array([1, 0], np.int32))
+    assert dist.tolist() == [1, 0]
+
+
+def test_frontend_and_in_process_engine_share_one_vocabulary(tiny_model_dir, monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from llmserve.constraints import vllm_processor as vp
+
+    config = EngineArgs(model=str(tiny_model_dir), dtype="float32", max_model_len=256).create_engine_config()
+    loads = []
+    load = vp._load_vocab
+
+    def counting(mc):
+        loads.append(1)
+        return load(mc)
+
+    monkeypatch.setattr(vp, "_load_vocab", counting)
+    monkeypatch.setattr(vp, "_VOCABS", {})
+    frontend = vp.vocab_for_model(config)  # what the server registers for validation
+    processor = vp.ConstraintLogitsProcessor(config, torch.device("cpu"), False)
+    assert processor.vocab is frontend
+    assert len(loads) == 1, "the token table was built twice in one process"
+
+    # the budget check in the frontend computes distances, never mask tables
+    monkeypatch.setattr(vp, "_VALIDATION_VOCAB", [frontend])
+    monkeypatch.setattr(vp.ConstraintLogitsProcessor, "instances", [])
+    monkeypatch.setattr(compiler.CompiledConstraint, "lazy", refuse)
+    monkeypatch.setattr(compiler, "compile_dfa", refuse)
+    vp.check_budget({"regex": "[0-9]{4}"}, 50)
+    with pytest.raises(BudgetError, match="needs"):
+        vp.check_budget({"regex": "x{200}"}, 10)
