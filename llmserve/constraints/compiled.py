@@ -66,6 +66,8 @@ class CompiledConstraint:
         self._native: core.Grammar | None = None
         self._finished: Completion | None = None  # set by the background finisher
         self._distances: NDArray[np.int32] | None = None
+        self._max_distance: int | None = None
+        self._budget_rows: dict[tuple[int, int], NDArray[np.uint32] | None] = {}
 
     @classmethod
     def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> CompiledConstraint:
@@ -104,13 +106,37 @@ class CompiledConstraint:
     def distances(self, dist: NDArray[np.int32]) -> None:
         """Distances computed elsewhere for this very automaton and vocabulary (a budget check)."""
         self._distances = dist
+        self._max_distance = None
+        self._budget_rows.clear()
+
+    # Budget rows kept per constraint (each is one mask row: 16 KB at a 128k vocabulary).
+    BUDGET_ROWS_KEPT = 32
+
+    def budget_row(self, state: int, k: int) -> NDArray[np.uint32] | None:
+        """The tokens allowed in ``state`` after which the answer can still end within ``k`` more
+        tokens, plus end of sequence when ``state`` accepts (``budget.py``); None when no token
+        qualifies. Each row is a walk over the whole vocabulary (up to milliseconds at 100k tokens)
+        while steering keeps reaching the same few closing states, so the latest rows are kept."""
+        key = (int(state), int(k))
+        if key in self._budget_rows:
+            return self._budget_rows[key]
+        row = np.zeros(self.vocab.words, dtype=np.uint32)
+        self.native.budget_row(state, self.distances, k, row)
+        found = row if row.any() else None
+        if len(self._budget_rows) >= self.BUDGET_ROWS_KEPT:
+            self._budget_rows.pop(next(iter(self._budget_rows)), None)
+        self._budget_rows[key] = found
+        return found
 
     @property
     def max_distance(self) -> int:
-        """The largest finite distance: a row with more tokens left than this needs no steering."""
-        d = self.distances
-        finite = d[d != UNREACHABLE]
-        return int(finite.max()) if finite.size else 0
+        """The largest finite distance: a row with more tokens left than this needs no steering.
+        Read for every budgeted row at every step, so computed once."""
+        if self._max_distance is None:
+            d = self.distances
+            finite = d[d != UNREACHABLE]
+            self._max_distance = int(finite.max()) if finite.size else 0
+        return self._max_distance
 
     @property
     def masks(self) -> NDArray[np.uint32]:

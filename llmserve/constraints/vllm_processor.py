@@ -252,7 +252,6 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         # rows steered to end within their budget -> (most output tokens, the output-token list)
         self.budgets: dict[int, tuple[int, list[int]]] = {}
         self.max_model_len = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
-        self._budget_row = np.zeros(self.vocab.words, dtype=np.uint32)
         # counters, for tests and debugging: readded = an added request that already had output
         # tokens (a preempted request coming back); rebuilt = rows whose state was rebuilt from history
         self.stats = {
@@ -364,7 +363,17 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     def _steer(self, logits: torch.Tensor, B: int) -> None:
         """Rows close to their token limit: only the tokens after which the answer can still end
-        in time (budget.py has the invariant). A row far from its limit costs one comparison."""
+        in time (budget.py has the invariant). A row far from its limit costs one comparison; a
+        steered row costs one native apply of a row its constraint usually has kept already."""
+        native_rows = None
+        if (
+            core is not None
+            and logits.device.type == "cpu"
+            and logits.dtype == torch.float32
+            and logits.stride(-1) == 1
+            and logits.shape[1] <= self.vocab.words * 32
+        ):
+            native_rows = logits.detach().numpy()
         for i, (limit, tokens) in self.budgets.items():
             compiled = self.constrained.get(i)
             if i >= B or compiled is None:
@@ -375,11 +384,13 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             state, _ = self.batch.row(i)
             if state is None or state < 0:
                 continue
-            row = self._budget_row
-            compiled.native.budget_row(state, compiled.distances, left - 2, row)
-            if not row.any():  # nothing fits any more (admitted without a vocabulary): leave the row be
+            row = compiled.budget_row(state, left - 2)
+            if row is None:  # nothing fits any more (admitted without a vocabulary): leave the row be
                 continue
             self.stats["steered"] += 1
+            if native_rows is not None:
+                core.apply_bitmask(native_rows[i : i + 1], row.reshape(1, -1))
+                continue
             allowed = np.unpackbits(row.view(np.uint8), bitorder="little")[: logits.shape[1]].astype(bool)
             logits[i].masked_fill_(~torch.from_numpy(allowed).to(logits.device), float("-inf"))
 

@@ -77,3 +77,34 @@ def test_processor_masks_bf16_logits_as_it_masks_float32(processor_and_width, ti
     digits = {i for i in range(V) if i < len(tok) and tok.decode([i]).isdigit()}
     allowed0 = set(torch.nonzero(~torch.isneginf(f32[0])).flatten().tolist())
     assert allowed0 and allowed0 <= digits  # only digit tokens can start "dddd-dd"
+
+
+def test_steered_rows_are_masked_alike_on_the_native_and_torch_paths(processor_and_width, tiny_model_dir):
+    """Rows near their max_tokens get a budget row on top of their mask: applied natively for CPU
+    float32 logits, with torch otherwise; both leave the same tokens."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    processor, V = processor_and_width
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    history = tok.encode("2024-1", add_special_tokens=False)
+    near = SamplingParams(max_tokens=len(history) + 3, extra_args={"constraint_regex": "[0-9]{4}-[0-9]{2}"})
+    far = SamplingParams(max_tokens=200, extra_args={"constraint_regex": "[0-9]{4}-[0-9]{2}"})
+    processor.update_state(
+        BatchUpdate(
+            batch_size=2, removed=[], added=[(0, near, [1], list(history)), (1, far, [1], list(history))], moved=[]
+        )
+    )
+    before = processor.stats["steered"]
+    base = torch.randn(2, V)
+    f32 = processor.apply(base.clone())
+    b16 = processor.apply(base.clone().to(torch.bfloat16))
+    assert processor.stats["steered"] == before + 2  # row 0 on both calls, row 1 never
+    assert torch.equal(torch.isneginf(f32), torch.isneginf(b16.float()))
+    # the far row keeps every token its mask allows; the near one only those that still end in time
+    assert torch.isneginf(f32[0]).sum() >= torch.isneginf(f32[1]).sum()
+    compiled = processor.constrained[0]
+    state, _ = processor.batch.row(0)
+    left = near.max_tokens - len(history)
+    assert compiled.budget_row(state, left - 2) is compiled.budget_row(state, left - 2)  # kept, not walked again

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from llmserve.constraints import ConstraintError, Vocab, compile_dfa
+from llmserve.constraints import ConstraintError, Vocab, compile_dfa, compile_regex
 from llmserve.constraints.budget import UNREACHABLE, BudgetError, check_fits
 from llmserve.constraints.regex import _trim_and_minimize
 
@@ -114,3 +114,18 @@ def test_a_budget_below_the_shortest_answer_is_refused_with_the_count():
         check_fits(5, 5)
     with pytest.raises(BudgetError, match="no number of"):
         check_fits(int(UNREACHABLE), 100)
+
+
+def test_budget_rows_are_kept_per_state_and_bounded():
+    vocab = Vocab([b"a", b"b", b"ab", None], (3,), 4)
+    compiled = compile_dfa(compile_regex("(ab){1,3}"), vocab)
+    state = compiled.walk([0])  # after "a"
+    row = compiled.budget_row(state, 0)
+    expected = np.zeros(vocab.words, np.uint32)
+    compiled.native.budget_row(state, compiled.distances, 0, expected)
+    assert row is not None
+    np.testing.assert_array_equal(row, expected)
+    assert compiled.budget_row(state, 0) is row
+    for k in range(compiled.BUDGET_ROWS_KEPT + 5):
+        compiled.budget_row(compiled.start, k)
+    assert len(compiled._budget_rows) <= compiled.BUDGET_ROWS_KEPT
