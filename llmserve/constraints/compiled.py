@@ -14,6 +14,7 @@ complete forms on disk (``disk_cache.py``).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,10 +24,13 @@ from numpy.typing import NDArray
 
 from llmserve.constraints import reference
 from llmserve.constraints.budget import UNREACHABLE, token_distances
+from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.regex import ByteDFA
 from llmserve.constraints.vocab import Vocab
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class CompiledConstraint:
         self._native: core.Grammar | None = None
         self._finished: Completion | None = None  # set by the background finisher
         self._distances: NDArray[np.int32] | None = None
+        # steering (the decode loop): the distances it uses now, and what it keeps computed from them
+        self._steer_dist: NDArray[np.int32] | None = None
+        self._bound: NDArray[np.int32] | None = None  # single-byte distances, until the exact ones exist
+        self._exact_later: NDArray[np.int32] | None = None  # set by the background thread
         self._max_distance: int | None = None
         self._budget_rows: dict[tuple[int, int], NDArray[np.uint32] | None] = {}
 
@@ -106,22 +114,52 @@ class CompiledConstraint:
     def distances(self, dist: NDArray[np.int32]) -> None:
         """Distances computed elsewhere for this very automaton and vocabulary (a budget check)."""
         self._distances = dist
-        self._max_distance = None
-        self._budget_rows.clear()
+
+    def steering_distances(self) -> NDArray[np.int32]:
+        """The distances the decode loop steers by; never waits for the exact ones. Those take a
+        walk of the vocabulary per state and round (0.3 s for a 2,000-state schema over 100k
+        tokens), a stall of the whole batch if computed inline at the first steered step. Until a
+        background thread has them, steering uses the single-byte figure (``budget.distances``, a
+        search over the automaton only): an achievable upper bound, so steering by it is safe, only
+        earlier. Switching to the exact figure keeps the invariant (exact <= bound)."""
+        if self._distances is None and self._exact_later is not None:
+            self._distances = self._exact_later
+        target: NDArray[np.int32]
+        if self._distances is not None:
+            target = self._distances
+        else:
+            bound = self._bound
+            if bound is None:
+                bound = byte_distances(self.table, self.accept, self.vocab.single_bytes)
+                self._bound = bound
+                threading.Thread(target=self._compute_exact, name="llmserve-constraint-distances", daemon=True).start()
+            target = bound
+        if target is not self._steer_dist:
+            self._steer_dist = target
+            self._max_distance = None
+            self._budget_rows.clear()
+        return target
+
+    def _compute_exact(self) -> None:
+        try:
+            self._exact_later = token_distances(self.table, self.accept, self.vocab)
+        except Exception:  # steering goes on with the bound
+            log.exception("computing the token distances of constraint %s failed", self.key[:12])
 
     # Budget rows kept per constraint (each is one mask row: 16 KB at a 128k vocabulary).
     BUDGET_ROWS_KEPT = 32
 
     def budget_row(self, state: int, k: int) -> NDArray[np.uint32] | None:
         """The tokens allowed in ``state`` after which the answer can still end within ``k`` more
-        tokens, plus end of sequence when ``state`` accepts (``budget.py``); None when no token
+        tokens (by ``steering_distances``), plus end of sequence when ``state`` accepts; None when no token
         qualifies. Each row is a walk over the whole vocabulary (up to milliseconds at 100k tokens)
         while steering keeps reaching the same few closing states, so the latest rows are kept."""
+        dist = self.steering_distances()
         key = (int(state), int(k))
         if key in self._budget_rows:
             return self._budget_rows[key]
         row = np.zeros(self.vocab.words, dtype=np.uint32)
-        self.native.budget_row(state, self.distances, k, row)
+        self.native.budget_row(state, dist, k, row)
         found = row if row.any() else None
         if len(self._budget_rows) >= self.BUDGET_ROWS_KEPT:
             self._budget_rows.pop(next(iter(self._budget_rows)), None)
@@ -131,9 +169,9 @@ class CompiledConstraint:
     @property
     def max_distance(self) -> int:
         """The largest finite distance: a row with more tokens left than this needs no steering.
-        Read for every budgeted row at every step, so computed once."""
+        Read for every budgeted row at every step, so computed once per ``steering_distances``."""
+        d = self.steering_distances()
         if self._max_distance is None:
-            d = self.distances
             finite = d[d != UNREACHABLE]
             self._max_distance = int(finite.max()) if finite.size else 0
         return self._max_distance

@@ -5,6 +5,8 @@ still end in time) always ends in an accepting state with end of sequence within
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -120,6 +122,7 @@ def test_budget_rows_are_kept_per_state_and_bounded():
     vocab = Vocab([b"a", b"b", b"ab", None], (3,), 4)
     compiled = compile_dfa(compile_regex("(ab){1,3}"), vocab)
     state = compiled.walk([0])  # after "a"
+    _ = compiled.distances  # exact ones known: steering uses them (else the single-byte bound first)
     row = compiled.budget_row(state, 0)
     expected = np.zeros(vocab.words, np.uint32)
     compiled.native.budget_row(state, compiled.distances, 0, expected)
@@ -129,3 +132,37 @@ def test_budget_rows_are_kept_per_state_and_bounded():
     for k in range(compiled.BUDGET_ROWS_KEPT + 5):
         compiled.budget_row(compiled.start, k)
     assert len(compiled._budget_rows) <= compiled.BUDGET_ROWS_KEPT
+
+
+def test_steering_never_waits_for_the_exact_distances(monkeypatch):
+    """The exact distances walk the vocabulary per state (0.3 s on a large schema): the decode loop
+    steers by the single-byte bound until a background thread has them, then switches."""
+    from llmserve.constraints import budget
+    from llmserve.constraints import compiled as compiled_mod
+
+    release = threading.Event()
+    exact_of = compiled_mod.token_distances
+
+    def slow(*args):
+        assert release.wait(10)
+        return exact_of(*args)
+
+    vocab = Vocab([b"a", b"b", b"ab", None], (3,), 4)
+    compiled = compile_dfa(compile_regex("(ab){1,3}"), vocab)
+    monkeypatch.setattr(compiled_mod, "token_distances", slow)
+    bound = compiled.steering_distances()  # at once, while the exact ones wait
+    assert bound.tolist() == budget.distances(compiled.table, compiled.accept, vocab.single_bytes).tolist()
+    assert bound[compiled.start] == 2  # "a", "b" one byte a step
+    assert compiled.max_distance == int(bound[bound != UNREACHABLE].max())
+    kept = compiled.budget_row(compiled.start, 1)
+    assert kept is not None and compiled.budget_row(compiled.start, 1) is kept
+    release.set()
+    deadline = time.monotonic() + 10
+    while compiled.steering_distances() is bound and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exact = compiled.steering_distances()
+    assert exact[compiled.start] == 1  # the token "ab"
+    assert (exact <= bound).all()
+    row = compiled.budget_row(compiled.start, 1)  # recomputed with the exact figure, not the kept one
+    assert row is not kept
+    np.testing.assert_array_equal(row, kept)  # "a" and "ab" both still end in time
