@@ -74,6 +74,22 @@ def test_shortest_answer_compiles_no_mask_table_and_the_engine_reuses_its_distan
     np.testing.assert_array_equal(form.distances, fresh)
 
 
+def test_the_engine_process_reads_the_distances_the_frontend_computed(monkeypatch, tmp_path):
+    """Another process (here: an emptied memory) compiling the same constraint takes the distances
+    from the disk cache instead of walking the vocabulary again."""
+    v = vocab()
+    shortest = shortest_answer(SCHEMA, v, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("dist-*.bin"))) == 1
+    compiler._MEMORY.clear()
+    monkeypatch.setattr(compiled, "token_distances", refuse)
+    monkeypatch.setattr(compiler, "token_distances", refuse)
+    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
+    assert int(form.distances[form.start]) == shortest
+    assert form.steering_distances() is form.distances  # no single-byte stand-in, no background walk
+    monkeypatch.undo()
+    np.testing.assert_array_equal(form.distances, budget.token_distances(form.table, form.accept, v))
+
+
 def test_shortest_answer_reads_a_form_the_process_already_holds(monkeypatch, tmp_path):
     v = vocab()
     form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
