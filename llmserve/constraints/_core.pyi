@@ -33,7 +33,7 @@ def min_bytes_per_thread() -> int:
     """Bytes (read and written) each thread must get before a fill/apply is split over the pool."""
 
 def set_min_bytes_per_thread(bytes: int) -> int:
-    """Set ``min_bytes_per_thread`` (<= 0: the default, 1 MiB); returns the previous value."""
+    """Set ``min_bytes_per_thread`` (<= 0: the default, 2 MiB); returns the previous value."""
 
 class Vocab:
     """A vocabulary as bytes, with the token trie mask rows are computed over."""

@@ -57,16 +57,18 @@ def run(body: str) -> None:
 def test_small_batches_run_inline_and_large_ones_on_the_pool():
     run(
         """
-        assert core.min_bytes_per_thread() == 1 << 20
+        assert core.min_bytes_per_thread() == 2 << 20
         for B in (1, 8):
             b = batch_of(B, [r % len(sample) for r in range(B)])
             logits = rng.standard_normal((B, V)).astype(np.float32)
             out = np.zeros((B, (V + 31) // 32), np.uint32)
             before = core.pool_dispatches()
-            if B == 1:  # one row of logits: read and written once, 1 MB, under a thread's share
+            if B == 1:  # one row of logits, read and written once: 1 MB, under a thread's share
                 b.fill_apply(logits)
                 b.fill_apply(logits, out)
                 core.apply_bitmask(logits, out)
+                wide = np.zeros((1, 262_144), np.float32)  # Gemma's width: 2 MiB, still one thread
+                core.apply_bitmask(wide, np.full((1, 262_144 // 32), 0xFFFFFFFF, np.uint32))
             b.fill(out)  # B rows of 16 KB
             assert core.pool_dispatches() == before, (B, core.pool_dispatches() - before)
 
@@ -90,12 +92,12 @@ def test_threshold_is_settable_and_restorable():
         """
         b = batch_of(1, [3])
         logits = rng.standard_normal((1, V)).astype(np.float32)
-        assert core.set_min_bytes_per_thread(1) == 1 << 20
+        assert core.set_min_bytes_per_thread(1) == 2 << 20
         before = core.pool_dispatches()
         b.fill_apply(logits)  # every byte worth a thread: even one row goes to the pool
         assert core.pool_dispatches() == before + 1
         assert core.set_min_bytes_per_thread(0) == 1  # 0: back to the default
-        assert core.min_bytes_per_thread() == 1 << 20
+        assert core.min_bytes_per_thread() == 2 << 20
         """
     )
 
