@@ -164,7 +164,8 @@ def test_the_version_field_is_read_from_the_raw_bytes():
 def test_calls_wait_for_a_restarting_gateway(cli, deployed):
     """kill -9 of the gateway under gRPC load, clients without retries: the watchdog holds the gRPC port's
     socket as it holds the HTTP port's, so calls made while the gateway restarts wait in its backlog and are
-    served by the next gateway; only calls in flight on the killed one may fail (at most one per client)."""
+    served by the next gateway. Only calls on the connections the killed gateway cut may fail: the one in
+    flight, and at most one more that a client started before it saw its connection close ("Socket closed")."""
     import threading
     import time
     from pathlib import Path
@@ -207,4 +208,4 @@ def test_calls_wait_for_a_restarting_gateway(cli, deployed):
             w.join(120)
     assert gateway() and gateway() != [killed]
     assert ok[0] >= before + 10, (ok[0], before, failures[:5])
-    assert len(failures) <= len(workers), failures[:5]
+    assert len(failures) <= 2 * len(workers), failures[:7]  # without the held socket: ~36,000 UNAVAILABLE
