@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 
 namespace llmserve {
 
@@ -81,11 +82,21 @@ void ThreadPool::parallel_for(int64_t ntasks, const std::function<void(int64_t)>
     ++generation_;
   }
   for (int i = 0; i < use - 1; ++i) cv_.notify_one();
-  run_tasks(&fn, ntasks);
-  std::unique_lock<std::mutex> lk(mu_);
-  open_ = false;  // every task is claimed: a worker waking from now on has nothing to do
-  done_cv_.wait(lk, [&] { return joined_ == 0; });
-  job_ = nullptr;
+  // fn must outlive every worker that joined, also when a task throws here (an allocation failure)
+  std::exception_ptr failed;
+  try {
+    run_tasks(&fn, ntasks);
+  } catch (...) {
+    failed = std::current_exception();
+    next_.store(ntasks, std::memory_order_relaxed);  // the workers stop at their next task
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    open_ = false;  // every task is claimed: a worker waking from now on has nothing to do
+    done_cv_.wait(lk, [&] { return joined_ == 0; });
+    job_ = nullptr;
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 int ThreadPool::threads_for_bytes(int64_t bytes, int max_threads) const {
