@@ -21,6 +21,7 @@ from llmserve.cli.deploy_common import (
     kube_deployer,
     package_argument,
     render_result,
+    render_teardown,
     reporter,
     store_options,
 )
@@ -363,10 +364,7 @@ def down(
         result = kube_deployer(reporter(output), namespace, context, kubeconfig).down(name, drain_timeout)
     else:
         result = Deployer(StateStore(state_dir), reporter(output)).down(name, drain_timeout)
-    if output is OutputFormat.json:
-        print_json(result)
-    else:
-        console.print(f"[green]removed[/] {name}", highlight=False)
+    render_teardown(result, output)
 
 
 @deploy_app.command("doctor")

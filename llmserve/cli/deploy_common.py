@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the records are imported where rendered: --help stays free 
         LocalStatus,
         Outcome,
         Status,
+        Teardown,
     )
 
 
@@ -123,6 +124,20 @@ def render_result(result: Outcome, output: OutputFormat) -> None:
         )
         return
     render_status(result.status, result)
+
+
+def render_teardown(result: Teardown, output: OutputFormat) -> None:
+    """What `deploy down` removed: its JSON, or one line."""
+    from llmserve.deploy.status import ClusterTeardown
+
+    if output is OutputFormat.json:
+        print_json(result.to_json())
+        return
+    if isinstance(result, ClusterTeardown):
+        what = f"from namespace {escape(result.namespace)} ({len(result.removed)} object(s))"
+    else:
+        what = f"({len(result.stopped_instances)} server(s) stopped)"
+    console.print(f"[green]removed[/] {escape(result.deployment)} {what}", highlight=False)
 
 
 def render_status(status: Status, outcome: Outcome | None = None) -> None:

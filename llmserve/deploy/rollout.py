@@ -39,6 +39,7 @@ from llmserve.deploy.status import (
     HistoryEvent,
     InstanceStatus,
     LocalStatus,
+    LocalTeardown,
     Outcome,
     RolloutRecord,
     RoutesStatus,
@@ -199,7 +200,7 @@ class Deployer:
         result.action = "rolled-back"
         return result
 
-    def down(self, name: str, drain_timeout_s: float = 30.0) -> dict:
+    def down(self, name: str, drain_timeout_s: float = 30.0) -> LocalTeardown:
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.store.require(name)
             open_r = self.store.open_rollout(name)
@@ -221,7 +222,7 @@ class Deployer:
             self.store.delete_deployment(name)
             local_keys.remove(self.store.root, name)
             self.report(f"deployment '{name}' removed ({len(stopped)} server(s) stopped)")
-            return {"deployment": name, "action": "removed", "stopped_instances": stopped}
+            return LocalTeardown(deployment=name, stopped_instances=stopped)
 
 
 class LocalRollouts:

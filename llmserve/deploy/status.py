@@ -318,3 +318,28 @@ class Outcome(Record):
             recovered=recovered,
             resumed=result.get("resumed"),
         )
+
+
+# -- results of deploy down -----------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class LocalTeardown(Record):
+    """What `deploy down` did on the local target (llmserve.deploy.rollout.Deployer.down)."""
+
+    deployment: str
+    action: Literal["removed"] = "removed"
+    stopped_instances: list[int]  # the servers stopped, by instance id
+
+
+@dataclass(kw_only=True)
+class ClusterTeardown(Record):
+    """What `deploy down` did in a Kubernetes namespace (KubernetesDeployer.down, llmserve.deploy.kubernetes)."""
+
+    deployment: str
+    action: Literal["removed"] = "removed"
+    removed: list[str]  # the objects deleted: Deployment names, then "service/NAME", "secret/NAME", ...
+    namespace: str
+
+
+Teardown = LocalTeardown | ClusterTeardown

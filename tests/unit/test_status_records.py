@@ -23,7 +23,9 @@ from llmserve.deploy.state import SERVING, DeploymentLock, Member, Routes, State
 from llmserve.deploy.status import (
     AutoscalerUnreadable,
     ClusterStatus,
+    ClusterTeardown,
     LocalStatus,
+    LocalTeardown,
     Outcome,
     Recovery,
     RolloutRecord,
@@ -423,3 +425,92 @@ def test_status_figures_land_in_the_records_and_their_json(local, cluster):
     _attach([cstatus], pods)
     assert cstatus.deployments[0].pods == []
     assert [list(d) for d in cstatus.to_json()["deployments"]] == [[*CLUSTER_DEPLOYMENT_KEYS, "pods"]] * 2
+
+
+# -- deploy down ----------------------------------------------------------------------------------
+
+
+class TeardownTarget(FakeLocalTarget):
+    """What Deployer.down asks of processes, recorded instead of done."""
+
+    def __init__(self):
+        super().__init__(True, set(), None)
+        self.acts: list[tuple] = []
+
+    def apply_routes(self, dep, routes, why):
+        self.acts.append(("routes", why, routes.default))
+
+    def stop_instance(self, dep, inst, drain_timeout, why):
+        self.acts.append(("stop", inst.id))
+
+    def stop_gateway(self, dep):
+        self.acts.append(("stop-gateway",))
+
+
+def test_local_down_has_the_documented_json(local):
+    store, _ = local
+    deployer = local_rollout.Deployer(store)
+    deployer.target = TeardownTarget()
+    out = deployer.down("tiny-chat", drain_timeout_s=1.0)
+    assert isinstance(out, LocalTeardown)
+    assert json.loads(json.dumps(out.to_json())) == {
+        "deployment": "tiny-chat",
+        "action": "removed",
+        "stopped_instances": [1, 2],
+    }
+    assert list(out.to_json()) == ["deployment", "action", "stopped_instances"]
+    assert deployer.target.acts == [("routes", "teardown", []), ("stop", 1), ("stop", 2), ("stop-gateway",)]
+    assert store.deployment("tiny-chat") is None
+
+
+class FakeLease:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_cluster_down_has_the_documented_json(cluster, monkeypatch):
+    k, _ = cluster
+    deleted: list[str] = []
+    monkeypatch.setattr(k8s_rollout, "LeaseLock", FakeLease)
+    monkeypatch.setattr(ClusterState, "delete", lambda self: deleted.append("configmap"))
+    monkeypatch.setattr(autoscale, "remove", lambda c, name: True)
+    monkeypatch.setattr(k, "_delete_dep", lambda obj: deleted.append(obj))
+    monkeypatch.setattr(k, "_delete_service", lambda svc: deleted.append(f"service {svc}"))
+    monkeypatch.setattr(k.keys, "remove_created", lambda name: ["secret/tiny-chat-api-key"])
+    out = k.down("tiny-chat", 1.0)
+    assert isinstance(out, ClusterTeardown)
+    assert list(out.to_json()) == ["deployment", "action", "removed", "namespace"]
+    assert out.to_json() == {
+        "deployment": "tiny-chat",
+        "action": "removed",
+        "removed": [
+            "tiny-chat-blue",
+            "tiny-chat-green",
+            "service/tiny-chat",
+            "secret/tiny-chat-api-key",
+            "horizontalpodautoscaler/tiny-chat",
+        ],
+        "namespace": "models",
+    }
+    assert deleted == ["tiny-chat-blue", "tiny-chat-green", "service tiny-chat", "configmap"]
+
+
+def test_render_teardowns(screen, capsys):
+    local = LocalTeardown(deployment="tiny-chat", stopped_instances=[1, 2])
+    cluster = ClusterTeardown(
+        deployment="tiny-chat", removed=["tiny-chat-blue", "service/tiny-chat"], namespace="models"
+    )
+    deploy_common.render_teardown(local, OutputFormat.text)
+    deploy_common.render_teardown(cluster, OutputFormat.text)
+    assert screen.getvalue().splitlines() == [
+        "removed tiny-chat (2 server(s) stopped)",
+        "removed tiny-chat from namespace models (2 object(s))",
+    ]
+    deploy_common.render_teardown(cluster, OutputFormat.json)
+    assert json.loads(capsys.readouterr().out) == cluster.to_json()

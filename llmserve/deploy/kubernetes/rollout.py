@@ -45,6 +45,7 @@ from llmserve.deploy.status import (
     ClusterDeploymentStatus,
     ClusterRolloutRecord,
     ClusterStatus,
+    ClusterTeardown,
     HistoryEvent,
     OpenClusterRollout,
     Outcome,
@@ -416,7 +417,7 @@ class KubernetesDeployer:
         result.action = "rolled-back"
         return result
 
-    def down(self, name: str, drain_timeout_s: float = 30.0) -> dict:
+    def down(self, name: str, drain_timeout_s: float = 30.0) -> ClusterTeardown:
         name = dns_name(name)
         state = ClusterState(self.c, name)
         with LeaseLock(self.c, name, LOCK_WAIT_S):
@@ -435,7 +436,7 @@ class KubernetesDeployer:
             removed += [f"horizontalpodautoscaler/{name}"] if autoscale.remove(self.c, name) else []
             state.delete()
         self.report(f"deployment '{name}' removed from namespace '{self.ns}' ({len(removed)} object(s))")
-        return {"deployment": name, "action": "removed", "removed": removed, "namespace": self.ns}
+        return ClusterTeardown(deployment=name, removed=removed, namespace=self.ns)
 
     def _cleanup_idle(self, name: str, state: ClusterState) -> list[int]:
         """Delete versions superseded longer than the idle timeout (llmserve.deploy.strategy.idle_versions)."""
