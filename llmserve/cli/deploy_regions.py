@@ -4,7 +4,7 @@ options, one Kubernetes deployer per context, and the per-region rendering."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.table import Table
 
 from llmserve.cli.deploy_common import Target, kube_deployer
 from llmserve.cli.render import OutputFormat, console, print_json
+
+if TYPE_CHECKING:  # imported where rendered: --help stays free of the deploy package
+    from llmserve.deploy.status import RegionalOutcome
 
 ContextsOpt = Annotated[
     str | None,
@@ -77,27 +80,27 @@ def regional(
     return RegionalRollout(connect, contexts, report, GateOptions(pause_s=pause_s, max_errors=max_errors))
 
 
-def render_regions(result: dict, output: OutputFormat) -> None:
+def render_regions(result: RegionalOutcome, output: OutputFormat) -> None:
     if output is OutputFormat.json:
-        print_json(result)
+        print_json(result.to_json())
         return
-    console.print(f"[bold]{escape(str(result['deployment']))}[/]  {result['action']}", highlight=False)
+    from llmserve.deploy.status import RegionDeploy
+
+    console.print(f"[bold]{escape(str(result.deployment))}[/]  {result.action}", highlight=False)
     table = Table(show_lines=False)
     for col in ("context", "namespace", "result", "version", "gate"):
         table.add_column(col)
-    for r in result["regions"]:
-        gate = r.get("gate") or {}
+    for r in result.regions:
+        gate = r.gate if isinstance(r, RegionDeploy) else None  # a rollback has no gate
         gate_text = "-"
-        if gate:
-            errs = "-" if gate.get("errors") is None else str(gate["errors"])
-            gate_text = (
-                f"{'failed' if gate.get('failed') else 'ok'} (restarts {gate.get('restarts', 0)}, errors {errs})"
-            )
+        if gate is not None:
+            errs = "-" if gate.errors is None else str(gate.errors)
+            gate_text = f"{'failed' if gate.failed else 'ok'} (restarts {gate.restarts}, errors {errs})"
         table.add_row(
-            escape(r["context"]),
-            escape(r.get("namespace") or "-"),
-            r.get("result", "-"),
-            f"v{r['version']}" if r.get("version") is not None else "-",
+            escape(r.context),
+            escape(r.namespace or "-"),
+            r.result,
+            f"v{r.version}" if r.version is not None else "-",
             gate_text,
         )
     console.print(table)

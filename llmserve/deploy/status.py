@@ -343,3 +343,126 @@ class ClusterTeardown(Record):
 
 
 Teardown = LocalTeardown | ClusterTeardown
+
+
+# -- results of region-by-region rollouts (llmserve.deploy.kubernetes.regions) --------------------
+
+
+@dataclass(kw_only=True)
+class RegionGate(Record):
+    """What the gate between regions saw of one region (llmserve.deploy.kubernetes.regions.region_gate)."""
+
+    pause_s: float
+    pods: int  # the new version's pods
+    failed: str | None  # why the gate failed; None: it passed
+    restarts: int  # restarts of the new version's pods during the pause
+    errors: int | None  # server errors of the new pods during the pause; None: their /metrics unread
+    figures: str  # how many pods were scraped, or why none could be
+
+
+@dataclass(kw_only=True)
+class RegionDeploymentSummary(Record):
+    """One Deployment object of a region after its rollout (a short ClusterDeploymentStatus)."""
+
+    object: str
+    version: int
+    color: str | None
+    replicas: int
+    ready: int
+    digest: str | None
+
+
+@dataclass(kw_only=True)
+class RegionUndo(Record):
+    """What undoing a moved region did. JSON: {"action"}, with "version" where it rolled back and "error" where
+    that failed."""
+
+    action: Literal["rolled-back", "removed", "rollback-failed"]
+    version: int | None = None  # rolled-back: the version the region serves now
+    error: str | None = None  # rollback-failed: why
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"action": self.action}
+        if self.action == "rolled-back":
+            out["version"] = self.version  # present even when unknown (None), as it always was
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(kw_only=True)
+class RegionDeploy(Record):
+    """One region of a regional deploy, filled in as the rollout reaches it. JSON: context, namespace, server,
+    result; then, for a region whose deploy failed, error and exit_code; for a region deployed, deployment,
+    version, deployments, rollout (if any), gate, and error (a failed gate) and rollback (undone) where they
+    apply. A region not reached has the first four only."""
+
+    context: str
+    namespace: str | None
+    server: str
+    result: str  # not-started, failed, deployed, unchanged, gate-failed
+    deployment: str | None = None  # set once the region's deploy returned
+    version: int | None = None
+    deployments: list[RegionDeploymentSummary] = field(default_factory=list)
+    # the region's rollout; its id where that deploy resumed an interrupted rollout
+    rollout: ClusterRolloutRecord | int | None = None
+    gate: RegionGate | None = None
+    error: str | None = None  # why the region's deploy or its gate failed
+    exit_code: int | None = None  # the failed deploy's exit code
+    rollback: RegionUndo | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "context": self.context,
+            "namespace": self.namespace,
+            "server": self.server,
+            "result": self.result,
+        }
+        if self.deployment is None:  # not started, or its deploy failed: nothing else was learnt of it
+            keys: tuple[str, ...] = ("error", "exit_code")
+        else:
+            out["deployment"] = self.deployment
+            out["version"] = self.version  # present even when unknown (None)
+            out["deployments"] = json_value(self.deployments)
+            keys = ("rollout", "gate", "error", "exit_code", "rollback")
+        for key in keys:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = json_value(value)
+        return out
+
+
+@dataclass(kw_only=True)
+class RegionRollback(Record):
+    """One region of a regional rollback. JSON: context, namespace, server, result, then version (the region's
+    rollback returned) or error (it failed)."""
+
+    context: str
+    namespace: str | None
+    server: str
+    result: str  # the region's rollback action (rolled-back, undid-interrupted-rollout), or failed
+    version: int | None = None  # the version served after the rollback, where known
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "context": self.context,
+            "namespace": self.namespace,
+            "server": self.server,
+            "result": self.result,
+        }
+        if self.result == "failed":
+            out["error"] = self.error
+        else:
+            out["version"] = self.version  # present even when unknown (None)
+        return out
+
+
+@dataclass(kw_only=True)
+class RegionalOutcome(Record):
+    """What a regional deploy or rollback did, region by region (llmserve.deploy.kubernetes.regions)."""
+
+    target: Literal["kubernetes"] = "kubernetes"
+    deployment: str | None  # None only where no region got as far as naming it
+    action: str  # deployed, unchanged, rolled-back
+    regions: list[RegionDeploy] | list[RegionRollback]

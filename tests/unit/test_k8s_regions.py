@@ -10,7 +10,7 @@ import pytest
 from llmserve.deploy.errors import DeployInputError, RolloutFailedError
 from llmserve.deploy.kubernetes import regions
 from llmserve.deploy.options import DeployOptions
-from llmserve.deploy.status import ClusterRolloutRecord, Outcome
+from llmserve.deploy.status import ClusterRolloutRecord, Outcome, RegionGate, RegionUndo
 
 
 def test_contexts_are_distinct_names_in_order():
@@ -47,14 +47,15 @@ def _run(monkeypatch, fakes: dict, gate_fails: set[str] = frozenset(), undo_fail
 
     def gate(k, name, version, opts):
         ctx = k.ns[3:]
-        return {"failed": "Deployment x has 0/1 ready replicas" if ctx in gate_fails else None, "restarts": 0}
+        failed = "Deployment x has 0/1 ready replicas" if ctx in gate_fails else None
+        return RegionGate(pause_s=0, pods=1, failed=failed, restarts=0, errors=None, figures="not scraped")
 
     def undo(k, name, opts):
         ctx = k.ns[3:]
         if ctx in undo_fails:
             raise RolloutFailedError("cannot")
         undone.append(ctx)
-        return {"action": "rolled-back", "version": 1}
+        return RegionUndo(action="rolled-back", version=1)
 
     monkeypatch.setattr(regions, "region_gate", gate)
     monkeypatch.setattr(regions, "undo_region", undo)
@@ -69,7 +70,7 @@ def test_every_region_passes_in_order(monkeypatch):
     fakes = {c: FakeRegion(c) for c in ("a", "b", "c")}
     out, undone, err = _run(monkeypatch, fakes)
     assert err is None and not undone
-    assert [(r["context"], r["result"], r["version"]) for r in out["regions"]] == [
+    assert [(r.context, r.result, r.version) for r in out.regions] == [
         ("a", "deployed", 2),
         ("b", "deployed", 2),
         ("c", "deployed", 2),
@@ -100,6 +101,6 @@ def test_a_failed_gate_rolls_back_its_own_region_too_and_a_failed_rollback_is_na
     _, undone, err = _run(monkeypatch, fakes, gate_fails={"b"}, undo_fails={"a"})
     assert err is not None and undone == ["b"]
     a, b = err.regions
-    assert b["result"] == "gate-failed" and b["rollback"]["action"] == "rolled-back"
-    assert a["rollback"]["action"] == "rollback-failed"
+    assert b.result == "gate-failed" and b.rollback is not None and b.rollback.action == "rolled-back"
+    assert a.rollback is not None and a.rollback.action == "rollback-failed"
     assert "rollback FAILED in: a" in err.message and "--contexts a" in (err.hint or "")

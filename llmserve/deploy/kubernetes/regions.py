@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 
 from llmserve.deploy.errors import DeployInputError, RolloutFailedError
 from llmserve.deploy.kubernetes import manifests
@@ -44,7 +43,18 @@ from llmserve.deploy.kubernetes.figures import pod_url
 from llmserve.deploy.kubernetes.rollout import KubernetesDeployer
 from llmserve.deploy.kubernetes.state import DONE, ClusterState
 from llmserve.deploy.options import DeployOptions, rollback_options
-from llmserve.deploy.status import ClusterRolloutRecord, ClusterStatus, Outcome, json_value
+from llmserve.deploy.status import (
+    ClusterRolloutRecord,
+    ClusterStatus,
+    Outcome,
+    RegionalOutcome,
+    RegionDeploy,
+    RegionDeploymentSummary,
+    RegionGate,
+    RegionRollback,
+    RegionUndo,
+    json_value,
+)
 from llmserve.deploy.strategy import RED_BLACK
 from llmserve.errors import Detail, LLMServeError
 from llmserve.metrics.snapshot import auth_headers, snapshots
@@ -77,21 +87,21 @@ class RegionalRolloutError(RolloutFailedError):
 
     code = "regional-rollout-failed"
 
-    def __init__(self, message: str, regions: list[dict], hint: str | None = None):
-        rows = [[r["context"], r.get("namespace") or "-", _outcome(r)] for r in regions]
+    def __init__(self, message: str, regions: list[RegionDeploy] | list[RegionRollback], hint: str | None = None):
+        rows = [[r.context, r.namespace or "-", _outcome(r)] for r in regions]
         super().__init__(message, hint, details=[Detail("regions", ["context", "namespace", "result"], rows)])
         self.regions = regions
 
     def to_dict(self) -> dict:
-        return super().to_dict() | {"regions": self.regions}
+        return super().to_dict() | {"regions": json_value(self.regions)}
 
 
-def _outcome(r: dict) -> str:
-    out = r["result"]
-    if r.get("rollback"):
-        out += f", then {r['rollback']['action']}"
-    if r.get("error"):
-        out += f": {r['error'].splitlines()[0]}"
+def _outcome(r: RegionDeploy | RegionRollback) -> str:
+    out = r.result
+    if isinstance(r, RegionDeploy) and r.rollback is not None:
+        out += f", then {r.rollback.action}"
+    if r.error:
+        out += f": {r.error.splitlines()[0]}"
     return out
 
 
@@ -112,64 +122,67 @@ class RegionalRollout:
         return [self.connect(ctx) for ctx in self.contexts]
 
     # -- deploy -------------------------------------------------------------------------------
-    def deploy(self, opts: DeployOptions) -> dict:
+    def deploy(self, opts: DeployOptions) -> RegionalOutcome:
         deployers = self._connect_all()
-        results: list[dict[str, Any]] = [
-            {"context": ctx, "namespace": k.ns, "server": k.c.server, "result": "not-started"}
+        results = [
+            RegionDeploy(context=ctx, namespace=k.ns, server=k.c.server, result="not-started")
             for ctx, k in zip(self.contexts, deployers, strict=True)
         ]
-        moved: list[tuple[dict, KubernetesDeployer]] = []
+        moved: list[tuple[RegionDeploy, KubernetesDeployer]] = []
         name: str | None = None
         for i, (res, k) in enumerate(zip(results, deployers, strict=True)):
-            self.report(f"region {i + 1}/{len(results)}: context '{res['context']}', namespace '{k.ns}'")
+            self.report(f"region {i + 1}/{len(results)}: context '{res.context}', namespace '{k.ns}'")
             try:
                 out = k.deploy(replace(opts, name=name or opts.name))
             except LLMServeError as exc:
-                res["result"] = "failed"
-                res["error"] = exc.message
-                res["exit_code"] = exc.exit_code
+                res.result = "failed"
+                res.error = exc.message
+                res.exit_code = exc.exit_code
                 self._undo(moved, opts)
                 raise self._failed(res, results, name, exc.hint) from exc
             name = out.deployment
-            res["deployment"] = name
-            res["result"] = out.action  # deployed, unchanged
-            res["version"] = _serving_version(out)
-            res["deployments"] = [
-                {
-                    "object": d.object,
-                    "version": d.version,
-                    "color": d.color,
-                    "replicas": d.replicas,
-                    "ready": d.ready,
-                    "digest": d.digest,
-                }
+            res.deployment = name
+            res.result = out.action  # deployed, unchanged
+            res.version = _serving_version(out)
+            res.deployments = [
+                RegionDeploymentSummary(
+                    object=d.object,
+                    version=d.version,
+                    color=d.color,
+                    replicas=d.replicas,
+                    ready=d.ready,
+                    digest=d.digest,
+                )
                 for d in (out.status.deployments if isinstance(out.status, ClusterStatus) else [])
             ]
-            if out.rollout is not None:
-                res["rollout"] = json_value(out.rollout)
+            if isinstance(out.rollout, ClusterRolloutRecord | int):  # a Kubernetes deploy has no other kind
+                res.rollout = out.rollout
             moved.append((res, k))
-            self.report(f"region '{res['context']}': {out.action}; gate: watching it {self.gate_opts.pause_s:g} s")
-            gate = region_gate(k, name, res["version"], self.gate_opts)
-            res["gate"] = gate
-            if gate["failed"]:
-                res["result"] = "gate-failed"
-                res["error"] = gate["failed"]
+            self.report(f"region '{res.context}': {out.action}; gate: watching it {self.gate_opts.pause_s:g} s")
+            gate = region_gate(k, name, res.version, self.gate_opts)
+            res.gate = gate
+            if gate.failed:
+                res.result = "gate-failed"
+                res.error = gate.failed
                 self._undo(moved, opts)
                 raise self._failed(res, results, name, None)
-            self.report(f"region '{res['context']}' passed its gate")
-        return {
-            "target": "kubernetes",
-            "deployment": name,
-            "action": "deployed" if any(r["result"] == "deployed" for r in results) else "unchanged",
-            "regions": results,
-        }
+            self.report(f"region '{res.context}' passed its gate")
+        return RegionalOutcome(
+            deployment=name,
+            action="deployed" if any(r.result == "deployed" for r in results) else "unchanged",
+            regions=results,
+        )
 
-    def _failed(self, res: dict, results: list[dict], name: str | None, hint: str | None) -> RegionalRolloutError:
-        back = [r["context"] for r in results if r.get("rollback", {}).get("action") in ("rolled-back", "removed")]
-        stuck = [r["context"] for r in results if r.get("rollback", {}).get("action") == "rollback-failed"]
+    def _failed(
+        self, res: RegionDeploy, results: list[RegionDeploy], name: str | None, hint: str | None
+    ) -> RegionalRolloutError:
+        back = [
+            r.context for r in results if r.rollback is not None and r.rollback.action in ("rolled-back", "removed")
+        ]
+        stuck = [r.context for r in results if r.rollback is not None and r.rollback.action == "rollback-failed"]
         msg = (
-            f"region '{res['context']}' {'failed its gate' if res['result'] == 'gate-failed' else 'failed'}: "
-            f"{(res.get('error') or '').splitlines()[0] if res.get('error') else ''}\n"
+            f"region '{res.context}' {'failed its gate' if res.result == 'gate-failed' else 'failed'}: "
+            f"{res.error.splitlines()[0] if res.error else ''}\n"
             + (f"rolled back: {', '.join(back)}" if back else "no other region had moved")
             + (f"; rollback FAILED in: {', '.join(stuck)}" if stuck else "")
         )
@@ -181,43 +194,46 @@ class RegionalRollout:
             hint = f"See each region with `llmserve status {name} --target kubernetes --context CONTEXT`."
         return RegionalRolloutError(msg, results, hint)
 
-    def _undo(self, moved: list[tuple[dict, KubernetesDeployer]], opts: DeployOptions) -> None:
+    def _undo(self, moved: list[tuple[RegionDeploy, KubernetesDeployer]], opts: DeployOptions) -> None:
         """Every moved region back to what it served before, newest first; one failure does not stop the others."""
         ropts = rollback_options(opts)
         for res, k in reversed(moved):
-            name = res["deployment"]
-            self.report(f"rolling back region '{res['context']}' (namespace '{k.ns}')")
+            assert res.deployment is not None  # a moved region's deploy returned its name
+            self.report(f"rolling back region '{res.context}' (namespace '{k.ns}')")
             try:
-                res["rollback"] = undo_region(k, name, ropts)
+                res.rollback = undo_region(k, res.deployment, ropts)
             except LLMServeError as exc:
-                res["rollback"] = {"action": "rollback-failed", "error": exc.message}
-                self.report(f"rollback of region '{res['context']}' failed: {exc.message}", warning=True)
+                res.rollback = RegionUndo(action="rollback-failed", error=exc.message)
+                self.report(f"rollback of region '{res.context}' failed: {exc.message}", warning=True)
 
     # -- rollback -----------------------------------------------------------------------------
-    def rollback(self, name: str, to_version: int | None, opts: DeployOptions) -> dict:
+    def rollback(self, name: str, to_version: int | None, opts: DeployOptions) -> RegionalOutcome:
         """`llmserve rollback NAME --contexts a,b,c`: every listed region rolled back (each as `llmserve
         rollback` does it); a region that fails does not stop the others; exit 7 if any failed."""
         deployers = self._connect_all()
-        results: list[dict[str, Any]] = []
+        results: list[RegionRollback] = []
         for ctx, k in zip(self.contexts, deployers, strict=True):
-            res: dict[str, Any] = {"context": ctx, "namespace": k.ns, "server": k.c.server}
-            results.append(res)
             self.report(f"rolling back '{name}' in context '{ctx}' (namespace '{k.ns}')")
             try:
                 out = k.rollback(name, to_version, opts)
-                res["result"] = out.action
-                res["version"] = _serving_version(out) if out.status is not None else None
+                res = RegionRollback(
+                    context=ctx,
+                    namespace=k.ns,
+                    server=k.c.server,
+                    result=out.action,
+                    version=_serving_version(out) if out.status is not None else None,
+                )
             except LLMServeError as exc:
-                res["result"] = "failed"
-                res["error"] = exc.message
-        failed = [r["context"] for r in results if r["result"] == "failed"]
+                res = RegionRollback(context=ctx, namespace=k.ns, server=k.c.server, result="failed", error=exc.message)
+            results.append(res)
+        failed = [r.context for r in results if r.result == "failed"]
         if failed:
             raise RegionalRolloutError(
                 f"rollback of '{name}' failed in {', '.join(failed)}",
                 results,
                 hint="Look at each with `llmserve status NAME --target kubernetes --context CONTEXT`.",
             )
-        return {"target": "kubernetes", "deployment": name, "action": "rolled-back", "regions": results}
+        return RegionalOutcome(deployment=name, action="rolled-back", regions=results)
 
 
 def _serving_version(out: Outcome) -> int | None:
@@ -228,7 +244,7 @@ def _serving_version(out: Outcome) -> int | None:
     return max(versions) if versions else None
 
 
-def undo_region(k: KubernetesDeployer, name: str, opts: DeployOptions) -> dict:
+def undo_region(k: KubernetesDeployer, name: str, opts: DeployOptions) -> RegionUndo:
     """One moved region back to what it served before its last finished rollout: `llmserve rollback` (red-black
     back to the package it replaced; a versioned rollout's version retired), or `down` where that rollout
     found nothing serving (the region had no deployment before)."""
@@ -242,19 +258,19 @@ def undo_region(k: KubernetesDeployer, name: str, opts: DeployOptions) -> dict:
         first = {d.metadata.labels.get(L_VERSION) for d in k._deployments(name)} <= {str(last.version)}
     if first:
         k.down(name, opts.drain_timeout_s)
-        return {"action": "removed"}
+        return RegionUndo(action="removed")
     out = k.rollback(name, None, opts)
-    return {"action": "rolled-back", "version": _serving_version(out)}
+    return RegionUndo(action="rolled-back", version=_serving_version(out))
 
 
-def region_gate(k: KubernetesDeployer, name: str, version: int | None, gate: GateOptions) -> dict:
+def region_gate(k: KubernetesDeployer, name: str, version: int | None, gate: GateOptions) -> RegionGate:
     """Watch one region for gate.pause_s: every Deployment of `name` at its ready replicas all along, no
     restarts of the new version's pods, and at most gate.max_errors server errors on them (where their
     /metrics can be read). Returns the observations, with `failed` the reason or None."""
     pods = _new_pods(k, name, version)
     urls = {p.metadata.name: u for p in pods if (u := pod_url(p, "metrics") or pod_url(p))}
     headers = auth_headers(_api_key(k, name))
-    out: dict[str, Any] = {"pause_s": gate.pause_s, "pods": len(pods), "failed": None}
+    failed: str | None = None
     t0 = time.monotonic()
     at_start = _replicas(k, name)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmserve-region-gate") as pool:
@@ -262,35 +278,42 @@ def region_gate(k: KubernetesDeployer, name: str, version: int | None, gate: Gat
         while True:
             short = _not_ready(k, name, at_start)
             if short:
-                out["failed"] = short
+                failed = short
                 break
             if time.monotonic() - t0 >= gate.pause_s and scrape.done():
                 break
             time.sleep(0.25)
-        figures = scrape.result() if out["failed"] is None else {}
+        figures = scrape.result() if failed is None else {}
     restarts = {p.metadata.name: n for p in _new_pods(k, name, version) if (n := sum(_restarts(p).values())) > 0}
-    out["restarts"] = sum(restarts.values())
-    if restarts and out["failed"] is None:
-        out["failed"] = "new pods restarted: " + ", ".join(f"{p} ({n}x)" for p, n in sorted(restarts.items()))
+    if restarts and failed is None:
+        failed = "new pods restarted: " + ", ".join(f"{p} ({n}x)" for p, n in sorted(restarts.items()))
     read = {p: m for p, m in figures.items() if not m.get("error")}
+    errors: int | None = None
     if read:
-        errors = sum(
-            (e.get("errors_per_s") or 0.0) * (m.get("interval_s") or 0.0)
-            for m in read.values()
-            for e in m["endpoints"] or []
+        errors = round(
+            sum(
+                (e.get("errors_per_s") or 0.0) * (m.get("interval_s") or 0.0)
+                for m in read.values()
+                for e in m["endpoints"] or []
+            )
         )
-        out["errors"] = round(errors)
-        out["figures"] = f"{len(read)}/{len(urls)} pod(s) scraped"
-        if out["errors"] > gate.max_errors and out["failed"] is None:
-            out["failed"] = (
-                f"{out['errors']} server error(s) on v{version} during the {gate.pause_s:g} s pause "
+        scraped = f"{len(read)}/{len(urls)} pod(s) scraped"
+        if errors > gate.max_errors and failed is None:
+            failed = (
+                f"{errors} server error(s) on v{version} during the {gate.pause_s:g} s pause "
                 f"(allowed: {gate.max_errors})"
             )
     else:
-        out["errors"] = None
         why = next((m["error"] for m in figures.values() if m.get("error")), "no pod to scrape")
-        out["figures"] = f"unavailable: {why}" if figures or not urls else "not scraped"
-    return out
+        scraped = f"unavailable: {why}" if figures or not urls else "not scraped"
+    return RegionGate(
+        pause_s=gate.pause_s,
+        pods=len(pods),
+        failed=failed,
+        restarts=sum(restarts.values()),
+        errors=errors,
+        figures=scraped,
+    )
 
 
 def _new_pods(k: KubernetesDeployer, name: str, version: int | None) -> list:
