@@ -41,6 +41,7 @@ from llmserve.deploy.status import (
     LocalStatus,
     LocalTeardown,
     Outcome,
+    Recovery,
     RolloutRecord,
     RoutesStatus,
 )
@@ -106,7 +107,7 @@ class Deployer:
         new = NewVersion(m.modelId, m.modelVersion, opened.digest, package, iface.fingerprint(opened))
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.store.deployment(name)
-            recovered = None
+            recovered: Recovery | Outcome | None = None
             if dep is not None and dep.model_id != m.modelId:
                 raise DeployInputError(
                     f"deployment '{name}' serves model '{dep.model_id}', not '{m.modelId}'",
@@ -126,8 +127,8 @@ class Deployer:
             if dep is not None:
                 dep = self.target.ensure_gateway(dep)
                 recovered = self._rollouts(dep, opts, opened).recover(package, opts.promote)
-                if recovered and recovered.get("resumed"):
-                    return Outcome.of(name, recovered)
+                if isinstance(recovered, Outcome):  # resumed: that rollout's result is this deploy's
+                    return recovered
                 for note in self.target.reconcile(dep):
                     self.report(note)
             else:
@@ -152,11 +153,11 @@ class Deployer:
                 result = rollouts.versioned(new, opts.promote)
             else:
                 result = rollouts.red_black(new, opts.steps)
-            if recovered:
-                result["recovered"] = recovered
-            return Outcome.of(name, result)
+            if isinstance(recovered, Recovery):
+                result.recovered = recovered
+            return result
 
-    def recover(self, dep: Deployment, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
+    def recover(self, dep: Deployment, *, resume_package: str | None, opts: DeployOptions) -> Recovery | Outcome | None:
         """Finish or undo a rollout whose CLI died (llmserve.deploy.strategy.Rollouts.recover)."""
         return self._rollouts(dep, opts).recover(resume_package, opts.promote)
 
@@ -165,8 +166,8 @@ class Deployer:
         with DeploymentLock(self.store, name, LOCK_WAIT_S):
             dep = self.target.ensure_gateway(self.store.require(name))
             recovered = self.recover(dep, resume_package=None, opts=opts)
-            if recovered:
-                return Outcome.of(name, {**recovered, "action": "undid-interrupted-rollout"})
+            if isinstance(recovered, Recovery):  # never an Outcome: there is no package to resume
+                return Outcome.undid(name, recovered)
             last = next((r for r in self.store.rollouts(name) if r.status == DONE and r.to_instance), None)
             if last is None:
                 raise DeployInputError(
@@ -174,7 +175,7 @@ class Deployer:
                     hint=f"See its history with `llmserve status {name}`.",
                 )
             if last.strategy == VERSIONED and to_version is None:
-                return Outcome.of(name, self._rollouts(dep, opts).retire(last))
+                return self._rollouts(dep, opts).retire(last)
             # red-black back to the previous package, or to the newest package of the version asked for
             target_pkg = target_digest = None
             if to_version is None:
@@ -268,12 +269,11 @@ class LocalRollouts:
             return self.store.instance(r.to_instance).model_version
         return self.opened.manifest.modelVersion if self.opened is not None else 0
 
-    def summary(self, r: Rollout | None, action: str) -> dict:
-        # The engine adds its own keys to this (llmserve.deploy.strategy); Outcome.of types the whole.
-        out: dict = {"status": status_of(self.store, self.name, self.target), "action": action}
-        if r is not None:
-            out["rollout"] = _rollout_record(r, seconds=round(r.updated - r.started, 2))
-        return out
+    def summary(self, r: Rollout | None, action: str) -> Outcome:
+        # The engine adds its own fields to this (llmserve.deploy.strategy).
+        status = status_of(self.store, self.name, self.target)
+        rollout = _rollout_record(r, seconds=round(r.updated - r.started, 2)) if r is not None else None
+        return Outcome(deployment=status.deployment, action=action, status=status, rollout=rollout)
 
     def where(self) -> str:
         return f"on '{self.name}'"

@@ -265,7 +265,8 @@ Status = LocalStatus | ClusterStatus
 
 @dataclass(kw_only=True)
 class Recovery(Record):
-    """What a command did with a rollout whose CLI had died (llmserve.deploy.strategy.Rollouts.recover)."""
+    """What a command did with a rollout whose CLI had died (llmserve.deploy.strategy.Rollouts.recover), where
+    it did not resume it."""
 
     rollout: int
     recovered: str  # completed, resumed, rolled-back, rolled-forward
@@ -301,22 +302,14 @@ class Outcome(Record):
         return out
 
     @classmethod
-    def of(cls, deployment: str, result: dict[str, Any]) -> Outcome:
-        """The typed form of a result of the rollout engine (llmserve.deploy.strategy.Rollouts: a target's
-        summary() with the engine's own keys added, or a bare recovery)."""
-        recovered = result.get("recovered")
-        if isinstance(recovered, dict):
-            recovered = Recovery(**recovered)
-        status = result.get("status")
+    def undid(cls, deployment: str, recovery: Recovery) -> Outcome:
+        """A rollback that only undid (or completed) an interrupted rollout: no rollout of its own, no status."""
         return cls(
-            deployment=status.deployment if status is not None else deployment,
-            action=result["action"],
-            status=status,
-            rollout=result.get("rollout"),
-            rolled_forward=result.get("rolled_forward"),
-            retired_version=result.get("retired_version"),
-            recovered=recovered,
-            resumed=result.get("resumed"),
+            deployment=deployment,
+            action="undid-interrupted-rollout",
+            rollout=recovery.rollout,
+            recovered=recovery.recovered,
+            resumed=recovery.resumed,
         )
 
 

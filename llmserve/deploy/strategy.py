@@ -27,6 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from llmserve.deploy import interface as iface
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
+from llmserve.deploy.status import Outcome, Recovery
 
 RED_BLACK, VERSIONED, RETIRE = "red-black", "versioned", "retire"
 RUNNING, DONE, ROLLED_BACK = "running", "done", "rolled-back"  # journal statuses, the same on every target
@@ -95,7 +96,7 @@ class Target(Protocol[R]):
     def event(self, kind: str, message: str, rollout: int | None = None) -> None: ...
     def open_rollout(self) -> R | None: ...
     def version_of(self, r: R) -> int: ...
-    def summary(self, r: R | None, action: str) -> dict: ...
+    def summary(self, r: R | None, action: str) -> Outcome: ...  # the status now, `action`, r's record
     def where(self) -> str: ...  # "on 'name'", "on 'name' in namespace 'ns'": for messages
     def status_hint(self) -> str: ...  # the command that shows the deployment
 
@@ -137,7 +138,7 @@ class Rollouts(Generic[R]):
         self.report = report or (lambda msg, **kw: None)
 
     # -- red-black ----------------------------------------------------------------------------
-    def red_black(self, new: NewVersion, steps: list[int]) -> dict:
+    def red_black(self, new: NewVersion, steps: list[int]) -> Outcome:
         t = self.t
         live = t.live()
         if live is not None:
@@ -169,7 +170,7 @@ class Rollouts(Generic[R]):
         self.report(f"v{new.version} healthy after {took:.1f} s")
         return self.shift(t.journal(r), 0)
 
-    def shift(self, r: R, start: int) -> dict:
+    def shift(self, r: R, start: int) -> Outcome:
         """Walk the steps from `start`; each: journal the intent, shift, pause and gate on health."""
         t = self.t
         plan = t.steps(r)
@@ -194,7 +195,7 @@ class Rollouts(Generic[R]):
                 reason = f"step {i + 1} ({step.percent}%) failed its health gate: {problem}"
                 if self.undo(t.journal(r), reason) == ROLLED_FORWARD:
                     out = t.summary(t.journal(r), "deployed")
-                    out["rolled_forward"] = reason
+                    out.rolled_forward = reason
                     return out
                 raise RolloutFailedError(
                     f"rollout #{r.id} rolled back at step {i + 1} ({step.percent}%): {problem}",
@@ -203,7 +204,7 @@ class Rollouts(Generic[R]):
             t.step_passed(r, i)
         return self.finish(t.journal(r))
 
-    def finish(self, r: R) -> dict:
+    def finish(self, r: R) -> Outcome:
         """The new version takes everything; the old one leaves every route, drains and stops."""
         t = self.t
         version = t.version_of(r)
@@ -234,7 +235,7 @@ class Rollouts(Generic[R]):
         return ROLLED_BACK
 
     # -- versioned ----------------------------------------------------------------------------
-    def versioned(self, new: NewVersion, promote: bool | None) -> dict:
+    def versioned(self, new: NewVersion, promote: bool | None) -> Outcome:
         t = self.t
         existing = t.existing(new)
         if existing is not None:
@@ -265,7 +266,7 @@ class Rollouts(Generic[R]):
         self.report(f"v{new.version} healthy after {took:.1f} s")
         return self.publish(t.journal(r), promote)
 
-    def publish(self, r: R, promote: bool | None) -> dict:
+    def publish(self, r: R, promote: bool | None) -> Outcome:
         t = self.t
         version = t.version_of(r)
         if promote is None:
@@ -277,18 +278,21 @@ class Rollouts(Generic[R]):
         t.retire_idle()
         return t.summary(r, "deployed")
 
-    def retire(self, last: R) -> dict:
+    def retire(self, last: R) -> Outcome:
         """Roll back a versioned rollout: its version out of every route, then drained and stopped."""
         t = self.t
         r, version = t.retire_version(last, drain=True)
         t.journal(r, status=DONE, phase="done", event=f"v{version} retired")
         t.close_rolled_back(last, r)
-        return {**t.summary(t.journal(r), "rolled-back"), "retired_version": version}
+        out = t.summary(t.journal(r), "rolled-back")
+        out.retired_version = version
+        return out
 
     # -- recovery -----------------------------------------------------------------------------
-    def recover(self, resume_package: str | None, promote: bool | None = None) -> dict | None:
+    def recover(self, resume_package: str | None, promote: bool | None = None) -> Recovery | Outcome | None:
         """Finish or undo a rollout whose CLI died (the caller holds the deployment's lock, so its owner
-        is gone)."""
+        is gone). Returns what was done with it; an Outcome (the command's result) only where it was resumed,
+        None where there was none."""
         t = self.t
         r = t.open_rollout()
         if r is None:
@@ -299,27 +303,29 @@ class Rollouts(Generic[R]):
         if r.strategy == RETIRE:
             t.complete_retire(r)
             t.journal(r, status=DONE, phase="done", event=f"retire #{r.id} completed on recovery")
-            return {"rollout": r.id, "recovered": "completed", "resumed": False}
+            return Recovery(rollout=r.id, recovered="completed", resumed=False)
         r, new_runs = t.adopt_new(r)
         if r.phase in (FINISHING, PUBLISHING):
             if r.strategy == RED_BLACK:
                 self.finish(r)
             else:
                 self.publish(r, promote)
-            return {"rollout": r.id, "recovered": "completed", "resumed": False}
+            return Recovery(rollout=r.id, recovered="completed", resumed=False)
         if resume_package is not None and r.package == resume_package and new_runs:
             try:
                 t.wait_new_ready(r)
             except HealthCheckFailedError as exc:
                 outcome = self.undo(r, f"interrupted rollout not healthy: {exc.message.splitlines()[0]}")
-                return {"rollout": r.id, "recovered": outcome, "resumed": False}
+                return Recovery(rollout=r.id, recovered=outcome, resumed=False)
             step = max(r.step_index, 0)
             self.report(f"resuming rollout #{r.id} at step {step + 1}")
             t.event("resumed", f"rollout #{r.id} resumed at step {step + 1}", r.id)
             out = self.publish(t.journal(r), promote) if r.strategy == VERSIONED else self.shift(t.journal(r), step)
-            return {**out, "recovered": "resumed", "resumed": True, "rollout": r.id}
+            out.recovered, out.resumed = "resumed", True
+            out.rollout = r.id  # named by its id, as Outcome.rollout documents for a resumed rollout
+            return out
         outcome = self.undo(r, "interrupted rollout (its CLI stopped)")
-        return {"rollout": r.id, "recovered": outcome, "resumed": False}
+        return Recovery(rollout=r.id, recovered=outcome, resumed=False)
 
 
 def idle_versions(

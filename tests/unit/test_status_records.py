@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -164,26 +165,36 @@ def test_a_deploy_outcome_is_the_status_with_what_the_command_did(local):
     status = local_rollout.status_of(store, "tiny-chat", target)
     r = store.rollouts("tiny-chat")[0]
     rec = local_rollout._rollout_record(r, seconds=12.25)
-    engine = {"status": status, "action": "deployed", "rollout": rec, "rolled_forward": "step 1 failed"}
-    engine["recovered"] = {"rollout": 4, "recovered": "rolled-back", "resumed": False}
-    out = Outcome.of("tiny-chat", engine)
-    assert isinstance(out.recovered, Recovery)
+    out = Outcome(deployment="tiny-chat", action="deployed", status=status, rollout=rec, rolled_forward="step 1 failed")
+    out.recovered = Recovery(rollout=4, recovered="rolled-back", resumed=False)
     data = out.to_json()
     assert list(data) == [*LOCAL_KEYS, "action", "rollout", "rolled_forward", "recovered"]
     assert list(data["rollout"]) == [*LOCAL_ROLLOUT_KEYS, "seconds"] and data["rollout"]["seconds"] == 12.25
     assert data["recovered"] == {"rollout": 4, "recovered": "rolled-back", "resumed": False}
-    # resuming an interrupted rollout: the engine's keys replace the rollout record by its id
-    resumed = Outcome.of("tiny-chat", {**engine, "recovered": "resumed", "resumed": True, "rollout": 4}).to_json()
+    # resuming an interrupted rollout: the engine names the rollout by its id
+    resumed = replace(out, recovered="resumed", resumed=True, rollout=4).to_json()
     assert (resumed["rollout"], resumed["recovered"], resumed["resumed"]) == (4, "resumed", True)
+    assert list(resumed)[-5:] == ["action", "rollout", "rolled_forward", "recovered", "resumed"]
     # a rollback that only undid an interrupted rollout has no status
-    undone = {"rollout": 4, "recovered": "rolled-back", "resumed": False, "action": "undid-interrupted-rollout"}
-    assert Outcome.of("tiny-chat", undone).to_json() == {
+    undone = Outcome.undid("tiny-chat", Recovery(rollout=4, recovered="rolled-back", resumed=False))
+    assert undone.to_json() == {
         "deployment": "tiny-chat",
         "action": "undid-interrupted-rollout",
         "rollout": 4,
         "recovered": "rolled-back",
         "resumed": False,
     }
+    assert list(undone.to_json()) == ["deployment", "action", "rollout", "recovered", "resumed"]
+
+
+def test_the_local_target_summary_is_an_outcome_with_the_rollout_timed(local):
+    store, target = local
+    r = store.rollouts("tiny-chat")[0]
+    t = SimpleNamespace(store=store, name="tiny-chat", target=target)
+    out = local_rollout.LocalRollouts.summary(t, r, "deployed")
+    assert (out.deployment, out.action, out.status.deployment) == ("tiny-chat", "deployed", "tiny-chat")
+    assert out.rollout.id == r.id and out.rollout.seconds == round(r.updated - r.started, 2)
+    assert local_rollout.LocalRollouts.summary(t, None, "unchanged").rollout is None
 
 
 # -- Kubernetes target ----------------------------------------------------------------------------

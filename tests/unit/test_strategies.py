@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from llmserve.deploy.errors import DeployInputError, HealthCheckFailedError, InterfaceChangedError, RolloutFailedError
+from llmserve.deploy.status import Outcome, Recovery
 from llmserve.deploy.strategy import (
     DONE,
     RED_BLACK,
@@ -89,7 +90,7 @@ class Fake:
         return r.version
 
     def summary(self, r, action):
-        return {"action": action, "traffic": dict(self.traffic), "rollout": None if r is None else r.id}
+        return Outcome(deployment=self.name, action=action, rollout=None if r is None else r.id)
 
     def where(self):
         return f"on '{self.name}'"
@@ -240,7 +241,7 @@ def acts(t: Fake) -> list[tuple]:
 def test_first_version_takes_all_traffic_in_one_step():
     t = Fake()
     out = Rollouts(t).red_black(new(1), [10, 25, 50, 100])
-    assert out["action"] == "deployed" and t.traffic == {1: 100}
+    assert out.action == "deployed" and t.traffic == {1: 100}
     assert t.journal_[0].steps == [100] and t.journal_[0].status == DONE
     assert acts(t) == [("begin", RED_BLACK, 1), ("started", 1), ("shift", 0, 100), ("passed", 0), ("finish", 1)]
 
@@ -248,7 +249,7 @@ def test_first_version_takes_all_traffic_in_one_step():
 def test_red_black_walks_every_step_and_journals_each_before_acting():
     t = serving(1)
     out = Rollouts(t).red_black(new(2), [10, 50, 100])
-    assert out["action"] == "deployed" and t.traffic == {2: 100} and 1 not in t.running
+    assert out.action == "deployed" and t.traffic == {2: 100} and 1 not in t.running
     shifts = [e for e in acts(t) if e[0] == "shift"]
     assert shifts == [("shift", 0, 10), ("shift", 1, 50), ("shift", 2, 100)]
     for k, e in enumerate(t.log):  # each step's intent is in the journal before its traffic moves
@@ -273,7 +274,7 @@ def test_when_the_old_version_dies_the_rollout_rolls_forward():
     t = serving(1)
     t.kill_old_at = 0
     out = Rollouts(t).red_black(new(2), [10, 50, 100])
-    assert out["action"] == "deployed" and "rolled_forward" in out
+    assert out.action == "deployed" and out.rolled_forward is not None
     assert t.traffic == {2: 100} and t.journal_[0].status == DONE
 
 
@@ -297,7 +298,7 @@ def test_an_interface_change_is_refused_before_anything_starts():
 def test_the_same_package_again_changes_nothing():
     t = serving(1)
     out = Rollouts(t).red_black(new(1), [10, 100])
-    assert out["action"] == "unchanged" and acts(t) == [] and len(t.journal_) == 1
+    assert out.action == "unchanged" and acts(t) == [] and len(t.journal_) == 1
 
 
 @pytest.mark.parametrize("step", [0, 1])
@@ -310,7 +311,7 @@ def test_a_killed_cli_is_resumed_at_its_step_by_the_same_package(step):
     t.healthy.discard(2)  # a new process must prove its health again
     t.log.clear()
     out = Rollouts(t).recover(new(2).package)
-    assert out is not None and out["recovered"] == "resumed" and out["resumed"] is True
+    assert out is not None and out.recovered == "resumed" and out.resumed is True
     assert t.traffic == {2: 100} and t.journal_[0].status == DONE
     resumed = [e for e in acts(t) if e[0] == "shift"]
     assert resumed == [("shift", k, p) for k, p in enumerate([10, 50, 100])][step:]
@@ -323,7 +324,7 @@ def test_a_killed_cli_is_undone_by_any_other_command():
         Rollouts(t).red_black(new(2), [10, 50, 100])
     t.kill_cli_at = None
     out = Rollouts(t).recover(None)
-    assert out == {"rollout": 2, "recovered": ROLLED_BACK, "resumed": False}
+    assert out == Recovery(rollout=2, recovered=ROLLED_BACK, resumed=False)
     assert t.traffic == {1: 100} and 2 not in t.running
 
 
@@ -334,7 +335,7 @@ def test_a_resumed_rollout_whose_new_version_is_not_ready_is_undone():
         Rollouts(t).red_black(new(2), [10, 100])
     t.kill_cli_at, t.start_ready_after_resume = None, False
     out = Rollouts(t).recover(new(2).package)
-    assert out is not None and out["recovered"] == ROLLED_BACK and t.traffic == {1: 100}
+    assert out is not None and out.recovered == ROLLED_BACK and t.traffic == {1: 100}
 
 
 def test_a_rollout_killed_while_finishing_is_completed():
@@ -345,7 +346,7 @@ def test_a_rollout_killed_while_finishing_is_completed():
     t.journal(t.journal_[0], phase="finishing")
     t.kill_cli_at = None
     out = Rollouts(t).recover(None)
-    assert out == {"rollout": 2, "recovered": "completed", "resumed": False}
+    assert out == Recovery(rollout=2, recovered="completed", resumed=False)
     assert t.traffic == {2: 100} and t.journal_[0].status == DONE
 
 
@@ -376,7 +377,7 @@ def test_versioned_warns_of_the_versions_it_runs_beside():
 def test_versioned_same_version_same_digest_is_unchanged_other_digest_refused():
     t = Fake()
     Rollouts(t).versioned(new(1), None)
-    assert Rollouts(t).versioned(new(1), None)["action"] == "unchanged"
+    assert Rollouts(t).versioned(new(1), None).action == "unchanged"
     with pytest.raises(DeployInputError, match="different package"):
         Rollouts(t).versioned(new(1, digest="other"), None)
 
@@ -397,7 +398,7 @@ def test_versioned_killed_while_publishing_is_completed_with_its_journaled_promo
     t.start_version(t.journal(r), new(2))
     t.journal(r, phase="publishing")
     out = Rollouts(t).recover(None)
-    assert out is not None and out["recovered"] == "completed"
+    assert out is not None and out.recovered == "completed"
     assert t.traffic == {2: 100} and t.journal_[0].status == DONE
 
 
@@ -406,7 +407,7 @@ def test_retire_takes_the_newest_version_out_and_closes_its_rollout():
     Rollouts(t).versioned(new(1), None)
     Rollouts(t).versioned(new(2), True)
     out = Rollouts(t).retire(t.journal_[0])
-    assert out["retired_version"] == 2 and t.pinned == {1} and t.traffic == {1: 100}
+    assert out.retired_version == 2 and t.pinned == {1} and t.traffic == {1: 100}
     assert t.journal_[1].status == ROLLED_BACK and t.journal_[0].strategy == RETIRE
     with pytest.raises(DeployInputError, match="only serving version"):
         Rollouts(t).retire(t.journal_[2])

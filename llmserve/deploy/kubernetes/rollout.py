@@ -49,6 +49,7 @@ from llmserve.deploy.status import (
     HistoryEvent,
     OpenClusterRollout,
     Outcome,
+    Recovery,
     ServiceStatus,
 )
 from llmserve.deploy.strategy import (
@@ -309,8 +310,8 @@ class KubernetesDeployer:
                         hint="Give this model its own deployment with --name.",
                     )
                 recovered = self.recover(name, resume_package=package, opts=opts)
-                if recovered and recovered.get("resumed"):
-                    return Outcome.of(name, recovered)
+                if isinstance(recovered, Outcome):  # resumed: that rollout's result is this deploy's
+                    return recovered
                 other = RED_BLACK if opts.strategy == VERSIONED else VERSIONED
                 if self._deployments(name, other):
                     raise DeployInputError(
@@ -357,11 +358,11 @@ class KubernetesDeployer:
             finally:
                 self._prune_keys(name, state)
                 autoscale.follow(self, name)  # the HPA back on (or onto) the serving Deployment
-            if recovered:
-                result["recovered"] = recovered
-            return Outcome.of(name, result)
+            if isinstance(recovered, Recovery):
+                result.recovered = recovered
+            return result
 
-    def recover(self, name: str, *, resume_package: str | None, opts: DeployOptions) -> dict | None:
+    def recover(self, name: str, *, resume_package: str | None, opts: DeployOptions) -> Recovery | Outcome | None:
         """Finish or undo a rollout whose CLI died (llmserve.deploy.strategy.Rollouts.recover)."""
         return self._rollouts(name, opts).recover(resume_package)
 
@@ -386,8 +387,8 @@ class KubernetesDeployer:
         with LeaseLock(self.c, name, LOCK_WAIT_S):
             state.load()  # not found -> clear error
             recovered = self.recover(name, resume_package=None, opts=opts)
-            if recovered:
-                return Outcome.of(name, {**recovered, "action": "undid-interrupted-rollout"})
+            if isinstance(recovered, Recovery):  # never an Outcome: there is no package to resume
+                return Outcome.undid(name, recovered)
             done = [r for r in state.rollouts() if r.status == DONE and r.strategy in (RED_BLACK, VERSIONED)]
             if not done:
                 raise DeployInputError(
@@ -396,7 +397,7 @@ class KubernetesDeployer:
                 )
             last = done[0]
             if last.strategy == VERSIONED and to_version is None:
-                return Outcome.of(name, self._rollouts(name, opts).retire(last))
+                return self._rollouts(name, opts).retire(last)
             target_pkg = target_digest = None
             if to_version is None:
                 target_pkg = (last.from_ or {}).get("package")
@@ -663,12 +664,13 @@ class ClusterRollouts:
     def version_of(self, r: ClusterRollout) -> int:
         return r.version
 
-    def summary(self, r: ClusterRollout | None, action: str) -> dict:
-        # The engine adds its own keys to this (llmserve.deploy.strategy); Outcome.of types the whole.
-        out: dict = {"status": self.k.status(self.name), "action": action}
+    def summary(self, r: ClusterRollout | None, action: str) -> Outcome:
+        # The engine adds its own fields to this (llmserve.deploy.strategy).
+        status = self.k.status(self.name)
+        rollout = None
         if r is not None:
-            out["rollout"] = _rollout_record(ClusterRolloutRecord, r, seconds=round(r.updated - r.started, 2))
-        return out
+            rollout = _rollout_record(ClusterRolloutRecord, r, seconds=round(r.updated - r.started, 2))
+        return Outcome(deployment=status.deployment, action=action, status=status, rollout=rollout)
 
     def where(self) -> str:
         return f"on '{self.name}' in namespace '{self.k.ns}' ({self._replicas} replica(s))"
