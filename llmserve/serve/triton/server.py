@@ -284,7 +284,17 @@ class TritonServer:
             return False  # not listening yet: explicit --load-model loads before the endpoints open
         if not_ready and not self.exit_on_error:
             self._raise_if_unavailable(client, not_ready)
-        return not not_ready
+        return not not_ready and self._metrics_listening()
+
+    def _metrics_listening(self) -> bool:
+        """Triton opens its metrics endpoint after HTTP and gRPC: without this wait a scrape right after start
+        finds nothing there (llmserve's merged /metrics would say the Triton source is down)."""
+        assert self.ports is not None
+        try:
+            with socket.create_connection((self.host, self.ports.metrics), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def _raise_if_unavailable(self, client: Any, models: list[str]) -> None:
         """Without --exit-on-error a failed model stays UNAVAILABLE in a live server: that is an answer too."""
