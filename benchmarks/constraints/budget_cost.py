@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -27,18 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import CASES, byte_token_ids, cl100k_vocab
+from bench import CASES, byte_token_ids, cl100k_vocab, timeit
 
 B = 256
-
-
-def median_time(fn, reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def processors(vp, config, spec, answer: list[int]) -> dict[bool, object]:
@@ -73,9 +63,9 @@ def measure(procs: dict, V: int, rounds: int) -> tuple[float, float, float, floa
 
     times: dict[str, list[float]] = {"on": [], "off": [], "cold": []}
     for _ in range(rounds):
-        times["off"].append(median_time(lambda: procs[False].apply(logits), 9))
-        times["on"].append(median_time(lambda: procs[True].apply(logits), 9))
-        times["cold"].append(median_time(recomputed, 3))
+        times["off"].append(timeit(lambda: procs[False].apply(logits), 9, warm=0))
+        times["on"].append(timeit(lambda: procs[True].apply(logits), 9, warm=0))
+        times["cold"].append(timeit(recomputed, 3, warm=0))
     on, off, cold = (statistics.median(times[k]) * 1e3 for k in ("on", "off", "cold"))
     return off, on, cold, procs[True].stats["steered"] / max(1, procs[True].stats["applied"])
 

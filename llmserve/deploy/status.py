@@ -405,12 +405,7 @@ class RegionDeploy(Record):
     rollback: RegionUndo | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "context": self.context,
-            "namespace": self.namespace,
-            "server": self.server,
-            "result": self.result,
-        }
+        out = _region_head(self)
         if self.deployment is None:  # not started, or its deploy failed: nothing else was learnt of it
             keys: tuple[str, ...] = ("error", "exit_code")
         else:
@@ -438,12 +433,7 @@ class RegionRollback(Record):
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "context": self.context,
-            "namespace": self.namespace,
-            "server": self.server,
-            "result": self.result,
-        }
+        out = _region_head(self)
         if self.result == "failed":
             out["error"] = self.error
         else:
@@ -459,3 +449,8 @@ class RegionalOutcome(Record):
     deployment: str | None  # None only where no region got as far as naming it
     action: str  # deployed, unchanged, rolled-back
     regions: list[RegionDeploy] | list[RegionRollback]
+
+
+def _region_head(r: RegionDeploy | RegionRollback) -> dict[str, Any]:
+    """The keys every region's JSON starts with, in their order."""
+    return {"context": r.context, "namespace": r.namespace, "server": r.server, "result": r.result}
