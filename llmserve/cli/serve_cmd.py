@@ -103,6 +103,13 @@ def serve(
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", help="Seconds in-flight requests get to finish on SIGTERM/SIGINT."
     ),
+    engine_stall_timeout: float = typer.Option(
+        None,
+        "--engine-stall-timeout",
+        help="Seconds the embedded engine may leave a ping unanswered before the server counts it hung: /health "
+        "turns 503 and the process exits 7 so its supervisor restarts it. Default: $LLMSERVE_ENGINE_STALL_TIMEOUT_S, "
+        "else 60. Refused with --engine triton (no hang watch there).",
+    ),
     metrics_dir: Path = typer.Option(
         None, "--metrics-dir", help="PROMETHEUS_MULTIPROC_DIR to wipe and use. Default: under the llmserve cache."
     ),
@@ -198,6 +205,7 @@ def serve(
         max_body_bytes=max_body_bytes,
         max_prompt_chars=max_prompt_chars,
         drain_timeout_s=drain_timeout,
+        engine_stall_timeout_s=engine_stall_timeout,
         metrics_dir=metrics_dir,
         constraints=constraints,
         structured_outputs_backend=structured_outputs_backend,

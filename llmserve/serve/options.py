@@ -16,6 +16,7 @@ log = logging.getLogger("llmserve.serve")
 API_KEY_ENV = "LLMSERVE_API_KEY"
 # Seconds an engine core may leave a ping unanswered before the server counts it hung and ends (exit 7).
 STALL_TIMEOUT_ENV = "LLMSERVE_ENGINE_STALL_TIMEOUT_S"
+DEFAULT_STALL_TIMEOUT_S = 60.0
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -110,8 +111,9 @@ class ServeOptions:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_chars: int = 200_000
     drain_timeout_s: float = 30.0
-    # an engine core that does not answer a ping this long is hung: the server ends (llmserve.serve.server)
-    engine_stall_timeout_s: float = field(default_factory=lambda: _env_seconds(STALL_TIMEOUT_ENV, 60.0))
+    # an engine core that does not answer a ping this long is hung: the server ends (llmserve.serve.server).
+    # None: not given on the command line (then LLMSERVE_ENGINE_STALL_TIMEOUT_S, else 60 s): see stall_timeout_s.
+    engine_stall_timeout_s: float | None = None
     metrics_dir: Path | None = None
     log_requests: bool = False
     # llmserve's constraint processor (per-request regex / choice / JSON Schema via `vllm_xargs`):
@@ -125,6 +127,12 @@ class ServeOptions:
     max_n: int = DEFAULT_MAX_N
 
     def __post_init__(self) -> None:
+        if self.engine_stall_timeout_s is not None and not self.engine_stall_timeout_s > 0:
+            raise InvalidInputError(
+                f"--engine-stall-timeout {self.engine_stall_timeout_s:g}: not a positive number of seconds",
+                hint=f"Give the seconds a hung engine may go unanswered (default {DEFAULT_STALL_TIMEOUT_S:g}).",
+            )
+        _env_seconds(STALL_TIMEOUT_ENV, DEFAULT_STALL_TIMEOUT_S)  # a malformed value fails at start, not at ready
         env_key = os.environ.get(API_KEY_ENV) or None
         if self.api_key_file is not None:
             from_file = read_api_key_file(Path(self.api_key_file))
@@ -143,6 +151,19 @@ class ServeOptions:
     @property
     def packages(self) -> list[Path | str]:
         return [self.package, *self.extra_packages]
+
+    def stall_timeout_s(self) -> float:
+        """Seconds the server's engine watch lets a ping go unanswered: the flag, else the environment, else 60."""
+        if self.engine_stall_timeout_s is not None:
+            return self.engine_stall_timeout_s
+        return _env_seconds(STALL_TIMEOUT_ENV, DEFAULT_STALL_TIMEOUT_S)
+
+    def stall_timeout_asked_by(self) -> str | None:
+        """Who asked for a stall timeout (the flag or the environment variable), None when nobody did: a host
+        without the engine watch refuses it rather than drop it."""
+        if self.engine_stall_timeout_s is not None:
+            return "--engine-stall-timeout"
+        return STALL_TIMEOUT_ENV if os.environ.get(STALL_TIMEOUT_ENV) else None
 
     def engine_overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -17,8 +17,8 @@ An engine that dies once ready (its engine-core process killed, a fatal error in
 process at once with exit code 7 (ExitCode.ENGINE) and the cause logged: a server that cannot answer
 must not look alive to its supervisor, which restarts it. So does an engine that hangs: its core is
 pinged every ENGINE_PING_INTERVAL_S with a no-op call it answers between two steps, and one that does
-not answer within the stall timeout (ServeOptions.engine_stall_timeout_s, default 60 s, env
-LLMSERVE_ENGINE_STALL_TIMEOUT_S) turns /health to 503 "engine-error" and ends the process with exit
+not answer within the stall timeout (--engine-stall-timeout, else env
+LLMSERVE_ENGINE_STALL_TIMEOUT_S, else 60 s) turns /health to 503 "engine-error" and ends the process with exit
 code 7 too. /health is what the Kubernetes liveness probe reads (llmserve.deploy.kubernetes.manifests).
 """
 
@@ -219,7 +219,7 @@ async def serve_async(options: ServeOptions, on_ready: Callable[[list[str]], Non
             model_name = options.served_model_name or package.manifest.modelId
             handle = await start_engine(package, model_name, engine_args, options.max_n)
         readiness.set_ready(handle)
-        watcher = asyncio.create_task(watch_engine(handle, stop, died, options.engine_stall_timeout_s))
+        watcher = asyncio.create_task(watch_engine(handle, stop, died, options.stall_timeout_s()))
         metrics.ready.set(1)
         record_steps(metrics, steps.steps)
         total = sum(s for _, s in steps.steps)

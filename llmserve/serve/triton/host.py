@@ -256,11 +256,29 @@ def model_names(packages: list[Any]) -> list[str]:
     return list(dict.fromkeys(p.manifest.modelId for p in packages))
 
 
+def refuse_unenforced_options(options: ServeOptions) -> None:
+    """Options the Triton host could only drop: refused before anything starts, never ignored."""
+    asked = options.stall_timeout_asked_by()
+    if asked:
+        raise InvalidInputError(
+            f"{asked} sets the hang watch of the embedded vLLM engine; a Triton host has none (its engines run "
+            "inside Triton's backend stubs, which llmserve cannot ping), so it would not be enforced",
+            hint="Drop --engine-stall-timeout / unset LLMSERVE_ENGINE_STALL_TIMEOUT_S with --engine triton, or serve "
+            "a vLLM-backend package on the embedded engine (--engine vllm) to have hung engines ended.",
+        )
+    if options.served_model_name:
+        raise InvalidInputError(
+            "--served-model-name is not taken with --engine triton: clients name a model by its Triton name, "
+            "the package's modelId"
+        )
+
+
 def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
     """The packages, opened and checked (code-loading engine arguments need --trust-remote-code), and their mode."""
     from llmserve.packaging.opened import open_package
     from llmserve.serve.engine import merged_engine_args, require_trust
 
+    refuse_unenforced_options(options)
     packages = [open_package(Path(p)) for p in options.packages]
     for package in packages:
         manifest = package.manifest
@@ -297,11 +315,6 @@ def _open_packages(options: ServeOptions) -> tuple[list[Any], str]:
             "--openai needs llmserve's frontends in front of Triton, and executionMode standalone has none "
             "(Triton serves KServe v2 itself)",
             hint="Set `executionMode: embedded` in llmserve.yaml (the default), or drop --openai.",
-        )
-    if options.served_model_name:
-        raise InvalidInputError(
-            "--served-model-name is not taken with --engine triton: clients name a model by its Triton name, "
-            "the package's modelId"
         )
     return packages, mode
 
