@@ -3,10 +3,8 @@ server's headline figures from its /metrics (what `llmserve metrics tail` shows)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -24,9 +22,6 @@ from llmserve.cli.deploy_common import (
 )
 from llmserve.cli.render import OutputFormat, console, print_json
 from llmserve.errors import ExitCode
-
-if TYPE_CHECKING:
-    from llmserve.deploy.status import Status
 
 
 @dataclass(frozen=True)
@@ -124,10 +119,7 @@ def status(
         # The servers want the deployment's server key (the gateway's is for callers): the state has it.
         for r in results:
             key = key_files(store.root, r.deployment).backend_key() or figures.api_key
-            _attach(
-                [r],
-                partial(status_figures.attach_local, interval=figures.interval, timeout=figures.timeout, api_key=key),
-            )
+            status_figures.attach_local([r], figures.interval, figures.timeout, key)
     if output is OutputFormat.json:
         print_json(results[0].to_json() if name else {"deployments": [r.to_json() for r in results]})
     else:
@@ -135,25 +127,9 @@ def status(
             console.print(f"no deployments in {store.root}", highlight=False)
         for r in results:
             render_status(r)
-            status_figures.render_local(r.to_json(), console)
+            status_figures.render_local(r, console)
     if any(r.degraded for r in results):
         raise typer.Exit(ExitCode.ENGINE)
-
-
-def _attach(records: list[Status], attach: Callable[[list[dict]], None]) -> None:
-    """The figures (llmserve.cli.status_figures) are attached to the JSON form of the records; each record then
-    takes its own: `metrics` of a local instance, `pods` of a Kubernetes Deployment object."""
-    from llmserve.deploy.status import LocalStatus
-
-    data = [r.to_json() for r in records]
-    attach(data)
-    for record, d in zip(records, data, strict=True):
-        if isinstance(record, LocalStatus):
-            for inst, di in zip(record.instances, d["instances"], strict=True):
-                inst.metrics = di.get("metrics")
-        else:
-            for dep, dd in zip(record.deployments, d["deployments"], strict=True):
-                dep.pods = dd.get("pods")
 
 
 def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: Figures | None) -> None:
@@ -165,7 +141,7 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: 
     else:
         cms = api_call("list ConfigMaps", d.c.core.list_namespaced_config_map, d.ns, label_selector=L_DEPLOYMENT).items
         names = sorted(cm.metadata.labels[L_DEPLOYMENT] for cm in cms)
-    results: list[Status] = [d.status(n, events=history) for n in names]
+    results = [d.status(n, events=history) for n in names]
     if figures is not None:
         pods = {
             r.deployment: api_call(
@@ -173,12 +149,7 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: 
             ).items
             for r in results
         }
-        _attach(
-            results,
-            lambda data: status_figures.attach_kubernetes(
-                data, pods, figures.interval, figures.timeout, figures.api_key
-            ),
-        )
+        status_figures.attach_kubernetes(results, pods, figures.interval, figures.timeout, figures.api_key)
     if output is OutputFormat.json:
         print_json(results[0].to_json() if name else {"deployments": [r.to_json() for r in results]})
         return
@@ -186,7 +157,7 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: 
         console.print(f"no deployments in namespace {d.ns}", highlight=False)
     for r in results:
         render_status(r)
-        status_figures.render_kubernetes(r.to_json(), console)
+        status_figures.render_kubernetes(r, console)
 
 
 def register(app: typer.Typer) -> None:

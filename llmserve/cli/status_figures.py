@@ -8,11 +8,17 @@ this module attaches and renders.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from llmserve.metrics.snapshot import auth_headers, snapshots, unknown
+
+if TYPE_CHECKING:
+    from llmserve.deploy.status import ClusterStatus, LocalStatus
 
 POD_NETWORK_HINT = (
     "pod IPs answer only from inside the cluster network: run `llmserve status` there, "
@@ -20,37 +26,41 @@ POD_NETWORK_HINT = (
 )
 
 
-def attach_local(results: list[dict], interval: float, timeout: float, api_key: str | None) -> None:
-    """Add `metrics` (figures, or None figures and an `error`) to every instance of the local status results."""
-    urls = {(r["deployment"], i["instance"]): i["url"] for r in results for i in r["instances"] if i.get("url")}
+def attach_local(statuses: Sequence[LocalStatus], interval: float, timeout: float, api_key: str | None) -> None:
+    """Set `metrics` (figures, or None figures and an `error`) on every instance of the local statuses."""
+    urls = {(r.deployment, i.instance): i.url for r in statuses for i in r.instances if i.url}
     figures = snapshots(urls, interval, timeout, auth_headers(api_key))
-    for r in results:
-        for i in r["instances"]:
-            i["metrics"] = figures.get((r["deployment"], i["instance"])) or unknown(None, "no server URL recorded")
+    for r in statuses:
+        for i in r.instances:
+            i.metrics = figures.get((r.deployment, i.instance)) or unknown(None, "no server URL recorded")
 
 
 def attach_kubernetes(
-    results: list[dict], pods_by_deployment: dict[str, list], interval: float, timeout: float, api_key: str | None
+    statuses: Sequence[ClusterStatus],
+    pods_by_deployment: dict[str, list],
+    interval: float,
+    timeout: float,
+    api_key: str | None,
 ) -> None:
-    """Add `pods` (each with `metrics`) to every Deployment object of the Kubernetes status results
+    """Set `pods` (each with its figures) on every Deployment object of the Kubernetes statuses
     (llmserve.deploy.kubernetes.figures; imported here, when a status targets Kubernetes)."""
     from llmserve.deploy.kubernetes.figures import attach_pod_figures
 
-    attach_pod_figures(results, pods_by_deployment, interval, timeout, api_key, POD_NETWORK_HINT)
+    attach_pod_figures(statuses, pods_by_deployment, interval, timeout, api_key, POD_NETWORK_HINT)
 
 
-def render_local(r: dict, console: Console) -> None:
+def render_local(r: LocalStatus, console: Console) -> None:
     """A table of each instance's figures, under render_status(r)'s view of the deployment."""
-    rows = [(f"{i['instance']}", f"v{i['version']}", i["metrics"]) for i in r["instances"] if "metrics" in i]
+    rows = [(str(i.instance), f"v{i.version}", i.metrics) for i in r.instances if i.metrics is not None]
     _render(rows, "instance", console)
 
 
-def render_kubernetes(r: dict, console: Console) -> None:
-    rows = [(p["pod"], f"v{d['version']}", p["metrics"]) for d in r["deployments"] for p in d.get("pods", [])]
+def render_kubernetes(r: ClusterStatus, console: Console) -> None:
+    rows = [(p.pod, f"v{d.version}", p.metrics) for d in r.deployments for p in d.pods or []]
     _render(rows, "pod", console)
 
 
-def _render(rows: list[tuple[str, str, dict]], what: str, console: Console) -> None:
+def _render(rows: list[tuple[str, str, dict[str, Any]]], what: str, console: Console) -> None:
     if not rows:
         return
     window = next((m["interval_s"] for _, _, m in rows if m.get("interval_s")), None)

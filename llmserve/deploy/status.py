@@ -194,7 +194,21 @@ class ClusterDeploymentStatus(Record):
     package_uri: str | None
     rollout: str | None
     superseded_at: float | None
-    pods: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)  # status's figures, when scraped
+    pods: list[PodFigures] | None = field(default=None, metadata=_OMIT_NONE)  # status's figures, when scraped
+
+
+@dataclass(kw_only=True)
+class PodFigures(Record):
+    """One pod of a Deployment object with the figures `status` scraped from it
+    (llmserve.deploy.kubernetes.figures)."""
+
+    pod: str
+    ip: str | None
+    url: str | None  # None before the pod has an IP
+    ready: bool
+    # llmserve.metrics.snapshot's figures, the form `llmserve metrics tail` prints (None figures and an `error`
+    # where the pod could not be scraped)
+    metrics: dict[str, Any]
 
 
 @dataclass(kw_only=True)

@@ -11,6 +11,7 @@ from test_snapshot import page  # noqa: F401 (the fixture)
 
 from llmserve.cli.status_figures import POD_NETWORK_HINT, attach_kubernetes
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_DEPLOYMENT, L_VERSION
+from llmserve.deploy.status import ClusterDeploymentStatus, ClusterStatus
 
 
 def _pod(name: str, version: int, color: str | None, ip: str | None, port: int) -> client.V1Pod:
@@ -35,15 +36,7 @@ def _pod(name: str, version: int, color: str | None, ip: str | None, port: int) 
 def test_each_pod_of_each_version_gets_its_figures_or_says_why_not(page, dead_address):  # noqa: F811
     host, port = page.rsplit(":", 1)[0].split("//")[1], int(page.rsplit(":", 1)[1])
     dead_port = int(dead_address.rsplit(":", 1)[1])
-    results = [
-        {
-            "deployment": "tiny-chat",
-            "deployments": [
-                {"object": "tiny-chat-v1", "version": 1, "color": None},
-                {"object": "tiny-chat-v2", "version": 2, "color": None},
-            ],
-        }
-    ]
+    results = [_status("tiny-chat", [_object("tiny-chat-v1", 1), _object("tiny-chat-v2", 2)])]
     pods = {
         "tiny-chat": [
             _pod("v1-a", 1, None, host, port),
@@ -52,15 +45,33 @@ def test_each_pod_of_each_version_gets_its_figures_or_says_why_not(page, dead_ad
         ]
     }
     attach_kubernetes(results, pods, interval=0.2, timeout=2, api_key=None)
-    v1, v2 = results[0]["deployments"]
-    by_pod = {p["pod"]: p for p in v1["pods"]}
+    v1, v2 = results[0].deployments
+    by_pod = {p.pod: p for p in v1.pods or []}
     assert set(by_pod) == {"v1-a", "v1-b"}
     up = by_pod["v1-a"]
-    assert up["url"] == page and up["ready"] is True
-    assert up["metrics"]["error"] is None and up["metrics"]["tokens_out_per_s"] > 0
-    down = by_pod["v1-b"]["metrics"]
+    assert up.url == page and up.ready is True
+    assert up.metrics["error"] is None and up.metrics["tokens_out_per_s"] > 0
+    down = by_pod["v1-b"].metrics
     assert down["error"].startswith("unreachable: ") and down["error"].endswith(f"({POD_NETWORK_HINT})")
     assert down["tokens_out_per_s"] is None
-    [pending] = v2["pods"]
-    assert pending["url"] is None and pending["metrics"]["error"] == "the pod has no IP yet"
-    assert pending["metrics"]["url"] is None and pending["metrics"]["tokens_out_per_s"] is None
+    [pending] = v2.pods or []
+    assert pending.url is None and pending.metrics["error"] == "the pod has no IP yet"
+    assert pending.metrics["url"] is None and pending.metrics["tokens_out_per_s"] is None
+    # the JSON of `status --output json`: each Deployment object carries its pods and their figures
+    [pod_json] = results[0].to_json()["deployments"][1]["pods"]
+    assert list(pod_json) == ["pod", "ip", "url", "ready", "metrics"] and pod_json["metrics"]["url"] is None
+
+
+def _object(name: str, version: int) -> ClusterDeploymentStatus:
+    return ClusterDeploymentStatus(
+        object=name, strategy="versioned", color=None, version=version, replicas=1, ready=1, digest=None,
+        package=None, package_uri=None, rollout=None, superseded_at=None,
+    )  # fmt: skip
+
+
+def _status(name: str, objects: list[ClusterDeploymentStatus]) -> ClusterStatus:
+    return ClusterStatus(
+        deployment=name, namespace="models", context=None, server="https://127.0.0.1:6443", model_id=name,
+        strategy="versioned", default_version=None, config={}, deployments=objects, services=[],
+        open_rollout=None, rollouts=[], history=[], autoscaler=None,
+    )  # fmt: skip

@@ -413,28 +413,26 @@ def test_a_rollout_record_omits_the_keys_it_does_not_have():
 
 
 def test_status_figures_land_in_the_records_and_their_json(local, cluster):
-    from llmserve.cli.status_cmd import _attach
+    from rich.console import Console
+
+    from llmserve.cli.status_figures import attach_kubernetes, attach_local, render_local
 
     store, target = local
     status = local_rollout.status_of(store, "tiny-chat", target)
-
-    def figures(data: list[dict]) -> None:
-        for i in data[0]["instances"]:
-            i["metrics"] = {"error": f"unreachable: {i['url']}"}
-
-    _attach([status], figures)
-    assert status.instances[1].metrics == {"error": "unreachable: http://127.0.0.1:9002"}
+    # the instances' recorded URLs (127.0.0.1:9001, :9002) have no server: each says so in its figures
+    attach_local([status], interval=0.05, timeout=0.5, api_key=None)
+    for inst in status.instances:
+        assert inst.metrics is not None and inst.metrics["error"].startswith("unreachable"), inst.metrics
     assert [list(i) for i in status.to_json()["instances"]] == [[*INSTANCE_KEYS, "metrics"]] * 2
+    screen = Console(record=True, width=200)
+    render_local(status, screen)
+    shown = screen.export_text()
+    assert shown.count("no figures") == 2 and "instance 2 (v2): unreachable" in shown, shown
 
     k, _ = cluster
     cstatus = k.status("tiny-chat")
-
-    def pods(data: list[dict]) -> None:
-        for d in data[0]["deployments"]:
-            d["pods"] = []
-
-    _attach([cstatus], pods)
-    assert cstatus.deployments[0].pods == []
+    attach_kubernetes([cstatus], {}, interval=0.05, timeout=0.5, api_key=None)  # no pods listed yet
+    assert [d.pods for d in cstatus.deployments] == [[], []]
     assert [list(d) for d in cstatus.to_json()["deployments"]] == [[*CLUSTER_DEPLOYMENT_KEYS, "pods"]] * 2
 
 

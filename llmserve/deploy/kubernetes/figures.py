@@ -4,10 +4,12 @@ network reaches; elsewhere each pod's figures carry the error (and the caller's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from llmserve.deploy.kubernetes.cluster import L_COLOR, L_VERSION
 from llmserve.deploy.kubernetes.manifests import SERVER_PORT
+from llmserve.deploy.status import ClusterStatus, PodFigures
 from llmserve.metrics.snapshot import auth_headers, snapshots, unknown
 
 
@@ -29,36 +31,37 @@ def pod_ready(pod: Any) -> bool:
 
 
 def attach_pod_figures(
-    results: list[dict],
+    statuses: Sequence[ClusterStatus],
     pods_by_deployment: dict[str, list],
     interval: float,
     timeout: float,
     api_key: str | None,
     unreachable_hint: str = "",
 ) -> None:
-    """Add `pods` (each with `metrics`) to every Deployment object of the Kubernetes status results.
+    """Set `pods` (each with its figures) on every Deployment object of the statuses.
     `pods_by_deployment`: the pods (kubernetes client V1Pod) of each llmserve deployment, by its name.
     `unreachable_hint` is appended to a scrape error other than a refused key."""
     urls: dict[tuple[str, str], str] = {}
-    rows: dict[tuple[str, Any, Any], list[dict]] = {}
-    for r in results:
-        for pod in pods_by_deployment.get(r["deployment"], []):
+    found: dict[tuple[str, str | None, str | None], list[Any]] = {}
+    for status in statuses:
+        for pod in pods_by_deployment.get(status.deployment, []):
             labels = pod.metadata.labels or {}
-            key = (r["deployment"], labels.get(L_VERSION), labels.get(L_COLOR))
+            found.setdefault((status.deployment, labels.get(L_VERSION), labels.get(L_COLOR)), []).append(pod)
             url = pod_url(pod)
-            row = {"pod": pod.metadata.name, "ip": pod.status.pod_ip, "url": url, "ready": pod_ready(pod)}
-            rows.setdefault(key, []).append(row)
             if url:  # metrics: Triton's own port in executionMode standalone, else the HTTP port's /metrics
-                urls[(r["deployment"], pod.metadata.name)] = pod_url(pod, "metrics") or url
+                urls[(status.deployment, pod.metadata.name)] = pod_url(pod, "metrics") or url
     figures = snapshots(urls, interval, timeout, auth_headers(api_key))
-    for r in results:
-        for d in r["deployments"]:
-            pods = rows.get((r["deployment"], str(d["version"]), d["color"]), [])
-            for row in pods:
-                m = figures.get((r["deployment"], row["pod"]))
+    for status in statuses:
+        for d in status.deployments:
+            d.pods = []
+            for pod in found.get((status.deployment, str(d.version), d.color), []):
+                m = figures.get((status.deployment, pod.metadata.name))
                 if m is None:
                     m = unknown(None, "the pod has no IP yet")
                 elif m["error"] and not m["error"].startswith("unauthorized") and unreachable_hint:
                     m["error"] += f" ({unreachable_hint})"
-                row["metrics"] = m
-            d["pods"] = pods
+                d.pods.append(
+                    PodFigures(
+                        pod=pod.metadata.name, ip=pod.status.pod_ip, url=pod_url(pod), ready=pod_ready(pod), metrics=m
+                    )
+                )
