@@ -22,7 +22,10 @@ ContextsOpt = Annotated[
         "--contexts",
         help="kubernetes: roll out region by region, one kubeconfig context after another (comma-separated, in "
         "order), with a gate between regions (--region-pause, --region-max-errors); a region that fails rolls "
-        "back every region already moved. Not with --context.",
+        "back every region already moved. Journaled in ConfigMap NAME-llmserve-regions of the first context: after "
+        "the CLI died, the same deploy continues it, `llmserve rollback NAME --contexts ...` undoes exactly the "
+        "regions it moved (each to what it served before), and another package is refused meanwhile. "
+        "Not with --context.",
     ),
 ]
 RegionPauseOpt = Annotated[
@@ -70,14 +73,22 @@ def regional(
     replicas: int | None = None,
     setup=None,
 ):
-    """The RegionalRollout over `contexts`; `setup(deployer)` finishes each context's deployer (API key...)."""
+    """The RegionalRollout over `contexts`, journaled in the clusters; `setup(deployer)` finishes each context's
+    deployer (API key...)."""
+    from llmserve.deploy.kubernetes.region_journal import ConfigMapJournal
     from llmserve.deploy.kubernetes.regions import GateOptions, RegionalRollout
 
     def connect(ctx: str):
         k = kube_deployer(report, namespace, ctx, kubeconfig, pod_spec, replicas)
         return setup(k) if setup else k
 
-    return RegionalRollout(connect, contexts, report, GateOptions(pause_s=pause_s, max_errors=max_errors))
+    return RegionalRollout(
+        connect,
+        contexts,
+        report,
+        GateOptions(pause_s=pause_s, max_errors=max_errors),
+        journal=lambda k: ConfigMapJournal(k.c),
+    )
 
 
 def render_regions(result: RegionalOutcome, output: OutputFormat) -> None:

@@ -382,15 +382,15 @@ class RegionDeploymentSummary(Record):
 @dataclass(kw_only=True)
 class RegionUndo(Record):
     """What undoing a moved region did. JSON: {"action"}, with "version" where it rolled back and "error" where
-    that failed."""
+    that failed. nothing-to-undo: the region served its before-state already (journaled rollouts only)."""
 
-    action: Literal["rolled-back", "removed", "rollback-failed"]
+    action: Literal["rolled-back", "removed", "rollback-failed", "nothing-to-undo"]
     version: int | None = None  # rolled-back: the version the region serves now
     error: str | None = None  # rollback-failed: why
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"action": self.action}
-        if self.action == "rolled-back":
+        if self.action in ("rolled-back", "nothing-to-undo"):
             out["version"] = self.version  # present even when unknown (None), as it always was
         if self.error is not None:
             out["error"] = self.error
@@ -442,7 +442,9 @@ class RegionRollback(Record):
     context: str
     namespace: str | None
     server: str
-    result: str  # the region's rollback action (rolled-back, undid-interrupted-rollout), or failed
+    # the region's rollback action (rolled-back, undid-interrupted-rollout; journaled: removed, nothing-to-undo, or
+    # untouched: the open regional rollout never moved it), or failed
+    result: str
     version: int | None = None  # the version served after the rollback, where known
     error: str | None = None
 

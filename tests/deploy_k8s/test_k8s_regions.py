@@ -3,6 +3,8 @@ contexts on the same cluster, each carrying its own namespace, stand in for two 
 
 from __future__ import annotations
 
+import json
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-from support.cli import run_cli_json
+from support.cli import popen_cli, run_cli_json
 from support.waiting import wait_until
 
 MODEL = "tiny-chat"
@@ -18,24 +20,35 @@ VERSION = "llmserve.dev/model-version"
 FAST = ("--pause", "0.3", "--health-timeout", "30", "--drain-timeout", "1", "--steps", "100")
 
 
-@pytest.fixture
-def regions(kubeconfig, kube_api, namespace, node_agent, tmp_path) -> dict:
-    """Contexts region-a (the test's namespace) and region-b (a second namespace) in one kubeconfig."""
+def _regions(kubeconfig, kube_api, namespace, tmp_path, names: str):
+    """Contexts region-a (the test's namespace), region-b... (one more namespace each) in one kubeconfig."""
     core = client.CoreV1Api(kube_api)
-    ns_b = f"t-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": ns_b}})
+    more = {n: f"t-{uuid.uuid4().hex[:8]}" for n in names[1:]}
+    for ns in more.values():
+        core.create_namespace({"metadata": {"name": ns}})
+    spaces = {names[0]: namespace, **more}
     cfg = yaml.safe_load(Path(kubeconfig).read_text())
     base = cfg["contexts"][0]["context"]
-    cfg["contexts"] = [
-        {"name": "region-a", "context": {**base, "namespace": namespace}},
-        {"name": "region-b", "context": {**base, "namespace": ns_b}},
-    ]
+    cfg["contexts"] = [{"name": f"region-{n}", "context": {**base, "namespace": ns}} for n, ns in spaces.items()]
     cfg["current-context"] = "region-a"
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(cfg))
     path.chmod(0o600)
-    yield {"kubeconfig": str(path), "a": namespace, "b": ns_b}
-    core.delete_namespace(ns_b)
+    yield {"kubeconfig": str(path), **spaces}
+    for ns in more.values():
+        core.delete_namespace(ns)
+
+
+@pytest.fixture
+def regions(kubeconfig, kube_api, namespace, node_agent, tmp_path) -> dict:
+    """Contexts region-a (the test's namespace) and region-b (a second namespace)."""
+    yield from _regions(kubeconfig, kube_api, namespace, tmp_path, "ab")
+
+
+@pytest.fixture
+def three_regions(kubeconfig, kube_api, namespace, node_agent, tmp_path) -> dict:
+    """Contexts region-a (the test's namespace), region-b and region-c."""
+    yield from _regions(kubeconfig, kube_api, namespace, tmp_path, "abc")
 
 
 def _cli(regions: dict, *args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
@@ -148,3 +161,130 @@ def test_contexts_and_context_exclude_each_other(regions, k8s_packages):
     rc, out, text = _cli(regions, "deploy", str(k8s_packages["v1"]), "--contexts", "region-a,nowhere")
     assert rc == 3, text
     assert "no context 'nowhere'" in out["message"]
+
+
+# -- the cross-region journal (llmserve.deploy.kubernetes.region_journal) ----------------------------
+
+ABC = ("--contexts", "region-a,region-b,region-c")
+
+
+def _journal(kube_api, ns: str) -> list[dict]:
+    """The regional rollout records in ConfigMap tiny-chat-llmserve-regions, newest first."""
+    core = client.CoreV1Api(kube_api)
+    try:
+        cm = core.read_namespaced_config_map(f"{MODEL}-llmserve-regions", ns)
+    except client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+    return json.loads((cm.data or {}).get("records", "[]"))
+
+
+def _rollouts(kube_api, ns: str) -> list[dict]:
+    """A region's own journal (ConfigMap tiny-chat-llmserve), newest first."""
+    cm = client.CoreV1Api(kube_api).read_namespaced_config_map(f"{MODEL}-llmserve", ns)
+    return json.loads(cm.data["rollouts"])
+
+
+def _kill_in_first_gate(regions: dict, kube_api, package: Path, tmp_path: Path) -> dict:
+    """A regional deploy over a,b,c killed (SIGKILL) while region a's gate watches it, before region b starts.
+    Returns the journal's record as the dead CLI left it."""
+    env = {"KUBECONFIG": regions["kubeconfig"], "PYTHONWARNINGS": "ignore"}
+    proc = popen_cli(
+        "deploy", package, "--target", "kubernetes", *ABC, "--region-pause", "600", *FAST,
+        log=tmp_path / "killed.log", env=env,
+    )  # fmt: skip
+
+    def first_moved():
+        recs = _journal(kube_api, regions["a"])
+        return bool(recs) and recs[0]["regions"][0]["phase"] == "moved" and recs[0]
+
+    try:
+        wait_until(first_moved, timeout=240, every=0.5, what="region a moved, its gate watching")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    rec = _journal(kube_api, regions["a"])[0]
+    assert rec["status"] == "running"
+    assert [(r["context"], r["phase"]) for r in rec["regions"]] == [
+        ("region-a", "moved"),
+        ("region-b", "pending"),
+        ("region-c", "pending"),
+    ]
+    return rec
+
+
+def test_a_regional_deploy_killed_between_regions_is_continued_by_the_same_deploy(
+    three_regions, kube_api, k8s_packages, tmp_path
+):
+    regions = three_regions
+    rec = _kill_in_first_gate(regions, kube_api, k8s_packages["v1"], tmp_path)
+    a = rec["regions"][0]
+    assert a["before"] == {"last_rollout": 0, "serving": []} and a["changed"] is True
+    assert [v for (_, _, v) in _served(kube_api, regions["a"]).values()] == ["1"]
+    assert not _served(kube_api, regions["b"]) and not _served(kube_api, regions["c"])
+
+    rc, out, text = _cli(regions, "deploy", str(k8s_packages["v1"]), *ABC, "--region-pause", "1", *FAST)
+    assert rc == 0, text
+    # region a was moved by this rollout (it had nothing before), and is gated again: it never passed its gate
+    assert [(r["context"], r["result"], r["version"]) for r in out["regions"]] == [
+        ("region-a", "unchanged", 1),
+        ("region-b", "deployed", 1),
+        ("region-c", "deployed", 1),
+    ]
+    recs = _journal(kube_api, regions["a"])
+    assert len(recs) == 1 and recs[0]["id"] == rec["id"] and recs[0]["status"] == "done"
+    assert [(r["phase"], r["changed"]) for r in recs[0]["regions"]] == [("gated", True)] * 3
+    assert recs[0]["regions"][0]["before"] == a["before"]  # the first run's, kept
+    for ns in (regions["a"], regions["b"], regions["c"]):
+        assert [(r, ready, v) for (r, ready, v) in _served(kube_api, ns).values()] == [(1, 1, "1")]
+    # only region a's one rollout of v1: the re-run did not roll it out again
+    assert [(r["version"], r["status"]) for r in _rollouts(kube_api, regions["a"])] == [(1, "done")]
+
+
+def test_a_killed_regional_deploy_is_rolled_back_in_the_regions_it_moved_only(
+    three_regions, kube_api, k8s_packages, tmp_path
+):
+    regions = three_regions
+    # a serves v1; c has a history of its own (v1, then v2) that a plain `rollback` there would undo
+    for ctx, pkgs in (("region-a", ("v1",)), ("region-c", ("v1", "v2"))):
+        for key in pkgs:
+            rc, _, text = _cli(regions, "deploy", str(k8s_packages[key]), "--context", ctx, *FAST)
+            assert rc == 0, text
+    c_history = _rollouts(kube_api, regions["c"])
+
+    rec = _kill_in_first_gate(regions, kube_api, k8s_packages["v3"], tmp_path)
+    before = rec["regions"][0]["before"]
+    assert before["last_rollout"] == 1 and [(s["version"], s["package"]) for s in before["serving"]] == [
+        (1, str(k8s_packages["v1"]))
+    ]
+    assert [v for (_, _, v) in _served(kube_api, regions["a"]).values()] == ["3"]
+
+    # another package is refused while it is open, and nothing moves
+    rc, out, text = _cli(regions, "deploy", str(k8s_packages["v2"]), *ABC, "--region-pause", "1", *FAST)
+    assert rc == 8, text
+    assert out["error"] == "regional-rollout-open"
+    assert f"it rolls out {k8s_packages['v3']}" in out["message"]
+    assert "llmserve rollback tiny-chat --target kubernetes --contexts region-a,region-b,region-c" in out["hint"]
+    assert [v for (_, _, v) in _served(kube_api, regions["a"]).values()] == ["3"]
+    assert not _served(kube_api, regions["b"])
+
+    rc, out, text = _cli(regions, "rollback", MODEL, *ABC, "--steps", "100", "--pause", "0.3", "--health-timeout", "30")
+    assert rc == 0, text
+    assert [(r["context"], r["result"], r["version"]) for r in out["regions"]] == [
+        ("region-a", "rolled-back", 1),
+        ("region-b", "untouched", None),
+        ("region-c", "untouched", None),
+    ]
+    wait_until(lambda: [v for (_, _, v) in _served(kube_api, regions["a"]).values()] == ["1"], what="a on v1 again")
+    assert not _served(kube_api, regions["b"])
+    assert [v for (_, _, v) in _served(kube_api, regions["c"]).values()] == ["2"]
+    assert _rollouts(kube_api, regions["c"]) == c_history  # not one rollout more in c
+    recs = _journal(kube_api, regions["a"])
+    assert recs[0]["status"] == "rolled-back"
+    assert [r["phase"] for r in recs[0]["regions"]] == ["rolled-back", "pending", "pending"]
+
+    # closed: v2 may roll out now
+    rc, out, text = _cli(regions, "deploy", str(k8s_packages["v2"]), *ABC, "--region-pause", "0.5", *FAST)
+    assert rc == 0, text
+    assert [r["result"] for r in out["regions"]] == ["deployed", "deployed", "unchanged"]

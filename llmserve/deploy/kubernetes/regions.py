@@ -15,18 +15,27 @@ when it fails. When a region's rollout is done, its gate watches it for --region
   status` does), which answers only where the cluster network reaches: where it cannot be read, the gate
   says so in its result ("errors": null, "figures": why) and judges on readiness and restarts alone.
 
-If a region's rollout fails (it has rolled itself back) or its gate fails, every region moved before it
-(the failed one's gate included) is rolled back, newest first: KubernetesDeployer.rollback (red-black back
-to the package the region served before; a versioned rollout's version retired), or `down` for a region
-that had no deployment before this package. The command exits 7 with a RegionalRolloutError that names the
-region that failed and the regions rolled back; `--output json` gives the error and per-region results.
+Every regional rollout is journaled across regions (llmserve.deploy.kubernetes.region_journal: a record in
+ConfigMap <name>-llmserve-regions of the first context, written before each region changes and after each of
+its phases): for each region, what it served before this rollout reached it, and how far the rollout got there.
 
-Re-running the same deploy after the CLI died continues it: regions already on the package report
-`unchanged` (and are gated again), an interrupted region is resumed by its own journal. Regions already on
-the package count as moved by this rollout, so a later failure rolls them back too: the regions end where
-they were before the package, not half on it.
+If a region's rollout fails (it has rolled itself back) or its gate fails, every region this rollout moved
+(the failed one's gate included) is put back to its before-state, newest first: KubernetesDeployer.rollback
+(red-black back to the package it served before; a versioned rollout's version retired), or `down` for a
+region that had no deployment before. A region that already served the package before this rollout began is
+not moved by it and stays. The command exits 7 with a RegionalRolloutError that names the region that failed
+and the regions rolled back; `--output json` gives the error and per-region results. The record is closed
+(rolled-back), or left `failed` while some region could not be rolled back.
 
-Nothing is journaled across regions: each region's own journal (its ConfigMap) says what it runs.
+After the CLI died (`kill -9`, a lost machine) the record is still open:
+- the same deploy (same package, same --contexts) continues it: regions that passed their gate stay done, a
+  region in the middle of its rollout resumes through its own journal, the rest follow;
+- `llmserve rollback NAME --contexts ...` undoes exactly the regions the record says this rollout moved, newest
+  first, each to its recorded before-state (undo_to_before judges by what the region runs now, so a re-run of
+  an interrupted rollback does no harm, and a region someone changed since is left alone, with an error), then
+  closes the record; regions it never reached are reported `untouched`. Without an open record,
+  `rollback --contexts` rolls every listed region back, each as `llmserve rollback` does;
+- a deploy of another package, or over other contexts, is refused (exit 8) until one of the two is done.
 """
 
 from __future__ import annotations
@@ -36,10 +45,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from llmserve.deploy.errors import DeployInputError, RolloutFailedError
+from llmserve.deploy.errors import DeployInputError, DeploymentNotFoundError, RolloutFailedError
 from llmserve.deploy.kubernetes import manifests
-from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, L_VERSION, api_call
+from llmserve.deploy.kubernetes import region_journal as rj
+from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, L_VERSION, api_call, dns_name
 from llmserve.deploy.kubernetes.figures import pod_url
+from llmserve.deploy.kubernetes.region_journal import BeforeState, JournalStore, RegionalRecord, ServedVersion
 from llmserve.deploy.kubernetes.rollout import KubernetesDeployer
 from llmserve.deploy.kubernetes.state import DONE, ClusterState
 from llmserve.deploy.options import DeployOptions, rollback_options
@@ -55,7 +66,7 @@ from llmserve.deploy.status import (
     RegionUndo,
     json_value,
 )
-from llmserve.deploy.strategy import RED_BLACK
+from llmserve.deploy.strategy import RED_BLACK, VERSIONED
 from llmserve.errors import Detail, LLMServeError
 from llmserve.metrics.snapshot import auth_headers, snapshots
 
@@ -106,67 +117,185 @@ def _outcome(r: RegionDeploy | RegionRollback) -> str:
 
 
 Connect = Callable[[str], KubernetesDeployer]
+Journal = Callable[[KubernetesDeployer], JournalStore]  # the store a context keeps the cross-region journal in
+
+
+@dataclass(frozen=True)
+class PackageIdentity:
+    """What a regional rollout rolls out, known before any region changes."""
+
+    name: str  # the deployment's name in every region
+    reference: str
+    digest: str | None  # None only for an unpacked source folder
+    version: int
+
+
+def identify_package(opts: DeployOptions) -> PackageIdentity:
+    """The package of `opts` opened once (a store reference is pulled into the cache the regions then use)."""
+    from llmserve.deploy.source import open_source
+    from llmserve.packaging.opened import open_package
+
+    with open_source(
+        opts.package, cache_dir=opts.cache_dir, store_options=opts.store, digest_hint=opts.digest_hint
+    ) as src:
+        opened = open_package(src.path)
+        m = opened.manifest
+        return PackageIdentity(dns_name(opts.name or m.modelId), src.reference, opened.digest, m.modelVersion)
 
 
 class RegionalRollout:
-    """deploy / rollback over several contexts. `connect(context)` gives that context's deployer."""
+    """deploy / rollback over several contexts. `connect(context)` gives that context's deployer; `journal(k)`
+    the store of the cross-region journal in k's context (region_journal). Without a journal nothing is
+    recorded across regions: a re-run cannot tell a region this rollout moved from one already on the package."""
 
-    def __init__(self, connect: Connect, contexts: list[str], report=None, gate: GateOptions | None = None):
+    def __init__(
+        self,
+        connect: Connect,
+        contexts: list[str],
+        report=None,
+        gate: GateOptions | None = None,
+        journal: Journal | None = None,
+    ):
         self.connect = connect
         self.contexts = contexts
         self.report = report or (lambda msg, **kw: None)
         self.gate_opts = gate or GateOptions()
+        self.journal = journal
 
     def _connect_all(self) -> list[KubernetesDeployer]:
         """Every context resolved before anything moves (a misspelt context fails the command up front)."""
         return [self.connect(ctx) for ctx in self.contexts]
 
+    # -- the cross-region journal ---------------------------------------------------------------
+    def _find_open(self, deployers: list[KubernetesDeployer], name: str) -> tuple[int, RegionalRecord | None]:
+        """(index of the context whose journal holds the open regional rollout of `name`, that record); (0, None)
+        when none is open: a new one is journaled in the first context."""
+        assert self.journal is not None
+        for i, k in enumerate(deployers):
+            rec = next((r for r in self.journal(k).load(name) if r.is_open), None)
+            if rec is not None:
+                return i, rec
+        return 0, None
+
+    def _save(self, store: JournalStore, rec: RegionalRecord) -> None:
+        rec.updated = time.time()
+        rec.cli = rj.holder()
+
+        def put(records: list[RegionalRecord]) -> None:
+            at = next((i for i, r in enumerate(records) if r.id == rec.id), None)
+            if at is None:
+                records.insert(0, rec)
+            else:
+                records[at] = rec
+
+        store.update(rec.deployment, put)
+
     # -- deploy -------------------------------------------------------------------------------
     def deploy(self, opts: DeployOptions) -> RegionalOutcome:
         deployers = self._connect_all()
+        if self.journal is None:
+            return self._run(deployers, opts, None)
+        pkg = identify_package(opts)
+        at, _ = self._find_open(deployers, pkg.name)
+        store = self.journal(deployers[at])
+        with store.lock(pkg.name):
+            rec = next((r for r in store.load(pkg.name) if r.is_open), None)  # again, now that the lock is held
+            if rec is not None:
+                where = self.contexts[at]
+                if (rec.digest, rec.digest or rec.package) != (pkg.digest, pkg.digest or pkg.reference):
+                    raise rj.refuse_open(rec, where, f"it rolls out {rec.package}, not {opts.package}")
+                if rec.contexts != self.contexts:
+                    raise rj.refuse_open(rec, where, f"it is over --contexts {','.join(rec.contexts)}")
+                self.report(f"continuing regional rollout #{rec.id} of '{rec.deployment}' ({rec.summary()})")
+                rec.status = rj.RUNNING
+            else:
+                now = time.time()
+                rec = RegionalRecord(
+                    id=max((r.id for r in store.load(pkg.name)), default=0) + 1,
+                    deployment=pkg.name,
+                    package=pkg.reference,
+                    digest=pkg.digest,
+                    version=pkg.version,
+                    strategy=opts.strategy,
+                    regions=[
+                        rj.RegionEntry(context=c, namespace=k.ns) for c, k in zip(self.contexts, deployers, strict=True)
+                    ],
+                    started=now,
+                )
+                self.report(
+                    f"regional rollout #{rec.id}: journal in context '{self.contexts[0]}' (namespace '{deployers[0].ns}')"
+                )
+            self._save(store, rec)
+            return self._run(deployers, replace(opts, name=pkg.name), (store, rec))
+
+    def _run(
+        self,
+        deployers: list[KubernetesDeployer],
+        opts: DeployOptions,
+        journaled: tuple[JournalStore, RegionalRecord] | None,
+    ) -> RegionalOutcome:
+        store, rec = journaled if journaled else (None, None)
+
+        def phase(ctx: str, value: str, **changes) -> None:
+            if store is not None and rec is not None:
+                rec.set_phase(ctx, value, **changes)
+                self._save(store, rec)
+
         results = [
             RegionDeploy(context=ctx, namespace=k.ns, server=k.c.server, result="not-started")
             for ctx, k in zip(self.contexts, deployers, strict=True)
         ]
         moved: list[tuple[RegionDeploy, KubernetesDeployer]] = []
-        name: str | None = None
+        name: str | None = opts.name if rec is not None else None
         for i, (res, k) in enumerate(zip(results, deployers, strict=True)):
+            entry = rec.regions[i] if rec is not None else None
+            if entry is not None and entry.phase == rj.GATED:  # done in an earlier run: it stays done
+                res.deployment, res.version, res.rollout = name, rec.version if rec else None, entry.rollout
+                res.result = "deployed" if entry.changed else "unchanged"
+                if entry.changed:
+                    moved.append((res, k))
+                self.report(f"region {i + 1}/{len(results)}: '{res.context}' passed its gate in an earlier run")
+                continue
             self.report(f"region {i + 1}/{len(results)}: context '{res.context}', namespace '{k.ns}'")
+            if entry is not None:
+                assert name is not None
+                # what the region served before this rollout: written before it changes, kept across re-runs
+                phase(res.context, rj.ROLLING, before=entry.before or region_before(k, name), error=None)
             try:
                 out = k.deploy(replace(opts, name=name or opts.name))
             except LLMServeError as exc:
                 res.result = "failed"
                 res.error = exc.message
                 res.exit_code = exc.exit_code
-                self._undo(moved, opts)
+                phase(res.context, rj.FAILED, error=exc.message)
+                self._undo(moved, opts, journaled)
                 raise self._failed(res, results, name, exc.hint) from exc
             name = out.deployment
-            res.deployment = name
-            res.result = out.action  # deployed, unchanged
-            res.version = _serving_version(out)
-            res.deployments = [
-                RegionDeploymentSummary(
-                    object=d.object,
-                    version=d.version,
-                    color=d.color,
-                    replicas=d.replicas,
-                    ready=d.ready,
-                    digest=d.digest,
-                )
-                for d in (out.status.deployments if isinstance(out.status, ClusterStatus) else [])
-            ]
-            if isinstance(out.rollout, ClusterRolloutRecord | int):  # a Kubernetes deploy has no other kind
-                res.rollout = out.rollout
-            moved.append((res, k))
+            _fill(res, out)
+            changed = True
+            if entry is not None and entry.before is not None:
+                # a region that already served the package before this rollout is not moved by it
+                changed = {(s.version, s.digest) for s in served(k, name)} != entry.before.key()
+                rid = res.rollout.id if isinstance(res.rollout, ClusterRolloutRecord) else res.rollout
+                phase(res.context, rj.MOVED, changed=changed, rollout=rid)
+            if changed:
+                moved.append((res, k))
             self.report(f"region '{res.context}': {out.action}; gate: watching it {self.gate_opts.pause_s:g} s")
             gate = region_gate(k, name, res.version, self.gate_opts)
             res.gate = gate
             if gate.failed:
                 res.result = "gate-failed"
                 res.error = gate.failed
-                self._undo(moved, opts)
+                phase(res.context, rj.FAILED, error=gate.failed)
+                if not changed:  # already on the package: its undo finds nothing to do, but says so
+                    moved.append((res, k))
+                self._undo(moved, opts, journaled)
                 raise self._failed(res, results, name, None)
+            phase(res.context, rj.GATED)
             self.report(f"region '{res.context}' passed its gate")
+        if store is not None and rec is not None:
+            rec.status = rj.DONE
+            self._save(store, rec)
         return RegionalOutcome(
             deployment=name,
             action="deployed" if any(r.result == "deployed" for r in results) else "unchanged",
@@ -177,7 +306,9 @@ class RegionalRollout:
         self, res: RegionDeploy, results: list[RegionDeploy], name: str | None, hint: str | None
     ) -> RegionalRolloutError:
         back = [
-            r.context for r in results if r.rollback is not None and r.rollback.action in ("rolled-back", "removed")
+            r.context
+            for r in results
+            if r.rollback is not None and r.rollback.action in ("rolled-back", "removed", "nothing-to-undo")
         ]
         stuck = [r.context for r in results if r.rollback is not None and r.rollback.action == "rollback-failed"]
         msg = (
@@ -194,23 +325,57 @@ class RegionalRollout:
             hint = f"See each region with `llmserve status {name} --target kubernetes --context CONTEXT`."
         return RegionalRolloutError(msg, results, hint)
 
-    def _undo(self, moved: list[tuple[RegionDeploy, KubernetesDeployer]], opts: DeployOptions) -> None:
-        """Every moved region back to what it served before, newest first; one failure does not stop the others."""
+    def _undo(
+        self,
+        moved: list[tuple[RegionDeploy, KubernetesDeployer]],
+        opts: DeployOptions,
+        journaled: tuple[JournalStore, RegionalRecord] | None,
+    ) -> None:
+        """Every moved region back to what it served before, newest first; one failure does not stop the others.
+        Journaled: each back to its recorded before-state, and the record closed (failed while one is stuck)."""
         ropts = rollback_options(opts)
         for res, k in reversed(moved):
             assert res.deployment is not None  # a moved region's deploy returned its name
             self.report(f"rolling back region '{res.context}' (namespace '{k.ns}')")
             try:
-                res.rollback = undo_region(k, res.deployment, ropts)
+                if journaled is None:
+                    res.rollback = undo_region(k, res.deployment, ropts)
+                    continue
+                store, rec = journaled
+                entry = rec.region(res.context)
+                assert entry.before is not None  # written before the region changed
+                res.rollback = undo_to_before(k, res.deployment, entry.before, rec.digest, ropts)
+                rec.set_phase(res.context, rj.ROLLED_BACK)
             except LLMServeError as exc:
                 res.rollback = RegionUndo(action="rollback-failed", error=exc.message)
                 self.report(f"rollback of region '{res.context}' failed: {exc.message}", warning=True)
+                if journaled is not None:
+                    journaled[1].set_phase(res.context, rj.ROLLBACK_FAILED, error=exc.message)
+            if journaled is not None:
+                self._save(*journaled)
+        if journaled is not None:
+            store, rec = journaled
+            stuck = [r.context for r in rec.regions if r.phase == rj.ROLLBACK_FAILED]
+            rec.status = rj.FAILED if stuck else rj.ROLLED_BACK
+            self._save(store, rec)
 
     # -- rollback -----------------------------------------------------------------------------
     def rollback(self, name: str, to_version: int | None, opts: DeployOptions) -> RegionalOutcome:
-        """`llmserve rollback NAME --contexts a,b,c`: every listed region rolled back (each as `llmserve
-        rollback` does it); a region that fails does not stop the others; exit 7 if any failed."""
+        """`llmserve rollback NAME --contexts a,b,c`. With an open (or failed) regional rollout of NAME in the
+        journal: exactly the regions it moved, newest first, each back to its before-state; the record closed.
+        Otherwise every listed region rolled back (each as `llmserve rollback` does it). A region that fails
+        does not stop the others; exit 7 if any failed."""
         deployers = self._connect_all()
+        if self.journal is not None:
+            at, rec = self._find_open(deployers, dns_name(name))
+            if rec is not None:
+                if to_version is not None:
+                    raise DeployInputError(
+                        f"regional rollout #{rec.id} of '{rec.deployment}' is open ({rec.summary()}): "
+                        "--to-version does not apply",
+                        hint="Undo it first with the same command without --to-version.",
+                    )
+                return self._rollback_journaled(deployers, at, rec.deployment, opts)
         results: list[RegionRollback] = []
         for ctx, k in zip(self.contexts, deployers, strict=True):
             self.report(f"rolling back '{name}' in context '{ctx}' (namespace '{k.ns}')")
@@ -226,6 +391,49 @@ class RegionalRollout:
             except LLMServeError as exc:
                 res = RegionRollback(context=ctx, namespace=k.ns, server=k.c.server, result="failed", error=exc.message)
             results.append(res)
+        return self._rolled_back(name, results)
+
+    def _rollback_journaled(
+        self, deployers: list[KubernetesDeployer], at: int, name: str, opts: DeployOptions
+    ) -> RegionalOutcome:
+        assert self.journal is not None
+        store = self.journal(deployers[at])
+        by_ctx = dict(zip(self.contexts, deployers, strict=True))
+        with store.lock(name):
+            rec = next((r for r in store.load(name) if r.is_open), None)
+            if rec is None:  # closed meanwhile by another CLI
+                raise DeploymentNotFoundError(f"the regional rollout of '{name}' was closed meanwhile")
+            todo = [e for e in reversed(rec.regions) if e.maybe_moved]
+            missing = [e.context for e in todo if e.context not in by_ctx]
+            if missing:
+                raise rj.refuse_open(rec, self.contexts[at], f"it moved {', '.join(missing)}, not named by --contexts")
+            self.report(f"undoing regional rollout #{rec.id} of '{name}' ({rec.summary()})")
+            done: dict[str, RegionRollback] = {}
+            for entry in todo:
+                k = by_ctx[entry.context]
+                assert entry.before is not None  # written with phase rolling, before the region changed
+                self.report(f"region '{entry.context}': back to {entry.before.describe()}")
+                res = RegionRollback(context=entry.context, namespace=k.ns, server=k.c.server, result="failed")
+                try:
+                    undo = undo_to_before(k, name, entry.before, rec.digest, opts)
+                    res.result, res.version = undo.action, undo.version
+                    rec.set_phase(entry.context, rj.ROLLED_BACK, error=None)
+                except LLMServeError as exc:
+                    res.error = exc.message
+                    rec.set_phase(entry.context, rj.ROLLBACK_FAILED, error=exc.message)
+                self._save(store, rec)
+                done[entry.context] = res
+            stuck = [r.context for r in rec.regions if r.phase == rj.ROLLBACK_FAILED]
+            rec.status = rj.FAILED if stuck else rj.ROLLED_BACK
+            rec.message = "rolled back by `llmserve rollback --contexts`"
+            self._save(store, rec)
+        results = [
+            done.get(ctx) or RegionRollback(context=ctx, namespace=k.ns, server=k.c.server, result="untouched")
+            for ctx, k in by_ctx.items()
+        ]
+        return self._rolled_back(name, results)
+
+    def _rolled_back(self, name: str, results: list[RegionRollback]) -> RegionalOutcome:
         failed = [r.context for r in results if r.result == "failed"]
         if failed:
             raise RegionalRolloutError(
@@ -234,6 +442,26 @@ class RegionalRollout:
                 hint="Look at each with `llmserve status NAME --target kubernetes --context CONTEXT`.",
             )
         return RegionalOutcome(deployment=name, action="rolled-back", regions=results)
+
+
+def _fill(res: RegionDeploy, out: Outcome) -> None:
+    """A region's result from its deploy's outcome."""
+    res.deployment = out.deployment
+    res.result = out.action  # deployed, unchanged
+    res.version = _serving_version(out)
+    res.deployments = [
+        RegionDeploymentSummary(
+            object=d.object,
+            version=d.version,
+            color=d.color,
+            replicas=d.replicas,
+            ready=d.ready,
+            digest=d.digest,
+        )
+        for d in (out.status.deployments if isinstance(out.status, ClusterStatus) else [])
+    ]
+    if isinstance(out.rollout, ClusterRolloutRecord | int):  # a Kubernetes deploy has no other kind
+        res.rollout = out.rollout
 
 
 def _serving_version(out: Outcome) -> int | None:
@@ -259,6 +487,78 @@ def undo_region(k: KubernetesDeployer, name: str, opts: DeployOptions) -> Region
     if first:
         k.down(name, opts.drain_timeout_s)
         return RegionUndo(action="removed")
+    out = k.rollback(name, None, opts)
+    return RegionUndo(action="rolled-back", version=_serving_version(out))
+
+
+def served(k: KubernetesDeployer, name: str) -> list[ServedVersion]:
+    """The Deployments of `name` a region runs with replicas."""
+    out = []
+    for d in _deployments(k, name):
+        if (d.spec.replicas or 0) > 0:
+            ann = d.metadata.annotations or {}
+            out.append(
+                ServedVersion(
+                    object=d.metadata.name,
+                    version=int((d.metadata.labels or {}).get(L_VERSION, 0)),
+                    digest=ann.get(manifests.A_DIGEST),
+                    package=ann.get(manifests.A_PACKAGE),
+                    replicas=d.spec.replicas,
+                )
+            )
+    return out
+
+
+def region_before(k: KubernetesDeployer, name: str) -> BeforeState:
+    """What a region serves now, and how far its own journal goes, before a regional rollout changes it."""
+    try:
+        last = max((r.id for r in ClusterState(k.c, name).rollouts()), default=0)
+    except DeploymentNotFoundError:
+        last = 0
+    return BeforeState(last_rollout=last, serving=served(k, name))
+
+
+def undo_to_before(
+    k: KubernetesDeployer, name: str, before: BeforeState, digest: str | None, opts: DeployOptions
+) -> RegionUndo:
+    """One region back to its before-state, judged by what it runs now, so that running it twice (a rollback
+    re-run after the CLI died) does no harm: an interrupted rollout of its own is undone first; a region that
+    serves its before-state again needs nothing; one that had nothing is taken down; otherwise its last
+    finished rollout is reversed (`llmserve rollback`), but only where that rollout is this regional rollout's
+    (newer than the region's journal was then, of the package's digest): a region changed by anyone since is
+    left alone, with an error saying what it served before."""
+    state = ClusterState(k.c, name)
+    if not state.exists():
+        if not before.serving:
+            return RegionUndo(action="nothing-to-undo")
+        raise RolloutFailedError(
+            f"deployment '{name}' is gone from namespace '{k.ns}'; it served {before.describe()} before",
+            hint="Deploy that package there again by hand (`llmserve deploy PKG --target kubernetes --context ...`).",
+        )
+    undid = False
+    if state.open_rollout() is not None:
+        k.rollback(name, None, opts)  # an interrupted rollout is undone, nothing more
+        undid = True
+    now = {(s.version, s.digest) for s in served(k, name)}
+    if now == before.key():
+        version = max((v for v, _ in now), default=None)
+        return (
+            RegionUndo(action="rolled-back", version=version)
+            if undid
+            else RegionUndo(action="nothing-to-undo", version=version)
+        )
+    if not before.serving:
+        k.down(name, opts.drain_timeout_s)
+        return RegionUndo(action="removed")
+    done = [r for r in state.rollouts() if r.status == DONE and r.strategy in (RED_BLACK, VERSIONED)]
+    last = done[0] if done else None
+    if last is None or last.id <= before.last_rollout or last.digest != digest:
+        since = f" (its last rollout is #{last.id}, of {last.package})" if last is not None else ""
+        raise RolloutFailedError(
+            f"deployment '{name}' in namespace '{k.ns}' changed after this regional rollout moved it{since}: "
+            f"not rolled back; it served {before.describe()} before",
+            hint=f"Look at it with `llmserve status {name} --target kubernetes --context CONTEXT` and roll it back by hand.",
+        )
     out = k.rollback(name, None, opts)
     return RegionUndo(action="rolled-back", version=_serving_version(out))
 
