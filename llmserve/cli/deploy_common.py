@@ -197,7 +197,9 @@ def _render_autoscaler(a: AutoscalerStatus | AutoscalerUnreadable | None) -> Non
         return
     console.print(
         f"autoscaler {a.object} -> {a.target}: {a.min_replicas}..{a.max_replicas} replicas, "
-        f"{a.metric} target {a.queue_target} per pod; now {a.current_replicas}, wants {a.desired_replicas}",
+        f"{a.metric} target {a.queue_target} per pod"
+        + (f", last read {a.current_value}" if a.current_value is not None else "")
+        + f"; now {a.current_replicas}, wants {a.desired_replicas}",
         highlight=False,
     )
     for c in a.conditions:

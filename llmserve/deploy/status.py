@@ -238,6 +238,9 @@ class AutoscalerStatus(Record):
     max_replicas: int | None
     metric: str
     queue_target: str | None
+    # the per-pod average of the metric the HPA controller last read (a quantity, e.g. "9" or "1500m"); None
+    # until it has read one (no custom metrics API, or no pod reporting the metric)
+    current_value: str | None = None
     current_replicas: int | None
     desired_replicas: int | None
     conditions: list[AutoscalerCondition]

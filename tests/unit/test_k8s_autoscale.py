@@ -68,3 +68,20 @@ def test_the_adapter_rule_serves_the_metric_the_hpa_reads():
     from llmserve.metrics.headline import WAITING
 
     assert WAITING == "vllm:num_requests_waiting"  # the series llmserve's /metrics carries
+
+
+def test_the_current_queue_value_comes_from_the_hpa_status():
+    hpa = {
+        "status": {
+            "currentMetrics": [
+                {"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 50}}},
+                {"type": "Pods", "pods": {"metric": {"name": "other"}, "current": {"averageValue": "7"}}},
+                {"type": "Pods", "pods": {"metric": {"name": autoscale.METRIC}, "current": {"averageValue": "1500m"}}},
+            ]
+        }
+    }
+    assert autoscale.current_value(hpa) == "1500m"
+    # not read yet (no custom metrics API, or no pod reporting): currentMetrics absent or without the metric
+    assert autoscale.current_value({"status": {"currentMetrics": None}}) is None
+    assert autoscale.current_value({"status": {"currentMetrics": hpa["status"]["currentMetrics"][:2]}}) is None
+    assert autoscale.current_value({}) is None

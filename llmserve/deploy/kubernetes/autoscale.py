@@ -7,8 +7,20 @@ the requests queued in the engine. vLLM counts them: the gauge `vllm:num_request
 llmserve pod's merged /metrics carries. The option renders a HorizontalPodAutoscaler `<name>` (autoscaling/
 v2; v2beta2, with the same fields, where the cluster predates 1.23) with one Pods metric,
 `vllm_num_requests_waiting`, whose per-pod average it keeps at --queue-target, between MIN and MAX replicas
-(templates/deploy/k8s/hpa.yaml.j2). The custom metrics API must serve that metric: prometheus-adapter with
-the rule shipped in templates/deploy/k8s/prometheus-adapter-rules.yaml, and Prometheus scraping the pods.
+(templates/deploy/k8s/hpa.yaml.j2).
+
+What the cluster needs (the operator's part; llmserve does not install it): a custom metrics API
+(custom.metrics.k8s.io/v1beta1, registered with the API server's aggregation layer as the APIService
+v1beta1.custom.metrics.k8s.io) that serves `vllm_num_requests_waiting` for pods. With prometheus-adapter that
+is the rule shipped in templates/deploy/k8s/prometheus-adapter-rules.yaml: the series vllm:num_requests_waiting,
+summed per pod, with its namespace and pod labels mapped to those resources, renamed without the colon
+(a metric name in that API is a path segment). Prometheus must scrape every llmserve pod's /metrics with
+the deployment's API key (the rule file says how). Check it with
+    kubectl get --raw "/apis/custom.metrics.k8s.io/v1beta1/namespaces/NS/pods/*/vllm_num_requests_waiting"
+which must list one item per serving pod. Until it does, the HPA reports ScalingActive=False
+(FailedGetPodsMetric) and only keeps the replicas within [MIN, MAX]; `llmserve status` shows that condition.
+Scaling down waits for 5 minutes below target (the HPA's behavior.scaleDown), not the controller-manager's
+--horizontal-pod-autoscaler-downscale-stabilization, which spec.behavior replaces.
 
 One HPA per deployment, always on the serving Deployment, and out of the way of rollouts:
 - red-black: it scales the color that takes the traffic. When a red-black rollout begins, the HPA is deleted
@@ -20,13 +32,17 @@ One HPA per deployment, always on the serving Deployment, and out of the way of 
   the default when a version is promoted or retired.
 The settings live in the deployment's state ConfigMap (config.autoscale), so any later command (a deploy
 without the option, a rollback, a recovery after a killed CLI) keeps or restores the HPA; `--autoscale off`
-removes it; `llmserve deploy down` deletes it.
+removes it; `llmserve deploy down` deletes it. `status` shows the HPA with the per-pod value its controller
+last read (status.currentMetrics).
 
 What is verified here (tests/deploy_k8s/test_k8s_autoscale.py, a real kube-apiserver 1.20 with its HPA
 controller): the HPA is accepted by the API server's validation, points at the serving color, is gone during
-a rollout's steps, points at the new color after it and at the old one after a rollback; the HPA controller
-acts on it (it raises the target to MIN). Scaling on the metric itself is NOT exercised: the test cluster
-serves no custom metrics API (no Prometheus, no adapter), so the controller reports the metric unavailable.
+a rollout's steps, points at the new color after it and at the old one after a rollback; and the controller
+scales on the metric, read through the aggregation layer from a custom metrics API server registered as
+above: no value -> ScalingActive=False and no change; 9 waiting per pod against a target of 3 -> MAX (3);
+0 -> back to MIN. The values there are set by the test, one number for every pod of the deployment (the test
+pods run no engine and no Prometheus scrapes them), so the adapter rule itself is checked only for its names
+(tests/unit/test_k8s_autoscale.py), not run.
 """
 
 from __future__ import annotations
@@ -269,6 +285,17 @@ def _spec_key(hpa: dict) -> tuple:
     )
 
 
+def current_value(hpa: dict) -> str | None:
+    """The per-pod average of the queue metric that the HPA controller last read (status.currentMetrics, the
+    same shape in v2 and v2beta2), as the quantity it wrote; None before it has read one."""
+    for m in (hpa.get("status") or {}).get("currentMetrics") or []:
+        pods = m.get("pods") or {}
+        if m.get("type") == "Pods" and (pods.get("metric") or {}).get("name") == METRIC:
+            value = (pods.get("current") or {}).get("averageValue")
+            return None if value is None else str(value)
+    return None
+
+
 def describe(k: KubernetesDeployer, name: str) -> AutoscalerStatus | AutoscalerUnreadable | None:
     """For `status`: the HPA's target, bounds, metric target, and what its controller last said."""
     try:
@@ -285,6 +312,7 @@ def describe(k: KubernetesDeployer, name: str) -> AutoscalerStatus | AutoscalerU
         max_replicas=s.get("maxReplicas"),
         metric=METRIC,
         queue_target=(hpa["metadata"].get("annotations") or {}).get(A_QUEUE_TARGET),
+        current_value=current_value(hpa),
         current_replicas=st.get("currentReplicas"),
         desired_replicas=st.get("desiredReplicas"),
         conditions=[
