@@ -286,3 +286,29 @@ class KubeCli:
 @pytest.fixture
 def kcli(kubeconfig, namespace) -> KubeCli:
     return KubeCli(kubeconfig, namespace)
+
+
+@pytest.fixture(scope="session")
+def custom_metrics(kube_api):
+    """A custom metrics API (custom.metrics.k8s.io/v1beta1) registered with the API server's aggregation
+    layer, serving the queue metric the HPA reads, with values the test sets (custom_metrics_server.py).
+    Unregistered before the control plane stops: an APIService left pointing at a stopped server makes
+    discovery fail, and with it the namespace controller's deletions."""
+    from custom_metrics_server import CustomMetricsServer
+
+    from llmserve.deploy.kubernetes.autoscale import METRIC
+
+    server = CustomMetricsServer(kube_api, METRIC).start()
+    try:
+        server.register()
+        try:
+            wait_available = time.monotonic() + 120
+            while not server.available():
+                if time.monotonic() > wait_available:
+                    pytest.fail("the API server never marked APIService v1beta1.custom.metrics.k8s.io Available")
+                time.sleep(0.5)
+            yield server
+        finally:
+            server.unregister()
+    finally:
+        server.stop()
