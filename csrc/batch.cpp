@@ -48,7 +48,7 @@ void BatchState::fill(uint32_t* out, int64_t B, int64_t W, uint8_t* active, int 
           }
           const Grammar& g = *row->grammar;
           const int64_t s = row->state < 0 ? g.S : row->state;
-          std::memcpy(dst, g.row(s), std::min(W, vw) * sizeof(uint32_t));
+          g.row_words(s, 0, std::min(W, vw), dst);
           if (W > vw) std::memset(dst + vw, 0, (W - vw) * sizeof(uint32_t));
           if (active) active[r] = 1;
         }
@@ -79,20 +79,26 @@ void BatchState::fill_apply(float* logits, int64_t B, int64_t V, int64_t stride,
         }
         const Grammar& g = *row->grammar;
         const int64_t s = row->state < 0 ? g.S : row->state;
-        const uint32_t* src = g.row(s);
         if (dst) {
-          const int64_t cw = std::max<int64_t>(0, std::min(w1, vw) - w0);
-          std::memcpy(dst + w0, src + w0, cw * sizeof(uint32_t));
+          if (w0 < vw) g.row_words(s, w0, std::min(w1, vw), dst + w0);
           if (w1 > vw) std::memset(dst + std::max(w0, vw), 0, (w1 - std::max(w0, vw)) * sizeof(uint32_t));
           if (c == chunks - 1 && W > lw) std::memset(dst + lw, 0, (W - lw) * sizeof(uint32_t));
           apply_words(logits + r * stride, dst, w0, w1, V);
-        } else if (w1 <= vw) {
-          apply_words(logits + r * stride, src, w0, w1, V);
         } else {
-          // logits wider than the vocabulary: tokens past it are never allowed
-          apply_words(logits + r * stride, src, w0, vw, V);
+          const int64_t mw = std::min(w1, vw);
           float* p = logits + r * stride;
-          for (int64_t t = vw * 32; t < V; ++t) p[t] = -std::numeric_limits<float>::infinity();
+          if (!g.compact) {
+            apply_words(p, g.masks + s * vw, w0, mw, V);
+          } else if (w0 < mw) {
+            // the chunk's words expanded where the logits pass reads them (4 KiB, in L1)
+            uint32_t buf[kChunkWords];
+            g.row_words(s, w0, mw, buf);
+            apply_words(p + w0 * 32, buf, 0, mw - w0, V - w0 * 32);
+          }
+          // logits wider than the vocabulary: tokens past it are never allowed
+          if (w1 > vw)
+            for (int64_t t = std::max(w0, vw) * 32; t < std::min(V, w1 * 32); ++t)
+              p[t] = -std::numeric_limits<float>::infinity();
         }
       },
       pool.threads_for_bytes(2 * B * V * int64_t(sizeof(float)), nthreads));

@@ -100,7 +100,48 @@ void check_order(const int32_t* ord, int64_t S) {
 struct PyGrammar {
   std::shared_ptr<Grammar> g;
   py::object table, accept, masks;  // keep the buffers alive
+  py::tuple rows;                   // compressed rows (row_of, off, kind, data), kept alive likewise
 };
+
+// A compressed grammar over arrays from Python (possibly from a cache file): every index checked.
+PyGrammar compressed_grammar(const PyVocab& v, py::array table, py::array accept, py::array row_of, py::array off,
+                             py::array kind, py::array data, int32_t start) {
+  PyGrammar g;
+  g.g = std::make_shared<Grammar>();
+  Grammar& gr = *g.g;
+  gr.vocab = v.v;
+  int64_t S = 0;
+  gr.table = dfa_table(table, accept, S);
+  gr.accept = static_cast<const uint8_t*>(accept.data());
+  gr.S = S;
+  gr.start = start;
+  if (start < 0 || start >= S) throw std::invalid_argument("start state out of range");
+  CompactRows& c = gr.rows;
+  c.row_of = buffer_of<int32_t>(row_of, 1, "row_of", false);
+  c.off = buffer_of<int64_t>(off, 1, "off", false);
+  c.kind = buffer_of<uint8_t>(kind, 1, "kind", false);
+  c.data = buffer_of<uint32_t>(data, 1, "data", false);
+  c.R = kind.shape(0);
+  c.W = v.v->words();
+  if (row_of.shape(0) != S + 1 || off.shape(0) != c.R + 1) throw std::invalid_argument("compressed rows: shapes");
+  c.check(S + 1, data.shape(0));
+  gr.compact = true;
+  gr.init(true);
+  g.table = table;
+  g.accept = accept;
+  g.rows = py::make_tuple(row_of, off, kind, data);
+  return g;
+}
+
+py::tuple compact_to_numpy(CompactArrays&& a) {
+  auto vec = [](auto& v) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    py::array_t<T> out(static_cast<py::ssize_t>(v.size()));
+    if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(T));
+    return out;
+  };
+  return py::make_tuple(vec(a.row_of), vec(a.off), vec(a.kind), vec(a.data));
+}
 
 // A state id from Python: one of the grammar's states, or -1 (dead; stepping it stays dead).
 void check_state(const Grammar& g, int64_t state) {
@@ -327,6 +368,48 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0,
            py::arg("ready") = true)
+      .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("table"), py::arg("accept"),
+                  py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"), py::arg("start") = 0)
+      .def_property_readonly("compressed_rows", [](const PyGrammar& g) -> py::object {
+        if (!g.g->compact) return py::none();
+        return g.rows;
+      })
+      .def(
+          "compress",
+          [](const PyGrammar& g, int nthreads) {
+            Grammar& gr = *g.g;
+            if (gr.compact) return g;
+            for (int64_t r = 0; r <= gr.S; ++r)
+              if (!gr.ready(r)) throw std::invalid_argument("compress: the grammar is not complete");
+            CompactArrays a;
+            {
+              py::gil_scoped_release nogil;
+              a = compact_rows(gr.masks, gr.S + 1, gr.vocab->words(), nthreads);
+            }
+            py::tuple t = compact_to_numpy(std::move(a));
+            return compressed_grammar(PyVocab{gr.vocab}, g.table.cast<py::array>(), g.accept.cast<py::array>(),
+                                      t[0].cast<py::array>(), t[1].cast<py::array>(), t[2].cast<py::array>(),
+                                      t[3].cast<py::array>(), gr.start);
+          },
+          py::arg("nthreads") = 0,
+          "A compressed copy of this complete grammar (same automaton and states); this one is unchanged.")
+      .def(
+          "rows_into",
+          [](const PyGrammar& g, py::array out, int64_t first) {
+            const Grammar& gr = *g.g;
+            uint32_t* o = buffer_of<uint32_t>(out, 2, "out", true);
+            const int64_t W = gr.vocab->words();
+            if (out.shape(1) != W || out.strides(0) != W * 4 || first < 0 || first + out.shape(0) > gr.S + 1)
+              throw std::invalid_argument("rows_into: out must be uint32[n, W] with first + n <= S + 1");
+            const int64_t n = out.shape(0);
+            py::gil_scoped_release nogil;
+            for (int64_t r = first; r < first + n; ++r) {
+              gr.ensure(r);
+              gr.row_words(r, 0, W, o + (r - first) * W);
+            }
+          },
+          py::arg("out"), py::arg("first") = 0,
+          "out[i] = mask row first + i (computed first if missing), from whichever form the grammar holds.")
       .def(
           "ensure",
           [](const PyGrammar& g, int64_t state) {
@@ -428,6 +511,24 @@ PYBIND11_MODULE(_core, m) {
            py::arg("nthreads") = 0)
       .def("row", &PyBatch::row)
       .def_property_readonly("capacity", &PyBatch::size);
+
+  m.def(
+      "compact_rows",
+      [](py::array masks, int nthreads) {
+        const uint32_t* m = buffer_of<uint32_t>(masks, 2, "masks", false);
+        if (masks.shape(0) > 0 && masks.strides(0) != masks.shape(1) * 4)
+          throw std::invalid_argument("masks must be C-contiguous");
+        if (masks.shape(1) <= 0 || masks.shape(0) >= (int64_t(1) << 31)) throw std::invalid_argument("masks: shape");
+        CompactArrays a;
+        {
+          py::gil_scoped_release nogil;
+          a = compact_rows(m, masks.shape(0), masks.shape(1), nthreads);
+        }
+        return compact_to_numpy(std::move(a));
+      },
+      py::arg("masks"), py::arg("nthreads") = 0,
+      "masks uint32[N, W] -> (row_of int32[N], off int64[R+1], kind uint8[R], data uint32[off[R]]): each "
+      "distinct row once, in its smallest form (see csrc/grammar.h). Releases the GIL.");
 
   m.def(
       "finished_next",

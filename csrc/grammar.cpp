@@ -1,7 +1,11 @@
 #include "grammar.h"
 
+#include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "thread_pool.h"
@@ -67,6 +71,163 @@ int64_t Grammar::ready_rows() const {
   int64_t n = 0;
   for (int64_t r = 0; r <= S; ++r) n += ready(r);
   return n;
+}
+
+void Grammar::row_words(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const {
+  if (compact) {
+    rows.expand(r, w0, w1, out);
+  } else {
+    std::memcpy(out, masks + r * vocab->words() + w0, (w1 - w0) * sizeof(uint32_t));
+  }
+}
+
+void CompactRows::expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const {
+  const int64_t r = row_of[s];
+  const uint32_t* d = data + off[r];
+  const int64_t n = off[r + 1] - off[r];
+  const int64_t len = w1 - w0;
+  switch (kind[r]) {
+    case kWords: {
+      const int64_t nb = (W + 31) / 32;
+      const uint32_t* bm = d;
+      const int64_t p = d[nb];
+      const uint32_t* idx = d + nb + 1;
+      const uint32_t* words = idx + p;
+      // 32 words per bitmap word: whole runs of refused or allowed words are one memset
+      for (int64_t w = w0; w < w1;) {
+        const uint32_t b = bm[w >> 5];
+        if ((w & 31) == 0 && w + 32 <= w1 && (b == 0 || b == ~0u)) {
+          std::memset(out + (w - w0), b ? 0xFF : 0, 32 * sizeof(uint32_t));
+          w += 32;
+          continue;
+        }
+        out[w - w0] = ((b >> (w & 31)) & 1u) ? ~0u : 0u;
+        ++w;
+      }
+      for (const uint32_t* k = std::lower_bound(idx, idx + p, static_cast<uint32_t>(w0)); k < idx + p && *k < w1; ++k)
+        out[*k - w0] = words[k - idx];
+      break;
+    }
+    case kDense:
+      std::memcpy(out, d + w0, len * sizeof(uint32_t));
+      break;
+    case kAllowed:
+    case kRefused: {
+      const bool allowed = kind[r] == kAllowed;
+      std::memset(out, allowed ? 0 : 0xFF, len * sizeof(uint32_t));
+      const uint32_t lo = static_cast<uint32_t>(w0 * 32), hi = static_cast<uint32_t>(w1 * 32);
+      for (const uint32_t* k = std::lower_bound(d, d + n, lo); k < d + n && *k < hi; ++k) {
+        const uint32_t bit = 1u << (*k & 31);
+        uint32_t& word = out[(*k >> 5) - w0];
+        word = allowed ? (word | bit) : (word & ~bit);
+      }
+      break;
+    }
+  }
+}
+
+void CompactRows::check(int64_t rows, int64_t ndata) const {
+  auto fail = [](const std::string& why) { throw std::invalid_argument("compressed mask rows: " + why); };
+  if (W <= 0 || W >= (int64_t(1) << 26)) fail("bad row width");
+  for (int64_t s = 0; s < rows; ++s)
+    if (row_of[s] < 0 || row_of[s] >= R) fail("row index out of range");
+  if (R > 0 && off[0] != 0) fail("offsets must start at 0");
+  if (off[R] != ndata) fail("offsets must end at the data's length");
+  const int64_t nb = (W + 31) / 32;
+  const uint32_t ids = static_cast<uint32_t>(W * 32);
+  for (int64_t r = 0; r < R; ++r) {
+    if (off[r + 1] < off[r]) fail("offsets must not decrease");
+    const uint32_t* d = data + off[r];
+    const int64_t n = off[r + 1] - off[r];
+    if (kind[r] == kWords) {
+      if (n < nb + 1 || n != nb + 1 + 2 * static_cast<int64_t>(d[nb])) fail("a word row's length");
+      const int64_t p = d[nb];
+      for (int64_t k = 0; k < p; ++k)
+        if (d[nb + 1 + k] >= W || (k > 0 && d[nb + 1 + k] <= d[nb + k])) fail("word indices");
+      if (W % 32 && (d[nb - 1] >> (W % 32))) fail("bitmap past the row");
+    } else if (kind[r] == kDense) {
+      if (n != W) fail("a dense row's length");
+    } else if (kind[r] == kAllowed || kind[r] == kRefused) {
+      for (int64_t k = 0; k < n; ++k)
+        if (d[k] >= ids || (k > 0 && d[k] <= d[k - 1])) fail("token ids");
+    } else {
+      fail("unknown row kind");
+    }
+  }
+}
+
+CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads) {
+  std::vector<uint64_t> hash(rows);
+  ThreadPool::global().parallel_for(
+      rows,
+      [&](int64_t s) {
+        const uint32_t* m = masks + s * W;
+        uint64_t h = 0x9E3779B97F4A7C15ull;
+        for (int64_t w = 0; w < W; ++w) h = (h ^ m[w]) * 0x100000001B3ull + (h >> 29);
+        hash[s] = h;
+      },
+      nthreads);
+  CompactArrays out;
+  out.row_of.resize(rows);
+  std::vector<int64_t> first;  // per distinct row, the first state row that has it
+  std::unordered_map<uint64_t, std::vector<int32_t>> seen;
+  for (int64_t s = 0; s < rows; ++s) {
+    auto& same = seen[hash[s]];
+    int32_t found = -1;
+    for (int32_t r : same)
+      if (std::memcmp(masks + first[r] * W, masks + s * W, W * sizeof(uint32_t)) == 0) {
+        found = r;
+        break;
+      }
+    if (found < 0) {
+      found = static_cast<int32_t>(first.size());
+      first.push_back(s);
+      same.push_back(found);
+    }
+    out.row_of[s] = found;
+  }
+  const int64_t R = static_cast<int64_t>(first.size());
+  const int64_t nb = (W + 31) / 32;
+  out.kind.resize(R);
+  out.off.assign(R + 1, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const uint32_t* m = masks + first[r] * W;
+    int64_t allowed = 0, partial = 0;
+    for (int64_t w = 0; w < W; ++w) {
+      allowed += __builtin_popcount(m[w]);
+      partial += m[w] != 0 && m[w] != ~0u;
+    }
+    const int64_t as_words = nb + 1 + 2 * partial, as_allowed = allowed, as_refused = 32 * W - allowed;
+    const size_t at = out.data.size();
+    if (as_allowed < std::min(as_words, W) && as_allowed <= as_refused) {
+      out.kind[r] = CompactRows::kAllowed;
+      for (int64_t w = 0; w < W; ++w)
+        for (uint32_t b = m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
+    } else if (as_refused < std::min(as_words, W)) {
+      out.kind[r] = CompactRows::kRefused;
+      for (int64_t w = 0; w < W; ++w)
+        for (uint32_t b = ~m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
+    } else if (W <= as_words) {
+      out.kind[r] = CompactRows::kDense;
+      out.data.insert(out.data.end(), m, m + W);
+    } else {
+      out.kind[r] = CompactRows::kWords;
+      out.data.resize(at + as_words, 0);
+      uint32_t* d = out.data.data() + at;
+      d[nb] = static_cast<uint32_t>(partial);
+      int64_t k = 0;
+      for (int64_t w = 0; w < W; ++w) {
+        if (m[w] == ~0u) d[w >> 5] |= 1u << (w & 31);
+        if (m[w] != 0 && m[w] != ~0u) {
+          d[nb + 1 + k] = static_cast<uint32_t>(w);
+          d[nb + 1 + partial + k] = m[w];
+          ++k;
+        }
+      }
+    }
+    out.off[r + 1] = static_cast<int64_t>(out.data.size());
+  }
+  return out;
 }
 
 int32_t Grammar::step(int32_t state, int64_t token) const {

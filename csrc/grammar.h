@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "vocab_trie.h"
 
@@ -18,6 +19,43 @@ namespace llmserve {
 // when s accepts, or when nothing else is allowed); row S = end of sequence only (the dead row).
 void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,
                    int nthreads);
+
+// The complete mask rows of a constraint, compressed: each distinct row stored once (states reach
+// the same row often: every state inside a free string allows the same tokens), and each in the
+// smallest of three forms, so that a constraint costs about what its information costs rather than
+// S x V bits (a 2,000-state schema over 100k tokens: 25 MB dense, ~1 MB compressed):
+//   kWords:   bitmap[nb] (bit w: word w is all ones, else all zeros unless listed), p, then the p
+//             listed words' indices (increasing) and the p words; nb = ceil(W / 32)
+//   kAllowed: the allowed token ids, increasing (the row is zero elsewhere)
+//   kRefused: the refused token ids in [0, 32 W), increasing (the row is all ones elsewhere)
+//   kDense:   the W words as they are (when most words are partial: never more than dense rows)
+// A fill expands a row's words straight into the bitmask, or into a chunk buffer that stays in L1
+// before the logits pass: a write of the row's words, never a second pass over the logits.
+// Layout shared with Python (llmserve/constraints/compiled.py, disk_cache.py):
+//   row_of int32[S+1] (distinct row per state row), off int64[R+1] (row r: data[off[r], off[r+1])),
+//   kind uint8[R], data uint32[off[R]]
+struct CompactRows {
+  enum Kind : uint8_t { kWords = 0, kAllowed = 1, kRefused = 2, kDense = 3 };
+  const int32_t* row_of = nullptr;
+  const int64_t* off = nullptr;
+  const uint8_t* kind = nullptr;
+  const uint32_t* data = nullptr;
+  int64_t R = 0, W = 0;
+  // words [w0, w1) of state row s into out[0, w1 - w0)
+  void expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const;
+  // throws std::invalid_argument unless every index stays inside the arrays (a file read from disk)
+  void check(int64_t rows, int64_t ndata) const;
+};
+
+struct CompactArrays {
+  std::vector<int32_t> row_of;
+  std::vector<int64_t> off;
+  std::vector<uint8_t> kind;
+  std::vector<uint32_t> data;
+};
+
+// Compress masks[rows, W] (complete rows; rows may repeat).
+CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads);
 
 // A compiled constraint. Raw pointers into buffers owned by the Python object (numpy, possibly mmap).
 // Mask rows may be computed lazily: `status` says per row whether it is ready; `ensure` computes a
@@ -32,6 +70,9 @@ struct Grammar {
   int64_t S = 0;
   int32_t start = 0;
   std::unique_ptr<std::atomic<uint8_t>[]> status;  // per mask row: 0 missing, 1 being computed, 2 ready
+  // set: the rows are complete and compressed (`masks` is null); a compressed grammar is never lazy
+  bool compact = false;
+  CompactRows rows;
 
   // all rows ready (`masks` complete, may be read-only) or only the dead row (`masks` writable)
   void init(bool ready);
@@ -40,7 +81,8 @@ struct Grammar {
   void ensure(int64_t row) const;
   void complete(int nthreads) const;
   int64_t ready_rows() const;
-  const uint32_t* row(int64_t r) const { return masks + r * vocab->words(); }
+  // words [w0, w1) of mask row r (w1 <= vocab->words()) into out[0, w1 - w0); the row must be ready
+  void row_words(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const;
 
  private:
   void compute(int64_t row) const;

@@ -53,6 +53,13 @@ def compile_masks(
     """Every mask row at once: table int32[S, 256], accept uint8[S] -> masks uint32[S + 1, W].
     Releases the GIL. nthreads 0: the whole pool."""
 
+def compact_rows(
+    masks: NDArray[np.uint32], nthreads: int = 0
+) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]:
+    """masks uint32[N, W] -> (row_of int32[N], off int64[R + 1], kind uint8[R], data uint32[off[R]]):
+    each distinct row once, as its partial words, allowed ids or refused ids, whichever is smallest
+    (layout in csrc/grammar.h). Releases the GIL."""
+
 class Grammar:
     """A DFA compiled against a vocabulary, over buffers the caller owns (kept alive by this object).
     ready=False: only the dead row is computed now; the others on first use (``ensure``, batch fills)
@@ -68,6 +75,29 @@ class Grammar:
         ready: bool = True,
     ) -> None:
         """table int32[S, 256], accept uint8[S], masks uint32[S + 1, vocab.words]."""
+    @staticmethod
+    def compressed(
+        vocab: Vocab,
+        table: NDArray[np.int32],
+        accept: NDArray[np.uint8],
+        row_of: NDArray[np.int32],
+        off: NDArray[np.int64],
+        kind: NDArray[np.uint8],
+        data: NDArray[np.uint32],
+        start: int = 0,
+    ) -> Grammar:
+        """A complete grammar over compressed rows (``compact_rows``'s arrays, kept alive by it);
+        ValueError when an index in them is out of range."""
+    @property
+    def compressed_rows(
+        self,
+    ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]] | None:
+        """(row_of, off, kind, data) of a compressed grammar; None for a dense one."""
+    def compress(self, nthreads: int = 0) -> Grammar:
+        """A compressed copy of this complete grammar (same automaton and state ids). Releases the GIL.
+        ValueError: a row is not computed yet."""
+    def rows_into(self, out: NDArray[np.uint32], first: int = 0) -> None:
+        """out[i] = mask row first + i, dense, computed first if missing. Releases the GIL."""
     def ensure(self, state: int) -> None:
         """Compute the mask row of ``state`` (-1: the dead row) if it is not ready yet. Releases the GIL.
         ValueError: a state past S."""

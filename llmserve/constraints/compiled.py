@@ -6,6 +6,11 @@ vocabulary into one packed bitmask row per DFA state (``masks[s]``: the tokens a
 At decode time a row's state advances by walking the sampled token's bytes through the DFA, and the
 mask fill is one copy of ``masks[state]``: cost per row is flat, whatever the constraint.
 
+A complete form keeps its rows compressed (``csrc/grammar.h``, ``CompactRows``): each distinct row
+once, as its partial words, its allowed ids or its refused ids, whichever is smallest; fills expand
+a row's words straight into the bitmask or the logits pass. A 2,000-state schema over 100k tokens
+takes ~1 MB instead of 25 MB; ``nbytes`` counts what a form holds now.
+
 Mask rows may be computed lazily (``CompiledConstraint.lazy``): the form is usable once the DFA and
 the start state's row exist, a row is computed the first time a batch row needs it, and the rest
 can be completed in the background (``finisher.py``). ``compiler.py`` decides which, and caches the
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +37,9 @@ from llmserve.constraints.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
+# compressed mask rows, as the core lays them out (csrc/grammar.h, CompactRows): row_of, off, kind, data
+Rows = tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -44,7 +52,8 @@ class Completion:
 
 class CompiledConstraint:
     """A DFA compiled against one vocabulary: ``table`` int32[S,256], ``accept`` uint8[S],
-    ``masks`` uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0.
+    mask rows uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0; the rows
+    dense (``masks`` given) or compressed (``rows``: the core's (row_of, off, kind, data)).
 
     ``ready=False``: the mask rows are filled in lazily by the native core (see the module doc);
     ``masks`` then waits for all of them, ``allowed(s)`` computes just row s.
@@ -55,15 +64,22 @@ class CompiledConstraint:
         vocab: Vocab,
         table: NDArray[np.int32],
         accept: NDArray[np.uint8],
-        masks: NDArray[np.uint32],
+        masks: NDArray[np.uint32] | None,
         start: int = 0,
         key: str = "",
         ready: bool = True,
+        rows: Rows | None = None,
     ):
+        if (masks is None) == (rows is None):
+            raise ValueError("give either dense masks or compressed rows")
         self.vocab = vocab
         self.table = table
         self.accept = accept
         self._masks = masks
+        self._rows = rows
+        self._compress_lock = threading.Lock()
+        # called with this form once its rows are compressed (the in-memory cache re-counts its size)
+        self.on_compressed: Callable[[CompiledConstraint], None] | None = None
         self.start = int(start)
         self.key = key
         self._ready = ready
@@ -98,10 +114,48 @@ class CompiledConstraint:
         """The ``_core.Grammar`` over the same buffers (built once)."""
         if self._native is None:
             require_native()
-            self._native = core.Grammar(
-                native_vocab(self.vocab), self.table, self.accept, self._masks, self.start, self._ready
-            )
+            if self._rows is not None:
+                row_of, off, kind, data = self._rows
+                self._native = core.Grammar.compressed(
+                    native_vocab(self.vocab), self.table, self.accept, row_of, off, kind, data, self.start
+                )
+            else:
+                assert self._masks is not None
+                self._native = core.Grammar(
+                    native_vocab(self.vocab), self.table, self.accept, self._masks, self.start, self._ready
+                )
         return self._native
+
+    @property
+    def compressed(self) -> bool:
+        return self._rows is not None
+
+    @property
+    def compressed_rows(self) -> Rows | None:
+        return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """What this form holds now: the automaton and the mask rows, dense while lazy, compressed
+        once complete. The in-memory cache's budget and the benchmarks count this."""
+        rows = self._rows if self._rows is not None else (self._masks,)
+        return int(self.table.nbytes + self.accept.nbytes + sum(a.nbytes for a in rows if a is not None))
+
+    def compress(self) -> CompiledConstraint:
+        """Replace the complete dense rows by their compressed form (native core only). Rows a batch
+        already holds keep the dense grammar until they are set again; new rows get the compressed one."""
+        with self._compress_lock:
+            if self._rows is not None:
+                return self
+            require_native()
+            g = self.native.compress()
+            self._rows = g.compressed_rows
+            assert self._rows is not None
+            self._native = g
+            self._masks = None
+        if self.on_compressed is not None:
+            self.on_compressed(self)
+        return self
 
     @property
     def distances(self) -> NDArray[np.int32]:
@@ -178,22 +232,24 @@ class CompiledConstraint:
 
     @property
     def masks(self) -> NDArray[np.uint32]:
-        """Every state's mask row (waits for lazily computed rows)."""
+        """Every state's mask row, dense (waits for lazily computed rows). A compressed form expands
+        a fresh copy on every call (tests and benchmarks; fills read the compressed rows)."""
         self.complete()
-        return self._masks
-
-    @property
-    def mask_buffer(self) -> NDArray[np.uint32]:
-        """The mask rows as they are now: rows not computed yet hold garbage (``masks`` waits)."""
-        return self._masks
+        if self._masks is not None:
+            return self._masks
+        out = np.empty((self.num_states + 1, self.vocab.words), dtype=np.uint32)
+        self.native.rows_into(out)
+        return out
 
     def complete(self) -> CompiledConstraint:
-        """Compute every mask row not computed yet; wait for the background cache writer if any."""
+        """Compute every mask row not computed yet and compress them; wait for the background cache
+        writer if any."""
         if self._finished is not None and threading.current_thread() is not self._finished.thread:
             self._finished.done.wait()
         if not self._ready:
             self.native.complete()
             self._ready = True
+            self.compress()
         return self
 
     def completed_by(self, thread: threading.Thread) -> Completion:
@@ -217,9 +273,15 @@ class CompiledConstraint:
 
     def allowed(self, state: int) -> NDArray[np.bool_]:
         """Boolean [vocab.size] of the tokens allowed in ``state``."""
-        if not self._ready:
-            self.native.ensure(state)
-        row = self._masks[state if state >= 0 else self.num_states]
+        r = state if state >= 0 else self.num_states
+        masks = self._masks  # compression may drop it meanwhile; this reference keeps it
+        if masks is not None:
+            if not self._ready:
+                self.native.ensure(state)
+            row = masks[r]
+        else:
+            row = np.empty((1, self.vocab.words), dtype=np.uint32)
+            self.native.rows_into(row, r)
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")
         return bits[: self.vocab.size].astype(bool)
 
@@ -234,8 +296,8 @@ def compile_dfa(dfa: ByteDFA, vocab: Vocab, *, backend: str = "native", key: str
     if backend == "native":
         require_native()
         masks = core.compile_masks(native_vocab(vocab), table, accept)
-    elif backend == "python":
+        return CompiledConstraint(vocab, table, accept, masks, dfa.start, key).compress()
+    if backend == "python":
         masks = reference.compile_masks(vocab, table, accept)
-    else:
-        raise ValueError(f"backend must be native or python, not {backend!r}")
-    return CompiledConstraint(vocab, table, accept, masks, dfa.start, key)
+        return CompiledConstraint(vocab, table, accept, masks, dfa.start, key)
+    raise ValueError(f"backend must be native or python, not {backend!r}")

@@ -64,7 +64,14 @@ _MEMORY = MemoryCache(lambda: limits().cache_bytes)
 
 
 def _form_bytes(c: CompiledConstraint) -> int:
-    return int(c.table.nbytes + c.accept.nbytes + c.mask_buffer.nbytes)
+    return c.nbytes
+
+
+def _hold(memo: tuple, c: CompiledConstraint) -> None:
+    """Keep ``c`` in memory, counted at its size now and again once its rows are compressed."""
+    _MEMORY.put(memo, c, _form_bytes(c), weak=True)
+    if not c.compressed:
+        c.on_compressed = lambda done: _MEMORY.put(memo, done, _form_bytes(done), weak=True)
 
 
 def dfa_for(
@@ -133,7 +140,7 @@ def compile_constraint(
         hit = read_cache(path, vocab)
         if hit is not None:
             _reuse_distances(hit, key, cache_dir)
-            _MEMORY.put(memo, hit, _form_bytes(hit), weak=True)
+            _hold(memo, hit)
             return hit
     dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend, keep_on_disk=False)
     if backend == "python":
@@ -145,7 +152,7 @@ def compile_constraint(
         if path is not None:
             _complete_later(compiled, path)
     _reuse_distances(compiled, key, cache_dir)
-    _MEMORY.put(memo, compiled, _form_bytes(compiled), weak=True)
+    _hold(memo, compiled)
     return compiled
 
 
@@ -213,7 +220,7 @@ def _cache_root(cache_dir: Path | str | bool | None) -> Path:
 def _complete_later(compiled: CompiledConstraint, path: Path) -> None:
     # Larger constraints (e.g. 20k states over a 128k vocabulary: 320 MiB) are neither completed in
     # the background nor cached: only the rows requests actually reach are computed.
-    nbytes = compiled.mask_buffer.nbytes
+    nbytes = compiled.nbytes  # dense while lazy: what completing it holds until it is compressed
     if nbytes <= limits().complete_max_mb << 20:
         FINISHER.submit(compiled, path)
         return

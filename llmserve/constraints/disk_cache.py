@@ -43,8 +43,9 @@ from llmserve.constraints.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-_MAGIC = b"LLMSCST2"
+# 3: mask rows stored compressed (row_of, off, kind, data; csrc/grammar.h) instead of dense
+FORMAT_VERSION = 3
+_MAGIC = b"LLMSCST3"
 _FIXED = 24  # magic, header length, checksum
 _ALIGN = 64
 _M64 = (1 << 64) - 1
@@ -183,9 +184,20 @@ def trim(folder: Path, budget: int, keep: Path | None = None) -> int:
     return freed
 
 
+_ROWS = ("row_of", "off", "kind", "data")
+
+
 def write_cache(path: Path, c: CompiledConstraint) -> None:
-    """Write ``c``, which must be complete (the callers make sure: a lazy form's rows hold garbage)."""
-    write_arrays(path, c.key, {"table": c.table, "accept": c.accept, "masks": c.mask_buffer}, {"start": c.start})
+    """Write ``c``, which must be complete (the callers make sure: a lazy form's rows hold garbage),
+    with its rows compressed (a dense form, e.g. the Python backend's, is compressed for the file)."""
+    rows = c.compressed_rows
+    if rows is None:
+        if core is None:
+            return  # without the core a file could not be read back either
+        rows = core.compact_rows(c.masks)
+    arrays: dict[str, np.ndarray] = {"table": c.table, "accept": c.accept}
+    arrays.update(zip(_ROWS, rows, strict=True))
+    write_arrays(path, c.key, arrays, {"start": c.start})
 
 
 def try_write_cache(path: Path, compiled: CompiledConstraint) -> None:
@@ -279,19 +291,20 @@ def read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
         return None
     header, a = found
     try:
-        table, accept, masks, start = a["table"], a["accept"], a["masks"], int(header["start"])
+        table, accept, start = a["table"], a["accept"], int(header["start"])
+        rows = (a["row_of"], a["off"], a["kind"], a["data"])
     except (KeyError, ValueError, TypeError):
         log.warning("constraint cache file %s ignored (arrays missing); it will be rebuilt", path)
         return None
-    if (
-        table.ndim != 2
-        or masks.ndim != 2
-        or masks.shape[1] != vocab.words
-        or masks.shape[0] != table.shape[0] + 1
-        or accept.shape != (table.shape[0],)
-    ):
+    if core is None or table.ndim != 2 or accept.shape != (table.shape[0],):
         return None
-    return CompiledConstraint(vocab, table, accept, masks, start, header["key"])
+    c = CompiledConstraint(vocab, table, accept, None, start, header["key"], rows=rows)
+    try:
+        c.native  # noqa: B018 - builds the grammar, which checks every index of the compressed rows
+    except (ValueError, TypeError) as exc:  # the checksum passed, so written by another version or vocabulary
+        log.warning("constraint cache file %s ignored (%s); it will be rebuilt", path, exc)
+        return None
+    return c
 
 
 def read_dfa(path: Path) -> ByteDFA | None:

@@ -55,6 +55,7 @@ class Finisher:
             compiled, path, completion = entry
             try:
                 compiled.mark_complete()
+                compiled.compress()
                 try_write_cache(path, compiled)
             except Exception:
                 log.exception("writing the cache of constraint %s failed", compiled.key)

@@ -1,0 +1,223 @@
+"""Issue #17 item 4: complete mask rows are held compressed (each distinct row once, as its partial
+words, allowed ids or refused ids; csrc/grammar.h). A compressed form must give bit for bit the
+masks, fills and applied logits of the dense form, on random rows, random automata and the
+benchmark's constraints, and what the caches count must be what it holds."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_equivalence import SETTINGS, regexes, vocabs
+from transformers import AutoTokenizer
+
+from llmserve.constraints import Vocab, compile_constraint, load_cached, reference
+from llmserve.constraints import compiler as compiler_mod
+from llmserve.constraints.compiled import compile_dfa
+from llmserve.constraints.native import native, native_vocab
+from llmserve.constraints.regex import compile_regex
+
+pytestmark = pytest.mark.skipif(native is None, reason="needs the native core")
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "constraints"
+
+
+@pytest.fixture(scope="module")
+def wide_vocab(tiny_model_dir):
+    """The tiny model's tokens in a 100k-wide row: 3,125 words, four apply chunks of 1,024 words."""
+    v = Vocab.from_hf_tokenizer(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    return Vocab(list(v.tokens), v.eos_ids, 100_000)
+
+
+def bench_constraints() -> dict[str, dict]:
+    """memory.py's constraints: bench.py's four, the 12-property order schema, the 200-way choice."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("memory_bench", BENCH / "memory.py")
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.constraints()
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def dense_grammar(vocab: Vocab, table, accept, masks, start=0):
+    return native.Grammar(native_vocab(vocab), table, accept, masks, start, True)
+
+
+def random_rows(rng: np.random.Generator, n: int, W: int) -> np.ndarray:
+    """Rows like real ones: all refused, all allowed, a few ids, all but a few, runs of whole words
+    with a few partial ones, repeats of each other."""
+    rows = np.zeros((n, W), np.uint32)
+    for i in range(n):
+        k = int(rng.integers(0, 6))
+        if k == 1:
+            rows[i] = 0xFFFFFFFF
+        elif k in (2, 3):
+            ids = rng.integers(0, 32 * W, size=int(rng.integers(0, 9)))
+            bits = np.zeros(32 * W, bool)
+            bits[ids] = True
+            rows[i] = np.packbits(bits if k == 2 else ~bits, bitorder="little").view(np.uint32)
+        elif k == 4:
+            rows[i] = np.where(rng.random(W) < 0.5, 0, 0xFFFFFFFF).astype(np.uint32)
+            rows[i, rng.integers(0, W, size=3)] = rng.integers(0, 2**32, size=3, dtype=np.uint64).astype(np.uint32)
+        elif k == 5 and i > 0:
+            rows[i] = rows[rng.integers(0, i)]
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_rows_expand_to_themselves(seed):
+    rng = np.random.default_rng(seed)
+    W = int(rng.choice([1, 2, 31, 32, 33, 64, 1025, 2100]))
+    S = int(rng.integers(1, 12))
+    rows = random_rows(rng, S + 1, W)
+    row_of, off, kind, data = native.compact_rows(rows)
+    assert len(kind) == len({r.tobytes() for r in rows})  # each distinct row once
+    vocab = Vocab([bytes([i % 256]) for i in range(32 * W - 5)], (0,), 32 * W - 5)
+    table = np.full((S, 256), -1, np.int32)
+    accept = np.zeros(S, np.uint8)
+    g = native.Grammar.compressed(native_vocab(vocab), table, accept, row_of, off, kind, data)
+    back = np.empty_like(rows)
+    g.rows_into(back)
+    np.testing.assert_array_equal(back, rows)
+    # a distinct row never takes more than its dense words
+    assert off[-1] <= len(kind) * W
+
+
+@SETTINGS
+@given(regexes(), vocabs(), st.integers(0, 2**32 - 1))
+def test_random_automata_compressed_equals_dense(pattern, vocab, seed):
+    dfa = compile_regex(pattern)
+    dense = reference.compile_masks(vocab, dfa.table, dfa.accept)
+    c = compile_dfa(dfa, vocab)
+    assert c.compressed
+    np.testing.assert_array_equal(c.masks, dense)
+    for s in range(-1, c.num_states):
+        np.testing.assert_array_equal(
+            c.allowed(s), np.unpackbits(dense[s].view(np.uint8), bitorder="little")[: vocab.size].astype(bool)
+        )
+    # the same batch over each form: rows at every state, walked there by the core
+    nv = native_vocab(vocab)
+    gd = dense_grammar(vocab, c.table, c.accept, dense, dfa.start)
+    rng = np.random.default_rng(seed)
+    V = vocab.size + int(rng.integers(0, 40))  # logits may be wider than the vocabulary
+    assert_batches_equal(nv, vocab, gd, c.native, dense, V, rng)
+
+
+def assert_batches_equal(nv, vocab: Vocab, gd, gc, dense: np.ndarray, V: int, rng: np.random.Generator) -> None:
+    """Rows at random reachable states (and dead, and unconstrained ones): fill, fill_apply with and
+    without a bitmask, inline and on the pool, the same on both grammars and as the dense rows say."""
+    S = dense.shape[0] - 1
+    B = int(rng.integers(1, 12))
+    paths = []
+    for _ in range(B):
+        toks, s = [], gd.start
+        for _ in range(int(rng.integers(0, 6))):
+            allowed = np.flatnonzero(
+                np.unpackbits(dense[s if s >= 0 else S].view(np.uint8), bitorder="little")[: vocab.size]
+            )
+            allowed = [t for t in allowed if t not in vocab.eos_ids]
+            if not allowed or rng.random() < 0.1:
+                toks.append(int(rng.integers(0, vocab.size)))  # may kill the row: the dead row
+            else:
+                toks.append(int(rng.choice(allowed)))
+            s = gd.step(s, toks[-1]) if s >= 0 else -1
+        paths.append(None if rng.random() < 0.15 else toks)
+    logits0 = rng.standard_normal((B, V)).astype(np.float32)
+    results = []
+    for g in (gd, gc):
+        for nthreads in (1, 0):
+            batch = native.Batch(nv)
+            for i, toks in enumerate(paths):
+                batch.set_row(i, None if toks is None else g, None if toks is None else list(toks))
+            batch.sync(B)
+            W = vocab.words + 1  # a bitmask wider than the vocabulary's rows
+            bits = np.zeros((B, W), np.uint32)
+            batch.fill(bits, nthreads=nthreads)
+            bits2 = np.zeros((B, (V + 31) // 32 + 1), np.uint32)
+            l1, l2 = logits0.copy(), logits0.copy()
+            batch.fill_apply(l1, bits2, nthreads=nthreads)
+            batch.fill_apply(l2, nthreads=nthreads)
+            results.append((bits, bits2, l1, l2))
+    first = results[0]
+    for other in results[1:]:
+        for a, b in zip(first, other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # and the dense rows themselves, for the constrained rows
+    for i, toks in enumerate(paths):
+        if toks is None:
+            continue
+        s = gd.walk(gd.start, toks)
+        np.testing.assert_array_equal(first[0][i, : vocab.words], dense[s if s >= 0 else S])
+
+
+@pytest.mark.parametrize("name", ["json_schema", "iso_date", "email", "choice5", "order_schema_12", "choice_200"])
+def test_benchmark_constraints_compressed_equal_dense(name, wide_vocab, tmp_path):
+    spec = bench_constraints()[name]
+    c = compile_constraint(spec, wide_vocab, cache_dir=tmp_path).complete()
+    assert c.compressed
+    nv = native_vocab(wide_vocab)
+    dense = native.compile_masks(nv, c.table, c.accept)
+    np.testing.assert_array_equal(c.masks, dense)
+    gd = dense_grammar(wide_vocab, c.table, c.accept, dense, c.start)
+    rng = np.random.default_rng(len(name))
+    for V in (wide_vocab.size, wide_vocab.size + 50):
+        assert_batches_equal(nv, wide_vocab, gd, c.native, dense, V, rng)
+    # what the disk cache gives back is the same compressed form
+    compiler_mod._MEMORY.clear()
+    hit = load_cached(spec, wide_vocab, tmp_path)
+    assert hit is not None and hit.compressed
+    np.testing.assert_array_equal(hit.masks, dense)
+    assert hit.nbytes == c.nbytes
+
+
+def test_memory_accounting_counts_the_compressed_rows(wide_vocab, tmp_path):
+    compiler_mod._MEMORY.clear()
+    spec = bench_constraints()["choice_200"]
+    c = compile_constraint(spec, wide_vocab, cache_dir=tmp_path)
+    dense_bytes = c.table.nbytes + c.accept.nbytes + (c.num_states + 1) * wide_vocab.words * 4
+    c.complete()  # waits for the background finisher, which compresses and writes the file
+    assert c.compressed
+    rows = c.native.compressed_rows
+    held = c.table.nbytes + c.accept.nbytes + sum(a.nbytes for a in rows)
+    assert c.nbytes == held
+    assert held * 4 < dense_bytes  # the point of it
+    # the in-memory cache counts the form at its compressed size (its automaton is an entry of its own)
+    counted = [size for value, size in compiler_mod._MEMORY._items.values() if value is c]
+    assert counted == [held]
+    files = [f for f in tmp_path.glob("*.bin") if f.stem == c.key]
+    assert files and files[0].stat().st_size < held + 4096  # so does the file, header aside
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda a: a[0].__setitem__(0, len(a[2])),  # a row index past the distinct rows
+        lambda a: a[1].__setitem__(-1, a[1][-1] - 1),  # offsets short of the data
+        lambda a: a[2].__setitem__(0, 9),  # an unknown kind
+    ],
+)
+def test_bad_compressed_rows_are_refused(wide_vocab, break_it):
+    c = compile_dfa(compile_regex("ab|cd"), wide_vocab)
+    arrays = [a.copy() for a in c.native.compressed_rows]
+    break_it(arrays)
+    with pytest.raises(ValueError):
+        native.Grammar.compressed(native_vocab(wide_vocab), c.table, c.accept, *arrays)
+
+
+def test_unsorted_ids_are_refused(wide_vocab):
+    c = compile_dfa(compile_regex("ab|cd"), wide_vocab)
+    row_of, off, kind, data = (a.copy() for a in c.native.compressed_rows)
+    ids = [r for r in range(len(kind)) if kind[r] == 1 and off[r + 1] - off[r] >= 2]
+    assert ids
+    r = ids[0]
+    data[off[r]], data[off[r] + 1] = data[off[r] + 1], data[off[r]]
+    with pytest.raises(ValueError):
+        native.Grammar.compressed(native_vocab(wide_vocab), c.table, c.accept, row_of, off, kind, data)
