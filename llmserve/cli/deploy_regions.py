@@ -115,3 +115,25 @@ def render_regions(result: RegionalOutcome, output: OutputFormat) -> None:
             gate_text,
         )
     console.print(table)
+
+
+def note_open_regional(k, name: str) -> None:
+    """`llmserve status` in one context: a line about an open regional rollout journaled there (the first
+    context of its --contexts), with the two ways out."""
+    from llmserve.deploy.kubernetes.cluster import KubernetesAPIError
+    from llmserve.deploy.kubernetes.region_journal import ConfigMapJournal
+
+    try:
+        rec = next((r for r in ConfigMapJournal(k.c).load(name) if r.is_open), None)
+    except KubernetesAPIError:  # status shows the deployment itself even where this extra read is refused
+        return
+    if rec is None:
+        return
+    ctx = ",".join(rec.contexts)
+    console.print(
+        f"[yellow]regional rollout #{rec.id} of {escape(rec.package)} is {rec.status}[/] ({escape(rec.summary())}; "
+        f"last written by {escape(rec.cli or '?')}): continue it with `llmserve deploy {escape(rec.package)} --target "
+        f"kubernetes --contexts {escape(ctx)}` or undo it with `llmserve rollback {escape(name)} --target kubernetes "
+        f"--contexts {escape(ctx)}`",
+        highlight=False,
+    )

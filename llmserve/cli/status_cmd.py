@@ -20,6 +20,7 @@ from llmserve.cli.deploy_common import (
     kube_deployer,
     render_status,
 )
+from llmserve.cli.deploy_regions import note_open_regional
 from llmserve.cli.render import OutputFormat, console, print_json
 from llmserve.errors import ExitCode
 
@@ -157,6 +158,7 @@ def _k8s_status(name, history, namespace, context, kubeconfig, output, figures: 
         console.print(f"no deployments in namespace {d.ns}", highlight=False)
     for r in results:
         render_status(r)
+        note_open_regional(d, r.deployment)  # deploy --contexts' journal (llmserve.cli.deploy_regions)
         status_figures.render_kubernetes(r, console)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-from support.cli import popen_cli, run_cli_json
+from support.cli import popen_cli, run_cli, run_cli_json
 from support.waiting import wait_until
 
 MODEL = "tiny-chat"
@@ -268,6 +268,13 @@ def test_a_killed_regional_deploy_is_rolled_back_in_the_regions_it_moved_only(
     assert "llmserve rollback tiny-chat --target kubernetes --contexts region-a,region-b,region-c" in out["hint"]
     assert [v for (_, _, v) in _served(kube_api, regions["a"]).values()] == ["3"]
     assert not _served(kube_api, regions["b"])
+    # `status` in the first context says so, with both ways out
+    env = {"KUBECONFIG": regions["kubeconfig"], "PYTHONWARNINGS": "ignore"}
+    p = run_cli("status", MODEL, "--target", "kubernetes", "--context", "region-a", "--no-metrics", env=env)
+    assert p.returncode == 0, p.stderr
+    said = " ".join(p.stdout.split())
+    assert f"regional rollout #{rec['id']} of {k8s_packages['v3']} is running (region-a moved" in said
+    assert "llmserve rollback tiny-chat --target kubernetes --contexts region-a,region-b,region-c" in said
 
     rc, out, text = _cli(regions, "rollback", MODEL, *ABC, "--steps", "100", "--pause", "0.3", "--health-timeout", "30")
     assert rc == 0, text
@@ -288,3 +295,64 @@ def test_a_killed_regional_deploy_is_rolled_back_in_the_regions_it_moved_only(
     rc, out, text = _cli(regions, "deploy", str(k8s_packages["v2"]), *ABC, "--region-pause", "0.5", *FAST)
     assert rc == 0, text
     assert [r["result"] for r in out["regions"]] == ["deployed", "deployed", "unchanged"]
+
+
+def test_a_regional_deploy_killed_inside_the_second_region_is_rolled_back_in_both(
+    three_regions, kube_api, k8s_packages, tmp_path
+):
+    """Killed while region b's own rollout waits for its new pod (a quota of one pod holds it back): the
+    rollback undoes that interrupted rollout (b's own journal) and then region a; region c, never reached,
+    keeps its v1."""
+    regions = three_regions
+    rc, _, text = _cli(regions, "deploy", str(k8s_packages["v1"]), *ABC, "--region-pause", "0.3", *FAST)
+    assert rc == 0, text
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_resource_quota(
+        regions["b"], {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
+    )
+    wait_until(
+        lambda: (core.read_namespaced_resource_quota("one-pod", regions["b"]).status.used or {}).get("pods") == "1",
+        what="the quota's usage computed by the resourcequota controller",
+    )
+    env = {"KUBECONFIG": regions["kubeconfig"], "PYTHONWARNINGS": "ignore"}
+    waits = ("--pause", "0.3", "--health-timeout", "900", "--drain-timeout", "1", "--steps", "100")
+    proc = popen_cli(
+        "deploy", k8s_packages["v2"], "--target", "kubernetes", *ABC, "--region-pause", "0.3", *waits,
+        log=tmp_path / "killed.log", env=env,
+    )  # fmt: skip
+
+    def b_waiting():
+        try:
+            r = _rollouts(kube_api, regions["b"])[0]
+        except (client.exceptions.ApiException, IndexError):
+            return False
+        return (
+            r["version"] == 2
+            and r["status"] == "running"
+            and "2" in {v for (_, _, v) in _served(kube_api, regions["b"]).values()}
+        )
+
+    try:
+        wait_until(b_waiting, timeout=300, every=0.5, what="region b's rollout waiting for its new pod")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    core.delete_namespaced_resource_quota("one-pod", regions["b"])
+    rec = _journal(kube_api, regions["a"])[0]
+    assert rec["id"] == 2 and rec["status"] == "running"
+    assert [r["phase"] for r in rec["regions"]] == ["gated", "rolling", "pending"]
+    assert sorted(v for (_, _, v) in _served(kube_api, regions["b"]).values()) == ["1", "2"]
+    assert [v for (_, _, v) in _served(kube_api, regions["a"]).values()] == ["2"]
+
+    rc, out, text = _cli(regions, "rollback", MODEL, *ABC, "--steps", "100", "--pause", "0.3", "--health-timeout", "30")
+    assert rc == 0, text
+    assert [(r["context"], r["result"], r["version"]) for r in out["regions"]] == [
+        ("region-a", "rolled-back", 1),
+        ("region-b", "rolled-back", 1),
+        ("region-c", "untouched", None),
+    ]
+    for ns in (regions["a"], regions["b"], regions["c"]):
+        wait_until(lambda ns=ns: [v for (_, _, v) in _served(kube_api, ns).values()] == ["1"], what=f"v1 in {ns}")
+    assert [r["status"] for r in _rollouts(kube_api, regions["b"])][:2] == ["rolled-back", "done"]
+    assert [(r["version"], r["status"]) for r in _rollouts(kube_api, regions["c"])] == [(1, "done")]
+    assert _journal(kube_api, regions["a"])[0]["status"] == "rolled-back"
