@@ -103,7 +103,7 @@ test-slow: $(STAMP) $(CORE_STAMP) $(TRITON_STAMP) $(TRITON_CORE_STAMP) k8s-binar
 test-image: $(STAMP) $(CORE_STAMP) build-env
 	$(PY) -m pytest -q -m full_image tests/build
 
-test: lint test-unit test-slow
+test: lint test-unit test-slow test-image
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) build dist .pytest_cache
