@@ -219,8 +219,8 @@ class CustomMetricsServer:
 
     def available(self) -> bool:
         """The aggregator's own verdict: the APIService's Available condition."""
-        svc = client.ApiregistrationV1Api(self.api).read_api_service(APISERVICE)
-        return any(c.type == "Available" and c.status == "True" for c in svc.status.conditions or [])
+        status = client.ApiregistrationV1Api(self.api).read_api_service(APISERVICE).status
+        return any(c.type == "Available" and c.status == "True" for c in (status and status.conditions) or [])
 
 
 def _quantity(value: float) -> str:
