@@ -63,7 +63,7 @@ CLUSTER_ROLLOUT_KEYS = [
     "updated", "step", "from", "to",
 ]  # fmt: skip
 AUTOSCALER_KEYS = [
-    "object", "target", "min_replicas", "max_replicas", "metric", "queue_target", "current_replicas",
+    "object", "target", "min_replicas", "max_replicas", "metric", "queue_target", "current_value", "current_replicas",
     "desired_replicas", "conditions",
 ]  # fmt: skip
 
