@@ -239,6 +239,9 @@ def up(
     `/v2/models/<modelId>/versions/<version>/...`; requests naming no version go to the default.
 
     A rollout interrupted (CLI killed) is resumed when the same package is deployed again, rolled back otherwise.
+    A region-by-region rollout (--contexts) is journaled in the first context: the same deploy continues it,
+    `llmserve rollback NAME --target kubernetes --contexts ...` undoes the regions it moved, and another
+    package is refused (exit 8) while it is open.
 
     Examples:
 

@@ -258,3 +258,98 @@ def test_a_stuck_rollback_keeps_the_record_open_for_rollback_contexts(world, mon
     # b's deploy failed (it rolled itself back) and is looked at too; a is undone this time
     assert tries == ["a", "b", "a"] and [r.result for r in out.regions] == ["rolled-back", "rolled-back"]
     assert _record(world).status == rj.ROLLED_BACK and a.serving == {V1}
+
+
+# -- one region back to its before-state (regions.undo_to_before), over a faked region journal --------------
+
+
+class Region:
+    """A region's own journal (newest first) and what it serves, as undo_to_before reads and changes them."""
+
+    def __init__(self, serving, rollouts, exists=True):
+        self.serving, self.rollouts, self.exists = set(serving), rollouts, exists
+        self.calls: list[str] = []
+        self.ns = "ns"
+
+    def rollback(self, name, to_version, opts):
+        self.calls.append("rollback")
+        open_ = next((r for r in self.rollouts if r.status == "running"), None)
+        if open_ is not None:  # as KubernetesDeployer.rollback: an interrupted rollout undone, nothing more
+            open_.status = "rolled-back"
+            self.serving = set(open_.back)
+        else:
+            self.serving = set(self.rollouts[0].back)
+        return Outcome(deployment=name, action="rolled-back")
+
+    def down(self, name, drain):
+        self.calls.append("down")
+        self.serving = set()
+
+
+def _own(rid, status, digest, back=(), strategy="red-black"):
+    return SimpleNamespace(id=rid, status=status, digest=digest, package=f"p{rid}", strategy=strategy, back=back)
+
+
+@pytest.fixture
+def region_reads(monkeypatch):
+    def state(c, name):
+        k = c
+        return SimpleNamespace(
+            exists=lambda: k.exists,
+            open_rollout=lambda: next((r for r in k.rollouts if r.status == "running"), None),
+            rollouts=lambda: k.rollouts,
+        )
+
+    monkeypatch.setattr(regions, "ClusterState", state)
+    monkeypatch.setattr(
+        regions,
+        "served",
+        lambda k, name: [rj.ServedVersion(f"o{v}", v, d, None, 1) for v, d in sorted(k.serving, key=str)],
+    )
+
+
+def _undo(k: Region, before_serving, last_rollout=3, digest="sha256:2"):
+    k.c = k
+    before = rj.BeforeState(
+        last_rollout=last_rollout, serving=[rj.ServedVersion(f"o{v}", v, d, None, 1) for v, d in before_serving]
+    )
+    return regions.undo_to_before(k, "tiny-chat", before, digest, DeployOptions(package="."))
+
+
+def test_undo_reverses_this_rollouts_own_and_nothing_else(region_reads):
+    k = Region({V2}, [_own(4, "done", "sha256:2", back={V1}), _own(3, "done", "sha256:1")])
+    assert _undo(k, {V1}) == RegionUndo(action="rolled-back", version=1) and k.serving == {V1}
+    # run again (a rollback re-run after the CLI died): it serves its before-state, nothing is done
+    assert _undo(k, {V1}) == RegionUndo(action="nothing-to-undo", version=1) and k.calls == ["rollback"]
+
+
+def test_undo_first_undoes_an_interrupted_rollout_of_the_region(region_reads):
+    k = Region({V1, V2}, [_own(4, "running", "sha256:2", back={V1}), _own(3, "done", "sha256:1")])
+    assert _undo(k, {V1}) == RegionUndo(action="rolled-back", version=1)
+    assert k.calls == ["rollback"] and k.serving == {V1}
+
+
+def test_undo_takes_down_a_region_that_had_nothing(region_reads):
+    k = Region({V2}, [_own(1, "done", "sha256:2")])
+    assert _undo(k, set(), last_rollout=0) == RegionUndo(action="removed") and k.calls == ["down"]
+    gone = Region(set(), [], exists=False)
+    assert _undo(gone, set(), last_rollout=0) == RegionUndo(action="nothing-to-undo")
+
+
+def test_undo_leaves_a_region_changed_since_alone(region_reads):
+    from llmserve.deploy.errors import RolloutFailedError
+
+    # someone rolled v3 out there after this rollout moved it: reversing "the last rollout" would undo theirs
+    k = Region({V3}, [_own(5, "done", "sha256:3", back={V2}), _own(4, "done", "sha256:2", back={V1})])
+    with pytest.raises(
+        RolloutFailedError, match=r"changed after this regional rollout moved it \(its last rollout is #5"
+    ):
+        _undo(k, {V1})
+    # and a region whose last rollout predates this one (the regional rollout never got to change it)
+    k = Region({V2}, [_own(3, "done", "sha256:2", back={V1})])
+    with pytest.raises(RolloutFailedError, match="served v1"):
+        _undo(k, {V1})
+    assert k.calls == [] and k.serving == {V2}
+    gone = Region(set(), [], exists=False)
+    with pytest.raises(RolloutFailedError, match="is gone from namespace"):
+        _undo(gone, {V1})

@@ -306,9 +306,7 @@ class RegionalRollout:
         self, res: RegionDeploy, results: list[RegionDeploy], name: str | None, hint: str | None
     ) -> RegionalRolloutError:
         back = [
-            r.context
-            for r in results
-            if r.rollback is not None and r.rollback.action in ("rolled-back", "removed", "nothing-to-undo")
+            r.context for r in results if r.rollback is not None and r.rollback.action in ("rolled-back", "removed")
         ]
         stuck = [r.context for r in results if r.rollback is not None and r.rollback.action == "rollback-failed"]
         msg = (
@@ -559,8 +557,8 @@ def undo_to_before(
             f"not rolled back; it served {before.describe()} before",
             hint=f"Look at it with `llmserve status {name} --target kubernetes --context CONTEXT` and roll it back by hand.",
         )
-    out = k.rollback(name, None, opts)
-    return RegionUndo(action="rolled-back", version=_serving_version(out))
+    k.rollback(name, None, opts)
+    return RegionUndo(action="rolled-back", version=max((s.version for s in served(k, name)), default=None))
 
 
 def region_gate(k: KubernetesDeployer, name: str, version: int | None, gate: GateOptions) -> RegionGate:
