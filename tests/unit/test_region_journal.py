@@ -254,9 +254,19 @@ def test_a_stuck_rollback_keeps_the_record_open_for_rollback_contexts(world, mon
     with pytest.raises(regions.RegionalRolloutError, match="rollback FAILED in: a"):
         _rollout(world, a, b).deploy(DeployOptions(package="p2.llmpkg"))
     assert _record(world).status == rj.FAILED and _record(world).region("a").phase == rj.ROLLBACK_FAILED
+    # still open: another package is refused, and a rollback that fails again keeps it open and says how to drop it
+    world["package"] = ("p3.llmpkg", "sha256:3", 3)
+    with pytest.raises(rj.RegionalRolloutOpenError, match="is still failed"):
+        _rollout(world, a, b).deploy(DeployOptions(package="p3.llmpkg"))
+    tries.clear()
+    with pytest.raises(regions.RegionalRolloutError, match="rollback of 'tiny-chat' failed in b") as info:
+        _rollout(world, a, b).rollback("tiny-chat", None, DeployOptions(package="."))
+    assert "kubectl delete configmap tiny-chat-llmserve-regions -n ns-a --context a" in (info.value.hint or "")
+    # b's deploy failed (it rolled itself back) and is looked at too, newest first
+    assert tries == ["b", "a"] and _record(world).status == rj.FAILED and a.serving == {V1}
     out = _rollout(world, a, b).rollback("tiny-chat", None, DeployOptions(package="."))
-    # b's deploy failed (it rolled itself back) and is looked at too; a is undone this time
-    assert tries == ["a", "b", "a"] and [r.result for r in out.regions] == ["rolled-back", "rolled-back"]
+    assert tries == ["b", "a", "b"]  # a was back already: not undone twice
+    assert [(r.result, r.version) for r in out.regions] == [("rolled-back", 1), ("rolled-back", 1)]
     assert _record(world).status == rj.ROLLED_BACK and a.serving == {V1}
 
 

@@ -26,7 +26,9 @@ from driving the same regional rollout at once; each region's own Lease still gu
 A record is open while its status is `running` (a CLI is driving it, or died doing so) or `failed` (a region
 failed and some rollback did not finish): a deploy of the same package over the same contexts continues it,
 `llmserve rollback NAME --contexts ...` undoes it, anything else is refused (RegionalRolloutOpenError).
-The newest records are kept (RECORDS_MAX) as history.
+The newest records are kept (RECORDS_MAX) as history. A record no rollback can close (a region's deployment
+deleted by hand) is dropped with `kubectl delete configmap <name>-llmserve-regions`: the regions' own journals
+do not depend on it.
 """
 
 from __future__ import annotations

@@ -425,21 +425,33 @@ class RegionalRollout:
             rec.status = rj.FAILED if stuck else rj.ROLLED_BACK
             rec.message = "rolled back by `llmserve rollback --contexts`"
             self._save(store, rec)
-        results = [
-            done.get(ctx) or RegionRollback(context=ctx, namespace=k.ns, server=k.c.server, result="untouched")
-            for ctx, k in by_ctx.items()
-        ]
-        return self._rolled_back(name, results)
+        results = [done.get(ctx) or _not_undone(rec, ctx, k) for ctx, k in by_ctx.items()]
+        cm = f"{rj.journal_name(name)} -n {deployers[at].ns} --context {self.contexts[at]}"
+        return self._rolled_back(name, results, cm)
 
-    def _rolled_back(self, name: str, results: list[RegionRollback]) -> RegionalOutcome:
+    def _rolled_back(self, name: str, results: list[RegionRollback], journal: str | None = None) -> RegionalOutcome:
+        """`journal`: where the record stays open (failed) meanwhile, as a kubectl argument."""
         failed = [r.context for r in results if r.result == "failed"]
         if failed:
-            raise RegionalRolloutError(
-                f"rollback of '{name}' failed in {', '.join(failed)}",
-                results,
-                hint="Look at each with `llmserve status NAME --target kubernetes --context CONTEXT`.",
-            )
+            hint = "Look at each with `llmserve status NAME --target kubernetes --context CONTEXT`."
+            if journal:
+                # the only way out where a region cannot go back by itself (its deployment deleted by hand...)
+                hint += (
+                    " Run this rollback again once fixed; or, with every region as it should be, drop the open "
+                    f"record: `kubectl delete configmap {journal}`."
+                )
+            raise RegionalRolloutError(f"rollback of '{name}' failed in {', '.join(failed)}", results, hint=hint)
         return RegionalOutcome(deployment=name, action="rolled-back", regions=results)
+
+
+def _not_undone(rec: RegionalRecord, ctx: str, k: KubernetesDeployer) -> RegionRollback:
+    """A listed region the journaled rollback left alone: rolled back by an earlier run, or never moved."""
+    entry = next((e for e in rec.regions if e.context == ctx), None)
+    res = RegionRollback(context=ctx, namespace=k.ns, server=k.c.server, result="untouched")
+    if entry is not None and entry.phase == rj.ROLLED_BACK and entry.before is not None:
+        res.result = "rolled-back"
+        res.version = max((s.version for s in entry.before.serving), default=None)
+    return res
 
 
 def _fill(res: RegionDeploy, out: Outcome) -> None:
