@@ -52,7 +52,7 @@ const int32_t* dfa_table(py::array& table, py::array& accept, int64_t& S) {
   buffer_of<uint8_t>(accept, 1, "accept", false);
   S = table.shape(0);
   if (table.shape(1) != 256 || accept.shape(0) != S) throw std::invalid_argument("table/accept shapes");
-  if (S > 0 && table.strides(0) != 256 * static_cast<py::ssize_t>(sizeof(int32_t)))
+  if (S > 1 && table.strides(0) != 256 * static_cast<py::ssize_t>(sizeof(int32_t)))
     throw std::invalid_argument("table must be C-contiguous");
   for (int64_t i = 0; i < S * 256; ++i)
     if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
@@ -73,7 +73,7 @@ struct PyVocab {
 // Lower dist[S] in place to the fewest tokens to an accepting state (see the bindings' docstrings).
 // Reads the automaton and the vocabulary's trie only, never a mask row: a frontend's budget check
 // runs it without compiling the constraint's mask tables.
-int64_t lower_token_distances(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, int32_t* d,
+int64_t lower_token_distances(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t* d,
                               const int32_t* ord) {
   std::vector<int32_t> stack(v.max_len() + 2);
   int64_t rounds = 0;
@@ -82,7 +82,7 @@ int64_t lower_token_distances(const Vocab& v, const int32_t* table, const uint8_
     for (int64_t i = 0; i < S; ++i) {
       const int32_t s = ord[i];
       if (accept[s]) continue;
-      const int32_t m = v.min_successor(table, s, d, stack.data());
+      const int32_t m = v.min_successor(tr, s, d, stack.data());
       if (m != INT32_MAX && m + 1 < d[s]) {
         d[s] = m + 1;
         changed = true;
@@ -99,19 +99,30 @@ void check_order(const int32_t* ord, int64_t S) {
 
 struct PyGrammar {
   std::shared_ptr<Grammar> g;
-  py::object table, accept, masks;  // keep the buffers alive
+  py::object table, accept, masks;  // keep the buffers alive (table: [S, C] once compressed)
+  py::object classes;               // a compressed grammar's byte classes
   py::tuple rows;                   // compressed rows (row_of, off, kind, data), kept alive likewise
 };
 
 // A compressed grammar over arrays from Python (possibly from a cache file): every index checked.
-PyGrammar compressed_grammar(const PyVocab& v, py::array table, py::array accept, py::array row_of, py::array off,
-                             py::array kind, py::array data, int32_t start) {
+PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::array table, py::array accept,
+                             py::array row_of, py::array off, py::array kind, py::array data, int32_t start) {
   PyGrammar g;
   g.g = std::make_shared<Grammar>();
   Grammar& gr = *g.g;
   gr.vocab = v.v;
-  int64_t S = 0;
-  gr.table = dfa_table(table, accept, S);
+  const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
+  const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
+  buffer_of<uint8_t>(accept, 1, "accept", false);
+  const int64_t S = table.shape(0), C = table.shape(1);
+  if (classes.shape(0) != 256 || accept.shape(0) != S || C < 1 || C > 256 ||
+      (S > 1 && table.strides(0) != C * static_cast<py::ssize_t>(sizeof(int32_t))))
+    throw std::invalid_argument("classes/table/accept shapes");
+  for (int b = 0; b < 256; ++b)
+    if (cls[b] >= C) throw std::invalid_argument("byte class out of range");
+  for (int64_t i = 0; i < S * C; ++i)
+    if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
+  gr.tr = Transitions{t, cls, C};
   gr.accept = static_cast<const uint8_t*>(accept.data());
   gr.S = S;
   gr.start = start;
@@ -128,6 +139,7 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array table, py::array accept
   gr.compact = true;
   gr.init(true);
   g.table = table;
+  g.classes = classes;
   g.accept = accept;
   g.rows = py::make_tuple(row_of, off, kind, data);
   return g;
@@ -351,7 +363,7 @@ PYBIND11_MODULE(_core, m) {
              g.g = std::make_shared<Grammar>();
              g.g->vocab = v.v;
              int64_t S = 0;
-             g.g->table = dfa_table(table, accept, S);
+             g.g->tr = Transitions::dense(dfa_table(table, accept, S));
              g.g->accept = static_cast<const uint8_t*>(accept.data());
              // a lazy grammar writes its rows as they are first needed
              g.g->masks = buffer_of<uint32_t>(masks, 2, "masks", !ready);
@@ -368,11 +380,16 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0,
            py::arg("ready") = true)
-      .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("table"), py::arg("accept"),
-                  py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"), py::arg("start") = 0)
+      .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("classes"), py::arg("table"),
+                  py::arg("accept"), py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"),
+                  py::arg("start") = 0)
       .def_property_readonly("compressed_rows", [](const PyGrammar& g) -> py::object {
         if (!g.g->compact) return py::none();
         return g.rows;
+      })
+      .def_property_readonly("transitions", [](const PyGrammar& g) -> py::object {
+        if (!g.g->compact) return py::none();
+        return py::make_tuple(g.classes, g.table);
       })
       .def(
           "compress",
@@ -382,12 +399,18 @@ PYBIND11_MODULE(_core, m) {
             for (int64_t r = 0; r <= gr.S; ++r)
               if (!gr.ready(r)) throw std::invalid_argument("compress: the grammar is not complete");
             CompactArrays a;
+            py::array_t<uint8_t> classes(256);
+            std::vector<int32_t> ct;
+            int64_t C = 0;
             {
               py::gil_scoped_release nogil;
               a = compact_rows(gr.masks, gr.S + 1, gr.vocab->words(), nthreads);
+              ct = byte_classes(gr.tr.t, gr.S, classes.mutable_data(), C);
             }
+            py::array_t<int32_t> table({static_cast<py::ssize_t>(gr.S), static_cast<py::ssize_t>(C)});
+            if (!ct.empty()) std::memcpy(table.mutable_data(), ct.data(), ct.size() * sizeof(int32_t));
             py::tuple t = compact_to_numpy(std::move(a));
-            return compressed_grammar(PyVocab{gr.vocab}, g.table.cast<py::array>(), g.accept.cast<py::array>(),
+            return compressed_grammar(PyVocab{gr.vocab}, classes, table, g.accept.cast<py::array>(),
                                       t[0].cast<py::array>(), t[1].cast<py::array>(), t[2].cast<py::array>(),
                                       t[3].cast<py::array>(), gr.start);
           },
@@ -455,7 +478,7 @@ PYBIND11_MODULE(_core, m) {
             std::vector<int32_t> stack(gr.vocab->max_len() + 2);
             {
               py::gil_scoped_release nogil;
-              gr.vocab->state_mask_within(gr.table, static_cast<int32_t>(state), d, k, o, stack.data());
+              gr.vocab->state_mask_within(gr.tr, static_cast<int32_t>(state), d, k, o, stack.data());
             }
             if (gr.accept[state])
               for (int32_t e : gr.vocab->eos()) o[e >> 5] |= 1u << (e & 31);
@@ -473,7 +496,7 @@ PYBIND11_MODULE(_core, m) {
               throw std::invalid_argument("token_distances: dist and order must be [S]");
             check_order(ord, gr.S);
             py::gil_scoped_release nogil;
-            return lower_token_distances(*gr.vocab, gr.table, gr.accept, gr.S, d, ord);
+            return lower_token_distances(*gr.vocab, gr.tr, gr.accept, gr.S, d, ord);
           },
           py::arg("dist"), py::arg("order"),
           "Lower dist[S] in place to the fewest tokens to an accepting state (dist: an upper bound, e.g. "
@@ -493,7 +516,7 @@ PYBIND11_MODULE(_core, m) {
           throw std::invalid_argument("token_distances: dist and order must be [S]");
         check_order(ord, S);
         py::gil_scoped_release nogil;
-        return lower_token_distances(*v.v, t, a, S, d, ord);
+        return lower_token_distances(*v.v, Transitions::dense(t), a, S, d, ord);
       },
       py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("dist"), py::arg("order"),
       "Grammar.token_distances from the automaton alone (no mask rows): what a budget check needs.");

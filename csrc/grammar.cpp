@@ -19,12 +19,12 @@ int32_t* stack_for(const Vocab& v) {
   return st.data();
 }
 
-void state_row(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, int64_t s, uint32_t* m) {
+void state_row(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int64_t s, uint32_t* m) {
   const int64_t W = v.words();
   if (s == S) {  // the dead row: end of sequence only
     std::memset(m, 0, W * sizeof(uint32_t));
   } else {
-    v.state_mask(table, static_cast<int32_t>(s), m, stack_for(v));
+    v.state_mask(tr, static_cast<int32_t>(s), m, stack_for(v));
     bool any = false;
     for (int64_t w = 0; w < W && !any; ++w) any = m[w] != 0;
     if (accept[s] == 0 && any) return;
@@ -36,7 +36,8 @@ void state_row(const Vocab& v, const int32_t* table, const uint8_t* accept, int6
 void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,
                    int nthreads) {
   ThreadPool::global().parallel_for(
-      S + 1, [&](int64_t s) { state_row(v, table, accept, S, s, out + s * v.words()); }, nthreads);
+      S + 1, [&, tr = Transitions::dense(table)](int64_t s) { state_row(v, tr, accept, S, s, out + s * v.words()); },
+      nthreads);
 }
 
 void Grammar::init(bool ready) {
@@ -45,7 +46,7 @@ void Grammar::init(bool ready) {
   if (!ready) ensure(S);
 }
 
-void Grammar::compute(int64_t r) const { state_row(*vocab, table, accept, S, r, masks + r * vocab->words()); }
+void Grammar::compute(int64_t r) const { state_row(*vocab, tr, accept, S, r, masks + r * vocab->words()); }
 
 void Grammar::ensure(int64_t r) const {
   std::atomic<uint8_t>& st = status[r];
@@ -237,7 +238,7 @@ int32_t Grammar::step(int32_t state, int64_t token) const {
   const int64_t n = vocab->len(token);
   if (n == 0) return -1;
   const uint8_t* p = vocab->ptr(token);
-  for (int64_t i = 0; i < n && state >= 0; ++i) state = table[static_cast<int64_t>(state) * 256 + p[i]];
+  for (int64_t i = 0; i < n && state >= 0; ++i) state = tr.next(state, p[i]);
   return state;
 }
 

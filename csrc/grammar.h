@@ -64,7 +64,7 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
 // background (`complete`).
 struct Grammar {
   std::shared_ptr<Vocab> vocab;
-  const int32_t* table = nullptr;
+  Transitions tr;  // dense while lazy, byte classes once compressed
   const uint8_t* accept = nullptr;
   uint32_t* masks = nullptr;  // written only for rows that are not ready yet
   int64_t S = 0;

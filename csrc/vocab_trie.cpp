@@ -1,6 +1,7 @@
 #include "vocab_trie.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -67,7 +68,45 @@ void Vocab::build_trie(const std::vector<int32_t>& order, const std::vector<int3
   for (size_t i = 0; i < trie_byte_.size(); ++i) trie_tok_off_[i + 1] += trie_tok_off_[i];
 }
 
-void Vocab::state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const {
+Transitions Transitions::dense(const int32_t* table) {
+  static const auto identity = [] {
+    std::array<uint8_t, 256> a{};
+    for (int b = 0; b < 256; ++b) a[b] = static_cast<uint8_t>(b);
+    return a;
+  }();
+  return Transitions{table, identity.data(), 256};
+}
+
+std::vector<int32_t> byte_classes(const int32_t* table, int64_t S, uint8_t* cls, int64_t& C) {
+  std::vector<int> first;  // per class, its first byte
+  uint64_t hash[256];
+  for (int b = 0; b < 256; ++b) {
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (int64_t s = 0; s < S; ++s) h = (h ^ static_cast<uint32_t>(table[s * 256 + b])) * 0x100000001B3ull + (h >> 29);
+    hash[b] = h;
+  }
+  for (int b = 0; b < 256; ++b) {
+    int found = -1;
+    for (size_t c = 0; c < first.size() && found < 0; ++c) {
+      if (hash[first[c]] != hash[b]) continue;
+      bool same = true;
+      for (int64_t s = 0; s < S && same; ++s) same = table[s * 256 + b] == table[s * 256 + first[c]];
+      if (same) found = static_cast<int>(c);
+    }
+    if (found < 0) {
+      found = static_cast<int>(first.size());
+      first.push_back(b);
+    }
+    cls[b] = static_cast<uint8_t>(found);
+  }
+  C = static_cast<int64_t>(first.size());
+  std::vector<int32_t> out(S * C);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t c = 0; c < C; ++c) out[s * C + c] = table[s * 256 + first[c]];
+  return out;
+}
+
+void Vocab::state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t* stack) const {
   std::memset(out, 0, words_ * sizeof(uint32_t));
   stack[0] = s;
   const int32_t n = static_cast<int32_t>(trie_byte_.size());
@@ -78,7 +117,7 @@ void Vocab::state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* 
   const int32_t* tok = trie_tok_.data();
   for (int32_t i = 0; i < n;) {
     const int32_t d = depth[i];
-    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + byte[i]];
+    const int32_t cur = tr.next(stack[d - 1], byte[i]);
     if (cur < 0) {
       i = end[i];
       continue;
@@ -89,14 +128,14 @@ void Vocab::state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* 
   }
 }
 
-void Vocab::state_mask_within(const int32_t* table, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
+void Vocab::state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
                               int32_t* stack) const {
   std::memset(out, 0, words_ * sizeof(uint32_t));
   stack[0] = s;
   const int32_t n = static_cast<int32_t>(trie_byte_.size());
   for (int32_t i = 0; i < n;) {
     const int32_t d = trie_depth_[i];
-    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + trie_byte_[i]];
+    const int32_t cur = tr.next(stack[d - 1], trie_byte_[i]);
     if (cur < 0) {
       i = trie_end_[i];
       continue;
@@ -109,13 +148,13 @@ void Vocab::state_mask_within(const int32_t* table, int32_t s, const int32_t* di
   }
 }
 
-int32_t Vocab::min_successor(const int32_t* table, int32_t s, const int32_t* dist, int32_t* stack) const {
+int32_t Vocab::min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const {
   int32_t best = INT32_MAX;
   stack[0] = s;
   const int32_t n = static_cast<int32_t>(trie_byte_.size());
   for (int32_t i = 0; i < n;) {
     const int32_t d = trie_depth_[i];
-    const int32_t cur = table[static_cast<int64_t>(stack[d - 1]) * 256 + trie_byte_[i]];
+    const int32_t cur = tr.next(stack[d - 1], trie_byte_[i]);
     if (cur < 0) {
       i = trie_end_[i];
       continue;

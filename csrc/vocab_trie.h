@@ -10,6 +10,22 @@
 
 namespace llmserve {
 
+// A DFA's transitions: the next state from s on byte b is t[s * stride + cls[b]] (-1: dead). A dense
+// table is its own classes (the identity, stride 256); a compressed grammar keeps one column per
+// class of bytes that every state treats alike (a JSON schema's ~2,000 states need a few dozen), a
+// fraction of the 1 KB per state of a dense table.
+struct Transitions {
+  const int32_t* t = nullptr;
+  const uint8_t* cls = nullptr;
+  int64_t stride = 256;
+  int32_t next(int32_t s, uint8_t b) const { return t[static_cast<int64_t>(s) * stride + cls[b]]; }
+  static Transitions dense(const int32_t* table);
+};
+
+// Byte classes of a dense table[S, 256]: cls[256] (classes numbered by first byte) and the table
+// with one column per class, [S, C].
+std::vector<int32_t> byte_classes(const int32_t* table, int64_t S, uint8_t* cls, int64_t& C);
+
 class Vocab {
  public:
   Vocab(std::vector<int64_t> offsets, std::vector<uint8_t> data, std::vector<int32_t> eos, int64_t size);
@@ -25,13 +41,13 @@ class Vocab {
   // bytes walk the DFA from s without dying. A depth-first walk over the token trie that skips
   // a whole subtree as soon as its prefix dies, so a state that allows few bytes costs little.
   // `stack` must hold max_len() + 1 entries.
-  void state_mask(const int32_t* table, int32_t s, uint32_t* out, int32_t* stack) const;
+  void state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t* stack) const;
   // The same walk, keeping only the tokens that end in a state q with dist[q] <= k: the tokens that
   // still let the answer end within k more tokens (dist: fewest tokens to an accepting state).
-  void state_mask_within(const int32_t* table, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
+  void state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
                          int32_t* stack) const;
   // min over the tokens that walk from s of dist[end state] (INT32_MAX when none).
-  int32_t min_successor(const int32_t* table, int32_t s, const int32_t* dist, int32_t* stack) const;
+  int32_t min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const;
 
  private:
   // order: the ids of tokens with bytes, sorted by their bytes; lcp: prefix shared with the previous

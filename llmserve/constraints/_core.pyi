@@ -78,6 +78,7 @@ class Grammar:
     @staticmethod
     def compressed(
         vocab: Vocab,
+        classes: NDArray[np.uint8],
         table: NDArray[np.int32],
         accept: NDArray[np.uint8],
         row_of: NDArray[np.int32],
@@ -86,15 +87,19 @@ class Grammar:
         data: NDArray[np.uint32],
         start: int = 0,
     ) -> Grammar:
-        """A complete grammar over compressed rows (``compact_rows``'s arrays, kept alive by it);
-        ValueError when an index in them is out of range."""
+        """A complete grammar over compressed rows (``compact_rows``'s arrays, kept alive by it) and a
+        compressed automaton: byte classes uint8[256] and table int32[S, C], the next state from s on
+        byte b being table[s, classes[b]]. ValueError when an index in them is out of range."""
     @property
     def compressed_rows(
         self,
     ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]] | None:
         """(row_of, off, kind, data) of a compressed grammar; None for a dense one."""
+    @property
+    def transitions(self) -> tuple[NDArray[np.uint8], NDArray[np.int32]] | None:
+        """(classes, table[S, C]) of a compressed grammar; None for a dense one."""
     def compress(self, nthreads: int = 0) -> Grammar:
-        """A compressed copy of this complete grammar (same automaton and state ids). Releases the GIL.
+        """A compressed copy of this complete grammar (rows and automaton; same state ids). Releases the GIL.
         ValueError: a row is not computed yet."""
     def rows_into(self, out: NDArray[np.uint32], first: int = 0) -> None:
         """out[i] = mask row first + i, dense, computed first if missing. Releases the GIL."""

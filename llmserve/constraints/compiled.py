@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # compressed mask rows, as the core lays them out (csrc/grammar.h, CompactRows): row_of, off, kind, data
 Rows = tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]
+# a compressed automaton: byte classes uint8[256] and one column per class, int32[S, C]
+# (csrc/vocab_trie.h, Transitions): the next state from s on byte b is table[s, classes[b]]
+ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int32]]
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class Completion:
 class CompiledConstraint:
     """A DFA compiled against one vocabulary: ``table`` int32[S,256], ``accept`` uint8[S],
     mask rows uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0; the rows
-    dense (``masks`` given) or compressed (``rows``: the core's (row_of, off, kind, data)).
+    dense (``masks`` given) or compressed (``rows``: the core's (row_of, off, kind, data), with the
+    automaton as byte classes, ``transitions``; ``table`` then expands the dense table on each read).
 
     ``ready=False``: the mask rows are filled in lazily by the native core (see the module doc);
     ``masks`` then waits for all of them, ``allowed(s)`` computes just row s.
@@ -62,18 +66,24 @@ class CompiledConstraint:
     def __init__(
         self,
         vocab: Vocab,
-        table: NDArray[np.int32],
+        table: NDArray[np.int32] | None,
         accept: NDArray[np.uint8],
         masks: NDArray[np.uint32] | None,
         start: int = 0,
         key: str = "",
         ready: bool = True,
         rows: Rows | None = None,
+        transitions: ByteClasses | None = None,
     ):
-        if (masks is None) == (rows is None):
-            raise ValueError("give either dense masks or compressed rows")
+        if (
+            (masks is None) == (rows is None)
+            or (table is None) != (rows is not None)
+            or ((rows is None) != (transitions is None))
+        ):
+            raise ValueError("give either a dense table and masks or compressed rows and transitions")
         self.vocab = vocab
-        self.table = table
+        self._table = table
+        self._transitions = transitions
         self.accept = accept
         self._masks = masks
         self._rows = rows
@@ -107,7 +117,21 @@ class CompiledConstraint:
 
     @property
     def num_states(self) -> int:
-        return int(self.table.shape[0])
+        return int(self.accept.shape[0])
+
+    @property
+    def table(self) -> NDArray[np.int32]:
+        """The automaton's dense table int32[S, 256]. A compressed form expands it on each read
+        (1 KB per state, for a distance computation or a test; steps go through the core)."""
+        if self._table is not None:
+            return self._table
+        assert self._transitions is not None
+        classes, table = self._transitions
+        return np.ascontiguousarray(table[:, classes])
+
+    @property
+    def transitions(self) -> ByteClasses | None:
+        return self._transitions
 
     @property
     def native(self) -> core.Grammar:
@@ -115,9 +139,11 @@ class CompiledConstraint:
         if self._native is None:
             require_native()
             if self._rows is not None:
+                assert self._transitions is not None
+                classes, table = self._transitions
                 row_of, off, kind, data = self._rows
                 self._native = core.Grammar.compressed(
-                    native_vocab(self.vocab), self.table, self.accept, row_of, off, kind, data, self.start
+                    native_vocab(self.vocab), classes, table, self.accept, row_of, off, kind, data, self.start
                 )
             else:
                 assert self._masks is not None
@@ -138,8 +164,10 @@ class CompiledConstraint:
     def nbytes(self) -> int:
         """What this form holds now: the automaton and the mask rows, dense while lazy, compressed
         once complete. The in-memory cache's budget and the benchmarks count this."""
-        rows = self._rows if self._rows is not None else (self._masks,)
-        return int(self.table.nbytes + self.accept.nbytes + sum(a.nbytes for a in rows if a is not None))
+        held: tuple = (self._table, self.accept, self._masks)
+        if self._rows is not None and self._transitions is not None:
+            held = (*self._transitions, self.accept, *self._rows)
+        return int(sum(a.nbytes for a in held if a is not None))
 
     def compress(self) -> CompiledConstraint:
         """Replace the complete dense rows by their compressed form (native core only). Rows a batch
@@ -150,9 +178,11 @@ class CompiledConstraint:
             require_native()
             g = self.native.compress()
             self._rows = g.compressed_rows
-            assert self._rows is not None
+            self._transitions = g.transitions
+            assert self._rows is not None and self._transitions is not None
             self._native = g
             self._masks = None
+            self._table = None
         if self.on_compressed is not None:
             self.on_compressed(self)
         return self
@@ -242,7 +272,7 @@ class CompiledConstraint:
         return out
 
     def complete(self) -> CompiledConstraint:
-        """Compute every mask row not computed yet and compress them; wait for the background cache
+        """Compute every mask row not computed yet and compress them (and the automaton); wait for the background cache
         writer if any."""
         if self._finished is not None and threading.current_thread() is not self._finished.thread:
             self._finished.done.wait()
@@ -263,7 +293,9 @@ class CompiledConstraint:
 
     def step(self, state: int, token: int) -> int:
         """Next state after ``token`` (-1: the token was not allowed)."""
-        return reference.step(self.vocab, self.table, self.accept, state, token)
+        if self._table is None:
+            return self.native.step(state, token)
+        return reference.step(self.vocab, self._table, self.accept, state, token)
 
     def walk(self, tokens: Iterable[int], state: int | None = None) -> int:
         s = self.start if state is None else state

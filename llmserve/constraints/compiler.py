@@ -80,11 +80,14 @@ def dfa_for(
     cache_dir: Path | str | bool | None = None,
     backend: str = "native",
     keep_on_disk: bool = True,
+    keep_in_memory: bool = True,
 ) -> ByteDFA:
     """The byte automaton of ``spec``: from memory, from the disk cache, or built (within the
     compile limits; ConstraintError when over one, or when the constraint is invalid).
     ``keep_on_disk``: write a built automaton to the disk cache (validation does, for the engine
-    process; the engine does not, its complete form is cached instead)."""
+    process; the engine does not, its complete form is cached instead). ``keep_in_memory``: the same
+    for the in-memory cache (the engine's compiled form holds its own, compressed, automaton: a dense
+    one kept beside it would cost 1 KB per state for nothing)."""
     key = dfa_key(spec)
     memo = ("dfa", key, backend)
     hit = _MEMORY.get(memo)
@@ -114,7 +117,8 @@ def dfa_for(
             raise
         if path is not None and keep_on_disk:
             try_write_dfa(path, key, dfa)
-    _MEMORY.put(memo, dfa, int(dfa.table.nbytes + dfa.accept.nbytes))
+    if keep_in_memory:
+        _MEMORY.put(memo, dfa, int(dfa.table.nbytes + dfa.accept.nbytes))
     return dfa
 
 
@@ -142,7 +146,7 @@ def compile_constraint(
             _reuse_distances(hit, key, cache_dir)
             _hold(memo, hit)
             return hit
-    dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend, keep_on_disk=False)
+    dfa = dfa_for(spec, cache_dir=cache_dir, backend=backend, keep_on_disk=False, keep_in_memory=False)
     if backend == "python":
         compiled = compile_dfa(dfa, vocab, backend="python", key=key)
         if path is not None:

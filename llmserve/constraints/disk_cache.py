@@ -44,8 +44,9 @@ from llmserve.constraints.vocab import Vocab
 log = logging.getLogger(__name__)
 
 # 3: mask rows stored compressed (row_of, off, kind, data; csrc/grammar.h) instead of dense
-FORMAT_VERSION = 3
-_MAGIC = b"LLMSCST3"
+# 4: the automaton as byte classes (classes uint8[256], table int32[S, C]; csrc/vocab_trie.h)
+FORMAT_VERSION = 4
+_MAGIC = b"LLMSCST4"
 _FIXED = 24  # magic, header length, checksum
 _ALIGN = 64
 _M64 = (1 << 64) - 1
@@ -190,12 +191,14 @@ _ROWS = ("row_of", "off", "kind", "data")
 def write_cache(path: Path, c: CompiledConstraint) -> None:
     """Write ``c``, which must be complete (the callers make sure: a lazy form's rows hold garbage),
     with its rows compressed (a dense form, e.g. the Python backend's, is compressed for the file)."""
-    rows = c.compressed_rows
-    if rows is None:
+    if not c.compressed:
         if core is None:
             return  # without the core a file could not be read back either
-        rows = core.compact_rows(c.masks)
-    arrays: dict[str, np.ndarray] = {"table": c.table, "accept": c.accept}
+        # a dense form (the Python backend's): compressed for the file by a copy over the core
+        c = CompiledConstraint(c.vocab, c.table, c.accept, c.masks, c.start, c.key).compress()
+    rows, transitions = c.compressed_rows, c.transitions
+    assert rows is not None and transitions is not None
+    arrays: dict[str, np.ndarray] = {"classes": transitions[0], "table": transitions[1], "accept": c.accept}
     arrays.update(zip(_ROWS, rows, strict=True))
     write_arrays(path, c.key, arrays, {"start": c.start})
 
@@ -291,14 +294,14 @@ def read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
         return None
     header, a = found
     try:
-        table, accept, start = a["table"], a["accept"], int(header["start"])
+        classes, table, accept, start = a["classes"], a["table"], a["accept"], int(header["start"])
         rows = (a["row_of"], a["off"], a["kind"], a["data"])
     except (KeyError, ValueError, TypeError):
         log.warning("constraint cache file %s ignored (arrays missing); it will be rebuilt", path)
         return None
     if core is None or table.ndim != 2 or accept.shape != (table.shape[0],):
         return None
-    c = CompiledConstraint(vocab, table, accept, None, start, header["key"], rows=rows)
+    c = CompiledConstraint(vocab, None, accept, None, start, header["key"], rows=rows, transitions=(classes, table))
     try:
         c.native  # noqa: B018 - builds the grammar, which checks every index of the compressed rows
     except (ValueError, TypeError) as exc:  # the checksum passed, so written by another version or vocabulary

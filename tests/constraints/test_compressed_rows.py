@@ -1,7 +1,8 @@
 """Issue #17 item 4: complete mask rows are held compressed (each distinct row once, as its partial
-words, allowed ids or refused ids; csrc/grammar.h). A compressed form must give bit for bit the
-masks, fills and applied logits of the dense form, on random rows, random automata and the
-benchmark's constraints, and what the caches count must be what it holds."""
+words, allowed ids, refused ids or dense words; csrc/grammar.h), and the automaton as byte classes
+(csrc/vocab_trie.h). A compressed form must give bit for bit the masks, steps, fills and applied
+logits of the dense form, on random rows, random automata and the benchmark's constraints, and what
+the caches count must be what it holds."""
 
 from __future__ import annotations
 
@@ -81,9 +82,9 @@ def test_random_rows_expand_to_themselves(seed):
     row_of, off, kind, data = native.compact_rows(rows)
     assert len(kind) == len({r.tobytes() for r in rows})  # each distinct row once
     vocab = Vocab([bytes([i % 256]) for i in range(32 * W - 5)], (0,), 32 * W - 5)
-    table = np.full((S, 256), -1, np.int32)
+    classes, table = np.zeros(256, np.uint8), np.full((S, 1), -1, np.int32)
     accept = np.zeros(S, np.uint8)
-    g = native.Grammar.compressed(native_vocab(vocab), table, accept, row_of, off, kind, data)
+    g = native.Grammar.compressed(native_vocab(vocab), classes, table, accept, row_of, off, kind, data)
     back = np.empty_like(rows)
     g.rows_into(back)
     np.testing.assert_array_equal(back, rows)
@@ -99,6 +100,12 @@ def test_random_automata_compressed_equals_dense(pattern, vocab, seed):
     c = compile_dfa(dfa, vocab)
     assert c.compressed
     np.testing.assert_array_equal(c.masks, dense)
+    np.testing.assert_array_equal(c.table, dfa.table)  # the byte classes expand to the same automaton
+    classes, table = c.transitions
+    assert table.shape[1] == len(set(classes.tolist())) <= 256
+    for s in range(c.num_states):
+        for t in range(vocab.size):
+            assert c.step(s, t) == reference.step(vocab, dfa.table, dfa.accept, s, t)
     for s in range(-1, c.num_states):
         np.testing.assert_array_equal(
             c.allowed(s), np.unpackbits(dense[s].view(np.uint8), bitorder="little")[: vocab.size].astype(bool)
@@ -182,11 +189,11 @@ def test_memory_accounting_counts_the_compressed_rows(wide_vocab, tmp_path):
     compiler_mod._MEMORY.clear()
     spec = bench_constraints()["choice_200"]
     c = compile_constraint(spec, wide_vocab, cache_dir=tmp_path)
-    dense_bytes = c.table.nbytes + c.accept.nbytes + (c.num_states + 1) * wide_vocab.words * 4
+    dense_bytes = c.num_states * 1024 + c.accept.nbytes + (c.num_states + 1) * wide_vocab.words * 4
     c.complete()  # waits for the background finisher, which compresses and writes the file
     assert c.compressed
     rows = c.native.compressed_rows
-    held = c.table.nbytes + c.accept.nbytes + sum(a.nbytes for a in rows)
+    held = sum(a.nbytes for a in (*c.transitions, c.accept, *rows))
     assert c.nbytes == held
     assert held * 4 < dense_bytes  # the point of it
     # the in-memory cache counts the form at its compressed size (its automaton is an entry of its own)
@@ -209,7 +216,7 @@ def test_bad_compressed_rows_are_refused(wide_vocab, break_it):
     arrays = [a.copy() for a in c.native.compressed_rows]
     break_it(arrays)
     with pytest.raises(ValueError):
-        native.Grammar.compressed(native_vocab(wide_vocab), c.table, c.accept, *arrays)
+        native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, *arrays)
 
 
 def test_unsorted_ids_are_refused(wide_vocab):
@@ -220,4 +227,17 @@ def test_unsorted_ids_are_refused(wide_vocab):
     r = ids[0]
     data[off[r]], data[off[r] + 1] = data[off[r] + 1], data[off[r]]
     with pytest.raises(ValueError):
-        native.Grammar.compressed(native_vocab(wide_vocab), c.table, c.accept, row_of, off, kind, data)
+        native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, row_of, off, kind, data)
+
+
+def test_bad_byte_classes_are_refused(wide_vocab):
+    c = compile_dfa(compile_regex("ab|cd"), wide_vocab)
+    classes, table = (a.copy() for a in c.transitions)
+    rows = c.native.compressed_rows
+    bad_class = classes.copy()
+    bad_class[7] = table.shape[1]
+    bad_state = table.copy()
+    bad_state[0, 0] = c.num_states
+    for cl, tb in ((bad_class, table), (classes, bad_state), (classes, table[:, :0])):
+        with pytest.raises(ValueError):
+            native.Grammar.compressed(native_vocab(wide_vocab), cl, np.ascontiguousarray(tb), c.accept, *rows)
