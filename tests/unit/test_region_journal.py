@@ -156,6 +156,21 @@ def test_the_before_state_is_journaled_before_each_region_changes(world):
     ]
 
 
+def test_every_region_deploys_the_store_build_resolved_once(world, monkeypatch):
+    # s3://.../tiny-chat:2 resolved to one archive digest before region a moved: region b must get that build
+    # even if the tag is moved to another one in between
+    monkeypatch.setattr(
+        regions,
+        "identify_package",
+        lambda opts: regions.PackageIdentity("tiny-chat", opts.package, "sha256:2", 2, store_digest="abc123"),
+    )
+    hints = []
+    monkeypatch.setattr(FakeRegion, "deploy", lambda self, opts: hints.append(opts.digest_hint) or Outcome(
+        deployment="tiny-chat", action="unchanged", rollout=None))  # fmt: skip
+    _rollout(world, FakeRegion("a"), FakeRegion("b")).deploy(DeployOptions(package="s3://b/p/tiny-chat:2"))
+    assert hints == ["abc123", "abc123"]
+
+
 def test_a_rerun_after_the_cli_died_continues_and_keeps_the_first_before_state(world):
     a, b, c = FakeRegion("a", {V1}), FakeRegion("b", {V1}, how="dies"), FakeRegion("c", {V1})
     with pytest.raises(Died):

@@ -128,6 +128,9 @@ class PackageIdentity:
     reference: str
     digest: str | None  # None only for an unpacked source folder
     version: int
+    # a store reference's archive digest, as resolved once: every region deploys that build, even if the
+    # reference's tag moves during the rollout
+    store_digest: str | None = None
 
 
 def identify_package(opts: DeployOptions) -> PackageIdentity:
@@ -140,7 +143,9 @@ def identify_package(opts: DeployOptions) -> PackageIdentity:
     ) as src:
         opened = open_package(src.path)
         m = opened.manifest
-        return PackageIdentity(dns_name(opts.name or m.modelId), src.reference, opened.digest, m.modelVersion)
+        return PackageIdentity(
+            dns_name(opts.name or m.modelId), src.reference, opened.digest, m.modelVersion, src.store_digest
+        )
 
 
 class RegionalRollout:
@@ -226,7 +231,8 @@ class RegionalRollout:
                     f"regional rollout #{rec.id}: journal in context '{self.contexts[0]}' (namespace '{deployers[0].ns}')"
                 )
             self._save(store, rec)
-            return self._run(deployers, replace(opts, name=pkg.name), (store, rec))
+            pinned = replace(opts, name=pkg.name, digest_hint=pkg.store_digest or opts.digest_hint)
+            return self._run(deployers, pinned, (store, rec))
 
     def _run(
         self,
