@@ -80,13 +80,7 @@ def test_failing_second_region_rolls_back_the_first(regions, kube_api, k8s_packa
 
     # Region b cannot start the second pod a red-black step needs: a quota of one pod in its namespace.
     core = client.CoreV1Api(kube_api)
-    core.create_namespaced_resource_quota(
-        regions["b"], {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
-    )
-    wait_until(
-        lambda: (core.read_namespaced_resource_quota("one-pod", regions["b"]).status.used or {}).get("pods") == "1",
-        what="the quota's usage computed by the resourcequota controller",
-    )
+    _one_pod_quota(core, regions["b"])
 
     t0 = time.monotonic()
     rc, out, text = _cli(
@@ -307,13 +301,7 @@ def test_a_regional_deploy_killed_inside_the_second_region_is_rolled_back_in_bot
     rc, _, text = _cli(regions, "deploy", str(k8s_packages["v1"]), *ABC, "--region-pause", "0.3", *FAST)
     assert rc == 0, text
     core = client.CoreV1Api(kube_api)
-    core.create_namespaced_resource_quota(
-        regions["b"], {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
-    )
-    wait_until(
-        lambda: (core.read_namespaced_resource_quota("one-pod", regions["b"]).status.used or {}).get("pods") == "1",
-        what="the quota's usage computed by the resourcequota controller",
-    )
+    _one_pod_quota(core, regions["b"])
     env = {"KUBECONFIG": regions["kubeconfig"], "PYTHONWARNINGS": "ignore"}
     waits = ("--pause", "0.3", "--health-timeout", "900", "--drain-timeout", "1", "--steps", "100")
     proc = popen_cli(
@@ -356,3 +344,12 @@ def test_a_regional_deploy_killed_inside_the_second_region_is_rolled_back_in_bot
     assert [r["status"] for r in _rollouts(kube_api, regions["b"])][:2] == ["rolled-back", "done"]
     assert [(r["version"], r["status"]) for r in _rollouts(kube_api, regions["c"])] == [(1, "done")]
     assert _journal(kube_api, regions["a"])[0]["status"] == "rolled-back"
+
+
+def _one_pod_quota(core: client.CoreV1Api, namespace: str) -> None:
+    """A quota of one pod in `namespace`, in force: a red-black step there cannot start its second pod."""
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}})
+    wait_until(
+        lambda: (core.read_namespaced_resource_quota("one-pod", namespace).status.used or {}).get("pods") == "1",
+        what="the quota's usage computed by the resourcequota controller",
+    )
