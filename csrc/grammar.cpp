@@ -117,11 +117,19 @@ void CompactRows::expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const
       const bool allowed = kind[r] == kAllowed;
       std::memset(out, allowed ? 0 : 0xFF, len * sizeof(uint32_t));
       const uint32_t lo = static_cast<uint32_t>(w0 * 32), hi = static_cast<uint32_t>(w1 * 32);
+      // a word's bits gathered in a register and written once: ids of one word are adjacent, and a
+      // read-modify-write per id would chain each store into the next load
+      uint32_t cur = ~0u, acc = 0;
       for (const uint32_t* k = std::lower_bound(d, d + n, lo); k < d + n && *k < hi; ++k) {
-        const uint32_t bit = 1u << (*k & 31);
-        uint32_t& word = out[(*k >> 5) - w0];
-        word = allowed ? (word | bit) : (word & ~bit);
+        const uint32_t w = *k >> 5;
+        if (w != cur) {
+          if (cur != ~0u) out[cur - w0] = allowed ? acc : ~acc;
+          cur = w;
+          acc = 0;
+        }
+        acc |= 1u << (*k & 31);
       }
+      if (cur != ~0u) out[cur - w0] = allowed ? acc : ~acc;
       break;
     }
   }
@@ -200,11 +208,14 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
     }
     const int64_t as_words = nb + 1 + 2 * partial, as_allowed = allowed, as_refused = 32 * W - allowed;
     const size_t at = out.data.size();
-    if (as_allowed < std::min(as_words, W) && as_allowed <= as_refused) {
+    // ids cost a fill about twice what their words cost (a write per word they touch, words in
+    // between cleared or set), so they are taken only at half the size of the alternatives
+    const int64_t other = std::min(as_words, W);
+    if (2 * as_allowed < other && as_allowed <= as_refused) {
       out.kind[r] = CompactRows::kAllowed;
       for (int64_t w = 0; w < W; ++w)
         for (uint32_t b = m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
-    } else if (as_refused < std::min(as_words, W)) {
+    } else if (2 * as_refused < other) {
       out.kind[r] = CompactRows::kRefused;
       for (int64_t w = 0; w < W; ++w)
         for (uint32_t b = ~m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));

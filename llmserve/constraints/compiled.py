@@ -272,8 +272,8 @@ class CompiledConstraint:
         return out
 
     def complete(self) -> CompiledConstraint:
-        """Compute every mask row not computed yet and compress them (and the automaton); wait for the background cache
-        writer if any."""
+        """Compute every mask row not computed yet and compress them (and the automaton); wait for
+        the background cache writer if any."""
         if self._finished is not None and threading.current_thread() is not self._finished.thread:
             self._finished.done.wait()
         if not self._ready:
@@ -303,18 +303,21 @@ class CompiledConstraint:
             s = self.step(s, t)
         return s
 
-    def allowed(self, state: int) -> NDArray[np.bool_]:
-        """Boolean [vocab.size] of the tokens allowed in ``state``."""
+    def mask_row(self, state: int) -> NDArray[np.uint32]:
+        """The packed mask row uint32[W] of ``state`` (-1: the dead row), computed first if missing."""
         r = state if state >= 0 else self.num_states
         masks = self._masks  # compression may drop it meanwhile; this reference keeps it
         if masks is not None:
             if not self._ready:
                 self.native.ensure(state)
-            row = masks[r]
-        else:
-            row = np.empty((1, self.vocab.words), dtype=np.uint32)
-            self.native.rows_into(row, r)
-        bits = np.unpackbits(row.view(np.uint8), bitorder="little")
+            return masks[r]
+        row = np.empty((1, self.vocab.words), dtype=np.uint32)
+        self.native.rows_into(row, r)
+        return row[0]
+
+    def allowed(self, state: int) -> NDArray[np.bool_]:
+        """Boolean [vocab.size] of the tokens allowed in ``state``."""
+        bits = np.unpackbits(self.mask_row(state).view(np.uint8), bitorder="little")
         return bits[: self.vocab.size].astype(bool)
 
     def is_accepting(self, state: int) -> bool:

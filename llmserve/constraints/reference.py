@@ -115,7 +115,7 @@ class ReferenceBatch:
                 row.state, row.consumed = g.start, 0
                 rebuilt += 1
             for tok in toks[row.consumed :]:
-                row.state = step(self.vocab, g.table, g.accept, row.state, tok)
+                row.state = g.step(row.state, tok)
             row.consumed = len(toks)
             row.last = toks[-1] if toks else -1
         return rebuilt
@@ -125,7 +125,7 @@ class ReferenceBatch:
         if row is None or row.grammar is None:
             return None
         g = row.grammar
-        src = g.masks[row.state if row.state >= 0 else g.num_states]
+        src = g.mask_row(row.state)
         out = np.zeros(W, dtype=np.uint32)
         n = min(W, src.shape[0])
         out[:n] = src[:n]
