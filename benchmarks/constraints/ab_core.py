@@ -11,6 +11,11 @@ make -C /tmp/base/build -j2
 .venv/bin/python benchmarks/constraints/ab_core.py --base /tmp/base/build/_core*.so [--rounds 3] [--out ab.json]
 ```
 
+When the change also touches the Python side (llmserve/constraints), the base core needs the base
+Python: `--base-tree` runs the base side on that tree's `llmserve` package instead of the installed
+one (`git archive <commit> csrc CMakeLists.txt llmserve templates | tar -x -C /tmp/base`, build as
+above, pass `--base-tree /tmp/base`); bench.py itself is this tree's on both sides.
+
 `--new` defaults to the installed core. Each round runs `bench.py --quick --skip-hostile` once per
 side (the order alternates); the table gives medians over rounds of llmserve's fill and
 fill+apply per batch size, new / base, and each side against the memory floor and against the
@@ -38,8 +43,13 @@ def best_other(times: dict[str, float]) -> str:
     return min((k for k in times if k in OTHERS or k.startswith("llguidance")), key=times.__getitem__)
 
 
-def run_with_core(core: str, bench_args: list[str]) -> None:
-    """Import `core` as llmserve's `_core` before anything imports the installed one, then run bench.py."""
+def run_with_core(core: str, bench_args: list[str], tree: str = "") -> None:
+    """Import `core` as llmserve's `_core` before anything imports the installed one (and, with
+    `tree`, llmserve itself from that source tree), then run bench.py."""
+    if tree:
+        # the editable install's finder would still hand out the working tree's modules
+        sys.meta_path[:] = [f for f in sys.meta_path if "_editable" not in type(f).__module__]
+        sys.path.insert(0, tree)
     if core:
         spec = importlib.util.spec_from_file_location("llmserve.constraints._core", core)
         assert spec and spec.loader
@@ -50,8 +60,9 @@ def run_with_core(core: str, bench_args: list[str]) -> None:
     runpy.run_path(str(HERE / "bench.py"), run_name="__main__")
 
 
-def one_run(core: str, out: Path) -> dict:
-    args = [sys.executable, __file__, "--as-core", core, "--", "--quick", "--skip-hostile", "--out", str(out)]
+def one_run(core: str, out: Path, tree: str = "") -> dict:
+    args = [sys.executable, __file__, "--as-core", core, "--tree", tree]
+    args += ["--", "--quick", "--skip-hostile", "--out", str(out)]
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -87,11 +98,13 @@ def main() -> None:
     if "--as-core" in sys.argv:
         i = sys.argv.index("--as-core")
         sep = sys.argv.index("--")
-        run_with_core(sys.argv[i + 1], sys.argv[sep + 1 :])
+        tree = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv[:sep] else ""
+        run_with_core(sys.argv[i + 1], sys.argv[sep + 1 :], tree)
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the _core shared library to compare against")
     ap.add_argument("--new", default="", help="another _core build (default: the installed one)")
+    ap.add_argument("--base-tree", default="", help="a source tree whose llmserve the base side imports")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -102,7 +115,8 @@ def main() -> None:
             order = ("base", "new") if k % 2 == 0 else ("new", "base")
             for side in order:
                 core = args.base if side == "base" else args.new
-                runs[side].append(one_run(core, Path(tmp) / f"{side}-{k}.json"))
+                tree = args.base_tree if side == "base" else ""
+                runs[side].append(one_run(core, Path(tmp) / f"{side}-{k}.json", tree))
                 print(f"round {k + 1}/{args.rounds}: {side} done", flush=True)
     table = summarise(runs)
     print(

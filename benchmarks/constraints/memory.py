@@ -1,10 +1,10 @@
 """Memory per compiled constraint (issue #17 item 4: within 4x of xgrammar's on the same constraints).
 
-For each constraint, against the cl100k_base vocabulary of `bench.py`: llmserve's complete form
-(automaton + one packed mask row per state), how much of it is distinct rows, and how small it would
-be with shared rows (one copy of each distinct row plus a row index per state) or with rows stored
-sparsely (only the words that are neither all-allowed nor all-refused), next to xgrammar's compiled
-grammar (`CompiledGrammar.memory_size_bytes`). It measures; it changes nothing.
+For each constraint, against the cl100k_base vocabulary of `bench.py`: llmserve's complete form as
+the engine holds it (each distinct mask row once, in its smallest form, and the automaton as byte
+classes: csrc/grammar.h, csrc/vocab_trie.h), what the dense form took (int32[S, 256] automaton and
+one packed row of V bits per state), and xgrammar's compiled grammar
+(`CompiledGrammar.memory_size_bytes`).
 
 ```
 .venv/bin/python benchmarks/constraints/memory.py [--out memory.json]
@@ -100,33 +100,26 @@ def xgrammar_bytes(vocab, name: str, spec: dict) -> int | None:
 
 
 def ours(vocab, spec: dict, cache: Path) -> dict:
+    """The complete form as the engine holds it (compressed rows, byte-class automaton; what the
+    in-memory cache counts, ``CompiledConstraint.nbytes``) and what the dense form took before."""
     c = compile_constraint(spec, vocab, cache_dir=cache).complete()
-    masks = c.masks
-    rows = masks.shape[0]
-    unique = {row.tobytes(): row for row in masks}
-    distinct = len(unique)
-    partial_words = int(np.count_nonzero((masks != 0) & (masks != 0xFFFFFFFF)))
-    distinct_rows = np.stack(list(unique.values()))
-    distinct_partial = int(np.count_nonzero((distinct_rows != 0) & (distinct_rows != 0xFFFFFFFF)))
-    bitmap = (masks.shape[1] + 7) // 8
-    # per distinct row the smallest of: its sparse words, the ids it allows, the ids it refuses
-    allowed = np.unpackbits(distinct_rows.view(np.uint8), axis=1).sum(axis=1, dtype=np.int64)
-    partial_per_row = np.count_nonzero((distinct_rows != 0) & (distinct_rows != 0xFFFFFFFF), axis=1)
-    adaptive = np.minimum(partial_per_row * 8 + bitmap, np.minimum(allowed, vocab.size - allowed) * 4)
-    automaton = int(c.table.nbytes + c.accept.nbytes)
+    assert c.compressed_rows is not None and c.transitions is not None
+    _row_of, _off, kind, _data = c.compressed_rows
+    classes, table = c.transitions
+    S = c.num_states
+    automaton = int(classes.nbytes + table.nbytes + c.accept.nbytes)
     return {
-        "states": c.num_states,
-        "bytes": int(masks.nbytes) + automaton,
-        "mask_bytes": int(masks.nbytes),
+        "states": S,
+        "byte_classes": int(table.shape[1]),
+        "distinct_rows": int(kind.shape[0]),
+        "row_kinds": {
+            k: int(np.count_nonzero(kind == i)) for i, k in enumerate(("words", "allowed", "refused", "dense"))
+        },
+        "bytes": c.nbytes,
         "automaton_bytes": automaton,
-        "distinct_rows": distinct,
-        "shared_rows_bytes": distinct * masks.shape[1] * 4 + rows * 4 + automaton,
-        # a sparse row: (word index, word) pairs for its partial words, plus one bit per word
-        # telling all-allowed from all-refused
-        "sparse_bytes": partial_words * 8 + rows * bitmap + automaton,
-        # both: each distinct row once, sparse
-        "shared_sparse_bytes": distinct_partial * 8 + distinct * bitmap + rows * 4 + automaton,
-        "shared_adaptive_bytes": int(adaptive.sum()) + rows * 4 + automaton,
+        "rows_bytes": c.nbytes - automaton,
+        # before: int32[S, 256] automaton and one packed row of V bits per state (+ the dead row)
+        "dense_bytes": S * 256 * 4 + S + (S + 1) * vocab.words * 4,
     }
 
 
@@ -143,21 +136,19 @@ def main() -> None:
             results[name] = r
     print(f"vocabulary: {vocab.size} tokens\n")
     print(
-        "| constraint | states | llmserve MB | of it automaton MB | distinct rows | shared MB | shared+sparse MB | shared+adaptive MB "
-        "| xgrammar MB | llmserve / xgr | shared / xgr | shared+sparse / xgr | shared+adaptive / xgr |"
+        "| constraint | states | byte classes | distinct rows (words/allowed/refused/dense) | dense MB "
+        "| llmserve MB | of it automaton MB | xgrammar MB | dense / xgr | llmserve / xgr |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     mb = 1 << 20
     for name, r in results.items():
         x = r["xgrammar_bytes"]
-        forms = ("bytes", "shared_rows_bytes", "shared_sparse_bytes", "shared_adaptive_bytes")
+        k = r["row_kinds"]
         print(
-            f"| {name} | {r['states']} | {r['bytes'] / mb:.2f} | {r['automaton_bytes'] / mb:.2f} "
-            f"| {r['distinct_rows']} / {r['states'] + 1} | "
-            + " | ".join(f"{r[k] / mb:.2f}" for k in forms[1:])
-            + f" | {x / mb:.2f} | "
-            + " | ".join(f"{r[k] / x:.1f}" for k in forms)
-            + " |"
+            f"| {name} | {r['states']} | {r['byte_classes']} | {r['distinct_rows']} / {r['states'] + 1} "
+            f"({k['words']}/{k['allowed']}/{k['refused']}/{k['dense']}) | {r['dense_bytes'] / mb:.2f} "
+            f"| {r['bytes'] / mb:.3f} | {r['automaton_bytes'] / mb:.3f} | {x / mb:.3f} "
+            f"| {r['dense_bytes'] / x:.1f} | {r['bytes'] / x:.2f} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
