@@ -60,6 +60,18 @@ def walks(c, dense: np.ndarray, vocab, B: int, seed: int) -> list[list[int]]:
     return out
 
 
+def timed_calls(dense, compressed, bits: np.ndarray, logits: np.ndarray) -> dict:
+    lt = torch.from_numpy(logits)
+    return {
+        "fill_dense": lambda: dense.fill(bits),
+        "fill_compressed": lambda: compressed.fill(bits),
+        "fill_apply_dense": lambda: dense.fill_apply(logits),
+        "fill_apply_compressed": lambda: compressed.fill_apply(logits),
+        "floor_numpy": lambda: np.multiply(logits, 1.0, out=logits),
+        "floor_torch": lambda: lt.mul_(1.0),
+    }
+
+
 def per_call(fn, reps: int) -> float:
     fn()
     t = time.perf_counter()
@@ -94,21 +106,13 @@ def main() -> None:
                     batch.sync(B)
                     batches[side] = batch
                 logits = np.random.default_rng(0).standard_normal((B, V)).astype(np.float32)
-                lt = torch.from_numpy(logits)
                 bits = np.zeros((B, vocab.words), np.uint32)
                 check = {}
                 for side, batch in batches.items():
                     batch.fill(bits)
                     check[side] = bits.copy()
                 assert np.array_equal(check["dense"], check["compressed"])
-                calls = {
-                    "fill_dense": lambda b=batches["dense"]: b.fill(bits),
-                    "fill_compressed": lambda b=batches["compressed"]: b.fill(bits),
-                    "fill_apply_dense": lambda b=batches["dense"]: b.fill_apply(logits),
-                    "fill_apply_compressed": lambda b=batches["compressed"]: b.fill_apply(logits),
-                    "floor_numpy": lambda: np.multiply(logits, 1.0, out=logits),
-                    "floor_torch": lambda: lt.mul_(1.0),
-                }
+                calls = timed_calls(batches["dense"], batches["compressed"], bits, logits)
                 times: dict[str, list[float]] = {k: [] for k in calls}
                 for k in range(args.rounds):
                     order = list(calls) if k % 2 == 0 else list(reversed(calls))
