@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_equivalence import SETTINGS, regexes, vocabs
 from transformers import AutoTokenizer
 
-from llmserve.constraints import Vocab, compile_constraint, load_cached, reference
+from llmserve.constraints import Vocab, compile_constraint, disk_cache, load_cached, reference
 from llmserve.constraints import compiler as compiler_mod
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.native import native, native_vocab
@@ -241,3 +241,23 @@ def test_bad_byte_classes_are_refused(wide_vocab):
     for cl, tb in ((bad_class, table), (classes, bad_state), (classes, table[:, :0])):
         with pytest.raises(ValueError):
             native.Grammar.compressed(native_vocab(wide_vocab), cl, np.ascontiguousarray(tb), c.accept, *rows)
+
+
+def test_cache_files_of_earlier_formats_are_recompiled(wide_vocab, tmp_path):
+    spec = {"regex": "[a-c]{2,5}x"}
+    c = compile_constraint(spec, wide_vocab, cache_dir=tmp_path).complete()
+    path = tmp_path / f"{c.key}.bin"
+    good = c.masks
+    # an earlier version's magic in front of this version's layout
+    raw = path.read_bytes()
+    path.write_bytes(b"LLMSCST3" + raw[8:])
+    assert disk_cache.read_cache(path, wide_vocab) is None
+    # this version's magic and checksum over the dense layout of format 2 (table, accept, masks)
+    disk_cache.write_arrays(path, c.key, {"table": c.table, "accept": c.accept, "masks": good}, {"start": c.start})
+    assert disk_cache.read_cache(path, wide_vocab) is None
+    compiler_mod._MEMORY.clear()
+    again = compile_constraint(spec, wide_vocab, cache_dir=tmp_path).complete()
+    np.testing.assert_array_equal(again.masks, good)
+    hit = disk_cache.read_cache(path, wide_vocab)  # rewritten in the current format
+    assert hit is not None and hit.compressed
+    np.testing.assert_array_equal(hit.masks, good)
