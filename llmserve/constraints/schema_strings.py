@@ -39,13 +39,27 @@ ANY_CHAR = ("set", [(0, SURROGATES[0] - 1), (SURROGATES[1] + 1, MAX_CODEPOINT)])
 _DATE = (
     r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
 )
-_EMAIL = (
-    r"[a-zA-Z0-9_+-]{1,32}(\.[a-zA-Z0-9_+-]{1,32}){0,3}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
-    r"(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,12}"
-)
-_HOSTNAME = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?){0,4}"
-# scheme ":" then characters RFC 3986 allows unescaped, no spaces or quotes
-_URI = r"[a-zA-Z][a-zA-Z0-9+.-]{0,15}:[a-zA-Z0-9\-._~:/?#\[\]@!$&'()*+,;=]{1,200}"
+# Formats are written with few counted repetitions: a counted one costs an automaton state per
+# count (``{1,200}`` alone is 200 states), and every use of the format in a schema copies them all
+# (the unbounded forms below are 5-40 states where the counted ones were 200-500). Where a format
+# bounds a length (RFC 1123 labels of at most 63 characters, RFC 5321 local parts of at most 64),
+# the bound kept here is far inside it.
+# RFC 1123 host name: labels of letters, digits and inner hyphens; here at most 10 characters each
+_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?"
+_HOSTNAME = _LABEL + r"(\." + _LABEL + r"){0,3}"
+# RFC 5321 dot-atom local part (atext subset), at most 33 characters; a domain ending in a TLD
+_EMAIL = r"[a-zA-Z0-9_+-]{1,16}(\.[a-zA-Z0-9_+-]{1,16})?@(" + _LABEL + r"\.){1,3}[a-zA-Z]{2,6}"
+# RFC 3986 ``scheme "://" reg-name path-abempty ["?" query] ["#" fragment]``; reg-name from
+# unreserved characters, segments/query/fragment from pchar (less pct-encoded), so no quote,
+# backslash, space, '%', '[' or ']' (which RFC 3986 allows only in an IP literal) is ever generated
+_PCHAR = "a-zA-Z0-9._~!$&'()*+,;=:@-"
+
+
+def _uri(pchar: str) -> str:
+    return rf"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~-]+(/[{pchar}]*)*(\?[/?{pchar}]*)?(#[/?{pchar}]*)?"
+
+
+_URI = _uri(_PCHAR)
 FORMATS = {
     "date": _DATE,
     "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
@@ -58,18 +72,23 @@ FORMATS = {
     "ipv6": r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}",
     "hostname": _HOSTNAME,
     "uri": _URI,
-    # an absolute URI is also a valid reference, IRI and template
+    # an absolute URI is also a valid reference and IRI (RFC 3987: every URI is an IRI)
     "uri-reference": _URI,
     "iri": _URI,
     "iri-reference": _URI,
-    "uri-template": _URI,
-    "relative-uri": r"[a-zA-Z0-9._~-]{1,40}(/[a-zA-Z0-9._~-]{1,40}){0,5}",
+    # RFC 6570 literals are RFC 3986's characters less "'" (and a template with no expression is a
+    # valid template)
+    "uri-template": _uri(_PCHAR.replace("'", "")),
+    "relative-uri": r"[a-zA-Z0-9._~-]+(/[a-zA-Z0-9._~-]+)*",
     "idn-email": _EMAIL,
     "idn-hostname": _HOSTNAME,
-    "json-pointer": r"(/([a-zA-Z0-9_.-]|~[01]){0,30}){0,8}",
-    "relative-json-pointer": r"(0|[1-9][0-9]{0,3})(#|(/([a-zA-Z0-9_.-]|~[01]){0,30}){0,8})",
+    # RFC 6901: "/"-prefixed reference tokens, "~" only as "~0" or "~1"
+    "json-pointer": r"(/([a-zA-Z0-9_.-]|~[01])*)*",
+    # the draft allows any non-negative integer first; no zero inside it here, since ``jsonschema``
+    # (4.26) refuses a digit after a '0' ("7092#"), and answers must validate there too
+    "relative-json-pointer": r"(0|[1-9]{1,3})(#|(/([a-zA-Z0-9_.-]|~[01])*)*)",
     # regular expressions made of plain characters only: valid in every dialect
-    "regex": r"[a-zA-Z0-9 _-]{0,60}",
+    "regex": r"[a-zA-Z0-9 _-]*",
     # ISO 8601 durations of one unit (P3D, P2W, PT5M): a subset of RFC 3339's duration
     "duration": r"P([1-9][0-9]{0,3}[DWMY]|T[1-9][0-9]{0,3}[HMS])",
 }
