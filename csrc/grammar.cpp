@@ -102,8 +102,9 @@ void CompactRows::expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const
           w += 32;
           continue;
         }
-        out[w - w0] = ((b >> (w & 31)) & 1u) ? ~0u : 0u;
-        ++w;
+        // the rest of this bitmap word's block, branch-free
+        const int64_t end = std::min(w1, (w | 31) + 1);
+        for (uint32_t bits = b >> (w & 31); w < end; ++w, bits >>= 1) out[w - w0] = 0u - (bits & 1u);
       }
       for (const uint32_t* k = std::lower_bound(idx, idx + p, static_cast<uint32_t>(w0)); k < idx + p && *k < w1; ++k)
         out[*k - w0] = words[k - idx];
@@ -209,8 +210,11 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
     const int64_t as_words = nb + 1 + 2 * partial, as_allowed = allowed, as_refused = 32 * W - allowed;
     const size_t at = out.data.size();
     // ids cost a fill about twice what their words cost (a write per word they touch, words in
-    // between cleared or set), so they are taken only at half the size of the alternatives
+    // between cleared or set), so they are taken only at half the size of the alternatives; word
+    // rows expand a word at a time where a bitmap word is mixed, so they are taken over plain words
+    // only at a quarter of their size (rows of few partial words among long runs)
     const int64_t other = std::min(as_words, W);
+    const bool words_pay = 4 * as_words <= W;
     if (2 * as_allowed < other && as_allowed <= as_refused) {
       out.kind[r] = CompactRows::kAllowed;
       for (int64_t w = 0; w < W; ++w)
@@ -219,7 +223,7 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
       out.kind[r] = CompactRows::kRefused;
       for (int64_t w = 0; w < W; ++w)
         for (uint32_t b = ~m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
-    } else if (W <= as_words) {
+    } else if (!words_pay) {
       out.kind[r] = CompactRows::kDense;
       out.data.insert(out.data.end(), m, m + W);
     } else {
