@@ -55,6 +55,13 @@ subset is narrower than the schema it says so here:
 * an unconstrained value (``{}``, ``true``, a free-form member) is any compact JSON value nested at
   most ``ANY_DEPTH`` deep.
 
+When the automaton of all that is over the state limit (``LLMSERVE_CONSTRAINT_MAX_STATES``), a
+narrower subset is built instead, within what is left of the compile time budget
+(``schema_to_dfa``, ``NARROW_*``): unconstrained values nested one level, no recursion, strings at
+most 256 characters where ``maxLength`` is larger. A flat automaton holds a copy of each of those
+per use, so they are what make real schemas large; still valid answers, fewer of them. A schema
+over the limit even so is refused naming the limit.
+
 Keywords that only annotate (``title``, ``description``, ``id``, ``x-*``, ``markdownDescription``,
 ...) and keywords outside the JSON Schema vocabulary are ignored, as validators ignore them. Every
 other keyword that would change the accepted language and is not supported is refused with a
@@ -91,6 +98,15 @@ MAX_RECURSION = 3
 # 'if' at once instead
 MAX_IF_CHAIN = 8
 ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the automaton's states)
+# The narrower subset ``schema_to_dfa`` builds when the schema's automaton is over the state limit:
+# an automaton cannot share a sub-automaton between its uses, so its size is the sum over every use
+# of a $ref target, an unconstrained value, a recursion level or a counted length. These three
+# shrink each use (every answer of the narrower language is an answer of the wider one, so still
+# valid); what is left over the limit is refused as before.
+NARROW_ANY_DEPTH = 1  # unconstrained values: scalars, or arrays/objects of scalars
+NARROW_RECURSION = 1  # no recursion: a $ref met again inside its own target admits no value
+NARROW_MAX_LENGTH = 256  # strings at most this long (or minLength) under a larger maxLength: each
+# counted character costs ~13 states (UTF-8 lead/continuation bytes, escapes), maxLength 4000 52k
 
 # keywords each type reads; a keyword of another type says nothing about this one (JSON Schema:
 # ``minLength`` does not constrain a number), so it is dropped from that type's branch
@@ -187,8 +203,10 @@ def any_value(depth: int = ANY_DEPTH):
 
 
 class _Converter:
-    def __init__(self, root: Any, if_chains: bool = True, started: float | None = None):
+    def __init__(self, root: Any, if_chains: bool = True, started: float | None = None, narrow: bool = False):
         self.root = root
+        self.narrow = narrow  # the NARROW_* subset (schema_to_dfa's last try)
+        self.max_recursion = NARROW_RECURSION if narrow else MAX_RECURSION
         self.if_chains = if_chains  # _if_chain in use (schema_to_dfa retries without when too large)
         self.chained = False  # whether some if-chain was served as branches
         # $ref -> its converted tree, built once and shared by every use: a schema whose references
@@ -206,7 +224,7 @@ class _Converter:
 
     def any(self):
         if self._any is None:
-            self._any = any_value_node()
+            self._any = any_value_node(NARROW_ANY_DEPTH if self.narrow else ANY_DEPTH)
         return self._any
 
     def resolve(self, ref: Any):
@@ -368,9 +386,9 @@ class _Converter:
 
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
         """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
-        if refs.count(ref) >= MAX_RECURSION:
+        if refs.count(ref) >= self.max_recursion:
             raise Unsatisfiable(
-                f"json_schema: recursive $ref {ref!r} is unrolled {MAX_RECURSION} levels deep, and the schema "
+                f"json_schema: recursive $ref {ref!r} is unrolled {self.max_recursion} levels deep, and the schema "
                 "requires a deeper value"
             )
 
@@ -549,6 +567,8 @@ class _Converter:
         fmt = schema.get("format")
         lo = _count(schema, "minLength", 0)
         hi = _count(schema, "maxLength", None)
+        if self.narrow and hi is not None and hi > max(lo, NARROW_MAX_LENGTH):
+            hi = max(lo, NARROW_MAX_LENGTH)
         # look-aheads at a pattern's anchored start: patterns that must (not) match too
         must, must_not = [], []
         for p in patterns:
@@ -1228,12 +1248,22 @@ def schema_to_ast(schema, *, if_chains: bool = True) -> tuple:
     return _convert(_Converter(schema, if_chains), schema)
 
 
+def _too_large(exc: ConstraintError) -> bool:
+    return "constraint too large" in exc.message or "time budget" in exc.message
+
+
 def schema_to_dfa(schema, backend: str = "native", *, started: float | None = None, build=compile_ast) -> ByteDFA:
-    """The schema's automaton. An if-chain (``_if_chain``) copies the object around it once per
-    ``if``: when it is in use, the automaton is built within half the compile time budget; when
-    that is too large or too slow, the schema is built again holding every ``if`` at once (the
-    narrower subset) within what is left of the budget. ``build``: the whole automaton's builder
-    (``regex.compile_ast``; the automata embedded along the way are built by it too)."""
+    """The schema's automaton, within one compile time budget, trying narrower subsets when it is
+    too large or too slow:
+
+    1. as converted; when an if-chain (``_if_chain``) is in use, which copies the object around it
+       once per ``if``, within half the budget;
+    2. after an if-chain, holding every ``if`` at once (the narrower subset);
+    3. the NARROW_* subset (unconstrained values, recursion and long maxLength made smaller), within
+       what is left of the budget: refused, as the wider tries were, when that is too large too.
+
+    ``build``: the whole automaton's builder (``regex.compile_ast``; the automata embedded along the
+    way are built by it too)."""
     schema = _parsed(schema)
     started = time.monotonic() if started is None else started
     converter = _Converter(schema, started=started)
@@ -1243,7 +1273,20 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
             return build(ast, backend, started=started)
         return build(ast, backend, started=started - limits().compile_ms / 2000)
     except ConstraintError as exc:
-        too_much = "constraint too large" in exc.message or "time budget" in exc.message
-        if not converter.chained or not too_much:
+        if not _too_large(exc):
             raise
-    return build(_convert(_Converter(schema, False, started), schema), backend, started=started)
+        first = exc
+    if converter.chained:
+        try:
+            return build(_convert(_Converter(schema, False, started), schema), backend, started=started)
+        except ConstraintError as exc:
+            if not _too_large(exc):
+                raise
+            first = exc
+    if time.monotonic() - started > limits().compile_ms / 1000:
+        raise first  # no time left to try: the first refusal says why
+    try:
+        return build(_convert(_Converter(schema, False, started, narrow=True), schema), backend, started=started)
+    except ConstraintError:
+        # the schema as the client sent it is what the refusal names (its size), not the subset
+        raise first from None

@@ -1,0 +1,122 @@
+"""The narrower subset ``schema_to_dfa`` builds when a schema's automaton is over the state limit
+(``jsonschema.NARROW_*``): unconstrained values one level deep, no recursion, long
+``maxLength`` cut. Every answer still validates; a schema that fits is built exactly as before; a
+schema that does not fit even narrowed is refused naming the limit, as before (issue #17, the
+corpus's "more than 20000 automaton states" refusals)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from llmserve.constraints import ConstraintError
+from llmserve.constraints.budget import distances
+from llmserve.constraints.jsonschema import NARROW_MAX_LENGTH, schema_to_dfa
+from llmserve.constraints.limits import Limits, set_limits
+
+
+@pytest.fixture
+def max_states():
+    def set_to(n: int) -> None:
+        set_limits(Limits(max_states=n))
+
+    yield set_to
+    set_limits(None)
+
+
+def walk(dfa, rng: random.Random, budget: int) -> bytes:
+    """A random accepted text of at most ``budget`` bytes (random live bytes, steered to end)."""
+    dist = distances(dfa.table, dfa.accept)
+    state, out = dfa.start, bytearray()
+    while True:
+        row = dfa.table[state]
+        ok = [b for b in range(256) if row[b] >= 0 and dist[row[b]] <= budget - len(out) - 1]
+        if dfa.accept[state] and (not ok or rng.random() < 0.05):
+            return bytes(out)
+        b = rng.choice(ok)
+        out.append(b)
+        state = int(row[b])
+
+
+def assert_answers_valid(dfa, schema, n=40, budget=600):
+    rng = random.Random(0)
+    for _ in range(n):
+        jsonschema.validate(json.loads(walk(dfa, rng, budget).decode()), schema)
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+LONG_TEXT = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "maxLength": 80}, "body": {"type": "string", "maxLength": 4000}},
+    "required": ["body"],
+}
+
+
+def test_a_long_max_length_over_the_state_limit_is_cut():
+    """``maxLength: 4000`` alone is ~52k states (13 per counted character): over the default
+    20,000, so the narrow try keeps bodies of at most NARROW_MAX_LENGTH characters."""
+    dfa = schema_to_dfa(LONG_TEXT)
+    assert dfa.num_states < 20_000
+    assert dfa.matches(_compact({"body": "x" * NARROW_MAX_LENGTH}).encode())
+    assert not dfa.matches(_compact({"body": "x" * (NARROW_MAX_LENGTH + 1)}).encode())
+    assert dfa.matches(_compact({"summary": "é" * 80, "body": ""}).encode())
+    assert not dfa.matches(_compact({"summary": "s" * 81, "body": ""}).encode())  # short bounds stay exact
+    assert_answers_valid(dfa, LONG_TEXT)
+
+
+def test_a_schema_that_fits_is_built_exactly():
+    schema = {"type": "object", "properties": {"body": {"type": "string", "maxLength": 1000}}, "required": ["body"]}
+    dfa = schema_to_dfa(schema)
+    assert dfa.matches(_compact({"body": "x" * 1000}).encode())
+    assert not dfa.matches(_compact({"body": "x" * 1001}).encode())
+
+
+FREE_FORM = {"type": "object", "properties": {f"p{i}": {} for i in range(8)}, "required": ["p0"]}
+
+
+def test_unconstrained_values_over_the_state_limit_are_one_level_deep(max_states):
+    deep = json.dumps({"p0": {"a": [1, {"b": 2}]}}).replace(" ", "")
+    assert schema_to_dfa(FREE_FORM).matches(deep.encode())  # fits the default limit: depth 3
+    max_states(2000)  # 8 free-form values of ~620 states each do not fit; one level deep they do
+    dfa = schema_to_dfa(FREE_FORM)
+    assert not dfa.matches(deep.encode())
+    assert dfa.matches(b'{"p0":{"a":1,"b":"x"},"p7":[true,null]}')
+    assert_answers_valid(dfa, FREE_FORM)
+
+
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "format": "email"},
+                "tags": {"type": "array", "items": {"type": "string", "format": "date-time"}},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+            "required": ["name"],
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+
+
+def test_recursion_over_the_state_limit_is_not_followed(max_states):
+    nested = b'{"name":"a@b.io","children":[{"name":"c@d.io","children":[{"name":"e@f.io"}]}]}'
+    assert schema_to_dfa(TREE).matches(nested)
+    max_states(400)  # 573 states as given, 191 with recursion followed once
+    dfa = schema_to_dfa(TREE)
+    assert dfa.matches(b'{"name":"a@b.io","children":[]}')
+    assert not dfa.matches(b'{"name":"a@b.io","children":[{"name":"c@d.io"}]}')  # node inside node
+    assert_answers_valid(dfa, TREE)
+
+
+def test_a_schema_too_large_even_narrowed_is_refused_naming_the_limit():
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 250} for i in range(12)}}
+    with pytest.raises(ConstraintError, match="more than 20000 automaton states"):
+        schema_to_dfa(schema)
