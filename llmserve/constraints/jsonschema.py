@@ -11,7 +11,8 @@ subset is narrower than the schema it says so here:
   ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer),
   recursive ones unrolled ``MAX_RECURSION`` levels deep (deeper optional members, branches and
   array items are not generated; a schema that requires deeper nesting is refused), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
-  (``schema_merge.py``); ``oneOf`` generates only answers that match exactly one branch, since
+  (``schema_merge.py``; two ``oneOf`` in one ``allOf`` as one ``oneOf`` over the pairs of their
+  branches, exact); ``oneOf`` generates only answers that match exactly one branch, since
   "exactly one" in general is not regular: a branch is generated when its answers cannot match any
   other (different types, listed values the other refuses, a discriminating property, a required
   name the other lacks or forbids), after narrowing it where that separates it (requiring a
@@ -485,8 +486,8 @@ class _Converter:
         base = {k: v for k, v in schema.items() if k != key}
         merged = []
         for sub in subs:
-            sub, sub_refs = self.normalize(sub, refs)
-            try:
+            try:  # a branch no value satisfies (an allOf of two types, ...) counts for no value
+                sub, sub_refs = self.normalize(sub, refs)
                 merged.append((self._merge(base, sub) if _constrains(base) else sub, sub_refs))
             except Unsatisfiable:
                 continue

@@ -5,9 +5,10 @@
 ``required`` and the answer could fail the parent. A value must satisfy *both*, so each keyword
 combines by its meaning: types intersect, ``required`` unites, lower bounds take the larger, upper
 bounds the smaller, ``properties`` merge per name (recursively), patterns accumulate (all must
-match), enums intersect. Two different values of any other keyword cannot be combined here and are
+match), enums intersect, two ``anyOf`` (or two ``oneOf``) become one over every pair of their
+branches (exact for ``oneOf`` too: ``_merge_keyword``). Two different values of any other keyword cannot be combined here and are
 refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
-``anyOf`` that branch is dropped.
+``anyOf`` or ``oneOf`` that branch is dropped (it matches no value).
 """
 
 from __future__ import annotations
@@ -231,7 +232,10 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         # (A1 | A2) & (B1 | B2): every pair, as an anyOf of the two lists' conjunctions
         return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "oneOf":
-        raise ConstraintError("json_schema: oneOf on both sides of allOf is not supported")
+        # oneOf(A1..An) & oneOf(B1..Bm) == oneOf(Ai & Bj over every pair), exactly: a value satisfies
+        # |{i: v in Ai}| * |{j: v in Bj}| of the pairs, and a product of two counts is 1 only when
+        # both are 1. The converter's oneOf then keeps the pairs it can tell apart, as for any oneOf.
+        return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "not":  # not A and not B: not (A or B)
         return {"anyOf": [mine, value]}
     if key in ("x-llmserve-not", "x-llmserve-absent"):  # the converter's, from a 'not': both hold

@@ -644,3 +644,36 @@ def test_lookaheads_at_a_patterns_start_match_as_python_re_does(pattern, words):
     for word in words:
         assert accepts(schema, json.dumps(word)) == (re.search(pattern, word) is not None), word
     assert_samples_valid(schema, n=20)
+
+
+# ------------------------------------------------------------------ oneOf on both sides of allOf
+
+ONE_OF_TWICE = {
+    "allOf": [
+        {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "integer"}]},
+        {"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "integer", "minimum": 5}, {"type": "null"}]},
+    ]
+}
+
+
+def test_one_of_on_both_sides_of_all_of_is_one_of_over_the_pairs():
+    """oneOf(A) & oneOf(B) is oneOf over the pairs Ai & Bj: a value satisfies |A's| * |B's| pairs."""
+    assert accepts(ONE_OF_TWICE, '"ab"') and accepts(ONE_OF_TWICE, "7")
+    for text in ('"abcd"', '"ba"', "4", "null", "true"):  # fails one side or the other
+        assert not accepts(ONE_OF_TWICE, text), text
+        assert not jsonschema.Draft202012Validator(ONE_OF_TWICE).is_valid(json.loads(text))
+    assert_samples_valid(ONE_OF_TWICE)
+
+
+def test_one_of_on_both_sides_keeps_only_pairs_it_can_tell_apart():
+    # "ab" matches both strings of the first oneOf: it fails there, and must never be generated
+    schema = {
+        "allOf": [
+            {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "b"}]},
+            {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        ]
+    }
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b'"ab"') and not jsonschema.Draft202012Validator(schema).is_valid("ab")
+    assert dfa.matches(b'"a"')  # the short strings without a "b": one branch of each side
+    assert_samples_valid(schema)
