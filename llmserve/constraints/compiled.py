@@ -4,12 +4,14 @@ A constraint compiles in two stages: the spec becomes a byte-level DFA (``regex.
 ``jsonschema.py``; built by the C++ core), then the DFA is compiled against the tokenizer's
 vocabulary into one packed bitmask row per DFA state (``masks[s]``: the tokens allowed in state s).
 At decode time a row's state advances by walking the sampled token's bytes through the DFA, and the
-mask fill is one copy of ``masks[state]``: cost per row is flat, whatever the constraint.
+mask fill writes ``masks[state]``'s words: cost per row is flat, whatever the constraint.
 
 A complete form keeps its rows compressed (``csrc/grammar.h``, ``CompactRows``): each distinct row
-once, as its partial words, its allowed ids or its refused ids, whichever is smallest; fills expand
-a row's words straight into the bitmask or the logits pass. A 2,000-state schema over 100k tokens
-takes ~1 MB instead of 25 MB; ``nbytes`` counts what a form holds now.
+once, as its allowed ids, its refused ids, its partial words or its plain words, the smallest once
+weighed by what each costs a fill; and its automaton as byte classes (``csrc/vocab_trie.h``,
+``Transitions``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
+logits pass reads from L1. A 2,000-state schema over 100k tokens takes 2-3 MB instead of 26 MB
+(``benchmarks/constraints/memory.py``); ``nbytes`` counts what a form holds now.
 
 Mask rows may be computed lazily (``CompiledConstraint.lazy``): the form is usable once the DFA and
 the start state's row exist, a row is computed the first time a batch row needs it, and the rest
