@@ -1,9 +1,10 @@
 // A byte DFA compiled against a vocabulary: one packed token-mask row per DFA state, computed all at
 // once (compile_masks) or row by row on first use (Grammar).
 //
-// Layout shared with Python (llmserve/constraints/compiled.py):
-//   table int32[S,256] (-1 dead), accept uint8[S], masks uint32[S+1, W] (row S: the dead row);
-//   bit (t % 32) of word (t / 32) of a row set = token t allowed
+// Layout shared with Python (llmserve/constraints/compiled.py), while rows are computed or when
+// dense: table int32[S,256] (-1 dead), accept uint8[S], masks uint32[S+1, W] (row S: the dead row);
+// bit (t % 32) of word (t / 32) of a row set = token t allowed. A complete grammar is compressed
+// (CompactRows below, and byte classes: Transitions in vocab_trie.h).
 #pragma once
 
 #include <atomic>
