@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from itertools import pairwise
 
 import numpy as np
@@ -75,6 +75,24 @@ _DIGIT = [(0x30, 0x39)]
 _WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
 _SPACE = [(0x09, 0x0D), (0x20, 0x20)]
 _CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+
+
+@cache
+def _wide_class(c: str) -> tuple[tuple[int, int], ...]:
+    """What ``\\d``/``\\w``/``\\s`` match in either dialect a JSON Schema pattern meets: ECMA-262's
+    (ASCII digits and word characters; Unicode white space with U+FEFF) or Python's ``re``, which
+    ``jsonschema`` validates with (Unicode digits, word characters and white space, U+001C-U+001F
+    among them). A value must satisfy the pattern in both, so a pattern that *excludes* the class
+    (``\\S``, ``[^\\s-]``) excludes this union, and one that requires it gets the ASCII sets above,
+    which both dialects hold. Computed once, from Python's own ``re``."""
+    import re as _re
+
+    every = "".join(map(chr, range(MAX_CODEPOINT + 1)))  # runs of the class found at C speed
+    out = [(m.start(), m.end() - 1) for m in _re.finditer("\\" + c + "+", every)]
+    extra = [(0xFEFF, 0xFEFF)] if c == "s" else []
+    return tuple(_normalize([*out, *extra, *_CLASS_ESCAPES[c]]))
+
+
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a", "e": "\x1b"}
 
 
@@ -214,8 +232,14 @@ class _Parser:
             raise self.error("unbalanced ')'")
         return ("set", [(ord(c), ord(c))])
 
-    def _escape(self, in_class: bool):
+    def _escape(self, in_class: bool, negated: bool = False):
+        """``negated``: inside ``[^...]`` (what the escape matches is then excluded)."""
         c = self.take()
+        if self.schema and c.lower() in _CLASS_ESCAPES:
+            # matched by the value in both dialects when required, excluded in both when excluded
+            if c in _CLASS_ESCAPES:
+                return list(_wide_class(c)) if negated else list(_CLASS_ESCAPES[c])
+            return _negate(_CLASS_ESCAPES[c.lower()] if negated else list(_wide_class(c.lower())))
         if c in _CLASS_ESCAPES:
             return list(_CLASS_ESCAPES[c])
         if c.lower() in _CLASS_ESCAPES and c.isupper():
@@ -258,7 +282,7 @@ class _Parser:
                 break
             first = False
             if c == "\\":
-                item = self._escape(in_class=True)
+                item = self._escape(in_class=True, negated=negate)
             elif c == "[" and self.peek() == ":":
                 raise self.error("POSIX classes are not supported")
             else:

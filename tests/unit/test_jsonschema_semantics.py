@@ -677,3 +677,34 @@ def test_one_of_on_both_sides_keeps_only_pairs_it_can_tell_apart():
     assert not dfa.matches(b'"ab"') and not jsonschema.Draft202012Validator(schema).is_valid("ab")
     assert dfa.matches(b'"a"')  # the short strings without a "b": one branch of each side
     assert_samples_valid(schema)
+
+
+# ------------------------------------------------------------------ \d \w \s in both dialects
+
+
+@pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [
+        # U+001C-U+001F and U+0085 are white space to Python's re (jsonschema), not to ECMA-262;
+        # U+FEFF the other way round; U+00A0 to both
+        ("^[^\\s-]+$", ["a\x1cb", "a\x85", "a\u00a0b", "a\ufeff", "a-b", "a b"]),
+        ("^\\S+$", ["a\x1f", "\u3000", "\ufeff", "a\tb"]),
+        ("^\\D+$", ["\u0663", "7"]),  # ARABIC-INDIC DIGIT THREE: a digit to Python only
+        ("^[^\\w.]+$", ["\u00e9", "a", "_", "."]),
+    ],
+)
+def test_an_excluded_class_escape_excludes_what_either_dialect_counts_in_it(pattern, refused):
+    schema = {"type": "string", "pattern": pattern}
+    for value in refused:
+        assert not accepts(schema, json.dumps(value, ensure_ascii=False)), repr(value)
+        assert not accepts(schema, json.dumps(value)), repr(value)
+    assert accepts(schema, '"!?"')
+    assert_samples_valid(schema, n=80)
+
+
+def test_a_required_class_escape_generates_what_both_dialects_count_in_it():
+    schema = {"type": "string", "pattern": "^\\s\\d\\w$"}
+    assert accepts(schema, '" 1a"') and accepts(schema, '"\\t9_"')
+    assert not accepts(schema, '"\u00a01a"')  # white space to both, but not generated: a subset
+    assert not accepts(schema, '"\\u001c1a"') and not accepts(schema, '" \u0663a"') and not accepts(schema, '" 1é"')
+    assert_samples_valid(schema)
