@@ -48,8 +48,8 @@ subset is narrower than the schema it says so here:
   there are any (as in OpenAI's strict mode), whatever ``additionalProperties`` says; without
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
   when it is true or absent), or, with ``patternProperties``, members whose names match one pattern
-  (and none of the others, when there are several), valued by its schema; ``patternProperties``
-  apply to the declared names they match.
+  (and none of the others, when there are several) and ``propertyNames``, valued by its schema;
+  ``patternProperties`` apply to the declared names they match.
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
   ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item (``minItems`` > 1 is
   refused).
@@ -692,13 +692,16 @@ class _Converter:
         for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
             if kw in schema:
                 raise self.fail(f"{kw!r} on an object without properties is not supported")
-        if patterns and "propertyNames" in schema:
-            raise self.fail("patternProperties with propertyNames and no properties are not supported")
         if len(patterns) > 1:
             return self._pattern_members(schema, patterns, depth, refs, lo, hi)
         if patterns:
             ((pattern, value_schema),) = patterns.items()
-            key = string_ast([pattern], None, 0, None)
+            try:
+                key = self._named(string_ast([pattern], None, 0, None, started=self.started), schema, depth, refs)
+            except Unsatisfiable:
+                if lo > 0:
+                    raise
+                return _lit("{}")
         elif additional is False or hi == 0:
             if lo > 0:
                 raise Unsatisfiable("json_schema: minProperties > 0 with no property allowed")
@@ -718,6 +721,22 @@ class _Converter:
             return _lit("{}")
         return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
 
+    def _named(self, key: tuple, schema: dict, depth: int, refs) -> tuple:
+        """``key`` (member names, as JSON strings) less the names ``propertyNames`` refuses: the
+        product of the two automata (exact)."""
+        if "propertyNames" not in schema:
+            return key
+        names = self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
+        try:
+            dfa = intersect(
+                [compile_ast(key, started=self.started), compile_ast(names, started=self.started)], started=self.started
+            )
+        except ConstraintError as exc:
+            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+                raise Unsatisfiable("json_schema: no name matches both patternProperties and propertyNames") from None
+            raise
+        return ("dfa", dfa)
+
     def _pattern_members(self, schema: dict, patterns: dict, depth: int, refs, lo: int, hi: int | None):
         """Several ``patternProperties`` and no declared property: each member's name matches one
         pattern and none of the others (the complement of their automaton: a name several patterns
@@ -729,6 +748,7 @@ class _Converter:
             others += [["value", name] for name in schema.get(ABSENT, [])]
             try:
                 key = self.exclude(string_ast([pattern], None, 0, None, started=self.started), others)
+                key = self._named(key, schema, depth, refs)
                 members.append(_cat(key, _lit(":"), self.convert(value_schema, depth + 1, refs)))
             except Unsatisfiable:
                 continue
@@ -1250,7 +1270,12 @@ def schema_to_ast(schema, *, if_chains: bool = True) -> tuple:
 
 
 def _too_large(exc: ConstraintError) -> bool:
-    return "constraint too large" in exc.message or "time budget" in exc.message
+    """Whether a narrower subset may fit where ``exc`` refused: the limits, and nesting (recursion
+    unrolled MAX_RECURSION levels deep nests the converter that many times over)."""
+    return any(
+        what in exc.message
+        for what in ("constraint too large", "time budget", f"nesting deeper than {MAX_DEPTH}", "nested too deeply")
+    )
 
 
 def schema_to_dfa(schema, backend: str = "native", *, started: float | None = None, build=compile_ast) -> ByteDFA:
@@ -1261,7 +1286,8 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
        once per ``if``, within half the budget;
     2. after an if-chain, holding every ``if`` at once (the narrower subset);
     3. the NARROW_* subset (unconstrained values, recursion and long maxLength made smaller), within
-       what is left of the budget: refused, as the wider tries were, when that is too large too.
+       what is left of the budget, also when the tries above nested deeper than MAX_DEPTH: refused,
+       as the wider tries were, when that is too large too.
 
     ``build``: the whole automaton's builder (``regex.compile_ast``; the automata embedded along the
     way are built by it too)."""

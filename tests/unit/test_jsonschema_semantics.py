@@ -309,13 +309,8 @@ def test_annotations_are_ignored():
         ({"not": {"if": {"type": "string"}, "then": {"minLength": 2}}}, "'not' of a schema with if/then/else"),
         ({"$dynamicRef": "#meta"}, "dynamicRef"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-        ({"type": "object", "patternProperties": {"^a": {}}, "propertyNames": {"maxLength": 3}}, "propertyNames"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),
-        (
-            {"type": "object", "patternProperties": {"^a": {}, "^b": {}}, "propertyNames": {"maxLength": 3}},
-            "propertyNames",
-        ),
     ],
 )
 def test_unsupported_keywords_are_refused_by_name(schema, keyword):
@@ -708,3 +703,31 @@ def test_a_required_class_escape_generates_what_both_dialects_count_in_it():
     assert not accepts(schema, '"\u00a01a"')  # white space to both, but not generated: a subset
     assert not accepts(schema, '"\\u001c1a"') and not accepts(schema, '" \u0663a"') and not accepts(schema, '" 1é"')
     assert_samples_valid(schema)
+
+
+# ------------------------------------------------------------------ patternProperties with propertyNames
+
+
+@pytest.mark.parametrize(
+    "patterns",
+    [{"^a": {"type": "integer"}}, {"^a": {"type": "integer"}, "^b": {"type": "string"}}],
+)
+def test_pattern_properties_with_property_names_generate_names_both_allow(patterns):
+    schema = {
+        "type": "object",
+        "patternProperties": patterns,
+        "propertyNames": {"maxLength": 3, "pattern": "^[a-z]+$"},
+        "additionalProperties": False,
+    }
+    assert accepts(schema, '{"abc":1}')
+    assert not accepts(schema, '{"abcd":1}')  # propertyNames' maxLength
+    assert not accepts(schema, '{"aB":1}')  # propertyNames' pattern
+    assert not accepts(schema, '{"xy":1}')  # no patternProperties pattern
+    assert_samples_valid(schema, n=80)
+
+
+def test_pattern_properties_no_name_of_which_property_names_allow_leave_the_empty_object():
+    schema = {"type": "object", "patternProperties": {"^a": {}}, "propertyNames": {"pattern": "^b"}}
+    assert accepts(schema, "{}") and not accepts(schema, '{"ab":1}')
+    with pytest.raises(ConstraintError):
+        dfa_of({**schema, "minProperties": 1})

@@ -120,3 +120,19 @@ def test_a_schema_too_large_even_narrowed_is_refused_naming_the_limit():
     schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 250} for i in range(12)}}
     with pytest.raises(ConstraintError, match="more than 20000 automaton states"):
         schema_to_dfa(schema)
+
+
+def test_recursion_nesting_deeper_than_the_converter_allows_is_built_without_recursion():
+    """A cycle of 15 references, unrolled MAX_RECURSION times, nests past MAX_DEPTH; without
+    recursion it fits, and the nested path still ends at a valid value."""
+    defs = {
+        f"n{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/n{i + 1}"}, "v": {"type": "integer"}}}
+        for i in range(14)
+    }
+    defs["n14"] = {"type": "object", "properties": {"back": {"$ref": "#/$defs/n0"}}}
+    schema = {"$defs": defs, "$ref": "#/$defs/n0"}
+    dfa = schema_to_dfa(schema)
+    chain = '{"x":' * 14 + "{}" + "}" * 14
+    assert dfa.matches(chain.encode())
+    assert not dfa.matches(('{"x":' * 14 + '{"back":{}}' + "}" * 14).encode())  # n0 inside n0
+    assert_answers_valid(dfa, schema)
