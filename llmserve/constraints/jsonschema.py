@@ -494,7 +494,7 @@ class _Converter:
         if not merged:
             raise Unsatisfiable(f"json_schema: no branch of {key} is satisfiable together with the keywords beside it")
         if key == "oneOf":
-            typed = [self._branch_types(m, sub_refs) for m, sub_refs in merged]
+            typed = [self._item_types(self._branch_types(m, sub_refs), sub_refs) for m, sub_refs in merged]
             merged = _exclusive_branches(merged, typed)
         branches = []
         for m, sub_refs in merged:
@@ -535,6 +535,23 @@ class _Converter:
                 return schema
             types |= sub_types
         return {**schema, "type": sorted(types)} if types else schema
+
+    def _item_types(self, schema: Any, refs: tuple[str, ...]) -> Any:
+        """``schema`` whose ``items`` is a ``$ref``, with the target's types beside it in an
+        ``allOf``: equivalent (they are the target's own types), so that ``oneOf`` branches of arrays
+        can be told apart by their items (``_non_empty_if_items_exclusive``)."""
+        items = schema.get("items") if isinstance(schema, dict) else None
+        if not isinstance(items, dict) or "$ref" not in items:
+            return schema
+        try:
+            target, target_refs = self.normalize(items, refs)
+        except ConstraintError:
+            return schema
+        typed = self._branch_types(target, target_refs) if isinstance(target, dict) else None
+        types = types_of(typed) if isinstance(typed, dict) else None
+        if not types:
+            return schema
+        return {**schema, "items": {"allOf": [items, {"type": sorted(types)}]}}
 
     def _values(self, values: list, schema: dict, depth: int, refs):
         """``const``/``enum``: the listed values that also satisfy the keywords beside them."""

@@ -731,3 +731,18 @@ def test_pattern_properties_no_name_of_which_property_names_allow_leave_the_empt
     assert accepts(schema, "{}") and not accepts(schema, '{"ab":1}')
     with pytest.raises(ConstraintError):
         dfa_of({**schema, "minProperties": 1})
+
+
+def test_one_of_arrays_told_apart_by_the_type_of_their_referenced_items():
+    """``[]`` matches both branches; arrays of at least one item cannot (strings against objects)."""
+    schema = {
+        "definitions": {"secret": {"type": "object", "properties": {"name": {"type": "string"}}}},
+        "oneOf": [
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "items": {"$ref": "#/definitions/secret"}},
+        ],
+    }
+    assert accepts(schema, '["a"]') and accepts(schema, '[{"name":"x"}]')
+    assert not accepts(schema, "[]") and not jsonschema.Draft7Validator(schema).is_valid([])
+    assert not accepts(schema, '["a",{}]')
+    assert_samples_valid(schema)
