@@ -709,6 +709,11 @@ class _Converter:
         for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
             if kw in schema:
                 raise self.fail(f"{kw!r} on an object without properties is not supported")
+        if list(patterns) == [""] and additional is False:
+            # JSON Schema: "" matches every name. jsonschema (4.26) joins the patterns with "|" and,
+            # the result being empty, counts every member as additional, refused here: answers
+            # must validate there too, so only the empty object is generated (a subset)
+            patterns = {}
         if len(patterns) > 1:
             return self._pattern_members(schema, patterns, depth, refs, lo, hi)
         if patterns:

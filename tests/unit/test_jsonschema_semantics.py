@@ -746,3 +746,14 @@ def test_one_of_arrays_told_apart_by_the_type_of_their_referenced_items():
     assert not accepts(schema, "[]") and not jsonschema.Draft7Validator(schema).is_valid([])
     assert not accepts(schema, '["a",{}]')
     assert_samples_valid(schema)
+
+
+def test_the_empty_pattern_alone_with_no_additional_properties_generates_the_empty_object():
+    """JSON Schema: "" matches every name; jsonschema (4.26) counts every member additional there."""
+    schema = {"type": "object", "patternProperties": {"": {"type": "integer"}}, "additionalProperties": False}
+    assert not jsonschema.Draft7Validator(schema).is_valid({"a": 1})  # what the subset follows
+    assert accepts(schema, "{}") and not accepts(schema, '{"a":1}')
+    assert_samples_valid(schema)
+    wider = {**schema, "additionalProperties": True}  # no additionalProperties check to trip
+    assert accepts(wider, '{"a":1}') and jsonschema.Draft7Validator(wider).is_valid({"a": 1})
+    assert_samples_valid(wider)
