@@ -43,7 +43,8 @@ subset is narrower than the schema it says so here:
   a decision, not an oversight. In 2019-09/2020-12 ``format`` is an annotation unless a
   format-assertion vocabulary is declared, and validators (``jsonschema`` among them) ignore formats
   they do not know, so every such string validates.
-* integers and numbers with ``minimum``/``maximum``/``exclusive*`` (``schema_numbers.py``).
+* integers and numbers with ``minimum``/``maximum``/``exclusive*`` and a whole ``multipleOf``
+  (integers only; a fraction is refused) (``schema_numbers.py``).
 * objects: declared ``properties`` with ``required``; only declared properties are generated when
   there are any (as in OpenAI's strict mode), whatever ``additionalProperties`` says; without
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value

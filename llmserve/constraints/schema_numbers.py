@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import parse
+from llmserve.constraints.regex import ByteDFA, compile_ast, parse
+from llmserve.constraints.schema_merge import Unsatisfiable
 
 MAX_DIGITS = 16
 _CAP = 10**MAX_DIGITS - 1
@@ -109,16 +113,59 @@ def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
 BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
+# a multipleOf automaton has a state per remainder
+MAX_MULTIPLE = 10_000
+_SAFE = 2**53 - 1
+
+
+def multiples_dfa(m: int):
+    """The JSON integers (``INTEGER``'s texts) divisible by ``m``: the decimal digits read left to
+    right keep the value's remainder mod ``m`` (r -> (10 r + d) mod m), exact; the sign does not
+    change divisibility. States: 0 start, 1 after '-', 2 after a leading '0' (done), 3 + r."""
+    table = np.full((3 + m, 256), -1, dtype=np.int32)
+    accept = np.zeros(3 + m, dtype=np.uint8)
+    table[0, ord("-")] = 1
+    for s in (0, 1):
+        table[s, ord("0")] = 2
+        for d in range(1, 10):
+            table[s, ord("0") + d] = 3 + d % m
+    for r in range(m):
+        for d in range(10):
+            table[3 + r, ord("0") + d] = 3 + (10 * r + d) % m
+    accept[2] = accept[3] = 1
+    return ByteDFA(table, accept, 0)
+
+
 def number_ast(schema: dict, integer: bool):
-    """``integer`` or ``number`` with its bounds; ``multipleOf`` only where it says "integer"."""
+    """``integer`` or ``number`` with its bounds and ``multipleOf`` (a whole number: integers only,
+    a subset for ``number``; a fraction is refused: ``jsonschema`` divides floats, so 0.3 is not a
+    multiple of 0.1 there, and a regular language of its verdicts is not worth having)."""
     multiple = schema.get("multipleOf")
     if multiple is not None:
         if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or multiple <= 0:
             raise ConstraintError(f"json_schema: multipleOf must be a positive number, got {multiple!r}")
-        if multiple != 1:
-            raise ConstraintError(f"json_schema: multipleOf {multiple} is not supported (only 1)")
+        if multiple != int(multiple) or multiple > MAX_MULTIPLE:
+            raise ConstraintError(
+                f"json_schema: multipleOf {multiple} is not supported (only whole numbers up to {MAX_MULTIPLE})"
+            )
         integer = True
-    if not any(k in schema for k in BOUND_KEYS):
-        return parse(INTEGER if integer else NUMBER)
-    lo, hi = integer_bounds(schema)
-    return parse(integer_range(lo, hi))
+    if isinstance(multiple, float) and multiple != 1:
+        # jsonschema divides by a float multipleOf (16.0) as floats: a multiple's quotient is exact
+        # only while the value is below 2**53
+        lo, hi = integer_bounds(schema)
+        lo = -_SAFE if lo is None else max(lo, -_SAFE)
+        hi = _SAFE if hi is None else min(hi, _SAFE)
+        node = parse(integer_range(lo, hi))
+    elif not any(k in schema for k in BOUND_KEYS):
+        node = parse(INTEGER if integer else NUMBER)
+    else:
+        lo, hi = integer_bounds(schema)
+        node = parse(integer_range(lo, hi))
+    if multiple is None or int(multiple) == 1:
+        return node
+    try:
+        return ("dfa", intersect([compile_ast(node), multiples_dfa(int(multiple))]))
+    except ConstraintError as exc:
+        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            raise Unsatisfiable(f"json_schema: no multiple of {multiple} lies between the bounds") from None
+        raise

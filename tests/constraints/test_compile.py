@@ -140,7 +140,7 @@ def test_disk_cache_hit_is_equal(vocab, tmp_path):
         {"json_schema": {"not": {"maximum": 3}}},
         {"json_schema": "{not json"},
         {"json_schema": {"type": "array", "uniqueItems": True, "minItems": 2}},
-        {"json_schema": {"type": "integer", "multipleOf": 3}},
+        {"json_schema": {"type": "number", "multipleOf": 0.5}},
         {"regex": "a", "choice": ["a"]},
         {"grammar": "x"},
         "[1, 2]",

@@ -145,8 +145,30 @@ def test_integer_bounds_accept_exactly_the_range():
 def test_number_bounds_and_multiple_of_one():
     assert_samples_valid({"type": "number", "minimum": 0.5, "maximum": 99.5})
     assert_samples_valid({"type": "number", "exclusiveMinimum": 0, "multipleOf": 1})
-    with pytest.raises(ConstraintError, match="multipleOf"):
-        dfa_of({"type": "integer", "multipleOf": 3})
+    with pytest.raises(ConstraintError, match=r"multipleOf 0\.1 is not supported"):
+        dfa_of({"type": "number", "multipleOf": 0.1})  # jsonschema: 0.3 / 0.1 is not whole
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "multipleOf": 16},
+        {"type": "integer", "multipleOf": 7, "minimum": -100, "exclusiveMaximum": 50},
+        {"type": "number", "multipleOf": 3.0, "minimum": 1},
+    ],
+)
+def test_whole_multiple_of_accepts_exactly_the_multiples(schema):
+    dfa = dfa_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for i in range(-300, 300):
+        assert dfa.matches(str(i).encode()) == validator.is_valid(i), i
+    assert not dfa.matches(b"016") and not dfa.matches(b"1.5")
+    assert_samples_valid(schema)
+
+
+def test_no_multiple_between_the_bounds_is_unsatisfiable():
+    with pytest.raises(ConstraintError, match="no multiple of 16"):
+        dfa_of({"type": "integer", "multipleOf": 16, "minimum": 1, "maximum": 15})
 
 
 # ------------------------------------------------------------------ combinators
