@@ -50,7 +50,9 @@ subset is narrower than the schema it says so here:
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
   when it is true or absent), or, with ``patternProperties``, members whose names match one pattern
   (and none of the others, when there are several) and ``propertyNames``, valued by its schema;
-  ``patternProperties`` apply to the declared names they match.
+  ``patternProperties`` apply to the declared names they match; ``minProperties`` above the
+  required ones requires the first optional properties, ``maxProperties`` below the declared ones
+  leaves out the optional properties past it (subsets).
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
   ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item (``minItems`` > 1 is
   refused).
@@ -74,6 +76,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from typing import Any
 
 import numpy as np
@@ -235,10 +238,15 @@ class _Converter:
         node = self.root
         for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
             part = part.replace("~1", "/").replace("~0", "~")
+            # a $ref is a URI: its fragment's pointer is percent-encoded (RFC 6901 section 6,
+            # "%3A" for ":"); a name that holds a '%' itself is tried as written first
+            decoded = urllib.parse.unquote(part)
             if isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             elif isinstance(node, dict) and part in node:
                 node = node[part]
+            elif isinstance(node, dict) and decoded in node:
+                node = node[decoded]
             else:
                 raise self.fail(f"$ref {ref!r} does not resolve")
         return node
@@ -649,11 +657,23 @@ class _Converter:
                 continue  # an optional property no value can fill: never generated
             kvs.append((name in required, _cat(_lit(_dumps(name) + ":"), value)))
         n_required = sum(1 for req, _ in kvs if req)
+        if hi is not None and hi < len(kvs):
+            # maxProperties: the required properties and the first optional ones up to it (a subset:
+            # every answer holds at most that many; the members automaton does not count)
+            if n_required > hi:
+                raise Unsatisfiable(f"json_schema: {n_required} required properties and maxProperties {hi}")
+            room = hi - n_required
+            kvs = [(req, kv) for k, (req, kv) in enumerate(kvs) if req or sum(not r for r, _ in kvs[:k]) < room]
         at_least_one = lo == 1 and n_required == 0  # minProperties 1: the empty object is left out
         if at_least_one and not kvs:
             raise Unsatisfiable("json_schema: minProperties 1 and no property can be generated")
-        if (lo > n_required and not at_least_one) or (hi is not None and hi < len(kvs)):
-            raise self.fail("minProperties/maxProperties beyond the declared properties are not supported")
+        if lo > n_required and not at_least_one:
+            # minProperties: the first optional properties required up to it (a subset)
+            optional = [k for k, (req, _) in enumerate(kvs) if not req]
+            if len(optional) < lo - n_required:
+                raise self.fail("minProperties beyond the properties that can be generated is not supported")
+            first = set(optional[: lo - n_required])
+            kvs = [(req or k in first, kv) for k, (req, kv) in enumerate(kvs)]
         return _cat(_lit("{"), _members(kvs, at_least_one), _lit("}"))
 
     def _declared(self, schema: dict, depth: int, refs) -> tuple[dict, list]:

@@ -779,3 +779,39 @@ def test_the_empty_pattern_alone_with_no_additional_properties_generates_the_emp
     wider = {**schema, "additionalProperties": True}  # no additionalProperties check to trip
     assert accepts(wider, '{"a":1}') and jsonschema.Draft7Validator(wider).is_valid({"a": 1})
     assert_samples_valid(wider)
+
+
+# ------------------------------------------------------------------ minProperties / maxProperties
+
+PROPS_ABCD = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}, "d": {"type": "integer"}}
+
+
+def test_max_properties_below_the_declared_keeps_the_required_and_the_first_optional():
+    schema = {"type": "object", "properties": PROPS_ABCD, "required": ["c"], "maxProperties": 2}
+    assert accepts(schema, '{"a":1,"c":2}') and accepts(schema, '{"c":2}')
+    assert not accepts(schema, '{"a":1,"b":1,"c":2}')  # three members
+    assert not accepts(schema, '{"c":2,"d":1}')  # a subset: only the first optional property
+    assert_samples_valid(schema)
+    with pytest.raises(ConstraintError):
+        dfa_of({**schema, "required": ["a", "b", "c"]})
+
+
+def test_min_properties_above_the_required_requires_the_first_optional():
+    schema = {"type": "object", "properties": PROPS_ABCD, "required": ["d"], "minProperties": 3}
+    assert accepts(schema, '{"a":1,"b":1,"d":2}') and accepts(schema, '{"a":1,"b":1,"c":1,"d":2}')
+    assert not accepts(schema, '{"a":1,"d":2}')  # two members
+    assert_samples_valid(schema)
+    with pytest.raises(ConstraintError, match="minProperties"):
+        dfa_of({**schema, "minProperties": 5})
+
+
+def test_a_ref_pointer_is_percent_decoded():
+    schema = {
+        "definitions": {"a:b c": {"type": "integer", "minimum": 3}},
+        "type": "object",
+        "properties": {"x": {"$ref": "#/definitions/a%3Ab%20c"}},
+        "required": ["x"],
+    }
+    assert accepts(schema, '{"x":3}') and not accepts(schema, '{"x":2}')
+    assert jsonschema.Draft7Validator(schema).is_valid({"x": 3})
+    assert_samples_valid(schema)
