@@ -167,6 +167,22 @@ def encode(node):
 _ANY = ("rep", ANY_CHAR, 0, None)
 
 
+def _at_start(node):
+    """``node`` read at the value's start, where a ``^`` holds: the ``^`` that begin it (of each
+    alternative, of its first item, inside an optional group, ``^(?:^a|b)``, ``^(^x:)?y``) dropped.
+    Not inside a repetition of more than one: its later rounds do not start at the start."""
+    kind = node[0]
+    if kind == "anchor" and node[1] == "^":
+        return ("cat", [])
+    if kind == "alt":
+        return ("alt", [_at_start(b) for b in node[1]])
+    if kind == "cat" and node[1]:
+        return ("cat", [_at_start(node[1][0]), *node[1][1:]])
+    if kind == "rep" and node[3] == 1:
+        return ("rep", _at_start(node[1]), node[2], node[3])
+    return node
+
+
 def _with_left(node):
     """``node`` as a search from the left: anything may come first unless it starts with ``^``."""
     kind = node[0]
@@ -177,7 +193,7 @@ def _with_left(node):
     if kind == "cat" and node[1]:
         first = node[1][0]
         if first[0] == "anchor" and first[1] == "^":
-            return ("cat", node[1][1:])
+            return _at_start(("cat", node[1][1:]))
         if first[0] in ("cat", "alt"):
             return ("cat", [_with_left(first), *node[1][1:]])
     return ("cat", [_ANY, node])

@@ -815,3 +815,22 @@ def test_a_ref_pointer_is_percent_decoded():
     assert accepts(schema, '{"x":3}') and not accepts(schema, '{"x":2}')
     assert jsonschema.Draft7Validator(schema).is_valid({"x": 3})
     assert_samples_valid(schema)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "values"),
+    [
+        ("^(?:^lucene\\.|builtin\\.)", ["lucene.x", "builtin.", "xlucene.", "a", "x builtin."]),
+        ("^(?:^[a-z]+:)?[^\\s]*$", ["http:x", "abc", "a b", ":x", "1:x"]),
+    ],
+)
+def test_a_caret_right_after_the_leading_caret_is_the_same_anchor(pattern, values):
+    schema = {"type": "string", "pattern": pattern}
+    for value in values:
+        assert accepts(schema, json.dumps(value)) == (re.search(pattern, value) is not None), value
+    assert_samples_valid(schema)
+
+
+def test_a_caret_inside_a_repetition_is_still_refused():
+    with pytest.raises(ConstraintError, match="only at the start and end"):
+        dfa_of({"type": "string", "pattern": "^(^a)*b$"})  # a second round does not start at 0
