@@ -75,6 +75,7 @@ other keyword that would change the accepted language and is not supported is re
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.parse
 from typing import Any
@@ -88,6 +89,8 @@ from llmserve.constraints.regex import ByteDFA, _time_budget_error, compile_ast,
 from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
 from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, split_lookaheads, string_ast
+
+log = logging.getLogger("llmserve.constraints")
 
 MAX_DEPTH = 32
 # A $ref target whose tree would expand to more NFA states than this is built into its own minimal
@@ -1356,7 +1359,16 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
     if time.monotonic() - started > limits().compile_ms / 1000:
         raise first  # no time left to try: the first refusal says why
     try:
-        return build(_convert(_Converter(schema, False, started, narrow=True), schema), backend, started=started)
+        narrowed = build(_convert(_Converter(schema, False, started, narrow=True), schema), backend, started=started)
     except ConstraintError:
         # the schema as the client sent it is what the refusal names (its size), not the subset
         raise first from None
+    # answers stay valid, but the language is smaller than the schema's: an operator must be able to see it
+    log.warning(
+        "constraint: the schema's automaton is over the limit (%s); serving its narrower subset: free-form values "
+        "%d level deep, no recursion, strings at most %d characters where maxLength allows more",
+        first.message.splitlines()[0],
+        NARROW_ANY_DEPTH,
+        NARROW_MAX_LENGTH,
+    )
+    return narrowed

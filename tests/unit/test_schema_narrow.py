@@ -58,10 +58,14 @@ LONG_TEXT = {
 }
 
 
-def test_a_long_max_length_over_the_state_limit_is_cut():
+def test_a_long_max_length_over_the_state_limit_is_cut(caplog):
     """``maxLength: 4000`` alone is ~52k states (13 per counted character): over the default
     20,000, so the narrow try keeps bodies of at most NARROW_MAX_LENGTH characters."""
-    dfa = schema_to_dfa(LONG_TEXT)
+    with caplog.at_level("WARNING", logger="llmserve.constraints"):
+        dfa = schema_to_dfa(LONG_TEXT)
+    # the subset is never silent: the server log says the language is smaller than the schema's
+    [warning] = [r.getMessage() for r in caplog.records if "narrower subset" in r.getMessage()]
+    assert "over the limit" in warning and f"at most {NARROW_MAX_LENGTH} characters" in warning
     assert dfa.num_states < 20_000
     assert dfa.matches(_compact({"body": "x" * NARROW_MAX_LENGTH}).encode())
     assert not dfa.matches(_compact({"body": "x" * (NARROW_MAX_LENGTH + 1)}).encode())
@@ -70,9 +74,11 @@ def test_a_long_max_length_over_the_state_limit_is_cut():
     assert_answers_valid(dfa, LONG_TEXT)
 
 
-def test_a_schema_that_fits_is_built_exactly():
+def test_a_schema_that_fits_is_built_exactly(caplog):
     schema = {"type": "object", "properties": {"body": {"type": "string", "maxLength": 1000}}, "required": ["body"]}
-    dfa = schema_to_dfa(schema)
+    with caplog.at_level("WARNING", logger="llmserve.constraints"):
+        dfa = schema_to_dfa(schema)
+    assert not [r for r in caplog.records if "narrower subset" in r.getMessage()]
     assert dfa.matches(_compact({"body": "x" * 1000}).encode())
     assert not dfa.matches(_compact({"body": "x" * 1001}).encode())
 
