@@ -12,6 +12,7 @@ import time
 import jsonschema
 import numpy as np
 import pytest
+from support.automata import steered_walk
 
 from llmserve.constraints import ConstraintError
 from llmserve.constraints.budget import UNREACHABLE, distances
@@ -23,21 +24,7 @@ def dfa_of(schema):
 
 
 def walk(dfa, rng: random.Random, budget: int) -> bytes:
-    """A random accepted string of at most ``budget`` bytes: random live bytes while the distance
-    to an accepting state leaves room, then only bytes that keep it (the steered walk)."""
-    dist = distances(dfa.table, dfa.accept)
-    state, out = dfa.start, bytearray()
-    assert dist[state] <= budget
-    while True:
-        left = budget - len(out)
-        row = dfa.table[state]
-        ok = [b for b in range(256) if row[b] >= 0 and dist[row[b]] <= left - 1]
-        if dfa.accept[state] and (not ok or rng.random() < 0.15):
-            return bytes(out)
-        assert ok, "the steered walk can always continue"
-        b = rng.choice(ok)
-        out.append(b)
-        state = int(row[b])
+    return steered_walk(dfa, rng, budget, stop=0.15)
 
 
 def assert_samples_valid(schema, n=60, budget=120, seed=0):

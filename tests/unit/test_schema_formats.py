@@ -14,8 +14,8 @@ import urllib.parse
 
 import jsonschema
 import pytest
+from support.automata import steered_walk
 
-from llmserve.constraints.budget import distances
 from llmserve.constraints.schema_strings import FORMATS, string_ast
 from llmserve.constraints.spec import ConstraintSpec
 
@@ -63,17 +63,7 @@ _OWN_CHECKS = {
 
 
 def walk(dfa, rng: random.Random, budget: int) -> bytes:
-    """A random accepted text of at most ``budget`` bytes (random live bytes, steered to end)."""
-    dist = distances(dfa.table, dfa.accept)
-    state, out = dfa.start, bytearray()
-    while True:
-        row = dfa.table[state]
-        ok = [b for b in range(256) if row[b] >= 0 and dist[row[b]] <= budget - len(out) - 1]
-        if dfa.accept[state] and (not ok or rng.random() < 0.1):
-            return bytes(out)
-        b = rng.choice(ok)
-        out.append(b)
-        state = int(row[b])
+    return steered_walk(dfa, rng, budget, stop=0.1)
 
 
 def dfa_of(fmt: str):

@@ -11,9 +11,9 @@ import random
 
 import jsonschema
 import pytest
+from support.automata import steered_walk
 
 from llmserve.constraints import ConstraintError
-from llmserve.constraints.budget import distances
 from llmserve.constraints.jsonschema import NARROW_MAX_LENGTH, schema_to_dfa
 from llmserve.constraints.limits import Limits, set_limits
 
@@ -28,17 +28,7 @@ def max_states():
 
 
 def walk(dfa, rng: random.Random, budget: int) -> bytes:
-    """A random accepted text of at most ``budget`` bytes (random live bytes, steered to end)."""
-    dist = distances(dfa.table, dfa.accept)
-    state, out = dfa.start, bytearray()
-    while True:
-        row = dfa.table[state]
-        ok = [b for b in range(256) if row[b] >= 0 and dist[row[b]] <= budget - len(out) - 1]
-        if dfa.accept[state] and (not ok or rng.random() < 0.05):
-            return bytes(out)
-        b = rng.choice(ok)
-        out.append(b)
-        state = int(row[b])
+    return steered_walk(dfa, rng, budget, stop=0.05)
 
 
 def assert_answers_valid(dfa, schema, n=40, budget=600):
