@@ -42,7 +42,7 @@ scales on the metric, read through the aggregation layer from a custom metrics A
 above: no value -> ScalingActive=False and no change; 9 waiting per pod against a target of 3 -> MAX (3);
 0 -> back to MIN. The values there are set by the test, one number for every pod of the deployment (the test
 pods run no engine and no Prometheus scrapes them), so the adapter rule itself is checked only for its names
-(tests/unit/test_k8s_autoscale.py), not run.
+(tests/unit/test_autoscale_settings.py), not run.
 """
 
 from __future__ import annotations
