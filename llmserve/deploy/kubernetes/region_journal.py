@@ -34,8 +34,6 @@ do not depend on it.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -233,6 +231,7 @@ class ConfigMapJournal:
         from kubernetes.client.exceptions import ApiException
 
         from llmserve.deploy.kubernetes.cluster import KubernetesAPIError, api_call
+        from llmserve.deploy.kubernetes.state import raise_
 
         cm_name = journal_name(name)
         for _ in range(10):
@@ -258,7 +257,7 @@ class ConfigMapJournal:
                 return out
             except ApiException as exc:
                 if exc.status != 409:  # 409: another writer came first (or created it): read again
-                    api_call(f"write ConfigMap {cm_name}", _raise, exc)
+                    api_call(f"write ConfigMap {cm_name}", raise_, exc)
             time.sleep(0.05)
         raise KubernetesAPIError(f"could not write ConfigMap {cm_name}: conflicting writers")
 
@@ -272,14 +271,6 @@ class ConfigMapJournal:
 
 def _decode(cm: Any) -> list[RegionalRecord]:
     return [RegionalRecord.from_dict(r) for r in json.loads((cm.data or {}).get("records", "[]"))]
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
-
-
-def holder() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class RegionalRolloutOpenError(DeploymentBusyError):

@@ -52,7 +52,7 @@ from llmserve.deploy.kubernetes.cluster import L_DEPLOYMENT, L_VERSION, api_call
 from llmserve.deploy.kubernetes.figures import pod_url
 from llmserve.deploy.kubernetes.region_journal import BeforeState, JournalStore, RegionalRecord, ServedVersion
 from llmserve.deploy.kubernetes.rollout import KubernetesDeployer
-from llmserve.deploy.kubernetes.state import DONE, ClusterState
+from llmserve.deploy.kubernetes.state import DONE, ClusterState, holder_host_pid
 from llmserve.deploy.options import DeployOptions, rollback_options
 from llmserve.deploy.status import (
     ClusterRolloutRecord,
@@ -184,7 +184,7 @@ class RegionalRollout:
 
     def _save(self, store: JournalStore, rec: RegionalRecord) -> None:
         rec.updated = time.time()
-        rec.cli = rj.holder()
+        rec.cli = holder_host_pid()
 
         def put(records: list[RegionalRecord]) -> None:
             at = next((i for i, r in enumerate(records) if r.id == rec.id), None)

@@ -75,7 +75,8 @@ def state_name(name: str) -> str:
     return f"{name}-llmserve"
 
 
-def _raise(exc: BaseException) -> None:
+def raise_(exc: BaseException) -> None:
+    """For api_call(what, raise_, exc): an ApiException caught by hand, translated like any other call's."""
     raise exc
 
 
@@ -170,7 +171,7 @@ class ClusterState:
                 return st
             except ApiException as exc:
                 if exc.status != 409:
-                    api_call("write the deployment state", _raise, exc)  # translated into KubernetesAPIError
+                    api_call("write the deployment state", raise_, exc)  # translated into KubernetesAPIError
             time.sleep(0.05)
         raise KubernetesAPIError(f"could not write ConfigMap {self.cm_name}: conflicting writers")
 
@@ -204,7 +205,7 @@ class ClusterState:
             rid = max([r["id"] for r in st["rollouts"]] or [0]) + 1
             rec = ClusterRollout.from_dict(
                 record.to_dict()
-                | {"id": rid, "status": RUNNING, "cli": _holder_host_pid(), "started": now, "updated": now}
+                | {"id": rid, "status": RUNNING, "cli": holder_host_pid(), "started": now, "updated": now}
             )
             st["rollouts"].insert(0, rec.to_dict())
             st["history"].append(_event(rid, "rollout-begin", f"{rec.strategy} rollout #{rid} of {rec.package}"))
@@ -225,7 +226,7 @@ class ClusterState:
             rec = next(r for r in st["rollouts"] if r["id"] == rid)
             rec.update({("from" if k == "from_" else k): v for k, v in changes.items()})
             rec["updated"] = time.time()
-            rec["cli"] = _holder_host_pid()
+            rec["cli"] = holder_host_pid()
             if event:
                 st["history"].append(_event(rid, changes.get("phase") or changes.get("status") or "rollout", event))
             out.append(ClusterRollout.from_dict(rec))
@@ -244,7 +245,7 @@ def _event(rollout: int | None, kind: str, message: str) -> dict:
     return {"ts": time.time(), "rollout": rollout, "kind": kind, "message": message}
 
 
-def _holder_host_pid() -> str:
+def holder_host_pid() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -261,7 +262,7 @@ class LeaseLock:
         self.lease_name = f"{name}-llmserve-lock"
         self.wait_s = wait_s
         self.lease_s = lease_s
-        self.identity = f"{_holder_host_pid()}:{uuid.uuid4().hex[:8]}"
+        self.identity = f"{holder_host_pid()}:{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = False
@@ -320,7 +321,7 @@ class LeaseLock:
                     return True
             except ApiException as exc:
                 if exc.status not in (409, 422):
-                    api_call("take the deployment lease", _raise, exc)  # translated into KubernetesAPIError
+                    api_call("take the deployment lease", raise_, exc)  # translated into KubernetesAPIError
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.5)
