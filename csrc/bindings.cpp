@@ -311,6 +311,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("default_threads", &default_threads);
   m.def("pool_size", [] { return ThreadPool::global().size(); });
   m.def("pool_dispatches", [] { return ThreadPool::global().dispatches(); });
+  m.def("pool_wakeups", [] { return ThreadPool::global().wakeups(); },
+        "Pooled calls that had to wake a sleeping worker (a system call), since the pool started.");
+  m.def("pool_spin_joins", [] { return ThreadPool::global().spin_joins(); },
+        "Jobs a worker joined while spinning after an earlier one (no wake-up), since the pool started.");
+  m.def("pool_spinning", [] { return ThreadPool::global().spinning(); }, "Workers spinning now.");
+  m.def("pool_sleeping", [] { return ThreadPool::global().sleeping(); }, "Workers asleep now.");
+  m.def("spin_us", &spin_us);
+  m.def("set_spin_us", &set_spin_us, py::arg("us"),
+        "How long a worker spins for the next job before it sleeps (0: never spin; < 0: the default). "
+        "Returns the previous value.");
   m.def("min_bytes_per_thread", &min_bytes_per_thread);
   m.def("set_min_bytes_per_thread", &set_min_bytes_per_thread, py::arg("bytes"));
 

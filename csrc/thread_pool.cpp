@@ -1,14 +1,43 @@
 #include "thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace llmserve {
 
 namespace {
 std::atomic<int64_t> g_min_bytes_per_thread{kDefaultMinBytesPerThread};
+
+int64_t initial_spin_us() {
+  if (const char* env = std::getenv("LLMSERVE_CONSTRAINT_SPIN_US")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end != env && v >= 0) return v;
+  }
+  return kDefaultSpinUs;
 }
+std::atomic<int64_t> g_spin_us{initial_spin_us()};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// The caller's wait for the workers that joined: each is on its last task (microseconds) unless
+// the scheduler took its CPU; spin this many pauses, then sleep on the condition variable.
+constexpr int kCallerSpins = 1024;
+}  // namespace
 
 int64_t min_bytes_per_thread() { return g_min_bytes_per_thread.load(std::memory_order_relaxed); }
 
@@ -16,39 +45,78 @@ int64_t set_min_bytes_per_thread(int64_t bytes) {
   return g_min_bytes_per_thread.exchange(bytes > 0 ? bytes : kDefaultMinBytesPerThread);
 }
 
+int64_t spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
+
+int64_t set_spin_us(int64_t us) { return g_spin_us.exchange(us >= 0 ? us : kDefaultSpinUs); }
+
 ThreadPool::ThreadPool(int n) : nthreads_(std::max(1, n)) {
+  // the caller needs a CPU too: more spinning workers than the other hardware threads would take
+  // CPUs from the threads doing the work
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  max_spinning_ = std::max(0, std::min(nthreads_ - 1, hw - 1));
   for (int i = 1; i < nthreads_; ++i) workers_.emplace_back([this] { worker(); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-    ++generation_;
-  }
+  stop_.store(true);
+  { std::lock_guard<std::mutex> lk(mu_); }  // a worker checking its predicate is now waiting
   cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::worker() {
-  uint64_t seen = 0;
+bool ThreadPool::spin_for_job(uint64_t seen) {
+  using clock = std::chrono::steady_clock;
+  const int64_t budget = spin_us();
+  if (budget <= 0) return false;
+  const auto deadline = clock::now() + std::chrono::microseconds(budget);
   for (;;) {
-    const std::function<void(int64_t)>* job;
-    int64_t ntasks;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (stop_) return;
-      if (!open_ || joined_ >= wanted_) continue;
-      ++joined_;
-      job = job_;
-      ntasks = ntasks_;
+    for (int i = 0; i < 64; ++i) {
+      if ((ticket_.load(std::memory_order_acquire) >> 1) != seen || stop_.load(std::memory_order_relaxed))
+        return true;
+      cpu_relax();
     }
-    run_tasks(job, ntasks);
-    {
+    if (clock::now() >= deadline) return false;
+  }
+}
+
+void ThreadPool::worker() {
+  uint64_t seen = 0;  // the last generation this worker looked at
+  bool awake = false;
+  for (;;) {
+    // Every atomic below is sequentially consistent where two threads must see each other: a
+    // worker going to sleep counts itself asleep before it rereads the ticket, a caller opens the
+    // ticket before it counts the spinning and sleeping workers, so either the worker sees the
+    // job or the caller wakes it.
+    bool spun = false, found = false;
+    if (awake && spinning_.fetch_add(1) < max_spinning_) {
+      spun = true;
+      found = spin_for_job(seen);
+      if (found) spinning_.fetch_sub(1);
+    } else if (awake) {
+      spinning_.fetch_sub(1);
+    }
+    if (!found) {
+      std::unique_lock<std::mutex> lk(mu_);
+      sleeping_.fetch_add(1);
+      if (spun) spinning_.fetch_sub(1);
+      cv_.wait(lk, [&] { return stop_.load() || (ticket_.load() >> 1) != seen; });
+      sleeping_.fetch_sub(1);
+    }
+    if (stop_.load()) return;
+    awake = true;
+    const uint64_t t = ticket_.load();
+    seen = t >> 1;
+    if (!(t & 1)) continue;  // every task already claimed: the work was done without this worker
+    // inside the call before looking at it again: the caller, which closes the ticket before it
+    // reads active_, either sees this worker or this worker sees the ticket closed
+    active_.fetch_add(1);
+    if (ticket_.load() == t && slots_.fetch_sub(1) > 0) {
+      if (found) spin_joins_.fetch_add(1, std::memory_order_relaxed);
+      run_tasks(job_, ntasks_);
+    }
+    if (active_.fetch_sub(1) == 1 && caller_waiting_.load()) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--joined_ == 0 && !open_) done_cv_.notify_all();
+      done_cv_.notify_all();
     }
   }
 }
@@ -71,17 +139,26 @@ void ThreadPool::parallel_for(int64_t ntasks, const std::function<void(int64_t)>
   }
   std::lock_guard<std::mutex> one_at_a_time(call_mu_);
   dispatches_.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    ntasks_ = ntasks;
-    next_.store(0, std::memory_order_relaxed);
-    wanted_ = use - 1;
-    joined_ = 0;
-    open_ = true;
-    ++generation_;
+  job_ = &fn;
+  ntasks_ = ntasks;
+  next_.store(0, std::memory_order_relaxed);
+  slots_.store(use - 1, std::memory_order_relaxed);
+  const uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> 1) + 1;
+  ticket_.store(gen * 2 + 1);  // open: publishes job_, ntasks_, next_ and slots_
+  // A worker not counted asleep (spinning, finishing the previous call, or on its way to sleep)
+  // looks at the ticket before it sleeps: it takes the job by itself. Wake sleeping ones only for
+  // the threads still missing.
+  const int asleep = sleeping_.load();
+  const int wake = std::min(asleep, use - 1 - (nthreads_ - 1 - asleep));
+  if (wake > 0) {
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    { std::lock_guard<std::mutex> lk(mu_); }  // a worker checking its predicate is now waiting
+    if (wake >= asleep) {
+      cv_.notify_all();
+    } else {
+      for (int i = 0; i < wake; ++i) cv_.notify_one();
+    }
   }
-  for (int i = 0; i < use - 1; ++i) cv_.notify_one();
   // fn must outlive every worker that joined, also when a task throws here (an allocation failure)
   std::exception_ptr failed;
   try {
@@ -90,11 +167,17 @@ void ThreadPool::parallel_for(int64_t ntasks, const std::function<void(int64_t)>
     failed = std::current_exception();
     next_.store(ntasks, std::memory_order_relaxed);  // the workers stop at their next task
   }
-  {
+  ticket_.store(gen * 2);  // closed: every task is claimed, a worker arriving now has nothing to do
+  bool done = false;
+  for (int i = 0; i < kCallerSpins && !done; ++i) {
+    done = active_.load() == 0;
+    if (!done) cpu_relax();
+  }
+  if (!done) {
+    caller_waiting_.store(true);
     std::unique_lock<std::mutex> lk(mu_);
-    open_ = false;  // every task is claimed: a worker waking from now on has nothing to do
-    done_cv_.wait(lk, [&] { return joined_ == 0; });
-    job_ = nullptr;
+    done_cv_.wait(lk, [&] { return active_.load() == 0; });
+    caller_waiting_.store(false);
   }
   if (failed) std::rethrow_exception(failed);
 }

@@ -25,9 +25,23 @@ constexpr int64_t kDefaultMinBytesPerThread = int64_t(2) << 20;
 int64_t min_bytes_per_thread();
 int64_t set_min_bytes_per_thread(int64_t bytes);  // returns the previous value; <= 0 restores the default
 
+// After a job (or a wake-up) a worker spins this long, with a pause instruction, watching for the
+// next job before it sleeps on the condition variable: a call that follows within the budget (the
+// next fill or apply of the same decoding step, a benchmark's back-to-back calls) finds it running,
+// so a job of tens of microseconds gets its second thread from the start instead of after a
+// wake-up that comes when the work is done. Bounded: an idle pool sleeps after this long, it never
+// burns a CPU while nothing calls it. At most hardware threads - 1 workers spin at once (the caller
+// needs a CPU too). LLMSERVE_CONSTRAINT_SPIN_US when set, else this; 0 turns spinning off.
+constexpr int64_t kDefaultSpinUs = 200;
+int64_t spin_us();
+int64_t set_spin_us(int64_t us);  // returns the previous value; < 0 restores the default
+
 // parallel_for hands out task indices from an atomic counter; the calling thread works too. One
 // parallel_for at a time (calls from several threads serialise). A call that uses one thread runs
-// inline: it neither wakes a worker nor waits for another caller.
+// inline: it neither wakes a worker nor waits for another caller. A pooled call publishes its job
+// to the spinning workers (no system call) and wakes sleeping ones only for the threads it still
+// lacks; it waits only for the workers that joined while tasks were left, never for a worker that
+// wakes after the work is done.
 class ThreadPool {
  public:
   explicit ThreadPool(int n);
@@ -38,28 +52,43 @@ class ThreadPool {
   // max_threads (0: the pool).
   int threads_for_bytes(int64_t bytes, int max_threads = 0) const;
   int size() const { return nthreads_; }
-  // parallel_for calls that woke workers, since the pool started (tests read it, not timings)
+  // Counters since the pool started (tests read them, not timings): parallel_for calls that went
+  // to the pool; calls that had to wake a sleeping worker (a system call); jobs a worker joined
+  // while spinning, i.e. without being woken; and gauges of the workers spinning or asleep now.
   uint64_t dispatches() const { return dispatches_.load(std::memory_order_relaxed); }
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  uint64_t spin_joins() const { return spin_joins_.load(std::memory_order_relaxed); }
+  int spinning() const { return spinning_.load(std::memory_order_relaxed); }
+  int sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
   static ThreadPool& global();
 
  private:
   void worker();
+  // spin (bounded by spin_us) until the ticket's generation moves past `seen` or the pool stops;
+  // true when it did. Called counted in spinning_.
+  bool spin_for_job(uint64_t seen);
   void run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks);
   int nthreads_;
+  int max_spinning_;
   std::vector<std::thread> workers_;
-  std::mutex mu_, call_mu_;
+  std::mutex call_mu_;  // one parallel_for at a time
+  std::mutex mu_;       // guards the sleeps (cv_) and the caller's wait for joined workers (done_cv_)
   std::condition_variable cv_, done_cv_;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  // the current call: workers may join while it is open, up to `wanted_`; the caller waits only for
-  // those that joined, never for a worker that wakes after the work is done
-  bool open_ = false;
-  int wanted_ = 0;
-  int joined_ = 0;
-  const std::function<void(int64_t)>* job_ = nullptr;
+  std::atomic<bool> stop_{false};
+  // generation * 2 + 1 while the current call's tasks are open to workers, generation * 2 once
+  // every task is claimed: one word, so a worker never pairs one call's generation with another's
+  // open flag. Each hot atomic has its own cache line: spinning workers read the ticket while the
+  // joined ones take tasks from next_.
+  alignas(64) std::atomic<uint64_t> ticket_{0};
+  alignas(64) std::atomic<int64_t> next_{0};
+  alignas(64) std::atomic<int> active_{0};  // workers inside the current call (joined, or checking the ticket)
+  std::atomic<int> slots_{0};               // workers the current call still takes
+  std::atomic<bool> caller_waiting_{false};
+  const std::function<void(int64_t)>* job_ = nullptr;  // written before the ticket opens
   int64_t ntasks_ = 0;
-  std::atomic<int64_t> next_{0};
-  std::atomic<uint64_t> dispatches_{0};
+  alignas(64) std::atomic<int> spinning_{0};
+  std::atomic<int> sleeping_{0};
+  std::atomic<uint64_t> dispatches_{0}, wakeups_{0}, spin_joins_{0};
 };
 
 }  // namespace llmserve

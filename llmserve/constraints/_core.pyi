@@ -26,8 +26,26 @@ def pool_size() -> int:
     """Threads of the native pool (the calling thread included)."""
 
 def pool_dispatches() -> int:
-    """Calls that woke the pool's workers since it started (a call on one thread runs inline and
+    """Calls that went to the pool's workers since it started (a call on one thread runs inline and
     does not count). For tests and diagnostics."""
+
+def pool_wakeups() -> int:
+    """Pooled calls that had to wake a sleeping worker (a system call) since the pool started."""
+
+def pool_spin_joins() -> int:
+    """Jobs a worker joined while spinning after an earlier one, without being woken."""
+
+def pool_spinning() -> int:
+    """Workers spinning for the next job now."""
+
+def pool_sleeping() -> int:
+    """Workers asleep now."""
+
+def spin_us() -> int:
+    """How long a worker spins for the next job after one before it sleeps (microseconds)."""
+
+def set_spin_us(us: int) -> int:
+    """Set ``spin_us`` (0: never spin; < 0: the default, 200); returns the previous value."""
 
 def min_bytes_per_thread() -> int:
     """Bytes (read and written) each thread must get before a fill/apply is split over the pool."""

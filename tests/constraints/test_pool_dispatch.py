@@ -7,6 +7,12 @@ exactly the same logits and bitmasks.
 
 Each check runs in a subprocess with ``LLMSERVE_CONSTRAINT_THREADS=4``: the pool is created once per
 process at its first use, and four threads make it a real pool whatever the machine's core count.
+
+After a job a worker spins for ``spin_us`` before it sleeps, so that the next call (the next fill or
+apply of a step, back-to-back benchmark calls) finds it running instead of paying a wake-up that
+comes after a job of tens of microseconds is done. The spinning tests read the wake-up and
+spin-join counters and the spinning/sleeping gauges: a state is waited for (polled, with a generous
+deadline), never timed.
 """
 
 from __future__ import annotations
@@ -36,6 +42,13 @@ vocab = Vocab(tokens, (V - 1,), V)
 nv = native_vocab(vocab)
 grammar = compile_dfa(compile_regex(r"[a-z ]{1,40}[.!]"), vocab)
 sample = list(b"hello world and more words.")
+import time
+
+def wait_for(cond, what, deadline=120.0):
+    end = time.monotonic() + deadline
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.001)
 
 def batch_of(B, rows):
     b = core.Batch(nv)
@@ -142,5 +155,102 @@ def test_inline_and_pooled_paths_write_the_same_logits_and_bitmask():
             for x, y in zip(*results):
                 np.testing.assert_array_equal(x, y)
         core.set_min_bytes_per_thread(0)
+        """
+    )
+
+
+def test_a_spinning_worker_takes_the_next_job_without_a_wake_up():
+    """Back-to-back pooled calls: the worker that finished the last one is still spinning, the
+    next call publishes its job without waking anyone, and the spinning worker joins it."""
+    run(
+        """
+        import os
+        if (os.cpu_count() or 1) < 2:
+            print("one CPU: no worker spins (the caller needs it)")
+            raise SystemExit(0)
+        B = 8
+        b = batch_of(B, [r % len(sample) for r in range(B)])
+        logits = rng.standard_normal((B, V)).astype(np.float32)
+        core.set_min_bytes_per_thread(1)  # every call to the pool
+        assert core.set_spin_us(60_000_000) == 200  # a minute: the worker is still spinning below
+        b.fill_apply(logits, nthreads=2)  # wakes a worker, which then spins
+        wait_for(lambda: core.pool_spinning() >= 1, "no worker spinning after a pooled call")
+        dispatches, wakeups, joins = core.pool_dispatches(), core.pool_wakeups(), core.pool_spin_joins()
+        for calls in range(1, 100_001):
+            b.fill_apply(logits, nthreads=2)  # one worker wanted: the spinning one
+            if core.pool_spin_joins() > joins:
+                break
+        assert core.pool_spin_joins() > joins, "a spinning worker never joined"
+        assert core.pool_dispatches() == dispatches + calls
+        assert core.pool_wakeups() == wakeups, (calls, core.pool_wakeups() - wakeups)
+        core.set_spin_us(-1)
+        assert core.spin_us() == 200
+        """
+    )
+
+
+def test_idle_workers_stop_spinning_and_sleep():
+    """Spinning is bounded: after spin_us with no call every worker sleeps (an idle pool burns no
+    CPU), and the next call wakes one; with spinning off a worker goes straight back to sleep."""
+    run(
+        """
+        B = 8
+        b = batch_of(B, [r % len(sample) for r in range(B)])
+        logits = rng.standard_normal((B, V)).astype(np.float32)
+        core.set_min_bytes_per_thread(1)
+        core.set_spin_us(2000)
+        for _ in range(5):
+            b.fill_apply(logits)
+        wait_for(lambda: core.pool_spinning() == 0 and core.pool_sleeping() == 3, "workers still awake")
+        before = core.pool_wakeups()
+        b.fill_apply(logits)
+        assert core.pool_wakeups() == before + 1  # they were all asleep: the call woke them
+
+        core.set_spin_us(0)
+        wait_for(lambda: core.pool_sleeping() == 3, "workers still awake")
+        joins = core.pool_spin_joins()
+        for _ in range(20):
+            before = core.pool_wakeups()
+            b.fill_apply(logits)
+            wait_for(lambda: core.pool_sleeping() == 3, "a worker did not go back to sleep")
+            assert core.pool_wakeups() == before + 1
+        assert core.pool_spin_joins() == joins
+        """
+    )
+
+
+def test_spinning_pool_under_concurrent_callers_and_exit():
+    """Two Python threads calling the pool at once (calls serialise), spinning workers, then the
+    process exits while workers spin: every result right, no hang (the subprocess has a deadline)."""
+    run(
+        """
+        import threading
+        core.set_min_bytes_per_thread(1)
+        core.set_spin_us(1_000_000)
+        B = 8
+        b1 = batch_of(B, [r % len(sample) for r in range(B)])
+        b2 = batch_of(B, [(r + 3) % len(sample) for r in range(B)])
+        base = rng.standard_normal((B, V)).astype(np.float32)
+        want1, want2 = base.copy(), base.copy()
+        b1.fill_apply(want1, nthreads=1)
+        b2.fill_apply(want2, nthreads=1)
+        errors = []
+
+        def work(b, want):
+            try:
+                for _ in range(100):
+                    got = base.copy()
+                    b.fill_apply(got)
+                    np.testing.assert_array_equal(got, want)
+            except Exception as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=a) for a in ((b1, want1), (b2, want2))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        b1.fill_apply(base.copy())  # the workers spin while the process exits
         """
     )
