@@ -112,13 +112,109 @@ def _char(c: str) -> tuple:
 _SCHEMA_DOT = _negate([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
 
 
+# ``\\b``/``\\B`` as look-around (zero-width): whether a word character is on each side. Both
+# dialects must agree, as with ``\\w`` (ECMA-262's word characters are ASCII, Python's Unicode): a
+# side is a word character when it is an ASCII one (a word character to both) and a non-word one
+# when it is an ASCII non-word character or the value's start or end (a non-word side to both; a
+# subset: a non-ASCII non-word neighbour, ``é`` to ECMA-262 or ``。`` to both, is not generated
+# there, which keeps the automaton small). Not inside a look-around (its look-behind would sit
+# inside a look-ahead, or the other way round, which dfa_ops.look_dfa refuses).
+_ASCII_WORD = ("set", list(_WORD))
+_NOT_ASCII_OTHER = ("set", _negate([r for r in _negate(_WORD) if r[1] <= 0x7F]))
+
+
+@cache
+def _boundary(non: bool) -> tuple:
+    """``\\b`` (``\\B`` when ``non``): the same nodes at every use (their automata are built once)."""
+    word_before, word_after = ("look", True, False, _ASCII_WORD), ("look", False, False, _ASCII_WORD)
+    other_before = ("look", True, True, _NOT_ASCII_OTHER)  # no character, or an ASCII non-word one
+    other_after = ("look", False, True, _NOT_ASCII_OTHER)
+    if non:
+        return ("alt", [("cat", [word_before, word_after]), ("cat", [other_before, other_after])])
+    return ("alt", [("cat", [word_before, other_after]), ("cat", [other_before, word_after])])
+
+
+_GC_NAMES = {
+    "Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll",
+    "Titlecase_Letter": "Lt", "Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M",
+    "Combining_Mark": "M", "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me",
+    "Number": "N", "Decimal_Number": "Nd", "digit": "Nd", "Letter_Number": "Nl", "Other_Number": "No",
+    "Punctuation": "P", "punct": "P", "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd",
+    "Open_Punctuation": "Ps", "Close_Punctuation": "Pe", "Initial_Punctuation": "Pi",
+    "Final_Punctuation": "Pf", "Other_Punctuation": "Po", "Symbol": "S", "Math_Symbol": "Sm",
+    "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So", "Separator": "Z",
+    "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp", "Other": "C",
+    "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co",
+    "Unassigned": "Cn",
+}  # fmt: skip
+_GC = {
+    "L": "Lu Ll Lt Lm Lo", "LC": "Lu Ll Lt", "M": "Mn Mc Me", "N": "Nd Nl No", "P": "Pc Pd Ps Pe Pi Pf Po",
+    "S": "Sm Sc Sk So", "Z": "Zs Zl Zp", "C": "Cc Cf Cs Co Cn",
+}  # fmt: skip
+_GC_LEAVES = {leaf for leaves in _GC.values() for leaf in leaves.split()}
+
+
+def _categories(name: str) -> frozenset[str] | None:
+    """The two-letter general categories ``name`` stands for (``Any``/``ASCII``: themselves)."""
+    if name in ("Any", "ASCII"):
+        return frozenset([name])
+    short = _GC_NAMES.get(name, name)
+    if short in _GC:
+        return frozenset(_GC[short].split())
+    if short in _GC_LEAVES:
+        return frozenset([short])
+    return None
+
+
+@cache
+def _category_table() -> dict[str, list[tuple[int, int]]]:
+    """Each general category's code points (Python's ``unicodedata``), as ranges. Once per process."""
+    import unicodedata
+
+    out: dict[str, list[tuple[int, int]]] = {}
+    cat_of = unicodedata.category
+    start, prev = 0, cat_of("\0")
+    for cp in range(1, MAX_CODEPOINT + 2):
+        cur = cat_of(chr(cp)) if cp <= MAX_CODEPOINT else ""
+        if cur != prev:
+            out.setdefault(prev, []).append((start, cp - 1))
+            start, prev = cp, cur
+    return out
+
+
+@cache
+def _category_ranges(cats: frozenset[str], excluded: bool) -> tuple[tuple[int, int], ...]:
+    """The code points of ``cats``. Unicode adds characters (and now and then moves one) from one
+    version to the next, and the validator that checks an answer may use another version than
+    Python's ``unicodedata`` here: required (``excluded`` False), the category's code points of the
+    Basic Multilingual Plane (a subset: fewer automaton states, and no character the validator's
+    older tables may not have); excluded, the category's code points and every unassigned and
+    supplementary-plane one (a superset, so what is left is assigned in the BMP, of another category)."""
+    if "Any" in cats:
+        return ((0, MAX_CODEPOINT),)
+    if "ASCII" in cats:
+        return ((0, 0x7F),)
+    table = _category_table()
+    ranges = [r for c in cats for r in table.get(c, [])]
+    if excluded:
+        ranges += [*table.get("Cn", []), (0x10000, MAX_CODEPOINT)]
+    else:
+        ranges = [(lo, min(hi, 0xFFFF)) for lo, hi in ranges if lo <= 0xFFFF]
+    return tuple(_normalize(ranges))
+
+
 class _Parser:
     def __init__(self, pattern: str, schema: bool = False):
         self.p = pattern
         self.i = 0
         # schema mode: ``^``/``$`` become ("anchor", c) nodes (a JSON Schema pattern is a search
-        # unless anchored, see schema_strings.py) and ``.`` is _SCHEMA_DOT
+        # unless anchored, see schema_strings.py) and ``.`` is _SCHEMA_DOT; look-around and ``\\b``
+        # become ("look", ...) nodes (schema_strings.py builds their automaton, dfa_ops.look_dfa)
         self.schema = schema
+        # inside an odd number of negative look-arounds: what the pattern matches there is excluded
+        # from the value, so each class, ``.`` and ``$`` stands for what *either* dialect matches
+        self.neg = False
+        self.looks = 0  # look-arounds open around the current position
 
     def error(self, what: str) -> ConstraintError:
         return ConstraintError(f"regex {self.p!r}: {what} at position {self.i}")
@@ -199,32 +295,49 @@ class _Parser:
             raise self.error("expected a number")
         return int(self.p[j : self.i])
 
+    def group(self):
+        """After ``(``: a group, named or not, or a look-around."""
+        if self.peek() == "?":
+            self.i += 1
+            k = self.take()
+            if k == ":":
+                pass
+            elif (k == "P" and self.peek() == "<") or (k == "<" and self.peek() not in ("=", "!")):
+                end = self.p.find(">", self.i)
+                if end < 0:
+                    raise self.error("unterminated group name")
+                self.i = end + 1
+            elif k in "=!" or k == "<":
+                return self._look(behind=k == "<")
+            else:
+                self.i -= 3  # at the '(' of the group
+                raise self.error(self._extension_refusal())
+        node = self.alt()
+        if self.take() != ")":
+            raise self.error("missing ')'")
+        return node
+
     def atom(self):
         c = self.take()
         if c == "(":
-            if self.peek() == "?":
-                self.i += 1
-                k = self.take()
-                if k == ":":
-                    pass
-                elif (k == "P" and self.peek() == "<") or (k == "<" and self.peek() not in ("=", "!")):
-                    end = self.p.find(">", self.i)
-                    if end < 0:
-                        raise self.error("unterminated group name")
-                    self.i = end + 1
-                else:
-                    raise self.error("look-around and inline flags are not supported")
-            node = self.alt()
-            if self.take() != ")":
-                raise self.error("missing ')'")
-            return node
+            return self.group()
         if c == "[":
             return ("set", self._class())
         if c == ".":
-            return ("set", _SCHEMA_DOT if self.schema else _negate([(0x0A, 0x0A)]))
+            if not self.schema:
+                return ("set", _negate([(0x0A, 0x0A)]))
+            # required: what both dialects' dot matches; excluded (negative look-around): either's
+            return ("set", _negate([(0x0A, 0x0A)]) if self.neg else _SCHEMA_DOT)
         if c in "^$":
-            return ("anchor", c) if self.schema else ("cat", [])
+            if not self.schema:
+                return ("cat", [])
+            # excluded, Python's '$' also matches before a final newline (ECMA-262's only at the end)
+            return ("anchor", "$\n" if c == "$" and self.neg else c)
         if c == "\\":
+            if self.schema and self.peek() in ("b", "B"):
+                if self.looks:
+                    raise self.error("\\b and \\B inside a look-around are not supported")
+                return _boundary(self.take() == "B")
             return ("set", self._escape(in_class=False))
         if c in "*+?":
             raise self.error("nothing to repeat")
@@ -237,6 +350,8 @@ class _Parser:
         c = self.take()
         if self.schema and c.lower() in _CLASS_ESCAPES:
             # matched by the value in both dialects when required, excluded in both when excluded
+            # (inside a negative look-around what the escape matches is excluded: ``neg`` flips it)
+            negated = negated != self.neg
             if c in _CLASS_ESCAPES:
                 return list(_wide_class(c)) if negated else list(_CLASS_ESCAPES[c])
             return _negate(_CLASS_ESCAPES[c.lower()] if negated else list(_wide_class(c.lower())))
@@ -255,9 +370,65 @@ class _Parser:
             return self._hex(8)
         if c == "b" and in_class:
             return [(8, 8)]
+        if c in "pP" and self.peek() == "{":
+            return self._property(c == "P", excluded=negated != self.neg)
         if c.isalnum():
             raise self.error(f"unsupported escape \\{c}")
         return [(ord(c), ord(c))]
+
+    def _look(self, behind: bool):
+        """After ``(?=``/``(?!`` (``(?<`` for a look-behind): ("look", behind, negative, body)."""
+        negative = (self.take() if behind else self.p[self.i - 1]) == "!"
+        if not self.schema:
+            raise self.error("look-around is supported in JSON Schema patterns only")
+        outer = self.neg
+        self.neg = outer != negative
+        self.looks += 1
+        body = self.alt()
+        self.looks -= 1
+        self.neg = outer
+        if self.take() != ")":
+            raise self.error("missing ')'")
+        return ("look", behind, negative, body)
+
+    def _extension_refusal(self) -> str:
+        """What the ``(?`` group at ``self.i`` is, for its refusal."""
+        rest = self.p[self.i + 2 :]
+        if rest[:1].isdigit() or rest.startswith("R)") or (rest[:1] in "+-" and rest[1:2].isdigit()):
+            return "recursion ((?R), (?1), (?-1)) is not supported: not a regular language"
+        if rest.startswith(("P>", "&")):
+            return "subroutine calls ((?P>name), (?&name)) are not supported: not a regular language"
+        if rest.startswith("P="):
+            return "back-references are not supported"
+        if rest.startswith(">"):
+            return "atomic groups (?>...) are not supported"
+        if rest.startswith("("):
+            return "conditional groups (?(...)...) are not supported"
+        if rest.startswith("#"):
+            return "comments (?#...) are not supported (not ECMA-262)"
+        if rest[:1].isalpha() or rest[:1] in "-^":
+            return "inline flags ((?i), (?m), (?s:...)) are not supported"
+        return f"group extension '(?{rest[:1]}' is not supported"
+
+    def _property(self, upper: bool, excluded: bool):
+        """``\\p{...}``/``\\P{...}``: a Unicode general category (``L``, ``Letter``, ``gc=Lu``,
+        ``General_Category=Decimal_Number``; ``Any``, ``ASCII``). ``excluded``: what the escape
+        matches is kept out of the value (a negated class, a negative look-around). See
+        _category_ranges for the narrowing that keeps the answers valid in other Unicode versions."""
+        end = self.p.find("}", self.i)
+        if end < 0:
+            raise self.error("unterminated \\p{...}")
+        name = self.p[self.i + 1 : end]
+        key, _, value = name.partition("=")
+        if value and key not in ("gc", "General_Category"):
+            raise self.error(f"Unicode property \\p{{{name}}} is not supported (general categories only)")
+        cats = _categories(value or key)
+        if cats is None:
+            raise self.error(f"unknown Unicode property \\p{{{name}}} (general categories only)")
+        self.i = end + 1
+        if upper:
+            return _negate(list(_category_ranges(cats, not excluded)))
+        return list(_category_ranges(cats, excluded))
 
     def _hex(self, n):
         digits = self.p[self.i : self.i + n]

@@ -24,9 +24,11 @@ import time
 from functools import lru_cache
 from typing import Any
 
-from llmserve.constraints.dfa_ops import intersect
+import numpy as np
+
+from llmserve.constraints.dfa_ops import LookTooLarge, intersect, look_dfa
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import MAX_CODEPOINT, SURROGATES, compile_ast, literal, parse
+from llmserve.constraints.regex import MAX_CODEPOINT, SURROGATES, ByteDFA, compile_ast, literal, parse
 
 QUOTE = ("set", [(0x22, 0x22)])
 # characters JSON lets stand for themselves inside a string
@@ -161,7 +163,50 @@ def encode(node):
         return (kind, [encode(c) for c in node[1]])
     if kind == "rep":
         return ("rep", encode(node[1]), node[2], node[3])
+    if kind == "dfa":
+        return ("dfa", encode_dfa(node[1]))
     raise AssertionError(kind)
+
+
+def _escape_of(b: int) -> str | None:
+    """The JSON spelling of the ASCII byte ``b`` when it cannot stand for itself (as _encode_set
+    writes it), else None. Bytes of multi-byte characters always stand for themselves."""
+    if b >= 0x80 or (0x20 <= b <= 0x7F and b not in (0x22, 0x5C)):
+        return None
+    return _SHORT.get(b, f"\\u{b:04x}")
+
+
+def encode_dfa(dfa: ByteDFA) -> ByteDFA:
+    """An automaton over the UTF-8 of decoded values -> the automaton of their JSON-string
+    encodings: each transition on a byte JSON must escape becomes a path spelling its escape (a
+    state per escape prefix, shared by the escapes that leave one state). Cached on the automaton."""
+    cached = dfa.__dict__.get("_json")
+    if cached is not None:
+        return cached
+    table = [list(map(int, row)) for row in np.asarray(dfa.table)]
+    accept = [bool(a) for a in dfa.accept]
+    n = len(table)
+    for q in range(n):
+        prefixes: dict[str, int] = {}
+        escaped = [(b, table[q][b], esc) for b in range(0x80) if (esc := _escape_of(b)) is not None]
+        for b, _, _ in escaped:
+            table[q][b] = -1  # raw: never (the backslash, one of them, starts every escape below)
+        for _, to, esc in escaped:
+            if to < 0:
+                continue
+            at = q
+            for k in range(1, len(esc)):
+                nxt = prefixes.get(esc[:k])
+                if nxt is None:
+                    nxt = prefixes[esc[:k]] = len(table)
+                    table.append([-1] * 256)
+                    accept.append(False)
+                    table[at][ord(esc[k - 1])] = nxt
+                at = nxt
+            table[at][ord(esc[-1])] = to
+    out = compile_ast(("dfa", ByteDFA(np.array(table, dtype=np.int32), np.array(accept, dtype=np.uint8), dfa.start)))
+    object.__setattr__(dfa, "_json", out)
+    return out
 
 
 _ANY = ("rep", ANY_CHAR, 0, None)
@@ -183,20 +228,50 @@ def _at_start(node):
     return node
 
 
-def _with_left(node):
-    """``node`` as a search from the left: anything may come first unless it starts with ``^``."""
+def _nullable(node) -> bool:
+    """Whether ``node`` matches the empty string, holding no assertion (look-around, anchor)."""
+    kind = node[0]
+    if kind == "cat":
+        return all(_nullable(c) for c in node[1])
+    if kind == "alt":
+        return any(_nullable(c) for c in node[1]) and not any(_has(c, "look") or _has(c, "anchor") for c in node[1])
+    if kind == "rep":
+        return not (_has(node[1], "look") or _has(node[1], "anchor")) and (node[2] == 0 or _nullable(node[1]))
+    return False
+
+
+def _trim(node, end: int):
+    """``node`` less the items at its start (``end`` 0) or end (-1) that may match nothing: next to
+    a search's ``.*`` they add nothing (``.*a*`` is ``.*``), and they cost automaton states."""
+    if _nullable(node):
+        return ("cat", [])
+    if node[0] != "cat":
+        return node
+    items = list(node[1])
+    while items and _nullable(items[end]):
+        items.pop(end)
+    return ("cat", items)
+
+
+def _with_left(node, search: bool = True):
+    """``node`` as a search from the left: anything may come first unless it starts with ``^``
+    (possibly after look-arounds, which match no character: ``(?!x)^a`` is ``^(?!x)a``).
+    ``search`` False: as if it started with ``^`` (a subset of the search)."""
     kind = node[0]
     if kind == "anchor" and node[1] == "^":
         return ("cat", [])
     if kind == "alt":
-        return ("alt", [_with_left(b) for b in node[1]])
+        return ("alt", [_with_left(b, search) for b in node[1]])
     if kind == "cat" and node[1]:
-        first = node[1][0]
-        if first[0] == "anchor" and first[1] == "^":
-            return _at_start(("cat", node[1][1:]))
-        if first[0] in ("cat", "alt"):
-            return ("cat", [_with_left(first), *node[1][1:]])
-    return ("cat", [_ANY, node])
+        items = node[1]
+        looks = 0
+        while looks < len(items) and items[looks][0] == "look":
+            looks += 1
+        if looks < len(items) and items[looks][0] == "anchor" and items[looks][1] == "^":
+            return ("cat", [*items[:looks], _at_start(("cat", items[looks + 1 :]))])
+        if items[0][0] in ("cat", "alt"):
+            return ("cat", [_with_left(items[0], search), *items[1:]])
+    return ("cat", [_ANY, _trim(node, 0)]) if search else _at_start(node)
 
 
 def _with_right(node):
@@ -211,30 +286,58 @@ def _with_right(node):
             return ("cat", node[1][:-1])
         if last[0] in ("cat", "alt"):
             return ("cat", [*node[1][:-1], _with_right(last)])
-    return ("cat", [node, _ANY])
+    return ("cat", [_trim(node, -1), _ANY])
 
 
-def _has_anchor(node) -> bool:
-    kind = node[0]
-    if kind == "anchor":
+def _has(node, kind: str | tuple) -> bool:
+    """Whether ``node`` holds a ``kind`` node (or the node ``kind``) outside look-around (whose
+    anchors are conditions of their own, dfa_ops.look_dfa)."""
+    if node[0] == kind or node == kind:
         return True
-    if kind in ("cat", "alt"):
-        return any(_has_anchor(c) for c in node[1])
-    if kind == "rep":
-        return _has_anchor(node[1])
+    if node[0] in ("cat", "alt"):
+        return any(_has(c, kind) for c in node[1])
+    if node[0] == "rep":
+        return _has(node[1], kind)
     return False
 
 
-def pattern_ast(pattern: str):
-    """The decoded values ``pattern`` finds a match in (JSON Schema: a search unless anchored)."""
+# A search (a pattern not anchored at its start) with look-around is built exactly only while its
+# subset construction stays under this many states: the automaton of ``.*`` before a long counted
+# repetition and a ``\\b`` (a URL pattern: 6000 states, seconds in Python) is replaced by that of
+# the pattern anchored at the value's start, a subset (every value matching there matches the
+# search) and a much smaller automaton.
+SEARCH_EXACT_STATES = 1000
+
+
+def pattern_ast(pattern: str, started: float | None = None):
+    """The decoded values ``pattern`` finds a match in (JSON Schema: a search unless anchored).
+    With look-around (``(?=``, ``(?!``, ``(?<=``, ``(?<!``, ``\\b``, ``\\B``) an ("dfa", ...) node
+    over the values' UTF-8, built by dfa_ops.look_dfa (within the compile time budget counted from
+    ``started``, default now), which ``encode`` maps to JSON text like any other node."""
     if not isinstance(pattern, str):
         raise ConstraintError(f"json_schema: pattern must be a string, got {pattern!r}")
-    node = _with_right(_with_left(parse(pattern, schema=True)))
-    if _has_anchor(node):
+    tree = parse(pattern, schema=True)
+    node = _with_right(_with_left(tree))
+    if _has(node, ("anchor", "^")):
         raise ConstraintError(
-            f"json_schema: pattern {pattern!r}: '^' and '$' are supported only at the start and end of the pattern"
+            f"json_schema: pattern {pattern!r}: '^' and '$' are supported only at the start and end of the pattern "
+            "(a '$' elsewhere is read as the end of the value; a '^' elsewhere is refused)"
         )
-    return node
+    if not _has(node, "look") and not _has(node, "anchor"):
+        return node
+    at_start = _with_right(_with_left(tree, search=False))
+    try:
+        try:
+            cap = None if at_start == node else SEARCH_EXACT_STATES
+            return ("dfa", look_dfa(node, ANY_CHAR, started=started, max_built=cap))
+        except LookTooLarge:
+            return ("dfa", look_dfa(at_start, ANY_CHAR, started=started))
+    except ConstraintError as exc:
+        if "matches no string" in exc.message:
+            raise ConstraintError(f"json_schema: no string matches pattern {pattern!r}") from None
+        if "(limit: " in exc.message:  # a limit (budget_error): named as it is
+            raise
+        raise ConstraintError(f"json_schema: pattern {pattern!r}: {exc.message}") from None
 
 
 def split_lookaheads(pattern: str) -> tuple[str, list[str], list[str]]:
@@ -287,7 +390,7 @@ def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, st
     the compile whose time budget this shares began (default now)."""
     if lo < 0 or (hi is not None and hi < lo):
         raise ConstraintError(f"json_schema: bad minLength/maxLength ({lo}, {hi})")
-    conditions = [pattern_ast(p) for p in patterns]
+    conditions = [pattern_ast(p, started) for p in patterns]
     if fmt is not None:
         known = format_ast(fmt)
         if known is not None:
