@@ -164,12 +164,22 @@ class CompiledConstraint:
 
     @property
     def nbytes(self) -> int:
-        """What this form holds now: the automaton and the mask rows, dense while lazy, compressed
-        once complete. The in-memory cache's budget and the benchmarks count this."""
-        held: tuple = (self._table, self.accept, self._masks)
+        """What this form holds now: the automaton and the mask rows computed so far (dense), or its
+        compressed rows once complete. The in-memory cache's budget and the benchmarks count this.
+        A lazy form's mask buffer is allocated whole but left untouched (the pages of rows never
+        computed are never backed by memory), so only its computed rows count."""
         if self._rows is not None and self._transitions is not None:
-            held = (*self._transitions, self.accept, *self._rows)
-        return int(sum(a.nbytes for a in held if a is not None))
+            held: tuple = (*self._transitions, self.accept, *self._rows)
+            return int(sum(a.nbytes for a in held))
+        assert self._table is not None and self._masks is not None
+        rows = self._masks.shape[0] if self._ready else self.native.ready_rows
+        return int(self._table.nbytes + self.accept.nbytes + rows * self._masks.strides[0])
+
+    @property
+    def dense_bytes(self) -> int:
+        """The automaton and every mask row, dense: what completing this form holds until its rows
+        are compressed."""
+        return int(self.table.nbytes + self.accept.nbytes + (self.num_states + 1) * self.vocab.words * 4)
 
     def compress(self) -> CompiledConstraint:
         """Replace the complete dense rows by their compressed form (native core only). Rows a batch

@@ -204,7 +204,12 @@ def _known_distances(key: str, cache_dir: Path | str | bool | None, num_states: 
 
 def _held_form(memo: tuple, vocab: Vocab) -> CompiledConstraint | None:
     mem = _MEMORY.get(memo)
-    return mem if isinstance(mem, CompiledConstraint) and mem.vocab is vocab else None
+    if not isinstance(mem, CompiledConstraint) or mem.vocab is not vocab:
+        return None
+    if not mem.compressed:
+        # a lazy form grows by the rows requests reach: counted again at each use
+        _MEMORY.put(memo, mem, _form_bytes(mem), weak=True)
+    return mem
 
 
 def _reuse_distances(compiled: CompiledConstraint, key: str, cache_dir: Path | str | bool | None) -> None:
@@ -224,7 +229,7 @@ def _cache_root(cache_dir: Path | str | bool | None) -> Path:
 def _complete_later(compiled: CompiledConstraint, path: Path) -> None:
     # Larger constraints (e.g. 20k states over a 128k vocabulary: 320 MiB) are neither completed in
     # the background nor cached: only the rows requests actually reach are computed.
-    nbytes = compiled.nbytes  # dense while lazy: what completing it holds until it is compressed
+    nbytes = compiled.dense_bytes  # what completing it holds until it is compressed
     if nbytes <= limits().complete_max_mb << 20:
         FINISHER.submit(compiled, path)
         return

@@ -111,6 +111,7 @@ ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the au
 # of a $ref target, an unconstrained value, a recursion level or a counted length. These three
 # shrink each use (every answer of the narrower language is an answer of the wider one, so still
 # valid); what is left over the limit is refused as before.
+WIDE_SHARE = 0.5  # of the compile time budget, for the automaton as converted (schema_to_dfa)
 NARROW_ANY_DEPTH = 1  # unconstrained values: scalars, or arrays/objects of scalars
 NARROW_RECURSION = 1  # no recursion: a $ref met again inside its own target admits no value
 NARROW_MAX_LENGTH = 256  # strings at most this long (or minLength) under a larger maxLength: each
@@ -1328,30 +1329,37 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
     """The schema's automaton, within one compile time budget, trying narrower subsets when it is
     too large or too slow:
 
-    1. as converted; when an if-chain (``_if_chain``) is in use, which copies the object around it
-       once per ``if``, within half the budget;
-    2. after an if-chain, holding every ``if`` at once (the narrower subset);
+    1. as converted, within the first WIDE_SHARE of the budget; when an if-chain (``_if_chain``) is
+       in use, which copies the object around it once per ``if``, within half of that;
+    2. after an if-chain, holding every ``if`` at once (the narrower subset), within the first
+       WIDE_SHARE of the budget too;
     3. the NARROW_* subset (unconstrained values, recursion and long maxLength made smaller), within
        what is left of the budget, also when the tries above nested deeper than MAX_DEPTH: refused,
-       as the wider tries were, when that is too large too.
+       as the wider tries were, when that is too large too. A schema too large for the first tries
+       thus still has at least the rest of the budget for its subset.
 
     ``build``: the whole automaton's builder (``regex.compile_ast``; the automata embedded along the
     way are built by it too)."""
     schema = _parsed(schema)
     started = time.monotonic() if started is None else started
-    converter = _Converter(schema, started=started)
+    # the schema as given gets WIDE_SHARE of the budget (half of it with an if-chain, which has a
+    # second try), so that a schema too large for it is still built narrowed in the rest: "started"
+    # earlier by the rest (the embedded automata the converter builds count against it too)
+    budget_s = limits().compile_ms / 1000
+    wide_started = started - (1 - WIDE_SHARE) * budget_s
+    converter = _Converter(schema, started=wide_started)
     try:
         ast = _convert(converter, schema)
         if not converter.chained:
-            return build(ast, backend, started=started)
-        return build(ast, backend, started=started - limits().compile_ms / 2000)
+            return build(ast, backend, started=wide_started)
+        return build(ast, backend, started=wide_started - WIDE_SHARE / 2 * budget_s)
     except ConstraintError as exc:
         if not _too_large(exc):
             raise
         first = exc
     if converter.chained:
         try:
-            return build(_convert(_Converter(schema, False, started), schema), backend, started=started)
+            return build(_convert(_Converter(schema, False, wide_started), schema), backend, started=wide_started)
         except ConstraintError as exc:
             if not _too_large(exc):
                 raise

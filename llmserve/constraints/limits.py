@@ -11,11 +11,14 @@ variable                               default    bounds
 LLMSERVE_CONSTRAINT_COMPILE_MS         2000       wall-clock time of one constraint's automaton
                                                   construction (checked inside the C++ loops)
 LLMSERVE_CONSTRAINT_COMPILE_MB         512        memory of that construction (NFA, subsets)
-LLMSERVE_CONSTRAINT_MAX_STATES         20000      states of the byte automaton (each one a mask row
-                                                  of vocabulary-size bits: 16 KiB at 128k tokens),
-                                                  counted once minimised; the construction may pass
-                                                  through regex.SUBSET_FACTOR times as many (bounded
-                                                  by the time and memory budgets too)
+LLMSERVE_CONSTRAINT_MAX_STATES         65536      states of the byte automaton, counted once
+                                                  minimised: 1 KiB each for its transitions, and a
+                                                  mask row of vocabulary-size bits (16 KiB at 128k
+                                                  tokens) for each state a request reaches (a form
+                                                  over COMPLETE_MAX_MB never computes the others);
+                                                  the construction may pass through
+                                                  regex.SUBSET_FACTOR times as many (bounded by the
+                                                  time and memory budgets too)
 LLMSERVE_CONSTRAINT_MAX_NFA_STATES     2000000    size of the expanded expression: counted
                                                   repetitions (``{n}``) and ``$ref`` fan-out are
                                                   counted before anything is built
@@ -52,7 +55,7 @@ ENV = {
 class Limits:
     compile_ms: int = 2000
     compile_mb: int = 512
-    max_states: int = 20_000
+    max_states: int = 65_536
     max_nfa_states: int = 2_000_000
     cache_mb: int = 1024
     disk_cache_mb: int = 4096

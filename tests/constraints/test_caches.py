@@ -92,6 +92,26 @@ def test_compiled_forms_in_memory_stay_within_the_budget(wide_vocab, limits_of):
     assert compile_constraint(distinct(0), vocab, cache_dir=False) is kept[0]
 
 
+def test_a_lazy_form_counts_the_rows_it_computed(wide_vocab, limits_of):
+    """A lazy form's mask buffer is allocated whole but only the rows requests reach are ever
+    written (and backed by memory): the cache counts those, again at each use, not S x V bits."""
+    limits_of()
+    form = compile_constraint({"regex": "[a-z]{1,40}@[a-z]{1,40}"}, wide_vocab, cache_dir=False)
+    row = wide_vocab.words * 4
+    automaton = form.table.nbytes + form.accept.nbytes
+    assert not form.compressed and form.num_states > 40
+    assert form.nbytes == automaton + form.native.ready_rows * row  # the start row and the dead row
+    assert form.dense_bytes == automaton + (form.num_states + 1) * row
+    assert compiler_mod._MEMORY.nbytes == form.nbytes
+    for state in range(1, 11):
+        form.allowed(state)
+    assert form.native.ready_rows >= 12
+    grown = form.nbytes
+    assert grown == automaton + form.native.ready_rows * row
+    assert compile_constraint({"regex": "[a-z]{1,40}@[a-z]{1,40}"}, wide_vocab, cache_dir=False) is form
+    assert compiler_mod._MEMORY.nbytes == grown  # counted again at this use
+
+
 def test_disk_cache_is_bounded_in_bytes(wide_vocab, tmp_path, limits_of):
     vocab = wide_vocab
     limits_of(disk_cache_mb=1)

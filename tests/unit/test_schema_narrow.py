@@ -48,9 +48,10 @@ LONG_TEXT = {
 }
 
 
-def test_a_long_max_length_over_the_state_limit_is_cut(caplog):
-    """``maxLength: 4000`` alone is ~52k states (13 per counted character): over the default
+def test_a_long_max_length_over_the_state_limit_is_cut(caplog, max_states):
+    """``maxLength: 4000`` alone is ~52k states (13 per counted character): over a limit of
     20,000, so the narrow try keeps bodies of at most NARROW_MAX_LENGTH characters."""
+    max_states(20000)
     with caplog.at_level("WARNING", logger="llmserve.constraints"):
         dfa = schema_to_dfa(LONG_TEXT)
     # the subset is never silent: the server log says the language is smaller than the schema's
@@ -62,6 +63,22 @@ def test_a_long_max_length_over_the_state_limit_is_cut(caplog):
     assert dfa.matches(_compact({"summary": "é" * 80, "body": ""}).encode())
     assert not dfa.matches(_compact({"summary": "s" * 81, "body": ""}).encode())  # short bounds stay exact
     assert_answers_valid(dfa, LONG_TEXT)
+
+
+def test_a_schema_too_slow_as_given_leaves_time_for_its_subset():
+    """The schema as given gets only jsonschema.WIDE_SHARE of the compile budget: 120 optional
+    free-form members (over 65,536 states, ~1.5 s to find out here) run out of it, and the subset
+    (free-form values one level deep, ~15k states, ~0.1 s) is built in the rest, where a first try
+    that took the whole budget left no time for it."""
+    set_limits(Limits(compile_ms=1000))
+    schema = {"type": "object", "properties": {f"p{i}": {} for i in range(120)}}
+    try:
+        dfa = schema_to_dfa(schema)
+    finally:
+        set_limits(None)
+    assert dfa.matches(b'{"p0":[1,"a"],"p119":{"k":null}}')
+    assert not dfa.matches(b'{"p0":[[1]]}')  # nested two levels: outside the subset
+    assert_answers_valid(dfa, schema, n=10)
 
 
 def test_a_schema_that_fits_is_built_exactly(caplog):
@@ -112,7 +129,8 @@ def test_recursion_over_the_state_limit_is_not_followed(max_states):
     assert_answers_valid(dfa, TREE)
 
 
-def test_a_schema_too_large_even_narrowed_is_refused_naming_the_limit():
+def test_a_schema_too_large_even_narrowed_is_refused_naming_the_limit(max_states):
+    max_states(20000)
     schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 250} for i in range(12)}}
     with pytest.raises(ConstraintError, match="more than 20000 automaton states"):
         schema_to_dfa(schema)
