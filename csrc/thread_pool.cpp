@@ -81,19 +81,25 @@ bool ThreadPool::spin_for_job(uint64_t seen) {
 
 void ThreadPool::worker() {
   uint64_t seen = 0;  // the last generation this worker looked at
-  bool awake = false;
+  // Spin after a call only when this worker was wanted: it joined, or a call woke it, or it
+  // arrived after the caller had done every task. A spinning worker that finds a call with no slot
+  // left for it sleeps instead: the workers that spin are the ones recent calls use, not the
+  // whole pool (16 threads spinning in a container with a 2-CPU quota would eat the quota).
+  bool may_spin = false;
   for (;;) {
     // Every atomic below is sequentially consistent where two threads must see each other: a
     // worker going to sleep counts itself asleep before it rereads the ticket, a caller opens the
-    // ticket before it counts the spinning and sleeping workers, so either the worker sees the
-    // job or the caller wakes it.
+    // ticket before it counts the sleeping workers, so either the worker sees the job or the
+    // caller wakes it.
     bool spun = false, found = false;
-    if (awake && spinning_.fetch_add(1) < max_spinning_) {
-      spun = true;
-      found = spin_for_job(seen);
-      if (found) spinning_.fetch_sub(1);
-    } else if (awake) {
-      spinning_.fetch_sub(1);
+    if (may_spin) {
+      if (spinning_.fetch_add(1) < max_spinning_) {
+        spun = true;
+        found = spin_for_job(seen);
+        if (found) spinning_.fetch_sub(1);
+      } else {
+        spinning_.fetch_sub(1);
+      }
     }
     if (!found) {
       std::unique_lock<std::mutex> lk(mu_);
@@ -103,16 +109,20 @@ void ThreadPool::worker() {
       sleeping_.fetch_sub(1);
     }
     if (stop_.load()) return;
-    awake = true;
+    may_spin = true;
     const uint64_t t = ticket_.load();
     seen = t >> 1;
     if (!(t & 1)) continue;  // every task already claimed: the work was done without this worker
     // inside the call before looking at it again: the caller, which closes the ticket before it
     // reads active_, either sees this worker or this worker sees the ticket closed
     active_.fetch_add(1);
-    if (ticket_.load() == t && slots_.fetch_sub(1) > 0) {
-      if (found) spin_joins_.fetch_add(1, std::memory_order_relaxed);
-      run_tasks(job_, ntasks_);
+    if (ticket_.load() == t) {
+      if (slots_.fetch_sub(1) > 0) {
+        if (found) spin_joins_.fetch_add(1, std::memory_order_relaxed);
+        run_tasks(job_, ntasks_);
+      } else if (found) {
+        may_spin = false;  // the call has all the threads it wants without this one
+      }
     }
     if (active_.fetch_sub(1) == 1 && caller_waiting_.load()) {
       std::lock_guard<std::mutex> lk(mu_);

@@ -30,8 +30,11 @@ int64_t set_min_bytes_per_thread(int64_t bytes);  // returns the previous value;
 // next fill or apply of the same decoding step, a benchmark's back-to-back calls) finds it running,
 // so a job of tens of microseconds gets its second thread from the start instead of after a
 // wake-up that comes when the work is done. Bounded: an idle pool sleeps after this long, it never
-// burns a CPU while nothing calls it. At most hardware threads - 1 workers spin at once (the caller
-// needs a CPU too). LLMSERVE_CONSTRAINT_SPIN_US when set, else this; 0 turns spinning off.
+// burns a CPU while nothing calls it. Only workers a recent call wanted spin (not the whole pool),
+// at most hardware threads - 1 at once (the caller needs a CPU too). A decoding loop that calls
+// once per step (milliseconds apart) still pays the wake-up: spinning costs it up to this much CPU
+// per pooled call and spinning worker, for nothing. LLMSERVE_CONSTRAINT_SPIN_US when set, else
+// this; 0 turns spinning off.
 constexpr int64_t kDefaultSpinUs = 200;
 int64_t spin_us();
 int64_t set_spin_us(int64_t us);  // returns the previous value; < 0 restores the default
