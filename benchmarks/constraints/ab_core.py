@@ -16,7 +16,9 @@ Python: `--base-tree` runs the base side on that tree's `llmserve` package inste
 one (`git archive <commit> csrc CMakeLists.txt llmserve templates | tar -x -C /tmp/base`, build as
 above, pass `--base-tree /tmp/base`); bench.py itself is this tree's on both sides.
 
-`--new` defaults to the installed core. Each round runs `bench.py --quick --skip-hostile` once per
+`--new` defaults to the installed core; `--new-tree` does for the new side what `--base-tree` does
+for the base one (a tree from `git archive HEAD ...`, so that uncommitted edits in the working
+tree, someone else's included, reach neither side). Each round runs `bench.py --quick --skip-hostile` once per
 side (the order alternates); the table gives medians over rounds of llmserve's fill and
 fill+apply per batch size, new / base, and each side against the memory floor and against the
 fastest other engine's kernel of its own run.
@@ -105,6 +107,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the _core shared library to compare against")
     ap.add_argument("--new", default="", help="another _core build (default: the installed one)")
     ap.add_argument("--base-tree", default="", help="a source tree whose llmserve the base side imports")
+    ap.add_argument("--new-tree", default="", help="a source tree whose llmserve the new side imports")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -115,7 +118,7 @@ def main() -> None:
             order = ("base", "new") if k % 2 == 0 else ("new", "base")
             for side in order:
                 core = args.base if side == "base" else args.new
-                tree = args.base_tree if side == "base" else ""
+                tree = args.base_tree if side == "base" else args.new_tree
                 runs[side].append(one_run(core, Path(tmp) / f"{side}-{k}.json", tree))
                 print(f"round {k + 1}/{args.rounds}: {side} done", flush=True)
     table = summarise(runs)
