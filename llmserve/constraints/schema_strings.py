@@ -21,6 +21,7 @@ intersection (``dfa_ops.intersect``).
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from llmserve.constraints.dfa_ops import LookTooLarge, intersect, look_dfa
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.limits import limits
 from llmserve.constraints.regex import MAX_CODEPOINT, SURROGATES, ByteDFA, compile_ast, literal, parse
 
 QUOTE = ("set", [(0x22, 0x22)])
@@ -241,15 +243,20 @@ def _nullable(node) -> bool:
 
 
 def _trim(node, end: int):
-    """``node`` less the items at its start (``end`` 0) or end (-1) that may match nothing: next to
-    a search's ``.*`` they add nothing (``.*a*`` is ``.*``), and they cost automaton states."""
+    """``node`` as it may be read next to a search's ``.*`` (at its start, ``end`` 0, or end, -1):
+    less the items there that may match nothing (``.*a*`` is ``.*``), and a repetition there
+    repeated its least number of times (``.*a{2,}`` is ``.*aa``). Exact, and fewer automaton states."""
     if _nullable(node):
         return ("cat", [])
+    if node[0] == "rep" and not (_has(node[1], "look") or _has(node[1], "anchor")):
+        return ("rep", node[1], node[2], node[2])
     if node[0] != "cat":
         return node
     items = list(node[1])
     while items and _nullable(items[end]):
         items.pop(end)
+    if items:
+        items[end] = _trim(items[end], end)
     return ("cat", items)
 
 
@@ -325,13 +332,32 @@ def pattern_ast(pattern: str, started: float | None = None):
         )
     if not _has(node, "look") and not _has(node, "anchor"):
         return node
+    key = (pattern, limits())
+    found = _LOOK_CACHE.get(key)
+    if found is not None:
+        _LOOK_CACHE.move_to_end(key)
+        return found
+    found = ("dfa", _look_automaton(pattern, tree, node, started))
+    _LOOK_CACHE[key] = found
+    if len(_LOOK_CACHE) > LOOK_CACHE_SIZE:
+        _LOOK_CACHE.popitem(last=False)
+    return found
+
+
+# A schema names the same pattern many times (each use, its 'not', patternProperties' checks): its
+# look-around automaton is built once per process (the most recent LOOK_CACHE_SIZE patterns kept).
+LOOK_CACHE_SIZE = 256
+_LOOK_CACHE: OrderedDict[tuple, tuple] = OrderedDict()
+
+
+def _look_automaton(pattern: str, tree, node, started: float | None) -> ByteDFA:
     at_start = _with_right(_with_left(tree, search=False))
     try:
         try:
             cap = None if at_start == node else SEARCH_EXACT_STATES
-            return ("dfa", look_dfa(node, ANY_CHAR, started=started, max_built=cap))
+            return look_dfa(node, ANY_CHAR, started=started, max_built=cap)
         except LookTooLarge:
-            return ("dfa", look_dfa(at_start, ANY_CHAR, started=started))
+            return look_dfa(at_start, ANY_CHAR, started=started)
     except ConstraintError as exc:
         if "matches no string" in exc.message:
             raise ConstraintError(f"json_schema: no string matches pattern {pattern!r}") from None

@@ -95,6 +95,10 @@ EXACT = [
     (r"(?=(?!ab)a)", "abc"),  # nested look-aheads
     (r"^(a(?=b)|b(?<=a.))+$", "ab"),  # inside a repetition
     (r"(?!)", "a"),  # never holds: no value
+    # next to a search's .*: nullable items dropped, a repetition read its least number of times
+    (r"x{2,}y?", "xy"),
+    (r"(?:ab)+c*(?=a)", "abc"),
+    (r"b*(a|b){2,3}", "ab"),
 ]
 
 
@@ -273,3 +277,12 @@ def test_a_look_around_pattern_holds_with_length_bounds_and_a_not():
     assert dfa.matches(b'"a-c"') and not dfa.matches(b'"ab"') and not dfa.matches(b'"abcde"')
     for value in samples(schema):
         jsonschema.validate(value, schema)
+
+
+def test_a_look_around_pattern_is_built_once_per_process():
+    from llmserve.constraints import schema_strings
+
+    pattern = r"^(?!x)[a-z]{3}(?<!q)$"
+    first = pattern_ast(pattern)
+    assert pattern_ast(pattern) is first  # the same node, so its JSON encoding is cached too
+    assert (pattern, schema_strings.limits()) in schema_strings._LOOK_CACHE
