@@ -7,9 +7,17 @@ intermediate state that only accepts the right continuation bytes.
 
 Supported syntax (the matching is always a full match, ``^``/``$`` are accepted and ignored):
 literals, ``.``, escapes (``\\d \\w \\s \\D \\W \\S \\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH`` and escaped
-punctuation), classes ``[...]``/``[^...]`` with ranges, groups ``(...)``, ``(?:...)``,
-``(?P<name>...)``, alternation ``|`` and the quantifiers ``* + ? {m} {m,} {m,n}`` (lazy ``?`` suffixes
-accepted; they do not change the language). Back-references and look-around are rejected.
+punctuation), Unicode general categories ``\\p{L}``/``\\P{Letter}``/``\\p{gc=Nd}`` (see
+_category_ranges: the BMP's code points where required), classes ``[...]``/``[^...]`` with ranges,
+groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, ``(?<name>...)``, alternation ``|`` and the
+quantifiers ``* + ? {m} {m,} {m,n}`` (lazy ``?`` suffixes accepted; they do not change the language).
+
+In a JSON Schema pattern (``parse(..., schema=True)``) also look-around, ``(?=...)``, ``(?!...)``,
+``(?<=...)``, ``(?<!...)``, and ``\\b``/``\\B`` (as look-around over ASCII word characters, a subset
+both dialects agree on), as ("look", ...) nodes that schema_strings.py builds with
+dfa_ops.look_dfa. Refused by name: back-references, recursion (``(?1)``, ``(?R)``), inline flags,
+atomic and conditional groups, comments, Unicode properties other than general categories, and
+look-around in a plain ``regex`` constraint.
 """
 
 from __future__ import annotations

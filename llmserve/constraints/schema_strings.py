@@ -10,8 +10,19 @@ lengths count decoded characters exactly (``\\uXXXX`` surrogate pairs are never 
 escape is always one character).
 
 ``pattern`` is a search, as JSON Schema defines it (ECMA-262 ``RegExp.test``): it may match
-anywhere in the value unless anchored with ``^``/``$``. Anchors are supported at the start and end
-of the pattern (of each top-level alternative); anywhere else they are refused.
+anywhere in the value unless anchored with ``^``/``$``. ``^`` is supported at the start of the
+pattern (of each top-level alternative, after leading look-arounds); anywhere else it is refused.
+``$`` is supported anywhere (inside a group it is the condition "the value ends here").
+
+Look-around (``(?=A)``, ``(?!A)``, ``(?<=B)``, ``(?<!B)``, anywhere, nested, inside repetitions) is
+built exactly by ``dfa_ops.look_dfa``, over the decoded value, and the automaton is then mapped to
+JSON text (``encode_dfa``); a look-behind inside a look-ahead (or the reverse) is refused by name.
+Inside a negative look-around what a class, ``.`` or ``$`` matches is excluded from the value, so
+there each stands for what *either* dialect matches (Python's ``$`` also before a final newline).
+Subsets, documented where they are made: ``\\b``/``\\B`` see ASCII word and non-word neighbours
+only (regex._boundary); ``\\p{..}`` keeps to the Basic Multilingual Plane (regex._category_ranges);
+a search (not anchored at its start) with look-around whose exact automaton passes
+SEARCH_EXACT_STATES construction states is read from the value's start instead.
 
 When more than one condition applies (pattern and length bounds, pattern and format, two patterns
 from ``allOf``), each is compiled to a byte automaton and the value's automaton is their
