@@ -20,9 +20,14 @@ subset is narrower than the schema it says so here:
   non-empty, leaving out of a branch the types another branch accepts, the strings/booleans/null
   another branch lists (of the value, or of a property both declare) and the strings another
   string branch's pattern matches); a branch's types include those its own ``anyOf``/``oneOf``
-  branches have (``$ref`` resolved). A branch that may still overlap another is not generated, and
-  a ``oneOf`` with no such branch left is refused. String values are checked against a pattern with
-  Python's ``re``.
+  branches have (``$ref`` resolved). A branch that may still overlap another is generated as itself
+  and not each of those others (``_Converter._apart``: A and not B and not C, each ``not`` turned
+  into conditions that imply it, as below: one of B's properties present with a value failing B's
+  schema for it, one of B's required names never generated, B's listed values, patterns or types
+  excluded; a subset), or is left out when no such condition fits; a ``oneOf`` with no branch left
+  is refused. Two branches that are the same schema match nothing (neither is generated). A branch
+  normalized as a subset (``if``, ``not``, recursion cut short) is taken to admit every value, as
+  its real values are not known. String values are checked against a pattern with Python's ``re``.
 * ``if``/``then``/``else``: answers satisfy ``if`` and ``then`` (``else`` with ``if: false``);
   values that fail ``if`` are not generated (a subset). Several in one ``allOf`` whose ``if``s
   exclude each other by one property's value (an if-chain on a discriminator) are one branch each:
@@ -55,7 +60,13 @@ subset is narrower than the schema it says so here:
   leaves out the optional properties past it (subsets).
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
   ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item (``minItems`` > 1 is
-  refused).
+  refused); ``contains`` as arrays whose first items match it (``minContains`` of them, each also
+  following the schema of its position; with ``maxContains`` the others do not match it; several
+  ``contains`` of an ``allOf``, up to ``MAX_CONTAINS``, one leading item each): a subset, the
+  matching items could be anywhere (``_Converter._contains``).
+* a schema dependency (``dependencies``/``dependentSchemas``) of a required name applies to the
+  object, merged into it (exact); an optional name with a dependency that is not certain to hold is
+  never generated (a subset).
 * an unconstrained value (``{}``, ``true``, a free-form member) is any compact JSON value nested at
   most ``ANY_DEPTH`` deep.
 
@@ -86,7 +97,7 @@ from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
 from llmserve.constraints.regex import ByteDFA, _time_budget_error, compile_ast, expanded_size, literal, parse
-from llmserve.constraints.schema_merge import Unsatisfiable, canonical, merge, types_of, values_of
+from llmserve.constraints.schema_merge import CONTAINS, Unsatisfiable, both, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
 from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, split_lookaheads, string_ast
 
@@ -105,6 +116,8 @@ MAX_RECURSION = 3
 # an if-chain copies the object around it once per 'if' (``_if_chain``): longer ones hold every
 # 'if' at once instead
 MAX_IF_CHAIN = 8
+# several 'contains' of an allOf are one leading item each (``_Converter._contains``)
+MAX_CONTAINS = 8
 ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the automaton's states)
 # The narrower subset ``schema_to_dfa`` builds when the schema's automaton is over the state limit:
 # an automaton cannot share a sub-automaton between its uses, so its size is the sum over every use
@@ -147,6 +160,7 @@ _TYPE_KEYWORDS = {
         "minContains",
         "maxContains",
         "unevaluatedItems",
+        CONTAINS,
     },
     "boolean": set(),
     "null": set(),
@@ -162,7 +176,7 @@ ABSENT = "x-llmserve-absent"
 # keywords of a type that no branch below implements yet (refused by name when present)
 _UNSUPPORTED_OF_TYPE = {
     "object": {"unevaluatedProperties"},
-    "array": {"contains", "minContains", "maxContains", "unevaluatedItems"},
+    "array": {"unevaluatedItems"},
 }
 _SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
 _STRUCTURE = {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", NOT_TEXT, ABSENT}
@@ -218,6 +232,9 @@ class _Converter:
         self.max_recursion = NARROW_RECURSION if narrow else MAX_RECURSION
         self.if_chains = if_chains  # _if_chain in use (schema_to_dfa retries without when too large)
         self.chained = False  # whether some if-chain was served as branches
+        # normalizing steps that keep only a subset of a schema's values (if/then/else, an if-chain,
+        # 'not'): a schema normalized through one cannot be negated soundly (``_negations``)
+        self.inexact = 0
         # $ref -> its converted tree, built once and shared by every use: a schema whose references
         # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
@@ -272,6 +289,8 @@ class _Converter:
                 schema = self._merge(target, rest) if _constrains(rest) else target
                 continue
             if "if" in schema or "then" in schema or "else" in schema:
+                if "if" in schema:
+                    self.inexact += 1
                 schema = _conditional(schema)
                 continue
             if "allOf" in schema:
@@ -281,6 +300,7 @@ class _Converter:
                 chain = _if_chain(schema) if self.if_chains else None
                 if chain is not None:
                     self.chained = True
+                    self.inexact += 1
                     schema = chain
                     continue
                 out = {k: v for k, v in schema.items() if k != "allOf"}
@@ -323,54 +343,96 @@ class _Converter:
         * ``required``: an object without one of those names (one the schema does not require);
         * ``properties``: an object holding the first of them, valued against its schema;
         * ``pattern``: a string whose decoded value the pattern does not match (exact);
+        * ``contains``: an array no item of which matches it;
         * ``type``: the other types (a subset when the ``not`` has more keywords).
+
+        Each is exact where the ``not`` holds that keyword alone (``_not_of`` says which); where it is
+        a subset, the schema normalized through it counts as a subset (``inexact``), and a ``not``
+        of a schema normalized as a subset is refused (its negation would admit its values).
 
         Anything else is refused by name."""
         rest = {k: v for k, v in schema.items() if k != "not"}
-        if '"if"' in json.dumps(schema["not"]):
-            # the converter serves if/then/else as a subset: the negation of a subset would not be
-            raise self.fail("'not' of a schema with if/then/else is not supported")
-        n, _ = self.normalize(schema["not"], refs)
-        return self._merge(rest, self._not_of(n, rest, refs))
+        n = self._normalized_exactly(schema["not"], refs)
+        out, exact = self._not_of(n, rest, refs)
+        if not exact:
+            self.inexact += 1  # what is generated is a subset of the values failing 'not'
+        return self._merge(rest, out)
 
-    def _not_of(self, n: Any, base: dict, refs: tuple[str, ...]) -> Any:
+    def _normalized_exactly(self, schema: Any, refs: tuple[str, ...]) -> Any:
+        """``schema`` normalized, refused when that kept only a subset of its values (the converter
+        serves if/then/else and some 'not' as a subset): the negation of a subset would admit values
+        of the schema."""
+        before = self.inexact
+        n, _ = self.normalize(schema, refs)
+        if self.inexact != before:
+            raise self.fail("'not' of a schema with if/then/else (or a 'not' served as a subset) is not supported")
+        return n
+
+    def _not_of(self, n: Any, base: dict, refs: tuple[str, ...]) -> tuple[Any, bool]:
+        """A schema implying not ``n``, and whether together with ``base`` it admits exactly the
+        values of ``base`` that fail ``n`` (else a subset of them)."""
         if n is False:
-            return {}
+            return {}, True
         if n is True or (isinstance(n, dict) and not _constrains(n)):
             raise Unsatisfiable("json_schema: 'not' of a schema every value satisfies")
         if not isinstance(n, dict):
             raise self.fail("'not' must be a schema")
+        keys = {k for k in n if _constrains({k: n[k]})}
+        n_types = types_of(n)
+        base_types = types_of(base) if isinstance(base, dict) else None
+
+        def alone(key: str, typ: str) -> bool:
+            # n is that keyword alone (which only other values of typ fail), or with type typ where
+            # base admits no other type: its negation below is exact
+            return keys <= {key, "type"} and (n_types is None or n_types == base_types == {typ})
+
+        if n.get("nullable") is True:  # null is one of n's values too
+            without, _ = self._not_of({k: v for k, v in n.items() if k != "nullable"}, base, refs)
+            return self._merge(without, {NOT_TEXT: [["value", None]]}), False
         for key in ("anyOf", "oneOf"):
             if isinstance(n.get(key), list) and n[key]:
-                out: Any = {}
-                for sub in n[key]:
-                    sub, _ = self.normalize(sub, refs)
-                    out = self._merge(out, self._not_of(sub, base, refs))
-                return out
+                return self._not_of_each(n[key], key == "anyOf" and keys == {key}, base, refs)
         values = values_of(n)
         if values is not None:
             if all(v is None or isinstance(v, (str, bool)) for v in values):
-                return {NOT_TEXT: [["value", v] for v in values]}
+                typed = n_types is None or all(_json_type(v) in n_types for v in values)
+                return {NOT_TEXT: [["value", v] for v in values]}, keys <= {"enum", "const", "type"} and typed
             raise self.fail("'not' with const/enum numbers, arrays or objects is not supported")
-        n_types = types_of(n)
         names = [r for r in n.get("required", []) if isinstance(r, str) and r not in base.get("required", [])]
         if names and (n_types is None or "object" in n_types):
-            return {"type": "object", ABSENT: names[:1]}
+            return {"type": "object", ABSENT: names[:1]}, alone("required", "object") and len(names) == 1
         props = n.get("properties")
         if isinstance(props, dict) and props and (n_types is None or "object" in n_types):
             # an object whose property k is present with a value that fails k's schema
             k, sub = next(iter(props.items()))
-            return {"type": "object", "required": [k], "properties": {k: {"not": sub}}}
+            exact = alone("properties", "object") and len(props) == 1
+            return {"type": "object", "required": [k], "properties": {k: {"not": sub}}}, exact
         patterns = n.get("pattern")
         if patterns and (n_types is None or "string" in n_types):
             patterns = patterns if isinstance(patterns, list) else [patterns]
-            return {"type": "string", NOT_TEXT: [["pattern", p] for p in patterns]}
+            exact = alone("pattern", "string") and len(patterns) == 1
+            return {"type": "string", NOT_TEXT: [["pattern", p] for p in patterns]}, exact
+        if "contains" in n and not {"minContains", "maxContains"} & keys and (n_types is None or "array" in n_types):
+            # an array no item of which matches (the empty one too)
+            return {"type": "array", "items": {"not": n["contains"]}}, alone("contains", "array")
         if n_types is not None:
-            return {"type": _other_types(n_types)}
+            exact = keys == {"type"} and ("integer" not in n_types or "number" in n_types)
+            return {"type": _other_types(n_types)}, exact
         raise self.fail(
             f"'not' of {sorted(k for k in n if _constrains({k: n[k]}))} is not supported (supported: type, "
-            "const/enum of strings, booleans or null, pattern, required, properties, and anyOf/oneOf of those)"
+            "const/enum of strings, booleans or null, pattern, required, properties, contains, and anyOf/oneOf of "
+            "those)"
         )
+
+    def _not_of_each(self, subs: list, exact: bool, base: dict, refs: tuple[str, ...]) -> tuple[Any, bool]:
+        """A value failing every branch of an ``anyOf``/``oneOf``: exactly failing an ``anyOf`` of
+        them (``exact`` given: nothing beside it) when each negation is exact."""
+        out: Any = {}
+        for sub in subs:
+            sub_out, sub_exact = self._not_of(self._normalized_exactly(sub, refs), base, refs)
+            out = self._merge(out, sub_out)
+            exact = exact and sub_exact
+        return out, exact
 
     def exclude(self, node: tuple, items: list) -> tuple:
         """``node`` less the JSON texts ``items`` describe (NOT_TEXT): the product with the
@@ -497,18 +559,24 @@ class _Converter:
         if not isinstance(subs, list) or not subs:
             raise self.fail(f"{key} must be a non-empty list")
         base = {k: v for k, v in schema.items() if k != key}
-        merged = []
+        merged: list = []
+        plain: list = []  # each branch as normalized, with its references and whether that was exact
         for sub in subs:
+            before = self.inexact
             try:  # a branch no value satisfies (an allOf of two types, ...) counts for no value
                 sub, sub_refs = self.normalize(sub, refs)
                 merged.append((self._merge(base, sub) if _constrains(base) else sub, sub_refs))
-            except Unsatisfiable:
+                plain.append((sub, sub_refs, self.inexact == before))
+            except Unsatisfiable as exc:
+                if key == "oneOf" and (self.inexact != before or "recursive $ref" in exc.message):
+                    # empty only as far as the converter's subset goes: other values may match it
+                    merged.append((None, refs))
+                    plain.append((None, refs, False))
                 continue
-        if not merged:
+        if not any(m is not None for m, _ in merged):
             raise Unsatisfiable(f"json_schema: no branch of {key} is satisfiable together with the keywords beside it")
         if key == "oneOf":
-            typed = [self._item_types(self._branch_types(m, sub_refs), sub_refs) for m, sub_refs in merged]
-            merged = _exclusive_branches(merged, typed)
+            merged = self._one_of(merged, plain, depth)
         branches = []
         for m, sub_refs in merged:
             try:
@@ -518,6 +586,181 @@ class _Converter:
         if not branches:
             raise Unsatisfiable(f"json_schema: no branch of {key} is satisfiable")
         return _alt(branches)
+
+    def _one_of(self, merged: list, plain: list, depth: int) -> list:
+        """``oneOf``: the branches to generate, each narrowed so that its answers match no other
+        branch. A branch the analysis of ``_exclusive_branches`` tells apart is kept as there; any
+        other becomes itself and not each branch it may overlap (``_apart``: A and not B and not C,
+        with each 'not' turned into conditions that imply it), or is left out when that cannot be
+        expressed. Two branches alike (the same schema) match the same values: neither is generated.
+        A branch normalized through a subset (if/then/else, 'not', recursion cut short) may admit
+        values its schema here does not: the others see it as admitting every value."""
+        typed = [
+            self._item_types(self._branch_types(m, sub_refs), sub_refs) if m is not None else {}
+            for m, sub_refs in merged
+        ]
+        views = [t if exact else {} for t, (_, _, exact) in zip(typed, plain, strict=True)]
+        keys = [canonical(m) if m is not None else None for m, _ in merged]
+        n = len(merged)
+        kept: list = []
+        failures: list[ConstraintError] = []
+        for i, (m, sub_refs) in enumerate(merged):
+            if m is None:
+                continue
+            if keys.count(keys[i]) > 1:
+                failures.append(Unsatisfiable("json_schema: two oneOf branches are the same schema"))
+                continue
+            others = [views[j] for j in range(n) if j != i]
+            narrowed = _narrowed(typed[i], others)
+            if all(_excludes(narrowed, views[j]) for j in range(n) if j != i):
+                kept.append((m if narrowed is typed[i] else narrowed, sub_refs))
+                continue
+            try:
+                kept.append((self._apart(i, narrowed, plain, views, depth, sub_refs), sub_refs))
+            except ConstraintError as exc:
+                failures.append(exc)
+        if not kept:
+            if all(isinstance(exc, Unsatisfiable) for exc in failures):
+                raise Unsatisfiable(
+                    "json_schema: no oneOf branch can be generated apart from the others (every value of each "
+                    f"may match another; first: {failures[0].message.removeprefix('json_schema: ') if failures else ''})"
+                )
+            raise ConstraintError(
+                "json_schema: oneOf branches that a value could match both of are not supported "
+                "(give them different types, different const/enum values of a required property, "
+                "or each a required property the others do not declare)"
+            )
+        return kept
+
+    def _apart(self, i: int, current: dict, plain: list, views: list, depth: int, refs) -> Any:
+        """Branch ``i`` of a ``oneOf`` (``current``) and not every other branch it may overlap: the
+        conjunction with a schema that implies each one's negation (``_negations``), chosen so the
+        branch keeps values. Adding a negation may add names to the branch, so the others are
+        checked again until each is excluded or negated. Sound: an answer satisfies branch i and
+        fails every other branch."""
+        done: set[int] = set()
+        while True:
+            pending = [j for j in range(len(plain)) if j != i and j not in done and not _excludes(current, views[j])]
+            if not pending:
+                return current
+            for j in pending:
+                sub, sub_refs, exact = plain[j]
+                if not exact:
+                    raise Unsatisfiable(
+                        "json_schema: a oneOf branch normalized as a subset (if/then/else, not, recursion) cannot be "
+                        "negated to tell the others apart from it"
+                    )
+                current = self._and_not(current, sub, sub_refs, depth, refs)
+                done.add(j)
+
+    def _and_not(self, current: dict, n: Any, n_refs, depth: int, refs) -> dict:
+        """``current`` and a schema implying not ``n``: the first of ``_negations`` that merges with
+        it and leaves the values it adds satisfiable."""
+        for cand, check in self._negations(n, current, n_refs):
+            try:
+                trial = self._merge(current, cand)
+            except ConstraintError:
+                continue
+            if check is None or self._fillable(trial, check, depth, refs):
+                return trial
+        raise Unsatisfiable("json_schema: a oneOf branch cannot be told apart from another one it may overlap")
+
+    def _fillable(self, trial: dict, check: tuple, depth: int, refs) -> bool:
+        """Whether what a negation added to ``trial`` still leaves a value (a cheap check of that part)."""
+        kind = check[0]
+        if kind == "absent":
+            return check[1] not in trial.get("required", [])
+        if kind == "text":
+            values = values_of(trial)
+            return values is None or not all(_text_excluded(v, trial.get(NOT_TEXT) or []) for v in values)
+        if kind == "string" and types_of(trial) != {"string"}:
+            return True
+        if kind == "property":
+            hi = trial.get("maxProperties")
+            if isinstance(hi, int) and not isinstance(hi, bool) and len(set(trial.get("required", []))) > hi:
+                return False
+            part = (trial.get("properties") or {}).get(check[1], True)
+        else:
+            part = trial
+        try:
+            self.convert(part, depth + 1, refs)
+        except ConstraintError:
+            return False
+        return True
+
+    def _negations(self, n: Any, base: dict, refs: tuple[str, ...]):
+        """Schemas each of which implies not ``n`` (``n`` normalized exactly), with what to check of
+        its merge with ``base`` (``_fillable``), in the order ``_and_not`` tries them: ``n``'s
+        ``anyOf``/``oneOf`` branch by branch (twin ``oneOf`` branches match nothing and are left
+        out), its listed strings/booleans/null excluded, one of its required names never generated,
+        one of its properties present with a value failing its schema (the names ``base`` requires or
+        declares first), one of its patterns not matched, no item matching its ``contains``, and the
+        other types. A ``nullable`` ``n`` admits null too: every one excludes it."""
+        if n is False:
+            yield {}, None
+            return
+        if not isinstance(n, dict) or not _constrains(n):
+            return
+        null_too = n.get("nullable") is True
+
+        def out(c: dict) -> dict:
+            return {**c, NOT_TEXT: [*c.get(NOT_TEXT, []), ["value", None]]} if null_too else c
+
+        for key in ("anyOf", "oneOf"):
+            subs = n.get(key)
+            if not isinstance(subs, list) or not subs:
+                continue
+            combined = self._branches_negation(key, subs, base, refs)
+            if combined is not None:
+                yield out(combined), ("whole",) if _generated_types(base) in ({"string"}, {"boolean"}) else None
+        values = values_of(n)
+        if values is not None and all(v is None or isinstance(v, (str, bool)) for v in values):
+            yield out({NOT_TEXT: [["value", v] for v in values]}), ("text",)
+        n_types = types_of(n)
+        if n_types is None or "object" in n_types:
+            for cand, check in _object_negations(n, base):
+                yield out(cand), check
+        if n_types is None or "string" in n_types:
+            for p in _patterns_of(n):
+                yield out({"type": "string", NOT_TEXT: [["pattern", p]]}), ("string",)
+        if (n_types is None or "array" in n_types) and "contains" in n and not {"minContains", "maxContains"} & set(n):
+            # an array no item of which matches (the empty one too) fails 'contains'
+            yield out({"type": "array", "items": {"not": n["contains"]}}), None
+        if n_types is not None:
+            try:
+                yield out({"type": _other_types(n_types)}), None
+            except Unsatisfiable:
+                pass
+
+    def _branches_negation(self, key: str, subs: list, base: dict, refs) -> dict | None:
+        """A schema failing every branch of ``anyOf``/``oneOf`` ``subs`` (so failing it), or None."""
+        normalized = []
+        for sub in subs:
+            before = self.inexact
+            try:
+                sub, sub_refs = self.normalize(sub, refs)
+            except ConstraintError:
+                return None
+            if self.inexact != before:
+                return None
+            normalized.append((sub, sub_refs))
+        if key == "oneOf":
+            # two alike branches: every value of one matches both, so fails the oneOf; what fails the
+            # others fails it
+            keys = [canonical(sub) for sub, _ in normalized]
+            normalized = [x for x, k in zip(normalized, keys, strict=True) if keys.count(k) == 1]
+        acc: dict = {}
+        for sub, sub_refs in normalized:
+            for cand, _ in self._negations(sub, self._merge(base, acc) if acc else base, sub_refs):
+                try:
+                    self._merge(base, self._merge(acc, cand))
+                except ConstraintError:
+                    continue
+                acc = self._merge(acc, cand)
+                break
+            else:
+                return None
+        return acc
 
     def _branch_types(self, schema: Any, refs: tuple[str, ...], depth: int = 0) -> Any:
         """``schema`` with the ``type`` its ``anyOf``/``oneOf`` implies when it has none: the union
@@ -622,11 +865,13 @@ class _Converter:
             if lo > 1:
                 raise self.fail("uniqueItems with minItems > 1 is not supported")
             hi = 1 if hi is None else min(hi, 1)
-        if hi is not None and hi < lo:
-            raise Unsatisfiable("json_schema: maxItems < minItems")
         prefix = prefix or []
         if not isinstance(prefix, list):
             raise self.fail("prefixItems must be a list")
+        if "contains" in schema or CONTAINS in schema:
+            prefix, items, lo = self._contains(schema, prefix, items, lo, hi)
+        if hi is not None and hi < lo:
+            raise Unsatisfiable("json_schema: maxItems < minItems")
         heads = []
         for k, p in enumerate(prefix[: hi if hi is not None else len(prefix)]):
             try:
@@ -645,7 +890,42 @@ class _Converter:
                     raise
         return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
 
+    def _contains(self, schema: dict, prefix: list, items: Any, lo: int, hi: int | None) -> tuple[list, Any, int]:
+        """``contains`` (and ``minContains``/``maxContains``, or several ``contains`` of an allOf):
+        the first items match it (as many as ``minContains``, one per ``contains`` when several, or
+        one item matching them all when at most one item is allowed), each also following the schema
+        of its position; with ``maxContains`` the other items do not match it (its negation, as
+        ``not``). A subset: the matching items could be anywhere. Returns the positional schemas,
+        the schema of the items after them, and the fewest items."""
+        wanted = _contains_of(schema)
+        least = _count(schema, "minContains", 1)
+        most = _count(schema, "maxContains", None)
+        if len(wanted) > MAX_CONTAINS:
+            raise self.fail(f"more than {MAX_CONTAINS} 'contains' in one allOf are not supported")
+        if len(wanted) > 1 and ("minContains" in schema or "maxContains" in schema):
+            raise self.fail("minContains/maxContains with several 'contains' in an allOf are not supported")
+        if most is not None and most < least:
+            raise Unsatisfiable("json_schema: maxContains < minContains")
+        heads = wanted * least if len(wanted) == 1 else wanted
+        if len(heads) > 1 and hi is not None and hi < len(heads) and len(wanted) > 1:
+            heads = [{"allOf": wanted}]  # one item matching every 'contains'
+        rest = True if items is None else items
+
+        def at(k: int) -> Any:
+            return prefix[k] if k < len(prefix) else rest
+
+        out = [both(at(k), sub) for k, sub in enumerate(heads)] + prefix[len(heads) :]
+        if most is not None:
+            # the items past the matching ones must not match: maxContains counts every match
+            other = {"not": wanted[0]}
+            out = out[: len(heads)] + [both(p, other) for p in out[len(heads) :]]
+            rest = both(rest, other)
+        return out, rest, max(lo, len(heads))
+
     def _object(self, schema, depth, refs):
+        dependent = self._required_dependency(schema, refs)
+        if dependent is not None:
+            return self.convert(dependent, depth + 1, refs)
         props, required = self._declared(schema, depth, refs)
         lo = _count(schema, "minProperties", 0)
         hi = _count(schema, "maxProperties", None)
@@ -679,6 +959,23 @@ class _Converter:
             first = set(optional[: lo - n_required])
             kvs = [(req or k in first, kv) for k, (req, kv) in enumerate(kvs)]
         return _cat(_lit("{"), _members(kvs, at_least_one), _lit("}"))
+
+    def _required_dependency(self, schema: dict, refs) -> dict | None:
+        """A schema dependency (``dependencies``/``dependentSchemas``) of a required name always
+        applies: the object schema merged with it, that dependency removed (exact), or None when
+        there is none."""
+        required = schema.get("required", [])
+        for key in ("dependencies", "dependentSchemas"):
+            deps = schema.get(key)
+            if not isinstance(deps, dict):
+                continue
+            for name, dep in deps.items():
+                if name not in required or isinstance(dep, list) or not _constrains(dep):
+                    continue
+                rest = {**schema, "type": "object", key: {k: v for k, v in deps.items() if k != name}}
+                target, _ = self.normalize(dep, refs)
+                return self._merge(rest, target)
+        return None
 
     def _declared(self, schema: dict, depth: int, refs) -> tuple[dict, list]:
         """The properties an answer may hold (name -> schema) and the required ones: the declared
@@ -806,6 +1103,10 @@ class _Converter:
         return _cat(_lit("{"), _sequence([], _alt(members), lo, hi), _lit("}"))
 
 
+def _contains_of(schema: dict) -> list:
+    return ([schema["contains"]] if "contains" in schema else []) + list(schema.get(CONTAINS, []))
+
+
 def _if_chain(schema: dict) -> dict | None:
     """``allOf`` with several ``if``/``then``/``else`` whose ``if``s exclude each other (an
     if-chain on one discriminator: ``if: {properties: {kind: {const: "a"}}}``, then ``"b"``, ...),
@@ -854,6 +1155,43 @@ def _fails(a: dict, b: Any) -> bool:
         k in pb and isinstance(pa.get(k), dict) and isinstance(pb[k], dict) and _disjoint(pa[k], pb[k])
         for k in a.get("required", [])
     )
+
+
+def _object_negations(n: dict, base: dict):
+    """``_Converter._negations`` of an object schema ``n``: one of its required names never generated
+    (one ``base`` does not require), or one of its properties present with a value failing its schema."""
+    for name in n.get("required", []):
+        if isinstance(name, str) and name not in base.get("required", []):
+            yield {"type": "object", ABSENT: [name]}, ("absent", name)
+    props = n.get("properties")
+    if isinstance(props, dict):
+        for k in _negation_order(props, base):
+            yield {"type": "object", "required": [k], "properties": {k: {"not": props[k]}}}, ("property", k)
+
+
+def _negation_order(props: dict, base: dict) -> list[str]:
+    """The names of ``props`` to try negating first: those ``base`` requires, then those it declares,
+    then the others; never one whose schema in ``base`` is the same (its value could not fail it),
+    one ``base`` refuses, or one ``base`` never generates."""
+    base_props = base.get("properties") or {}
+    required = base.get("required", [])
+    absent = base.get(ABSENT, [])
+    names = []
+    for k, sub in props.items():
+        if k in absent or base_props.get(k, True) is False or sub is True or sub == {}:
+            continue
+        if k in base_props and canonical(base_props[k]) == canonical(sub):
+            continue
+        if k not in base_props and base.get("additionalProperties", True) is False:
+            continue
+        names.append(k)
+    return sorted(names, key=lambda k: 0 if k in required else 1 if k in base_props else 2)
+
+
+def _patterns_of(schema: dict) -> list[str]:
+    pattern = schema.get("pattern")
+    patterns = pattern if isinstance(pattern, list) else [pattern] if pattern is not None else []
+    return [p for p in patterns if isinstance(p, str)]
 
 
 def _drop_absent(schema: dict, props: dict, required: list) -> None:

@@ -6,8 +6,9 @@
 combines by its meaning: types intersect, ``required`` unites, lower bounds take the larger, upper
 bounds the smaller, ``properties`` merge per name (recursively), patterns accumulate (all must
 match), enums intersect, two ``anyOf`` (or two ``oneOf``) become one over every pair of their
-branches (exact for ``oneOf`` too: ``_merge_keyword``). Two different values of any other keyword cannot be combined here and are
-refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
+branches (exact for ``oneOf`` too: ``_merge_keyword``), ``dependencies`` merge per name, item
+schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
+different values of any other keyword cannot be combined here and are refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
 ``anyOf`` or ``oneOf`` that branch is dropped (it matches no value).
 """
 
@@ -19,6 +20,9 @@ from typing import Any
 from llmserve.constraints.errors import ConstraintError
 
 TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+# several ``contains`` that must all hold (the converter's: JSON Schema's keyword takes one schema)
+CONTAINS = "x-llmserve-contains"
+_DEPENDENCIES = ("dependencies", "dependentSchemas", "dependentRequired")
 _LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
 _UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 
@@ -195,12 +199,18 @@ def merge(a: Any, b: Any) -> dict:
     if not isinstance(a, dict) or not isinstance(b, dict):
         raise ConstraintError("json_schema: a schema must be an object or a boolean")
     out = dict(a)
+    positional = _positional(a) or _positional(b)
     for key, value in b.items():
+        if positional and key in _ITEMS:
+            continue  # _merge_positions below
         if key not in out:
             out[key] = value
-        elif key not in ("properties", "const", "enum"):  # those three below
+        elif key not in ("properties", "const", "enum", "contains", CONTAINS):  # those below
             out[key] = _merge_keyword(key, out[key], value, a, b)
+    if positional:
+        _merge_positions(a, b, out)
     _merge_properties(a, b, out)
+    _merge_contains(a, b, out)
     values_a, values_b = values_of(a), values_of(b)
     if values_a is not None and values_b is not None:
         allowed = {canonical(v) for v in values_b}
@@ -212,6 +222,76 @@ def merge(a: Any, b: Any) -> dict:
     if out.get("type", "") is None:
         del out["type"]
     return out
+
+
+_ITEMS = ("items", "prefixItems", "additionalItems")
+
+
+def _positional(schema: dict) -> bool:
+    return isinstance(schema.get("prefixItems"), list) or isinstance(schema.get("items"), list)
+
+
+def _positions(schema: dict) -> tuple[list, Any]:
+    """An array schema's item schemas by position: the leading ones (``prefixItems``, or draft 4's
+    ``items`` list) and the one every later item follows (``items`` after them, ``additionalItems``)."""
+    items = schema.get("items")
+    if isinstance(schema.get("prefixItems"), list):
+        return list(schema["prefixItems"]), True if items is None or isinstance(items, list) else items
+    if isinstance(items, list):
+        return list(items), schema.get("additionalItems", True)
+    return [], True if items is None else items
+
+
+def _merge_positions(a: dict, b: dict, out: dict) -> None:
+    """``items``/``prefixItems`` of two schemas of which one is positional: each position follows
+    both sides' schema for it (``{**a, **b}`` would let one side's leading items skip the other's
+    ``items``); written as ``prefixItems`` and ``items`` after them."""
+    (pa, ra), (pb, rb) = _positions(a), _positions(b)
+    prefix = [both(pa[k] if k < len(pa) else ra, pb[k] if k < len(pb) else rb) for k in range(max(len(pa), len(pb)))]
+    for key in _ITEMS:
+        out.pop(key, None)
+    out["prefixItems"] = prefix
+    rest = both(ra, rb)
+    if rest is not True:
+        out["items"] = rest
+
+
+def _contains_list(schema: dict) -> list:
+    return ([schema["contains"]] if "contains" in schema else []) + list(schema.get(CONTAINS, []))
+
+
+def _merge_contains(a: dict, b: dict, out: dict) -> None:
+    """Each ``contains`` of both sides must hold: one is kept as ``contains``, several as the list
+    ``CONTAINS`` (an array with an item matching each)."""
+    found: dict[str, Any] = {}
+    for sub in [*_contains_list(a), *_contains_list(b)]:
+        found.setdefault(canonical(sub), sub)
+    out.pop("contains", None)
+    out.pop(CONTAINS, None)
+    if len(found) == 1:
+        out["contains"] = next(iter(found.values()))
+    elif found:
+        out[CONTAINS] = list(found.values())
+
+
+def _merge_dependencies(key: str, mine: dict, value: dict) -> dict:
+    """Two ``dependencies`` (or ``dependentRequired``/``dependentSchemas``): per name, both hold; two
+    lists of names unite, a list with a schema is that schema and ``required`` of the list."""
+    out = dict(mine)
+    for name, dep in value.items():
+        if name not in out:
+            out[name] = dep
+        elif isinstance(out[name], list) and isinstance(dep, list):
+            out[name] = list(dict.fromkeys([*out[name], *dep]))
+        elif key == "dependentRequired":
+            raise ConstraintError(f"json_schema: {key} of {name!r} must be a list of names")
+        else:
+            out[name] = both(_dependency_schema(out[name]), _dependency_schema(dep))
+    return out
+
+
+def _dependency_schema(dep: Any) -> Any:
+    return {"required": dep} if isinstance(dep, list) else dep
 
 
 def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
@@ -238,6 +318,8 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "not":  # not A and not B: not (A or B)
         return {"anyOf": [mine, value]}
+    if key in _DEPENDENCIES and isinstance(mine, dict) and isinstance(value, dict):
+        return _merge_dependencies(key, mine, value)
     if key in ("x-llmserve-not", "x-llmserve-absent"):  # the converter's, from a 'not': both hold
         return [*mine, *(v for v in value if v not in mine)]
     if key not in VALIDATION_KEYWORDS:

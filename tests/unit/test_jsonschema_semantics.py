@@ -317,7 +317,7 @@ def test_annotations_are_ignored():
         ({"type": "integer", "not": {"const": 3}}, "'not' with const/enum numbers"),
         ({"not": {"if": {"type": "string"}, "then": {"minLength": 2}}}, "'not' of a schema with if/then/else"),
         ({"$dynamicRef": "#meta"}, "dynamicRef"),
-        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "array", "unevaluatedItems": False}, "unevaluatedItems"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),
     ],

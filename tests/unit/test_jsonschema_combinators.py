@@ -1,0 +1,231 @@
+"""``oneOf`` branches that may overlap, served as each branch and not the others (``_Converter._one_of``):
+every sampled answer validates with ``jsonschema`` and matches exactly one branch. No vocabulary, no engine."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+from support.automata import steered_walk
+
+from llmserve.constraints import ConstraintError
+from llmserve.constraints.schema_merge import Unsatisfiable
+from llmserve.constraints.spec import ConstraintSpec
+
+
+def dfa_of(schema):
+    return ConstraintSpec("json_schema", schema).to_dfa()
+
+
+def samples(schema, n=80, budget=160, seed=0) -> list:
+    dfa = dfa_of(schema)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        value = json.loads(steered_walk(dfa, rng, budget, stop=0.15).decode("utf-8"))
+        jsonschema.validate(value, schema)
+        out.append(value)
+    return out
+
+
+def matching(value, branches, root) -> list[int]:
+    """The branches (with the root's definitions) that ``value`` satisfies."""
+    defs = {k: root[k] for k in ("definitions", "$defs") if k in root}
+    return [i for i, b in enumerate(branches) if jsonschema.Draft7Validator({**defs, **b}).is_valid(value)]
+
+
+# an object whose properties differ in one name's schema only (SchemaStore's Grunt watch task)
+EVENTS = {
+    "definitions": {"event": {"type": "string", "enum": ["all", "changed", "added"]}},
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {
+                "spawn": {"type": "boolean"},
+                "events": {"type": "array", "items": {"$ref": "#/definitions/event"}},
+            },
+        },
+        {"type": "object", "properties": {"spawn": {"type": "boolean"}, "events": {"$ref": "#/definitions/event"}}},
+    ],
+}
+
+# one of two names (SchemaStore's Prometheus basic_auth): the other is never generated
+EITHER_NAME = {
+    "type": ["object", "null"],
+    "properties": {
+        "username": {"type": "string"},
+        "password": {"type": ["string", "null"]},
+        "password_file": {"type": "string"},
+    },
+    "oneOf": [{"required": ["password"]}, {"required": ["password_file"]}],
+    "additionalProperties": False,
+    "required": ["username"],
+}
+
+# told apart by a pattern of a property they both require (a bundler config: .js, .css, .html)
+BY_PATTERN = {
+    "type": "object",
+    "oneOf": [
+        {
+            "required": ["out"],
+            "properties": {"out": {"type": "string", "pattern": "\\.js$"}, "minify": {"type": "boolean"}},
+        },
+        {
+            "required": ["out"],
+            "properties": {"out": {"type": "string", "pattern": "\\.css$"}, "minify": {"type": "boolean"}},
+        },
+        {"required": ["out"], "properties": {"out": {"type": "string", "pattern": "\\.(html|htm)$"}}},
+    ],
+}
+
+# at most one property, every branch open: told apart by a name one branch does not declare
+ONE_MEMBER = {
+    "type": "object",
+    "maxProperties": 1,
+    "oneOf": [
+        {"properties": {"priority": {"type": "integer"}, "prefetch": {"type": "integer"}, "queue": {"type": "string"}}},
+        {"properties": {"priority": {"type": "integer"}, "topic": {"type": "string"}}},
+    ],
+}
+
+# a generic branch and specific ones (SchemaStore's .NET template post-actions): the generic one
+# without the specific ids, the specific ones left out (every value of theirs matches the generic one)
+GENERIC_AND_SPECIFIC = {
+    "type": "object",
+    "required": ["id"],
+    "oneOf": [
+        {"properties": {"id": {"type": "string", "pattern": "^[0-9a-f]{4}$"}, "args": {"type": "object"}}},
+        {"properties": {"id": {"enum": ["ab12"]}, "args": {"type": "object"}}},
+        {"properties": {"id": {"enum": ["cd34"]}, "args": {"type": "object"}}},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "accepted", "refused"),
+    [
+        (EVENTS, ['{"events":["all"]}', '{"spawn":true,"events":"added"}'], ["{}", '{"spawn":true}']),
+        (
+            EITHER_NAME,
+            ['{"username":"u","password":null}', '{"username":"u","password_file":"f"}'],
+            ["null", '{"username":"u"}', '{"username":"u","password":"p","password_file":"f"}'],
+        ),
+        (BY_PATTERN, ['{"out":"a.js"}', '{"out":"a.css","minify":true}', '{"out":".htm"}'], ['{"out":"a.jsx"}']),
+        (ONE_MEMBER, ['{"prefetch":"x"}', '{"topic":1}'], ["{}", '{"priority":1}', '{"queue":"q"}']),
+        (GENERIC_AND_SPECIFIC, ['{"id":"0000"}'], ['{"id":"ab12"}', '{"id":"cd34","args":{}}']),
+    ],
+)
+def test_overlapping_one_of_branches_generate_answers_of_exactly_one_branch(schema, accepted, refused):
+    for value in samples(schema):
+        assert len(matching(value, schema["oneOf"], schema)) == 1, value
+    dfa = dfa_of(schema)
+    for text in accepted:
+        assert dfa.matches(text.encode()), text
+        assert len(matching(json.loads(text), schema["oneOf"], schema)) == 1
+    for text in refused:
+        assert not dfa.matches(text.encode()), text
+
+
+def test_a_branch_that_is_each_value_of_another_is_never_generated_and_null_not_either():
+    values = samples(EITHER_NAME)
+    assert None not in values  # null satisfies both 'required' branches: it fails the oneOf
+    assert all(("password" in v) != ("password_file" in v) for v in values)
+
+
+def test_twin_branches_match_nothing():
+    twin = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
+    with pytest.raises(Unsatisfiable):
+        dfa_of({"oneOf": [twin, twin]})
+    # oneOf(oneOf(X, X), X): the inner one matches nothing, so X is the whole
+    nested = {"oneOf": [{"oneOf": [twin, twin]}, twin]}
+    assert all(isinstance(v, list) and v for v in samples(nested))
+
+
+def test_a_branch_served_as_a_subset_is_seen_as_admitting_every_value():
+    # the if/then branch admits every integer too (its 'if' fails for them): an integer answer would
+    # match both branches, so only strings that fail the other branch are generated
+    schema = {"oneOf": [{"type": "integer"}, {"if": {"type": "string"}, "then": {"minLength": 2}}]}
+    try:
+        values = samples(schema)
+    except ConstraintError:
+        return  # refusing is sound too
+    assert not any(isinstance(v, int) for v in values)
+
+
+def test_branches_that_cannot_be_told_apart_are_still_refused_or_unsatisfiable():
+    with pytest.raises(ConstraintError):
+        dfa_of({"oneOf": [{"type": "string"}, {"type": "string", "minLength": 1}]})
+
+
+# ------------------------------------------------------------------ contains, dependencies, allOf merges
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "array", "contains": {"const": "type"}, "items": {"enum": ["const", "static", "type"]}},
+        {"type": "array", "contains": {"type": "integer"}, "minContains": 2, "maxContains": 3, "maxItems": 5},
+        {"type": "array", "prefixItems": [{"type": "string"}], "contains": {"minLength": 3}},
+        {"allOf": [{"contains": {"const": "a"}}, {"contains": {"const": "b"}}], "type": "array"},
+        {
+            "allOf": [{"contains": {"enum": ["a", "b"]}}, {"contains": {"const": "b"}}],
+            "type": "array",
+            "uniqueItems": True,
+        },
+        {"type": "object", "properties": {"tags": {"type": "array", "contains": {"const": "x"}}}, "required": ["tags"]},
+    ],
+)
+def test_contains_generates_arrays_whose_first_items_match(schema):
+    values = samples(schema)
+    assert all(isinstance(v, (list, dict)) for v in values)
+
+
+def test_contains_is_refused_with_fewer_items_allowed_than_it_needs():
+    with pytest.raises(Unsatisfiable):
+        dfa_of({"type": "array", "contains": {"type": "integer"}, "minContains": 3, "maxItems": 2})
+
+
+def test_not_contains_is_arrays_without_a_matching_item():
+    schema = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "not": {"contains": {"const": "a"}}}
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b'["b","a"]')
+    assert dfa.matches(b'["b","c"]')
+    samples(schema)
+
+
+def test_a_schema_dependency_of_a_required_name_always_applies():
+    schema = {
+        "type": "object",
+        "properties": {"pattern": {"type": "string"}, "aql": {"type": "string"}, "x": {"type": "integer"}},
+        "required": ["pattern"],
+        "dependencies": {"pattern": {"not": {"required": ["aql"]}}},
+    }
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b'{"pattern":"p","aql":"q"}')
+    assert dfa.matches(b'{"pattern":"p","x":1}')
+    samples(schema)
+
+
+def test_all_of_merges_dependencies_per_name_and_item_schemas_per_position():
+    schema = {
+        "type": "object",
+        "allOf": [
+            {"dependencies": {"a": ["b"]}, "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+            {"dependencies": {"a": ["c"], "c": {"required": ["b"]}}, "properties": {"c": {"type": "integer"}}},
+        ],
+    }
+    samples(schema)
+    tuple_and_items = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "array",
+        "allOf": [
+            {"items": [{"type": "integer"}, {"type": "string"}]},
+            {"items": {"type": ["integer", "string"], "maximum": 5}},
+        ],
+    }
+    dfa = dfa_of(tuple_and_items)
+    assert not dfa.matches(b"[7]")  # the first position follows both sides: an integer up to 5
+    assert dfa.matches(b'[5,"a"]')
+    samples(tuple_and_items)
