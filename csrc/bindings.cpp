@@ -315,8 +315,14 @@ PYBIND11_MODULE(_core, m) {
         "Pooled calls that had to wake a sleeping worker (a system call), since the pool started.");
   m.def("pool_spin_joins", [] { return ThreadPool::global().spin_joins(); },
         "Jobs a worker joined while spinning after an earlier one (no wake-up), since the pool started.");
+  m.def("pool_spin_backoffs", [] { return ThreadPool::global().spin_backoffs(); },
+        "Times the pool saw one of its threads lose its CPU and stopped spinning for spin_backoff_us.");
   m.def("pool_spinning", [] { return ThreadPool::global().spinning(); }, "Workers spinning now.");
   m.def("pool_sleeping", [] { return ThreadPool::global().sleeping(); }, "Workers asleep now.");
+  m.def("spin_backoff_us", &spin_backoff_us);
+  m.def("set_spin_backoff_us", &set_spin_backoff_us, py::arg("us"),
+        "How long the pool stops spinning once it sees one of its threads lose its CPU (0: never "
+        "stop; < 0: the default). Returns the previous value.");
   m.def("spin_us", &spin_us);
   m.def("set_spin_us", &set_spin_us, py::arg("us"),
         "How long a worker spins for the next job before it sleeps (0: never spin; < 0: the default). "

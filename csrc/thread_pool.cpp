@@ -24,6 +24,25 @@ int64_t initial_spin_us() {
 }
 std::atomic<int64_t> g_spin_us{initial_spin_us()};
 
+int64_t initial_spin_backoff_us() {
+  if (const char* env = std::getenv("LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end != env && v >= 0) return v;
+  }
+  return kDefaultSpinBackoffUs;
+}
+std::atomic<int64_t> g_spin_backoff_us{initial_spin_backoff_us()};
+
+// A thread that goes this long between two looks at the clock, or a caller that waits this long
+// for a joined worker's last task (beyond a few of its own tasks' time), lost a CPU to someone.
+constexpr int64_t kPreemptedNs = 50'000;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -49,6 +68,23 @@ int64_t spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
 
 int64_t set_spin_us(int64_t us) { return g_spin_us.exchange(us >= 0 ? us : kDefaultSpinUs); }
 
+int64_t spin_backoff_us() { return g_spin_backoff_us.load(std::memory_order_relaxed); }
+
+int64_t set_spin_backoff_us(int64_t us) {
+  return g_spin_backoff_us.exchange(us >= 0 ? us : kDefaultSpinBackoffUs);
+}
+
+void ThreadPool::contended(int64_t now) {
+  const int64_t backoff = spin_backoff_us();
+  if (backoff <= 0) return;
+  backoff_until_ns_.store(now + backoff * 1000, std::memory_order_relaxed);
+  spin_backoffs_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool ThreadPool::backed_off(int64_t now) const {
+  return now < backoff_until_ns_.load(std::memory_order_relaxed) && spin_backoff_us() > 0;
+}
+
 ThreadPool::ThreadPool(int n) : nthreads_(std::max(1, n)) {
   // the caller needs a CPU too: more spinning workers than the other hardware threads would take
   // CPUs from the threads doing the work
@@ -65,17 +101,28 @@ ThreadPool::~ThreadPool() {
 }
 
 bool ThreadPool::spin_for_job(uint64_t seen) {
-  using clock = std::chrono::steady_clock;
   const int64_t budget = spin_us();
   if (budget <= 0) return false;
-  const auto deadline = clock::now() + std::chrono::microseconds(budget);
-  for (;;) {
+  int64_t last = now_ns();
+  if (backed_off(last)) return false;
+  const int64_t deadline = last + budget * 1000;
+  for (int round = 1;; ++round) {
     for (int i = 0; i < 64; ++i) {
       if ((ticket_.load(std::memory_order_acquire) >> 1) != seen || stop_.load(std::memory_order_relaxed))
         return true;
       cpu_relax();
     }
-    if (clock::now() >= deadline) return false;
+    // Now and then hand the CPU to whoever else is ready on it: a worker woken onto the caller's
+    // CPU would otherwise keep the caller (the one thread that can publish the next job) off it
+    // for the whole budget. On a CPU of its own the yield returns at once.
+    if (round % 2 == 0) std::this_thread::yield();
+    const int64_t now = now_ns();
+    if (now - last > kPreemptedNs && spin_backoff_us() > 0) {
+      contended(now);  // someone else ran meanwhile: the CPUs are oversubscribed
+      return false;
+    }
+    if (now >= deadline) return false;
+    last = now;
   }
 }
 
@@ -131,10 +178,10 @@ void ThreadPool::worker() {
   }
 }
 
-void ThreadPool::run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks) {
-  for (;;) {
+int64_t ThreadPool::run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks) {
+  for (int64_t ran = 0;; ++ran) {
     int64_t t = next_.fetch_add(1, std::memory_order_relaxed);
-    if (t >= ntasks) return;
+    if (t >= ntasks) return ran;
     (*job)(t);
   }
 }
@@ -171,23 +218,32 @@ void ThreadPool::parallel_for(int64_t ntasks, const std::function<void(int64_t)>
   }
   // fn must outlive every worker that joined, also when a task throws here (an allocation failure)
   std::exception_ptr failed;
+  const int64_t start = now_ns();
+  int64_t ran = 0;
   try {
-    run_tasks(&fn, ntasks);
+    ran = run_tasks(&fn, ntasks);
   } catch (...) {
     failed = std::current_exception();
     next_.store(ntasks, std::memory_order_relaxed);  // the workers stop at their next task
   }
   ticket_.store(gen * 2);  // closed: every task is claimed, a worker arriving now has nothing to do
-  bool done = false;
-  for (int i = 0; i < kCallerSpins && !done; ++i) {
-    done = active_.load() == 0;
-    if (!done) cpu_relax();
-  }
-  if (!done) {
-    caller_waiting_.store(true);
-    std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return active_.load() == 0; });
-    caller_waiting_.store(false);
+  if (active_.load() != 0) {
+    const int64_t ran_until = now_ns();
+    bool done = false;
+    for (int i = 0; i < kCallerSpins && !done; ++i) {
+      done = active_.load() == 0;
+      if (!done) cpu_relax();
+    }
+    if (!done) {
+      caller_waiting_.store(true);
+      std::unique_lock<std::mutex> lk(mu_);
+      done_cv_.wait(lk, [&] { return active_.load() == 0; });
+      caller_waiting_.store(false);
+    }
+    // a joined worker's last task should take about what one of the caller's took: waiting much
+    // longer means its thread lost the CPU while holding it
+    const int64_t end = now_ns(), task = ran > 0 ? (ran_until - start) / ran : 0;
+    if (end - ran_until > std::max(kPreemptedNs, 4 * task)) contended(end);
   }
   if (failed) std::rethrow_exception(failed);
 }

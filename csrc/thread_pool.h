@@ -39,6 +39,17 @@ constexpr int64_t kDefaultSpinUs = 200;
 int64_t spin_us();
 int64_t set_spin_us(int64_t us);  // returns the previous value; < 0 restores the default
 
+// A second thread only pays when it has a CPU of its own. When the CPUs are oversubscribed (other
+// processes busy) a spinning worker shares a CPU with the caller or is descheduled holding a task
+// the caller then waits for (a scheduler slice, milliseconds). So when a spinning worker sees it
+// lost its CPU (a gap of over 50 us between two looks at the clock), or a caller waits that long
+// for a joined worker's last task, the pool stops spinning for this long: workers sleep after each
+// job, as without spinning, until the window ends. LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US when set,
+// else this; 0 turns the back-off off.
+constexpr int64_t kDefaultSpinBackoffUs = 50'000;
+int64_t spin_backoff_us();
+int64_t set_spin_backoff_us(int64_t us);  // returns the previous value; < 0 restores the default
+
 // parallel_for hands out task indices from an atomic counter; the calling thread works too. One
 // parallel_for at a time (calls from several threads serialise). A call that uses one thread runs
 // inline: it neither wakes a worker nor waits for another caller. A pooled call publishes its job
@@ -61,6 +72,8 @@ class ThreadPool {
   uint64_t dispatches() const { return dispatches_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   uint64_t spin_joins() const { return spin_joins_.load(std::memory_order_relaxed); }
+  // times the pool saw a CPU taken from a thread of its own and stopped spinning for a while
+  uint64_t spin_backoffs() const { return spin_backoffs_.load(std::memory_order_relaxed); }
   int spinning() const { return spinning_.load(std::memory_order_relaxed); }
   int sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
   static ThreadPool& global();
@@ -70,7 +83,9 @@ class ThreadPool {
   // spin (bounded by spin_us) until the ticket's generation moves past `seen` or the pool stops;
   // true when it did. Called counted in spinning_.
   bool spin_for_job(uint64_t seen);
-  void run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks);
+  int64_t run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks);  // tasks it ran
+  void contended(int64_t now_ns);  // a thread of the pool lost its CPU: stop spinning for a while
+  bool backed_off(int64_t now_ns) const;
   int nthreads_;
   int max_spinning_;
   std::vector<std::thread> workers_;
@@ -91,7 +106,8 @@ class ThreadPool {
   int64_t ntasks_ = 0;
   alignas(64) std::atomic<int> spinning_{0};
   std::atomic<int> sleeping_{0};
-  std::atomic<uint64_t> dispatches_{0}, wakeups_{0}, spin_joins_{0};
+  std::atomic<int64_t> backoff_until_ns_{0};
+  std::atomic<uint64_t> dispatches_{0}, wakeups_{0}, spin_joins_{0}, spin_backoffs_{0};
 };
 
 }  // namespace llmserve

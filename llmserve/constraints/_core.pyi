@@ -47,6 +47,16 @@ def spin_us() -> int:
 def set_spin_us(us: int) -> int:
     """Set ``spin_us`` (0: never spin; < 0: the default, 200); returns the previous value."""
 
+def pool_spin_backoffs() -> int:
+    """Times the pool saw one of its threads lose its CPU and stopped spinning for a while."""
+
+def spin_backoff_us() -> int:
+    """How long the pool stops spinning after one of its threads lost its CPU (microseconds)."""
+
+def set_spin_backoff_us(us: int) -> int:
+    """Set ``spin_backoff_us`` (0: never stop spinning; < 0: the default, 50,000); returns the previous
+    value."""
+
 def min_bytes_per_thread() -> int:
     """Bytes (read and written) each thread must get before a fill/apply is split over the pool."""
 
