@@ -128,7 +128,8 @@ _SCHEMA_DOT = _negate([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
 # there, which keeps the automaton small). Not inside a look-around (its look-behind would sit
 # inside a look-ahead, or the other way round, which dfa_ops.look_dfa refuses).
 _ASCII_WORD = ("set", list(_WORD))
-_NOT_ASCII_OTHER = ("set", _negate([r for r in _negate(_WORD) if r[1] <= 0x7F]))
+_ASCII_OTHER = ("set", [r for r in _negate(_WORD) if r[1] <= 0x7F])
+_NOT_ASCII_OTHER = ("set", _negate(_ASCII_OTHER[1]))
 
 
 @cache
@@ -138,7 +139,17 @@ def _boundary(non: bool) -> tuple:
     other_before = ("look", True, True, _NOT_ASCII_OTHER)  # no character, or an ASCII non-word one
     other_after = ("look", False, True, _NOT_ASCII_OTHER)
     if non:
-        return ("alt", [("cat", [word_before, word_after]), ("cat", [other_before, other_after])])
+        # Python's \B never matches in the empty value (ECMA-262's does): a non-word character on
+        # one side at least
+        char_before, char_after = ("look", True, False, _ASCII_OTHER), ("look", False, False, _ASCII_OTHER)
+        return (
+            "alt",
+            [
+                ("cat", [word_before, word_after]),
+                ("cat", [char_before, other_after]),
+                ("cat", [other_before, char_after]),
+            ],
+        )
     return ("alt", [("cat", [word_before, other_after]), ("cat", [other_before, word_after])])
 
 

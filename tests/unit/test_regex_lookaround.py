@@ -120,6 +120,7 @@ SUBSETS = [
     ),
     (r"\bfoo\b", "fo _-é", "foo"),
     (r"\Bo\B", "fo _-é", "foo"),
+    (r"\B", "a -é", "--"),
     (r"^a\b", "a-b é", "a-"),
     (r"(?<=^v?|\sv?)(?:(?:0|[1-9][0-9]*).){2}(?:0|[1-9][0-9]*)\b", "v01. -a", "v1.0.2"),
 ]
@@ -129,6 +130,13 @@ SUBSETS = [
 def test_word_boundaries_generate_only_values_both_dialects_match(pattern, alphabet, value):
     check(pattern, alphabet, exact=False)
     assert decoded(pattern).matches(value.encode()) and reference(pattern).search(value)
+
+
+def test_a_non_boundary_never_matches_the_empty_value_as_in_python():
+    assert re.search(r"^\B$", "") is None  # ECMA-262's \B does match there
+    with pytest.raises(ConstraintError, match="no string matches"):
+        decoded(r"^\B$")  # only the empty value would
+    assert decoded(r"^\B-").matches(b"-") and decoded(r"-\B$").matches(b"-")
 
 
 def test_a_word_boundary_next_to_ascii_is_exact_and_a_non_ascii_neighbour_is_left_out():
