@@ -59,7 +59,9 @@ subset is narrower than the schema it says so here:
   required ones requires the first optional properties, ``maxProperties`` below the declared ones
   leaves out the optional properties past it (subsets).
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
-  ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item (``minItems`` > 1 is
+  ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item, or, with
+  ``minItems`` > 1, of distinct values the item schema lists (its ``enum``/``const`` or those of its
+  ``anyOf``/``oneOf`` branches), in their listed order, at most ``MAX_DISTINCT`` arrays (else
   refused); ``contains`` as arrays whose first items match it (``minContains`` of them, each also
   following the schema of its position; with ``maxContains`` the others do not match it; several
   ``contains`` of an ``allOf``, up to ``MAX_CONTAINS``, one leading item each): a subset, the
@@ -85,8 +87,10 @@ other keyword that would change the accepted language and is not supported is re
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import time
 import urllib.parse
 from typing import Any
@@ -116,6 +120,8 @@ MAX_RECURSION = 3
 # an if-chain copies the object around it once per 'if' (``_if_chain``): longer ones hold every
 # 'if' at once instead
 MAX_IF_CHAIN = 8
+# uniqueItems with minItems > 1: arrays of distinct listed values, at most this many
+MAX_DISTINCT = 256
 # several 'contains' of an allOf are one leading item each (``_Converter._contains``)
 MAX_CONTAINS = 8
 ANY_DEPTH = 3  # nesting of an unconstrained value (each level multiplies the automaton's states)
@@ -863,7 +869,7 @@ class _Converter:
             # a regular language cannot remember which items it produced; arrays of at most one
             # item are always unique (a subset)
             if lo > 1:
-                raise self.fail("uniqueItems with minItems > 1 is not supported")
+                return self._distinct(schema, items, prefix, lo, hi, depth, refs)
             hi = 1 if hi is None else min(hi, 1)
         prefix = prefix or []
         if not isinstance(prefix, list):
@@ -889,6 +895,44 @@ class _Converter:
                 if lo > len(heads):
                     raise
         return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
+
+    def _distinct(self, schema: dict, items: Any, prefix: Any, lo: int, hi: int | None, depth: int, refs) -> tuple:
+        """``uniqueItems`` with ``minItems`` > 1: when the item schema lists values (``enum``/``const``,
+        or branches of an ``anyOf``/``oneOf`` that do), arrays of distinct ones among them that the
+        item schema admits, in the order listed (a subset: other orders and unlisted values are not
+        generated; at most MAX_DISTINCT arrays). Refused otherwise."""
+        if prefix or any(k in schema for k in ("contains", CONTAINS)) or not isinstance(items, dict):
+            raise self.fail("uniqueItems with minItems > 1 is not supported")
+        target, target_refs = self.normalize(items, refs)
+        listed = values_of(target) if isinstance(target, dict) else None
+        if listed is None and isinstance(target, dict):
+            subs = target.get("anyOf") or target.get("oneOf") or []
+            listed = []
+            for sub in subs if isinstance(subs, list) else []:
+                try:
+                    sub, _ = self.normalize(sub, target_refs)
+                except ConstraintError:
+                    continue
+                listed += (values_of(sub) or []) if isinstance(sub, dict) else []
+        if not listed:
+            raise self.fail("uniqueItems with minItems > 1 is not supported (only for items that list their values)")
+        admits = compile_ast(self.convert(items, depth + 1, refs), started=self.started)
+        distinct: dict[str, Any] = {}
+        for v in listed:
+            if admits.matches(_dumps(v).encode()):
+                distinct.setdefault(canonical(v), v)
+        values = list(distinct.values())
+        top = len(values) if hi is None else min(hi, len(values))
+        if top < lo:
+            raise Unsatisfiable(f"json_schema: fewer than {lo} distinct items the item schema admits")
+        if sum(math.comb(len(values), k) for k in range(lo, top + 1)) > MAX_DISTINCT:
+            raise self.fail(f"uniqueItems with minItems > 1: more than {MAX_DISTINCT} arrays of distinct listed items")
+        arrays = [
+            _lit("[" + ",".join(_dumps(v) for v in chosen) + "]")
+            for k in range(lo, top + 1)
+            for chosen in itertools.combinations(values, k)
+        ]
+        return _alt(arrays)
 
     def _contains(self, schema: dict, prefix: list, items: Any, lo: int, hi: int | None) -> tuple[list, Any, int]:
         """``contains`` (and ``minContains``/``maxContains``, or several ``contains`` of an allOf):

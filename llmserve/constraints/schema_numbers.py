@@ -5,18 +5,25 @@ the classic split of a range into prefixes that share digits), so the automaton 
 the number of digits. An open side of a range stops at 16 digits.
 
 A bounded ``number`` is generated as an integer in the range (a subset of the numbers the schema
-accepts: every answer validates; fractions are not produced when bounds are given).
+accepts: every answer validates; fractions are not produced when bounds are given), or, when no
+integer lies in it (``exclusiveMinimum: 0, exclusiveMaximum: 1``), as the decimals of fewest
+digits in it (up to ``MAX_FRACTIONS`` of them: ``0.1`` to ``0.9``; ``_fractions``).
+
+A fractional ``multipleOf`` (``0.1``) is generated as the integers ``jsonschema`` counts as its
+multiples (it divides as floats: ``0.3 / 0.1`` is not whole there, so fractions are left out),
+within ``±FRACTION_RANGE``, when they are every ``m``-th integer there (checked one by one).
 """
 
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 import numpy as np
 
 from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import ByteDFA, compile_ast, parse
+from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
 from llmserve.constraints.schema_merge import Unsatisfiable
 
 MAX_DIGITS = 16
@@ -136,6 +143,70 @@ def multiples_dfa(m: int):
     return ByteDFA(table, accept, 0)
 
 
+MAX_FRACTIONS = 50
+FRACTION_RANGE = 10_000
+
+
+def _admits(schema: dict, x: float) -> bool:
+    """Whether ``x`` meets the schema's bounds, compared as ``jsonschema`` does (floats)."""
+    lo, hi = _bound(schema, "minimum"), _bound(schema, "maximum")
+    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if lo is not None and (x < lo or (ex_lo is True and x == lo)):
+        return False
+    if hi is not None and (x > hi or (ex_hi is True and x == hi)):
+        return False
+    x_lo, x_hi = _bound(schema, "exclusiveMinimum"), _bound(schema, "exclusiveMaximum")
+    return (x_lo is None or x > x_lo) and (x_hi is None or x < x_hi)
+
+
+def _fractions(schema: dict):
+    """A bounded ``number`` range that holds no integer: the decimals with the fewest digits after
+    the point that lie in it (at most MAX_FRACTIONS of them, a subset)."""
+    values = [v for v in (_bound(schema, k) for k in BOUND_KEYS) if v is not None]
+    if not values:
+        return None
+    lo, hi = min(values), max(values)
+    for digits in range(1, 7):
+        scale = 10**digits
+        start = math.floor(lo * scale) - 1
+        stop = min(math.ceil(hi * scale) + 1, start + 10 * MAX_FRACTIONS)
+        texts = []
+        for m in range(start, stop + 1):
+            text = str(Decimal(m).scaleb(-digits))
+            x = float(text)
+            if not x.is_integer() and _admits(schema, x):
+                texts.append(text)
+        if texts:
+            return ("alt", [literal(t) for t in texts[:MAX_FRACTIONS]])
+    return None
+
+
+def _fraction_multiples(schema: dict, multiple: float):
+    """A fractional ``multipleOf``: the integers ``k`` within the bounds (and ±FRACTION_RANGE) with
+    ``k / multiple`` whole as floats (``jsonschema``'s test), when those are exactly the multiples
+    of one integer ``m`` there; refused otherwise."""
+    lo, hi = integer_bounds(schema)
+    lo = -FRACTION_RANGE if lo is None else max(lo, -FRACTION_RANGE)
+    hi = FRACTION_RANGE if hi is None else min(hi, FRACTION_RANGE)
+
+    def whole(k: int) -> bool:
+        q = k / multiple
+        return int(q) == q
+
+    step = next((k for k in range(1, FRACTION_RANGE + 1) if whole(k)), None)
+    if step is None or step > MAX_MULTIPLE or any(whole(k) != (k % step == 0) for k in range(lo, hi + 1)):
+        raise ConstraintError(f"json_schema: multipleOf {multiple} is not supported (its multiples are not regular)")
+    node = parse(integer_range(lo, hi))
+    if step == 1:
+        return node
+    try:
+        return ("dfa", intersect([compile_ast(node), multiples_dfa(step)]))
+    except ConstraintError as exc:
+        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            raise Unsatisfiable(f"json_schema: no multiple of {multiple} lies between the bounds") from None
+        raise
+
+
 def number_ast(schema: dict, integer: bool):
     """``integer`` or ``number`` with its bounds and ``multipleOf`` (a whole number: integers only,
     a subset for ``number``; a fraction is refused: ``jsonschema`` divides floats, so 0.3 is not a
@@ -144,6 +215,8 @@ def number_ast(schema: dict, integer: bool):
     if multiple is not None:
         if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or multiple <= 0:
             raise ConstraintError(f"json_schema: multipleOf must be a positive number, got {multiple!r}")
+        if multiple != int(multiple) and isinstance(multiple, float):
+            return _fraction_multiples(schema, multiple)
         if multiple != int(multiple) or multiple > MAX_MULTIPLE:
             raise ConstraintError(
                 f"json_schema: multipleOf {multiple} is not supported (only whole numbers up to {MAX_MULTIPLE})"
@@ -160,6 +233,9 @@ def number_ast(schema: dict, integer: bool):
         node = parse(INTEGER if integer else NUMBER)
     else:
         lo, hi = integer_bounds(schema)
+        fractions = _fractions(schema) if not integer and lo is not None and hi is not None and lo > hi else None
+        if fractions is not None:
+            return fractions
         node = parse(integer_range(lo, hi))
     if multiple is None or int(multiple) == 1:
         return node

@@ -229,3 +229,44 @@ def test_all_of_merges_dependencies_per_name_and_item_schemas_per_position():
     assert not dfa.matches(b"[7]")  # the first position follows both sides: an integer up to 5
     assert dfa.matches(b'[5,"a"]')
     samples(tuple_and_items)
+
+
+# ------------------------------------------------------------------ numbers and unique items
+
+
+@pytest.mark.parametrize(
+    ("schema", "accepted", "refused"),
+    [
+        ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, ["0.5", "0.1"], ["0", "1", "1.5"]),
+        ({"type": "number", "minimum": -0.5, "maximum": -0.1}, ["-0.5", "-0.1"], ["0", "-1"]),
+        ({"type": "number", "multipleOf": 0.1}, ["3", "-70"], ["0.3", "0.5"]),
+        ({"type": "number", "multipleOf": 1.5, "minimum": 0}, ["3", "0"], ["1", "-3"]),
+    ],
+)
+def test_numbers_with_fractional_bounds_or_multiples(schema, accepted, refused):
+    dfa = dfa_of(schema)
+    for text in accepted:
+        assert dfa.matches(text.encode()), text
+        jsonschema.validate(json.loads(text), schema)
+    for text in refused:
+        assert not dfa.matches(text.encode()), text
+    samples(schema)
+
+
+def test_unique_items_of_listed_values_are_distinct():
+    schema = {
+        "type": "array",
+        "minItems": 2,
+        "maxItems": 3,
+        "uniqueItems": True,
+        "items": {"anyOf": [{"enum": ["a", "b", "c", 1]}, {"type": "object"}], "not": {"const": "b"}},
+    }
+    dfa = dfa_of(schema)
+    assert dfa.matches(b'["a","c"]')
+    assert not dfa.matches(b'["a","a"]')
+    assert not dfa.matches(b'["a","b"]')
+    assert dfa.matches(b'["a","c",1]')
+    for value in samples(schema):
+        assert len({json.dumps(v) for v in value}) == len(value)
+    with pytest.raises(ConstraintError, match="uniqueItems"):
+        dfa_of({"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": "string"}})
