@@ -55,7 +55,10 @@ subset is narrower than the schema it says so here:
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
   when it is true or absent), or, with ``patternProperties``, members whose names match one pattern
   (and none of the others, when there are several) and ``propertyNames``, valued by its schema;
-  ``patternProperties`` apply to the declared names they match; ``minProperties`` above the
+  ``patternProperties`` apply to the declared names they match; ``unevaluatedProperties`` as
+  ``additionalProperties`` where that is absent (the declared names generated come from the
+  subschemas the answer satisfies, so they are evaluated; a 'not' evaluates nothing, so it adds no
+  name beside it); ``minProperties`` above the
   required ones requires the first optional properties, ``maxProperties`` below the declared ones
   leaves out the optional properties past it (subsets).
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
@@ -181,7 +184,6 @@ NOT_TEXT = "x-llmserve-not"
 ABSENT = "x-llmserve-absent"
 # keywords of a type that no branch below implements yet (refused by name when present)
 _UNSUPPORTED_OF_TYPE = {
-    "object": {"unevaluatedProperties"},
     "array": {"unevaluatedItems"},
 }
 _SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
@@ -410,9 +412,7 @@ class _Converter:
         props = n.get("properties")
         if isinstance(props, dict) and props and (n_types is None or "object" in n_types):
             # an object whose property k is present with a value that fails k's schema
-            k, sub = next(iter(props.items()))
-            exact = alone("properties", "object") and len(props) == 1
-            return {"type": "object", "required": [k], "properties": {k: {"not": sub}}}, exact
+            return _property_negation(props, base), alone("properties", "object") and len(props) == 1
         patterns = n.get("pattern")
         if patterns and (n_types is None or "string" in n_types):
             patterns = patterns if isinstance(patterns, list) else [patterns]
@@ -1029,7 +1029,7 @@ class _Converter:
         props = dict(schema.get("properties") or {})
         required = list(dict.fromkeys(schema.get("required", [])))
         _drop_absent(schema, props, required)
-        additional = schema.get("additionalProperties", True)
+        additional = _additional(schema)
         patterns = schema.get("patternProperties") or {}
         deps = {
             **schema.get("dependencies", {}),
@@ -1070,7 +1070,7 @@ class _Converter:
     def _free_members(self, schema: dict, depth: int, refs, lo: int, hi: int | None):
         """No declared property: members whose names are free (or follow the one patternProperties
         pattern, or propertyNames) and whose values follow additionalProperties."""
-        additional = schema.get("additionalProperties", True)
+        additional = _additional(schema)
         patterns = schema.get("patternProperties") or {}
         for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
             if kw in schema:
@@ -1213,6 +1213,26 @@ def _object_negations(n: dict, base: dict):
             yield {"type": "object", "required": [k], "properties": {k: {"not": props[k]}}}, ("property", k)
 
 
+def _property_negation(props: dict, base: dict) -> dict:
+    """An object whose first property of ``props`` is present with a value failing its schema."""
+    k, sub = next(iter(props.items()))
+    if "unevaluatedProperties" in base and k not in (base.get("properties") or {}):
+        # a 'not' evaluates no property: k would be unevaluated
+        raise ConstraintError(
+            "json_schema: 'not' of properties the schema does not declare, beside unevaluatedProperties"
+        )
+    return {"type": "object", "required": [k], "properties": {k: {"not": sub}}}
+
+
+def _additional(schema: dict) -> Any:
+    """The schema of the members no declared name or pattern covers: ``additionalProperties``, or
+    without it ``unevaluatedProperties`` (every member the converter generates otherwise is one of
+    the schema's declared properties, merged from the subschemas that succeed for it: evaluated)."""
+    if "additionalProperties" in schema:
+        return schema["additionalProperties"]
+    return schema.get("unevaluatedProperties", True)
+
+
 def _negation_order(props: dict, base: dict) -> list[str]:
     """The names of ``props`` to try negating first: those ``base`` requires, then those it declares,
     then the others; never one whose schema in ``base`` is the same (its value could not fail it),
@@ -1226,8 +1246,8 @@ def _negation_order(props: dict, base: dict) -> list[str]:
             continue
         if k in base_props and canonical(base_props[k]) == canonical(sub):
             continue
-        if k not in base_props and base.get("additionalProperties", True) is False:
-            continue
+        if k not in base_props and (base.get("additionalProperties", True) is False or "unevaluatedProperties" in base):
+            continue  # a name base refuses, or one no succeeding subschema would evaluate
         names.append(k)
     return sorted(names, key=lambda k: 0 if k in required else 1 if k in base_props else 2)
 

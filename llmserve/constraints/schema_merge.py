@@ -6,8 +6,8 @@
 combines by its meaning: types intersect, ``required`` unites, lower bounds take the larger, upper
 bounds the smaller, ``properties`` merge per name (recursively), patterns accumulate (all must
 match), enums intersect, two ``anyOf`` (or two ``oneOf``) become one over every pair of their
-branches (exact for ``oneOf`` too: ``_merge_keyword``), ``dependencies`` merge per name, item
-schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
+branches (exact for ``oneOf`` too: ``_merge_keyword``), ``dependencies`` and ``patternProperties``
+(without ``additionalProperties``) merge per name or pattern, item schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
 different values of any other keyword cannot be combined here and are refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
 ``anyOf`` or ``oneOf`` that branch is dropped (it matches no value).
 """
@@ -318,6 +318,13 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "not":  # not A and not B: not (A or B)
         return {"anyOf": [mine, value]}
+    if key == "patternProperties" and isinstance(mine, dict) and isinstance(value, dict):
+        if a.get("additionalProperties", True) is not True or b.get("additionalProperties", True) is not True:
+            # one side's additionalProperties covers the names the other side's patterns match
+            return _same(key, mine, value)
+        # a name matching patterns of both sides follows every one of their schemas (the converter
+        # applies each matching pattern)
+        return {**mine, **{p: both(mine[p], v) if p in mine else v for p, v in value.items()}}
     if key in _DEPENDENCIES and isinstance(mine, dict) and isinstance(value, dict):
         return _merge_dependencies(key, mine, value)
     if key in ("x-llmserve-not", "x-llmserve-absent"):  # the converter's, from a 'not': both hold

@@ -270,3 +270,36 @@ def test_unique_items_of_listed_values_are_distinct():
         assert len({json.dumps(v) for v in value}) == len(value)
     with pytest.raises(ConstraintError, match="uniqueItems"):
         dfa_of({"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": "string"}})
+
+
+def test_unevaluated_properties_false_generates_only_names_a_succeeding_subschema_declares():
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "allOf": [{"properties": {"b": {"type": "string"}}}],
+        "required": ["a"],
+        "unevaluatedProperties": False,
+        "oneOf": [{"required": ["b"]}, {"properties": {"a": {"minimum": 10}}}],
+    }
+    for value in samples(schema):
+        assert set(value) <= {"a", "b"}
+    with pytest.raises(Unsatisfiable):
+        dfa_of({"type": "object", "required": ["z"], "unevaluatedProperties": False})
+    free = {"type": "object", "unevaluatedProperties": {"type": "integer"}, "minProperties": 1}
+    assert all(all(isinstance(v, int) for v in value.values()) for value in samples(free))
+
+
+def test_all_of_merges_pattern_properties_per_pattern():
+    schema = {
+        "type": "object",
+        "allOf": [
+            {"patternProperties": {"^x-": {"type": "string"}}},
+            {"patternProperties": {"^x-": {"maxLength": 3}, "^y": {}}},
+        ],
+        "properties": {"x-a": {}, "yb": {"type": "integer"}},
+    }
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b'{"x-a":"long"}')
+    assert dfa.matches(b'{"x-a":"abc","yb":1}')
+    samples(schema)
