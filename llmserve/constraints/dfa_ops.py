@@ -411,6 +411,8 @@ class _LookSubsets:
 class LookTooLarge(ConstraintError):
     """look_dfa's construction passed ``max_built`` states (the caller has a cheaper reading)."""
 
+    code = "look-around-too-large"
+
 
 def look_dfa(node, any_char: tuple, *, started: float | None = None, max_built: int | None = None) -> ByteDFA:
     """The automaton of the strings ``node`` matches whole, where ``node`` may hold ("look", ...)
