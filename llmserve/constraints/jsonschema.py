@@ -32,7 +32,10 @@ subset is narrower than the schema it says so here:
   values that fail ``if`` are not generated (a subset). Several in one ``allOf`` whose ``if``s
   exclude each other by one property's value (an if-chain on a discriminator) are one branch each:
   that ``if`` (its properties present) and ``then``, and every other ``else`` (``_if_chain``);
-  other combinations hold every ``if`` at once, or are refused naming the conflict.
+  other combinations hold every ``if`` at once; one that cannot hold with the others (its merge
+  fails, or a required property it constrains is left no value) is served by its ``else`` and a
+  negation of its ``if`` (as ``not`` below; ``_Converter._all_of``), or the conflict is refused by
+  name.
 * ``not``: turned into conditions that imply it (``_Converter.negate``): excluded string, boolean
   and null values (every JSON spelling of them) and patterns by the complement automaton (exact),
   ``required`` as one of those names never generated, ``type`` as the other types, ``properties``
@@ -311,35 +314,97 @@ class _Converter:
                     self.inexact += 1
                     schema = chain
                     continue
-                out = {k: v for k, v in schema.items() if k != "allOf"}
-                conditional = sum(1 for sub in subs if isinstance(sub, dict) and "if" in sub)
-                for sub in subs:
-                    sub, refs = self.normalize(sub, refs)
-                    try:
-                        out = self._merge(out, sub)
-                    except Unsatisfiable:
-                        if not conditional:
-                            raise
-                        raise Unsatisfiable(
-                            "json_schema: if/then/else generates only values that satisfy its 'if' (a subset), "
-                            "and no value satisfies every 'if' here together with the rest of the schema"
-                        ) from None
-                    except ConstraintError as exc:
-                        if conditional < 2:
-                            raise
-                        raise self.fail(
-                            f"allOf with {conditional} if/then/else: served as an if-chain only when each 'if' "
-                            "excludes the others by one property's value (e.g. different const or enum values of "
-                            "the same property); these 'if's may hold together, and holding them all at once "
-                            f"failed: {exc.message.removeprefix('json_schema: ')}"
-                        ) from None
-                schema = out
+                schema, refs = self._all_of({k: v for k, v in schema.items() if k != "allOf"}, subs, refs)
                 continue
             if "not" in schema:
                 schema = self.negate(schema, refs)
                 continue
             return schema, refs
         raise self.fail(f"$ref/allOf chain deeper than {MAX_DEPTH}")
+
+    def _all_of(self, base: dict, subs: list, refs: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+        """``allOf``: its members merged into ``base``. A member with ``if``/``then``/``else`` is
+        served as ``if`` and ``then``; where that cannot hold together with the rest (merging fails,
+        or a required property it constrains is left without a value), as ``else`` and a schema
+        implying not ``if`` (``_otherwise``) instead: both are subsets of the conditional's values."""
+        conditional = [k for k, sub in enumerate(subs) if isinstance(sub, dict) and "if" in sub]
+        otherwise: set[int] = set()
+        for _ in range(len(conditional) + 1):
+            out, out_refs, touched = base, refs, {}
+            for k, sub in enumerate(subs):
+                if k in otherwise:
+                    part, out_refs = self._otherwise(sub, out, out_refs)
+                    out = self._merge(out, part)
+                    continue
+                norm, out_refs = self.normalize(sub, out_refs)
+                try:
+                    out = self._merge(out, norm)
+                except ConstraintError as exc:
+                    if k not in conditional:
+                        raise self._all_of_error(exc, len(conditional)) from None
+                    try:
+                        part, out_refs = self._otherwise(sub, out, out_refs)
+                        out = self._merge(out, part)
+                    except ConstraintError:
+                        raise self._all_of_error(exc, len(conditional)) from None
+                    otherwise.add(k)
+                    continue
+                if k in conditional:
+                    for part in (sub["if"], sub.get("then")):
+                        for name in (part.get("properties") or {}) if isinstance(part, dict) else {}:
+                            touched[name] = k
+            empty = self._emptied(out, touched, out_refs)
+            if empty is None or empty in otherwise:
+                return out, out_refs
+            otherwise.add(empty)
+        return out, out_refs
+
+    def _all_of_error(self, exc: ConstraintError, conditional: int) -> ConstraintError:
+        if not conditional:
+            return exc
+        if isinstance(exc, Unsatisfiable):
+            return Unsatisfiable(
+                "json_schema: if/then/else generates only values that satisfy its 'if' (a subset), or its 'else' "
+                "with a negation of 'if', and no value satisfies them here together with the rest of the schema"
+            )
+        if conditional < 2:
+            return exc
+        return self.fail(
+            f"allOf with {conditional} if/then/else: served as an if-chain only when each 'if' "
+            "excludes the others by one property's value (e.g. different const or enum values of "
+            "the same property); these 'if's may hold together, and holding them all at once "
+            f"failed: {exc.message.removeprefix('json_schema: ')}"
+        )
+
+    def _otherwise(self, cond: dict, base: dict, refs: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+        """A conditional's values that fail its ``if``: its ``else`` (and its other keywords) with a
+        schema implying not ``if`` (a subset; refused where ``if`` cannot be negated)."""
+        self.inexact += 1
+        if cond["if"] is True:
+            raise Unsatisfiable("json_schema: 'if' true: the 'else' never applies")
+        not_if, _ = self._not_of(self._normalized_exactly(cond["if"], refs), base, refs)
+        rest = {k: v for k, v in cond.items() if k not in ("if", "then", "else")}
+        parts = [x for x in (rest, cond.get("else", True)) if x is not True and x != {}]
+        if not parts:
+            return not_if, refs
+        other, refs = self.normalize({"allOf": parts}, refs)
+        return self._merge(not_if, other), refs
+
+    def _emptied(self, out: Any, touched: dict, refs: tuple[str, ...]) -> int | None:
+        """The conditional whose ``if``/``then`` constrains a required property of ``out`` that no
+        value is left for, or None."""
+        if not isinstance(out, dict) or not touched:
+            return None
+        props = out.get("properties") or {}
+        for name in out.get("required", []):
+            if name in touched and name in props:
+                try:
+                    self.convert(props[name], 1, refs)
+                except Unsatisfiable:
+                    return touched[name]
+                except ConstraintError:
+                    continue
+        return None
 
     def negate(self, schema: dict, refs: tuple[str, ...]) -> Any:
         """``schema`` with its ``not`` turned into conditions that imply it (a subset where exactness
@@ -399,13 +464,10 @@ class _Converter:
             return self._merge(without, {NOT_TEXT: [["value", None]]}), False
         for key in ("anyOf", "oneOf"):
             if isinstance(n.get(key), list) and n[key]:
-                return self._not_of_each(n[key], key == "anyOf" and keys == {key}, base, refs)
-        values = values_of(n)
-        if values is not None:
-            if all(v is None or isinstance(v, (str, bool)) for v in values):
-                typed = n_types is None or all(_json_type(v) in n_types for v in values)
-                return {NOT_TEXT: [["value", v] for v in values]}, keys <= {"enum", "const", "type"} and typed
-            raise self.fail("'not' with const/enum numbers, arrays or objects is not supported")
+                return self._not_of_each(key, n[key], keys == {key}, base, refs)
+        listed = _values_negation(n, keys, n_types)
+        if listed is not None:
+            return listed
         names = [r for r in n.get("required", []) if isinstance(r, str) and r not in base.get("required", [])]
         if names and (n_types is None or "object" in n_types):
             return {"type": "object", ABSENT: names[:1]}, alone("required", "object") and len(names) == 1
@@ -430,9 +492,12 @@ class _Converter:
             "those)"
         )
 
-    def _not_of_each(self, subs: list, exact: bool, base: dict, refs: tuple[str, ...]) -> tuple[Any, bool]:
+    def _not_of_each(self, key: str, subs: list, exact: bool, base: dict, refs: tuple[str, ...]) -> tuple[Any, bool]:
         """A value failing every branch of an ``anyOf``/``oneOf``: exactly failing an ``anyOf`` of
-        them (``exact`` given: nothing beside it) when each negation is exact."""
+        them, or a ``oneOf`` whose branches no value shares (``exact`` given: nothing beside it),
+        when each negation is exact."""
+        if key == "oneOf":
+            exact = exact and all(_disjoint(x, y) for i, x in enumerate(subs) for y in subs[i + 1 :])
         out: Any = {}
         for sub in subs:
             sub_out, sub_exact = self._not_of(self._normalized_exactly(sub, refs), base, refs)
@@ -1213,6 +1278,20 @@ def _object_negations(n: dict, base: dict):
             yield {"type": "object", "required": [k], "properties": {k: {"not": props[k]}}}, ("property", k)
 
 
+def _values_negation(n: dict, keys: set[str], n_types: set[str] | None) -> tuple[dict, bool] | None:
+    """``_Converter._not_of`` of listed values (excluded texts, exact when nothing else constrains)
+    and of excluded texts (those values, exactly); None when ``n`` lists none."""
+    if keys == {NOT_TEXT} and all(kind == "value" for kind, _ in n[NOT_TEXT]):
+        return {"enum": [v for _, v in n[NOT_TEXT]]}, True
+    values = values_of(n)
+    if values is None:
+        return None
+    if not all(v is None or isinstance(v, (str, bool)) for v in values):
+        raise ConstraintError("json_schema: 'not' with const/enum numbers, arrays or objects is not supported")
+    typed = n_types is None or all(_json_type(v) in n_types for v in values)
+    return {NOT_TEXT: [["value", v] for v in values]}, keys <= {"enum", "const", "type"} and typed
+
+
 def _property_negation(props: dict, base: dict) -> dict:
     """An object whose first property of ``props`` is present with a value failing its schema."""
     k, sub = next(iter(props.items()))
@@ -1298,7 +1377,10 @@ def _conditional(schema: dict) -> dict:
     cond = schema["if"]
     if cond is False:
         return {"allOf": [rest, schema.get("else", True)]}
-    return {"allOf": [rest, cond, schema.get("then", True)]}
+    if _constrains(rest):
+        # the conditional as a member of its own: an allOf may serve it by its 'else' (_all_of)
+        return {"allOf": [rest, {k: v for k, v in schema.items() if k in ("if", "then", "else")}]}
+    return {"allOf": [cond, schema.get("then", True)]}
 
 
 def _json_type(value: Any) -> str:

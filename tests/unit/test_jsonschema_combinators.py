@@ -303,3 +303,47 @@ def test_all_of_merges_pattern_properties_per_pattern():
     assert not dfa.matches(b'{"x-a":"long"}')
     assert dfa.matches(b'{"x-a":"abc","yb":1}')
     samples(schema)
+
+
+def test_conditionals_whose_ifs_exhaust_a_required_property_serve_some_by_their_else():
+    # (SchemaStore's JDownloader crawler rule) every 'if' at once leaves "rule" no value: the later
+    # ones are served by their 'else' (no 'else': anything) and a value that fails their 'if'
+    schema = {
+        "type": "object",
+        "required": ["rule"],
+        "additionalProperties": False,
+        "properties": {
+            "rule": {"enum": ["DEEP", "REWRITE", "DIRECT"], "type": "string"},
+            "deep": {"type": ["string", "null"]},
+            "rewrite": {"type": ["string", "null"]},
+        },
+        "allOf": [
+            {
+                "if": {"properties": {"rule": {"not": {"const": "DEEP"}}}},
+                "then": {"properties": {"deep": {"type": "null"}}},
+            },
+            {
+                "if": {"properties": {"rule": {"not": {"const": "REWRITE"}}}},
+                "then": {"properties": {"rewrite": {"type": "null"}}},
+            },
+            {"if": {"properties": {"rule": {"not": {"oneOf": [{"const": "DIRECT"}, {"const": "DEEP"}]}}}}, "then": {}},
+        ],
+    }
+    values = samples(schema)
+    assert {v["rule"] for v in values} <= {"DEEP", "REWRITE", "DIRECT"}
+
+
+def test_a_conditional_beside_other_keywords_may_be_served_by_its_else():
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "a"}}},
+        "then": {"required": ["x"]},
+        "else": {"properties": {"x": {"minimum": 5}}},
+        "allOf": [{"properties": {"kind": {"const": "b"}}}],
+    }
+    dfa = dfa_of(schema)
+    assert dfa.matches(b'{"kind":"b","x":7}')
+    assert not dfa.matches(b'{"kind":"b","x":1}')
+    samples(schema)

@@ -621,7 +621,7 @@ def test_if_chain_branches_are_objects_only():
     assert_samples_valid(schema, n=40)
 
 
-def test_if_chains_whose_ifs_may_hold_together_are_refused_by_name():
+def test_ifs_that_cannot_hold_together_serve_the_later_one_by_its_else():
     schema = {
         "type": "object",
         "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
@@ -630,6 +630,11 @@ def test_if_chains_whose_ifs_may_hold_together_are_refused_by_name():
             {"if": {"required": ["b"]}, "then": {"propertyNames": {"maxLength": 4}}},
         ],
     }
+    assert accepts(schema, '{"a":1}')
+    assert not accepts(schema, '{"a":1,"b":2}')  # the second 'if' fails: no "b"
+    assert_samples_valid(schema, n=40)
+    # an 'if' that cannot be negated: refused by name as before
+    schema["allOf"][1]["if"] = {"minProperties": 2}
     with pytest.raises(ConstraintError, match=r"allOf with 2 if/then/else: served as an if-chain only when"):
         dfa_of(schema)
 
