@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <exception>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -41,6 +45,14 @@ constexpr int64_t kPreemptedNs = 50'000;
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+inline int current_cpu() {
+#if defined(__linux__)
+  return sched_getcpu();
+#else
+  return -1;
+#endif
 }
 
 inline void cpu_relax() {
@@ -81,6 +93,11 @@ void ThreadPool::contended(int64_t now) {
   spin_backoffs_.fetch_add(1, std::memory_order_relaxed);
 }
 
+bool ThreadPool::on_callers_cpu() const {
+  const int cpu = current_cpu();
+  return cpu >= 0 && cpu == caller_cpu_.load(std::memory_order_relaxed);
+}
+
 bool ThreadPool::backed_off(int64_t now) const {
   return now < backoff_until_ns_.load(std::memory_order_relaxed) && spin_backoff_us() > 0;
 }
@@ -106,16 +123,15 @@ bool ThreadPool::spin_for_job(uint64_t seen) {
   int64_t last = now_ns();
   if (backed_off(last)) return false;
   const int64_t deadline = last + budget * 1000;
-  for (int round = 1;; ++round) {
+  for (;;) {
     for (int i = 0; i < 64; ++i) {
       if ((ticket_.load(std::memory_order_acquire) >> 1) != seen || stop_.load(std::memory_order_relaxed))
         return true;
       cpu_relax();
     }
-    // Now and then hand the CPU to whoever else is ready on it: a worker woken onto the caller's
-    // CPU would otherwise keep the caller (the one thread that can publish the next job) off it
-    // for the whole budget. On a CPU of its own the yield returns at once.
-    if (round % 2 == 0) std::this_thread::yield();
+    // A worker the scheduler put on the caller's CPU would keep the caller (the one thread that can
+    // publish the next job) off it for the whole budget: it sleeps instead.
+    if (on_callers_cpu()) return false;
     const int64_t now = now_ns();
     if (now - last > kPreemptedNs && spin_backoff_us() > 0) {
       contended(now);  // someone else ran meanwhile: the CPUs are oversubscribed
@@ -196,6 +212,7 @@ void ThreadPool::parallel_for(int64_t ntasks, const std::function<void(int64_t)>
   }
   std::lock_guard<std::mutex> one_at_a_time(call_mu_);
   dispatches_.fetch_add(1, std::memory_order_relaxed);
+  caller_cpu_.store(current_cpu(), std::memory_order_relaxed);
   job_ = &fn;
   ntasks_ = ntasks;
   next_.store(0, std::memory_order_relaxed);

@@ -86,6 +86,7 @@ class ThreadPool {
   int64_t run_tasks(const std::function<void(int64_t)>* job, int64_t ntasks);  // tasks it ran
   void contended(int64_t now_ns);  // a thread of the pool lost its CPU: stop spinning for a while
   bool backed_off(int64_t now_ns) const;
+  bool on_callers_cpu() const;  // this thread runs on the CPU the last caller ran on
   int nthreads_;
   int max_spinning_;
   std::vector<std::thread> workers_;
@@ -107,6 +108,7 @@ class ThreadPool {
   alignas(64) std::atomic<int> spinning_{0};
   std::atomic<int> sleeping_{0};
   std::atomic<int64_t> backoff_until_ns_{0};
+  std::atomic<int> caller_cpu_{-1};
   std::atomic<uint64_t> dispatches_{0}, wakeups_{0}, spin_joins_{0}, spin_backoffs_{0};
 };
 
