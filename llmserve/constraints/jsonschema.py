@@ -46,7 +46,9 @@ subset is narrower than the schema it says so here:
   look-around is refused), ``format`` (every format JSON Schema defines: date, time, date-time,
   duration, email, idn-email, hostname, idn-hostname, ipv4, ipv6, uri, uri-reference, iri,
   iri-reference, uri-template, uuid, json-pointer, relative-json-pointer, regex; several as a subset
-  of their values), ``minLength``/``maxLength``, all together (``schema_strings.py``). A ``format``
+  of their values; two of an ``allOf`` both hold), ``minLength``/``maxLength``, all together
+  (``schema_strings.py``); where no string generated is left, the value is not generated
+  (``Unsatisfiable``: an optional property is left out). A ``format``
   outside that vocabulary (``int32``, ``color``, ``password``, ...) leaves the string unconstrained:
   a decision, not an oversight. In 2019-09/2020-12 ``format`` is an annotation unless a
   format-assertion vocabulary is declared, and validators (``jsonschema`` among them) ignore formats
@@ -920,7 +922,21 @@ class _Converter:
             rest, pos, neg = split_lookaheads(p) if isinstance(p, str) else (p, [], [])
             must += [q for q in (rest, *pos) if q != "^"]
             must_not += neg
-        node = string_ast(must, fmt, lo, hi, started=self.started)
+        formats = fmt if isinstance(fmt, list) else [fmt]  # several: an allOf's (schema_merge)
+        try:
+            node = string_ast(must, formats[0], lo, hi, started=self.started)
+            for other in formats[1:]:
+                both_dfa = intersect(
+                    [compile_ast(node), compile_ast(string_ast([], other, 0, None, started=self.started))],
+                    started=self.started,
+                )
+                node = ("dfa", both_dfa)
+        except ConstraintError as exc:
+            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+                # none is left of the strings generated for these patterns, formats (some served as
+                # a subset of their values) and lengths: the value is not generated
+                raise Unsatisfiable(exc.message) from None
+            raise
         return self.exclude(node, [["pattern", q] for q in must_not]) if must_not else node
 
     def _array(self, schema, depth, refs):

@@ -7,7 +7,7 @@ combines by its meaning: types intersect, ``required`` unites, lower bounds take
 bounds the smaller, ``properties`` merge per name (recursively), patterns accumulate (all must
 match), enums intersect, two ``anyOf`` (or two ``oneOf``) become one over every pair of their
 branches (exact for ``oneOf`` too: ``_merge_keyword``), ``dependencies`` and ``patternProperties``
-(without ``additionalProperties``) merge per name or pattern, item schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
+(without ``additionalProperties``) merge per name or pattern, two ``format`` both hold, item schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
 different values of any other keyword cannot be combined here and are refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
 ``anyOf`` or ``oneOf`` that branch is dropped (it matches no value).
 """
@@ -294,8 +294,28 @@ def _dependency_schema(dep: Any) -> Any:
     return {"required": dep} if isinstance(dep, list) else dep
 
 
+def _merge_named(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
+    """Two ``format``, ``patternProperties`` or dependencies (``_merge_keyword``)."""
+    if key == "format" and isinstance(mine, (str, list)) and isinstance(value, (str, list)):
+        # both hold: the converter intersects the formats it knows (the others are annotations)
+        formats = list(dict.fromkeys([*_as_list(mine), *_as_list(value)]))
+        return formats[0] if len(formats) == 1 else formats
+    if key == "patternProperties" and isinstance(mine, dict) and isinstance(value, dict):
+        if a.get("additionalProperties", True) is not True or b.get("additionalProperties", True) is not True:
+            # one side's additionalProperties covers the names the other side's patterns match
+            return _same(key, mine, value)
+        # a name matching patterns of both sides follows every one of their schemas (the converter
+        # applies each matching pattern)
+        return {**mine, **{p: both(mine[p], v) if p in mine else v for p, v in value.items()}}
+    if key in _DEPENDENCIES and isinstance(mine, dict) and isinstance(value, dict):
+        return _merge_dependencies(key, mine, value)
+    return _same(key, mine, value)
+
+
 def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
     """The conjunction of one keyword's two values (``a`` and ``b``: the schemas they come from)."""
+    if key in ("format", "patternProperties", *_DEPENDENCIES):
+        return _merge_named(key, mine, value, a, b)
     if key == "type":
         return sorted(_meet_types(types_of(a), types_of(b)) or []) or None
     if key == "required":
@@ -318,20 +338,15 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         return [{"allOf": [x, y]} for x in mine for y in value]
     if key == "not":  # not A and not B: not (A or B)
         return {"anyOf": [mine, value]}
-    if key == "patternProperties" and isinstance(mine, dict) and isinstance(value, dict):
-        if a.get("additionalProperties", True) is not True or b.get("additionalProperties", True) is not True:
-            # one side's additionalProperties covers the names the other side's patterns match
-            return _same(key, mine, value)
-        # a name matching patterns of both sides follows every one of their schemas (the converter
-        # applies each matching pattern)
-        return {**mine, **{p: both(mine[p], v) if p in mine else v for p, v in value.items()}}
-    if key in _DEPENDENCIES and isinstance(mine, dict) and isinstance(value, dict):
-        return _merge_dependencies(key, mine, value)
     if key in ("x-llmserve-not", "x-llmserve-absent"):  # the converter's, from a 'not': both hold
         return [*mine, *(v for v in value if v not in mine)]
     if key not in VALIDATION_KEYWORDS:
         return mine
     return _same(key, mine, value)
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list) else [value]
 
 
 def _same(key: str, a: Any, b: Any) -> Any:

@@ -347,3 +347,21 @@ def test_a_conditional_beside_other_keywords_may_be_served_by_its_else():
     assert dfa.matches(b'{"kind":"b","x":7}')
     assert not dfa.matches(b'{"kind":"b","x":1}')
     samples(schema)
+
+
+def test_two_formats_of_an_all_of_both_hold():
+    schema = {"allOf": [{"type": "string", "format": "uuid"}, {"format": "ipv4"}]}
+    with pytest.raises(Unsatisfiable):
+        dfa_of(schema)  # no string is both
+    both = {"allOf": [{"type": "string", "format": "date"}, {"format": "int32"}, {"maxLength": 10}]}
+    assert all(len(v) == 10 for v in samples(both))
+
+
+def test_an_optional_string_no_generated_value_satisfies_is_left_out():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "^abc$", "maxLength": 2}, "b": {"type": "integer"}},
+    }
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b'{"a":"abc"}')
+    assert dfa.matches(b'{"b":1}')
