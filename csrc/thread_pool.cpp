@@ -130,10 +130,12 @@ bool ThreadPool::spin_for_job(uint64_t seen) {
       cpu_relax();
     }
     // A worker the scheduler put on the caller's CPU would keep the caller (the one thread that can
-    // publish the next job) off it for the whole budget: it sleeps instead.
-    if (on_callers_cpu()) return false;
+    // publish the next job) off it for the whole budget: it sleeps instead. (With the back-off
+    // off, spin_backoff_us 0, a worker spins its whole budget wherever it runs.)
+    const bool careful = spin_backoff_us() > 0;
+    if (careful && on_callers_cpu()) return false;
     const int64_t now = now_ns();
-    if (now - last > kPreemptedNs && spin_backoff_us() > 0) {
+    if (careful && now - last > kPreemptedNs) {
       contended(now);  // someone else ran meanwhile: the CPUs are oversubscribed
       return false;
     }

@@ -44,8 +44,10 @@ int64_t set_spin_us(int64_t us);  // returns the previous value; < 0 restores th
 // the caller then waits for (a scheduler slice, milliseconds). So when a spinning worker sees it
 // lost its CPU (a gap of over 50 us between two looks at the clock), or a caller waits that long
 // for a joined worker's last task, the pool stops spinning for this long: workers sleep after each
-// job, as without spinning, until the window ends. LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US when set,
-// else this; 0 turns the back-off off.
+// job, as without spinning, until the window ends. A worker that finds itself on the CPU the
+// last caller ran on sleeps at once (it would only keep the caller off its CPU).
+// LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US when set, else this; 0 turns both rules off (a worker then
+// spins its whole budget wherever it runs).
 constexpr int64_t kDefaultSpinBackoffUs = 50'000;
 int64_t spin_backoff_us();
 int64_t set_spin_backoff_us(int64_t us);  // returns the previous value; < 0 restores the default
