@@ -128,6 +128,8 @@ MAX_RECURSION = 3
 # an if-chain copies the object around it once per 'if' (``_if_chain``): longer ones hold every
 # 'if' at once instead
 MAX_IF_CHAIN = 8
+# how deep _disjoint looks into nested allOf and properties
+MAX_DISJOINT_DEPTH = 6
 # uniqueItems with minItems > 1: arrays of distinct listed values, at most this many
 MAX_DISTINCT = 256
 # several 'contains' of an allOf are one leading item each (``_Converter._contains``)
@@ -1720,15 +1722,19 @@ def _excludes(a: Any, b: Any) -> bool:
     return False
 
 
-def _disjoint(a: Any, b: Any) -> bool:
+def _disjoint(a: Any, b: Any, depth: int = 0) -> bool:
     """Whether no value satisfies both: different types, different const/enum values, or a
-    discriminator (a property both require, with disjoint schemas)."""
+    discriminator (a property both require, with disjoint schemas). Looks ``MAX_DISJOINT_DEPTH``
+    allOf/property levels deep (merged schemas nest allOf: every level tries both sides), and
+    answers False (not known) past that."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a is False or b is False
+    if depth > MAX_DISJOINT_DEPTH:
+        return False
     # a member of an allOf admits every value the whole does: disjoint from it, the whole is too
     for x, y in ((a, b), (b, a)):
         subs = x.get("allOf")
-        if isinstance(subs, list) and any(_disjoint(sub, y) for sub in subs):
+        if isinstance(subs, list) and any(_disjoint(sub, y, depth + 1) for sub in subs):
             return True
     ta, tb = types_of(a), types_of(b)
     if ta is not None and tb is not None:
@@ -1746,7 +1752,7 @@ def _disjoint(a: Any, b: Any) -> bool:
     pa, pb = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required", [])) & set(b.get("required", [])):
         sa, sb = pa.get(name), pb.get(name)
-        if isinstance(sa, dict) and isinstance(sb, dict) and _disjoint(sa, sb):
+        if isinstance(sa, dict) and isinstance(sb, dict) and _disjoint(sa, sb, depth + 1):
             return True
     return False
 

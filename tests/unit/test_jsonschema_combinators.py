@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import jsonschema
 import pytest
@@ -365,3 +366,16 @@ def test_an_optional_string_no_generated_value_satisfies_is_left_out():
     dfa = dfa_of(schema)
     assert not dfa.matches(b'{"a":"abc"}')
     assert dfa.matches(b'{"b":1}')
+
+
+def test_telling_deeply_nested_all_of_apart_stays_fast():
+    from llmserve.constraints.jsonschema import _disjoint
+
+    a: dict = {"type": "string"}
+    b: dict = {"type": "string", "minLength": 1}
+    for _ in range(40):  # what merging negations into a branch again and again builds
+        a = {"allOf": [a, {"maxLength": 9}]}
+        b = {"allOf": [b, {"pattern": "x"}]}
+    start = time.monotonic()
+    assert not _disjoint(a, b)
+    assert time.monotonic() - start < 1.0
