@@ -41,11 +41,13 @@ subset is narrower than the schema it says so here:
   ``required`` as one of those names never generated, ``type`` as the other types, ``properties``
   as that property present with a value failing its schema, ``anyOf``/``oneOf`` branch by branch;
   a subset where the ``not`` has more keywords. Other forms are refused by name.
-* strings: ``pattern`` (a search over the decoded value, JSON escapes handled; look-aheads at its
-  anchored start, ``^(?=A)(?!B)...``, as patterns the value must or must not match, exact; other
-  look-around is refused), ``format`` (every format JSON Schema defines: date, time, date-time,
-  duration, email, idn-email, hostname, idn-hostname, ipv4, ipv6, uri, uri-reference, iri,
-  iri-reference, uri-template, uuid, json-pointer, relative-json-pointer, regex; several as a subset
+* strings: ``pattern`` (a search over the decoded value, JSON escapes handled; look-around
+  anywhere (``(?=``, ``(?!``, ``(?<=``, ``(?<!``, nested, inside groups and repetitions) and ``$``
+  inside the pattern, exact; a look-behind inside a look-ahead or the reverse is refused;
+  ``\\b``/``\\B`` over ASCII neighbours and ``\\p{..}`` general categories over the Basic
+  Multilingual Plane, subsets; see ``schema_strings.py``), ``format`` (every format JSON Schema
+  defines: date, time, date-time, duration, email, idn-email, hostname, idn-hostname, ipv4, ipv6,
+  uri, uri-reference, iri, iri-reference, uri-template, uuid, json-pointer, relative-json-pointer, regex; several as a subset
   of their values; two of an ``allOf`` both hold), ``minLength``/``maxLength``, all together
   (``schema_strings.py``); where no string generated is left, the value is not generated
   (``Unsatisfiable``: an optional property is left out). A ``format``
@@ -254,6 +256,7 @@ class _Converter:
         # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
+        self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
         self._any: tuple | None = None
         # automata built along the way share the compile time budget, counted from here
         self.started = time.monotonic() if started is None else started
@@ -676,6 +679,25 @@ class _Converter:
         ]
         views = [t if exact else {} for t, (_, _, exact) in zip(typed, plain, strict=True)]
         keys = [canonical(m) if m is not None else None for m, _ in merged]
+        # a $ref'd oneOf is met once per use: its analysis is pairwise over the branches (and the
+        # negations it builds), so the same branches seen again reuse it, with its inexactness
+        memo = (
+            tuple(keys),
+            tuple(canonical(v) for v in views),
+            tuple(sub_refs for _, sub_refs in merged),
+            tuple((canonical(sub) if sub is not None else None, exact) for sub, _, exact in plain),
+            depth,
+        )
+        hit = self.one_of_memo.get(memo)
+        if hit is not None:
+            self.inexact += hit[1]
+            return list(hit[0])
+        before = self.inexact
+        kept = self._one_of_apart(merged, plain, depth, typed, views, keys)
+        self.one_of_memo[memo] = (tuple(kept), self.inexact - before)
+        return kept
+
+    def _one_of_apart(self, merged: list, plain: list, depth: int, typed: list, views: list, keys: list) -> list:
         n = len(merged)
         kept: list = []
         failures: list[ConstraintError] = []
