@@ -18,25 +18,17 @@ namespace llmserve {
 namespace {
 std::atomic<int64_t> g_min_bytes_per_thread{kDefaultMinBytesPerThread};
 
-int64_t initial_spin_us() {
-  if (const char* env = std::getenv("LLMSERVE_CONSTRAINT_SPIN_US")) {
+// microseconds from the environment variable `name` when it holds a whole number >= 0, else `fallback`
+int64_t env_us(const char* name, int64_t fallback) {
+  if (const char* env = std::getenv(name)) {
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
     if (end != env && v >= 0) return v;
   }
-  return kDefaultSpinUs;
+  return fallback;
 }
-std::atomic<int64_t> g_spin_us{initial_spin_us()};
-
-int64_t initial_spin_backoff_us() {
-  if (const char* env = std::getenv("LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US")) {
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    if (end != env && v >= 0) return v;
-  }
-  return kDefaultSpinBackoffUs;
-}
-std::atomic<int64_t> g_spin_backoff_us{initial_spin_backoff_us()};
+std::atomic<int64_t> g_spin_us{env_us("LLMSERVE_CONSTRAINT_SPIN_US", kDefaultSpinUs)};
+std::atomic<int64_t> g_spin_backoff_us{env_us("LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US", kDefaultSpinBackoffUs)};
 
 // A thread that goes this long between two looks at the clock, or a caller that waits this long
 // for a joined worker's last task (beyond a few of its own tasks' time), lost a CPU to someone.
