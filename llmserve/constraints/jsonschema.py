@@ -62,10 +62,8 @@ subset is narrower than the schema it says so here:
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
   when it is true or absent), or, with ``patternProperties``, members whose names match one pattern
   (and none of the others, when there are several) and ``propertyNames``, valued by its schema;
-  ``patternProperties`` apply to the declared names they match; ``unevaluatedProperties`` as
-  ``additionalProperties`` where that is absent (the declared names generated come from the
-  subschemas the answer satisfies, so they are evaluated; a 'not' evaluates nothing, so it adds no
-  name beside it); ``minProperties`` above the
+  ``patternProperties`` apply to the declared names they match (``unevaluatedProperties`` is
+  refused: merging subschemas loses which of them evaluated a name); ``minProperties`` above the
   required ones requires the first optional properties, ``maxProperties`` below the declared ones
   leaves out the optional properties past it (subsets).
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
@@ -192,8 +190,12 @@ _UNSUPPORTED = {"$dynamicRef", "$recursiveRef"}
 NOT_TEXT = "x-llmserve-not"
 ABSENT = "x-llmserve-absent"
 # keywords of a type that no branch below implements yet (refused by name when present)
+# unevaluatedProperties: what a subschema "evaluated" is lost once it is merged into its parent (a member of
+# allOf, a $ref target or a oneOf branch would see its siblings' names as its own, and a 'not' nested in a
+# member adds names nothing evaluates), so it is refused rather than served unsoundly
 _UNSUPPORTED_OF_TYPE = {
     "array": {"unevaluatedItems"},
+    "object": {"unevaluatedProperties"},
 }
 _SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
 _STRUCTURE = {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", NOT_TEXT, ABSENT}
@@ -1335,21 +1337,12 @@ def _values_negation(n: dict, keys: set[str], n_types: set[str] | None) -> tuple
 def _property_negation(props: dict, base: dict) -> dict:
     """An object whose first property of ``props`` is present with a value failing its schema."""
     k, sub = next(iter(props.items()))
-    if "unevaluatedProperties" in base and k not in (base.get("properties") or {}):
-        # a 'not' evaluates no property: k would be unevaluated
-        raise ConstraintError(
-            "json_schema: 'not' of properties the schema does not declare, beside unevaluatedProperties"
-        )
     return {"type": "object", "required": [k], "properties": {k: {"not": sub}}}
 
 
 def _additional(schema: dict) -> Any:
-    """The schema of the members no declared name or pattern covers: ``additionalProperties``, or
-    without it ``unevaluatedProperties`` (every member the converter generates otherwise is one of
-    the schema's declared properties, merged from the subschemas that succeed for it: evaluated)."""
-    if "additionalProperties" in schema:
-        return schema["additionalProperties"]
-    return schema.get("unevaluatedProperties", True)
+    """The schema of the members no declared name or pattern covers."""
+    return schema.get("additionalProperties", True)
 
 
 def _negation_order(props: dict, base: dict) -> list[str]:
@@ -1365,8 +1358,8 @@ def _negation_order(props: dict, base: dict) -> list[str]:
             continue
         if k in base_props and canonical(base_props[k]) == canonical(sub):
             continue
-        if k not in base_props and (base.get("additionalProperties", True) is False or "unevaluatedProperties" in base):
-            continue  # a name base refuses, or one no succeeding subschema would evaluate
+        if k not in base_props and base.get("additionalProperties", True) is False:
+            continue  # a name base refuses
         names.append(k)
     return sorted(names, key=lambda k: 0 if k in required else 1 if k in base_props else 2)
 
