@@ -168,12 +168,16 @@ class CompiledConstraint:
         compressed rows once complete. The in-memory cache's budget and the benchmarks count this.
         A lazy form's mask buffer is allocated whole but left untouched (the pages of rows never
         computed are never backed by memory), so only its computed rows count."""
-        if self._rows is not None and self._transitions is not None:
-            held: tuple = (*self._transitions, self.accept, *self._rows)
+        # read without the lock, while compress() may run: it sets the compressed fields before it
+        # clears the dense ones, so reading the dense ones first sees one form whole
+        table, masks = self._table, self._masks
+        compact, transitions = self._rows, self._transitions
+        if compact is not None and transitions is not None:
+            held: tuple = (*transitions, self.accept, *compact)
             return int(sum(a.nbytes for a in held))
-        assert self._table is not None and self._masks is not None
-        rows = self._masks.shape[0] if self._ready else self.native.ready_rows
-        return int(self._table.nbytes + self.accept.nbytes + rows * self._masks.strides[0])
+        assert table is not None and masks is not None
+        rows = masks.shape[0] if self._ready else self.native.ready_rows
+        return int(table.nbytes + self.accept.nbytes + rows * masks.strides[0])
 
     @property
     def dense_bytes(self) -> int:

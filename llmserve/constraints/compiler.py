@@ -206,9 +206,9 @@ def _held_form(memo: tuple, vocab: Vocab) -> CompiledConstraint | None:
     mem = _MEMORY.get(memo)
     if not isinstance(mem, CompiledConstraint) or mem.vocab is not vocab:
         return None
-    if not mem.compressed:
-        # a lazy form grows by the rows requests reach: counted again at each use
-        _MEMORY.put(memo, mem, _form_bytes(mem), weak=True)
+    # a lazy form grows by the rows requests reach, and a form compressed since it was counted
+    # shrinks: counted again at each use
+    _MEMORY.put(memo, mem, _form_bytes(mem), weak=True)
     return mem
 
 
