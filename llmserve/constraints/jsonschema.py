@@ -521,7 +521,7 @@ class _Converter:
         alts = []
         for kind, v in items:
             if kind == "pattern":
-                alts.append(_cat(QUOTE, encode(pattern_ast(v)), QUOTE))
+                alts.append(_cat(QUOTE, encode(pattern_ast(v, excluded=True)), QUOTE))
             elif isinstance(v, str):
                 alts.append(_cat(QUOTE, encode(literal(v)), QUOTE))
             else:

@@ -125,8 +125,10 @@ _SCHEMA_DOT = _negate([(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)])
 # side is a word character when it is an ASCII one (a word character to both) and a non-word one
 # when it is an ASCII non-word character or the value's start or end (a non-word side to both; a
 # subset: a non-ASCII non-word neighbour, ``é`` to ECMA-262 or ``。`` to both, is not generated
-# there, which keeps the automaton small). Not inside a look-around (its look-behind would sit
-# inside a look-ahead, or the other way round, which dfa_ops.look_dfa refuses).
+# there, which keeps the automaton small). Not inside a positive look-around (its look-behind would
+# sit inside a look-ahead, or the other way round, which dfa_ops.look_dfa refuses). Where what the
+# pattern matches is excluded (inside a negative look-around, a 'not', a oneOf kept apart) a subset
+# would let excluded values through: there it is read as no condition, a superset.
 _ASCII_WORD = ("set", list(_WORD))
 _ASCII_OTHER = ("set", [r for r in _negate(_WORD) if r[1] <= 0x7F])
 _NOT_ASCII_OTHER = ("set", _negate(_ASCII_OTHER[1]))
@@ -223,7 +225,7 @@ def _category_ranges(cats: frozenset[str], excluded: bool) -> tuple[tuple[int, i
 
 
 class _Parser:
-    def __init__(self, pattern: str, schema: bool = False):
+    def __init__(self, pattern: str, schema: bool = False, excluded: bool = False):
         self.p = pattern
         self.i = 0
         # schema mode: ``^``/``$`` become ("anchor", c) nodes (a JSON Schema pattern is a search
@@ -232,7 +234,7 @@ class _Parser:
         self.schema = schema
         # inside an odd number of negative look-arounds: what the pattern matches there is excluded
         # from the value, so each class, ``.`` and ``$`` stands for what *either* dialect matches
-        self.neg = False
+        self.neg = excluded
         self.looks = 0  # look-arounds open around the current position
 
     def error(self, what: str) -> ConstraintError:
@@ -354,6 +356,10 @@ class _Parser:
             return ("anchor", "$\n" if c == "$" and self.neg else c)
         if c == "\\":
             if self.schema and self.peek() in ("b", "B"):
+                if self.neg:
+                    # excluded: a superset is needed, and holding no condition there is one
+                    self.i += 1
+                    return ("cat", [])
                 if self.looks:
                     raise self.error("\\b and \\B inside a look-around are not supported")
                 return _boundary(self.take() == "B")
@@ -495,12 +501,14 @@ class _Parser:
         return _negate(ranges) if negate else ranges
 
 
-def parse(pattern: str, *, schema: bool = False):
+def parse(pattern: str, *, schema: bool = False, excluded: bool = False):
     """Parse ``pattern`` into the AST used by :func:`compile_ast`. ``schema``: JSON Schema's reading
     (anchors kept as ("anchor", "^" | "$") nodes for the caller to resolve; ``.`` without line
-    terminators)."""
+    terminators). ``excluded``: the values it matches are to be excluded, so every class, ``.`` and
+    ``$`` stands for what either dialect (ECMA-262, Python's ``re``) matches, as inside a negative
+    look-around."""
     try:
-        return _Parser(pattern, schema).parse()
+        return _Parser(pattern, schema, excluded).parse()
     except RecursionError:  # the parser recurses per group: thousands of nested groups
         raise ConstraintError(f"regex nested too deeply ({pattern[:40]!r}...)") from None
 

@@ -327,14 +327,17 @@ def _has(node, kind: str | tuple) -> bool:
 SEARCH_EXACT_STATES = 1000
 
 
-def pattern_ast(pattern: str, started: float | None = None):
+def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = False):
     """The decoded values ``pattern`` finds a match in (JSON Schema: a search unless anchored).
     With look-around (``(?=``, ``(?!``, ``(?<=``, ``(?<!``, ``\\b``, ``\\B``) an ("dfa", ...) node
     over the values' UTF-8, built by dfa_ops.look_dfa (within the compile time budget counted from
-    ``started``, default now), which ``encode`` maps to JSON text like any other node."""
+    ``started``, default now), which ``encode`` maps to JSON text like any other node.
+    ``excluded``: the caller excludes these values (``not``, a ``oneOf`` kept apart), so the reading
+    is a superset, never a subset: what either dialect matches (``regex.parse``), and no cheaper
+    reading from the value's start for a large search (refused instead)."""
     if not isinstance(pattern, str):
         raise ConstraintError(f"json_schema: pattern must be a string, got {pattern!r}")
-    tree = parse(pattern, schema=True)
+    tree = parse(pattern, schema=True, excluded=excluded)
     node = _with_right(_with_left(tree))
     if _has(node, ("anchor", "^")):
         raise ConstraintError(
@@ -343,12 +346,12 @@ def pattern_ast(pattern: str, started: float | None = None):
         )
     if not _has(node, "look") and not _has(node, "anchor"):
         return node
-    key = (pattern, limits())
+    key = (pattern, excluded, limits())
     found = _LOOK_CACHE.get(key)
     if found is not None:
         _LOOK_CACHE.move_to_end(key)
         return found
-    found = ("dfa", _look_automaton(pattern, tree, node, started))
+    found = ("dfa", _look_automaton(pattern, tree, node, started, excluded))
     _LOOK_CACHE[key] = found
     if len(_LOOK_CACHE) > LOOK_CACHE_SIZE:
         _LOOK_CACHE.popitem(last=False)
@@ -361,11 +364,11 @@ LOOK_CACHE_SIZE = 256
 _LOOK_CACHE: OrderedDict[tuple, tuple] = OrderedDict()
 
 
-def _look_automaton(pattern: str, tree, node, started: float | None) -> ByteDFA:
+def _look_automaton(pattern: str, tree, node, started: float | None, excluded: bool = False) -> ByteDFA:
     at_start = _with_right(_with_left(tree, search=False))
     try:
         try:
-            cap = None if at_start == node else SEARCH_EXACT_STATES
+            cap = None if at_start == node or excluded else SEARCH_EXACT_STATES
             return look_dfa(node, ANY_CHAR, started=started, max_built=cap)
         except LookTooLarge:
             return look_dfa(at_start, ANY_CHAR, started=started)

@@ -191,7 +191,7 @@ def test_letters_are_those_of_the_basic_multilingual_plane_and_excluded_ones_eve
         ("(?=(?<=a)b)", "look-behind inside a look-ahead"),
         ("(?<=(?=a)a)", "look-ahead inside a look-behind"),
         ("(?<=a$)", "'\\$' inside a look-behind"),
-        ("(?!\\bx)", "inside a look-around"),
+        ("(?=\\bx)", "inside a look-around"),
         ("a^b", "'\\^' and '\\$'"),
     ],
 )
@@ -292,4 +292,40 @@ def test_a_look_around_pattern_is_built_once_per_process():
     pattern = r"^(?!x)[a-z]{3}(?<!q)$"
     first = pattern_ast(pattern)
     assert pattern_ast(pattern) is first  # the same node, so its JSON encoding is cached too
-    assert (pattern, schema_strings.limits()) in schema_strings._LOOK_CACHE
+    assert (pattern, False, schema_strings.limits()) in schema_strings._LOOK_CACHE
+    # its excluded reading (what either dialect matches) is another automaton, kept apart
+    assert pattern_ast(pattern, excluded=True) is not first
+
+
+@pytest.mark.parametrize(
+    ("schema", "python_refuses", "accepted"),
+    [
+        ({"type": "string", "pattern": "^(?!a$)"}, "a\n", "ab"),
+        ({"type": "string", "pattern": "^(?!null$)[a-z]+"}, "null\n", "nulls"),
+        ({"type": "string", "not": {"pattern": "a$"}}, "a\n", "ab"),
+        ({"oneOf": [{"type": "string", "pattern": "a$"}, {"type": "string", "pattern": "^a"}]}, "a\n", "ba"),
+        ({"type": "string", "pattern": "^(?!$)"}, "\n", "x"),
+    ],
+)
+def test_an_excluded_dollar_also_excludes_pythons_end_before_a_final_newline(schema, python_refuses, accepted):
+    """Python's '$' (jsonschema's) also matches before a final newline; where a pattern's matches
+    are excluded (a negative look-around, 'not', a oneOf kept apart) the value Python would match
+    is excluded too (found in review: each of these was generated and failed validation)."""
+    dfa = ConstraintSpec("json_schema", schema).to_dfa()
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(python_refuses, schema)
+    assert not dfa.matches(json.dumps(python_refuses).encode())
+    jsonschema.validate(accepted, schema)
+    assert dfa.matches(json.dumps(accepted).encode())
+
+
+def test_a_word_boundary_in_an_excluded_pattern_is_read_as_no_condition():
+    """``\\b`` is read as a subset (ASCII neighbours) where required; where excluded that would
+    generate values the pattern matches, so it is read there as no condition (a superset)."""
+    schema = {"type": "string", "not": {"pattern": "\\bfoo"}}
+    dfa = ConstraintSpec("json_schema", schema).to_dfa()
+    for value in ("foo", "a foo", "éfoo", "xfoo"):  # the last two: no boundary, excluded anyway
+        assert not dfa.matches(json.dumps(value).encode())
+    assert dfa.matches(b'"fo"')
+    for value in samples(schema):
+        jsonschema.validate(value, schema)
