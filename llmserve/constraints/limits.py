@@ -31,6 +31,17 @@ LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB    256        mask tables larger than this a
                                                   in the background nor cached on disk: only the
                                                   rows requests reach are computed
 =====================================  =========  ==================================================
+
+The native core reads three more variables itself, when it loads; they are checked here too, so a
+malformed value is an error rather than the default in silence:
+
+=====================================  =========  ==================================================
+LLMSERVE_CONSTRAINT_THREADS            CPUs (16)  the mask pool's threads (a positive integer)
+LLMSERVE_CONSTRAINT_SPIN_US            200        how long an idle pool worker spins before it
+                                                  sleeps (0: never spins)
+LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US    50000      how long workers stop spinning once the CPUs are
+                                                  oversubscribed (0: never back off)
+=====================================  =========  ==================================================
 """
 
 from __future__ import annotations
@@ -50,6 +61,20 @@ ENV = {
     "complete_max_mb": "LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB",
 }
 
+# read by the native core (csrc/thread_pool.cpp) at load: the least value each may take
+CORE_ENV = {
+    "LLMSERVE_CONSTRAINT_THREADS": 1,
+    "LLMSERVE_CONSTRAINT_SPIN_US": 0,
+    "LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US": 0,
+}
+
+
+def _whole_number(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -63,21 +88,28 @@ class Limits:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
-        """The defaults, overridden by the variables in ENV that are set (positive integers)."""
+        """The defaults, overridden by the variables in ENV that are set (positive integers). The
+        core's own variables (CORE_ENV) are checked as well."""
         env = os.environ if environ is None else environ
         values: dict[str, int] = {}
         for field, var in ENV.items():
             text = env.get(var)
             if text is None or text == "":
                 continue
-            try:
-                value = int(text)
-            except ValueError:
-                value = -1
-            if value <= 0:
+            value = _whole_number(text)
+            if value is None or value <= 0:
                 # a configuration error, found at the first constraint: never silently unlimited
                 raise ConstraintError(f"{var}={text!r} must be a positive integer", hint=f"Unset {var} or fix it.")
             values[field] = value
+        for var, least in CORE_ENV.items():
+            text = env.get(var)
+            if text is None or text == "":
+                continue
+            value = _whole_number(text)
+            if value is None or value < least:
+                # the core would take its default without a word: the operator asked for something else
+                what = "a positive integer" if least > 0 else "a whole number of microseconds, 0 or more"
+                raise ConstraintError(f"{var}={text!r} must be {what}", hint=f"Unset {var} or fix it.")
         return cls(**values)
 
     @property

@@ -212,6 +212,26 @@ def test_limits_come_from_the_environment():
             Limits.from_env({"LLMSERVE_CONSTRAINT_DISK_CACHE_MB": bad})
 
 
+def test_the_cores_own_variables_are_checked_too():
+    """The core reads these at load and would take its default for a malformed value, silently."""
+    ok = {
+        "LLMSERVE_CONSTRAINT_THREADS": "3",
+        "LLMSERVE_CONSTRAINT_SPIN_US": "0",
+        "LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US": "0",
+    }
+    assert Limits.from_env(ok) == Limits()
+    for var, bad in (
+        ("LLMSERVE_CONSTRAINT_THREADS", "0"),
+        ("LLMSERVE_CONSTRAINT_THREADS", "four"),
+        ("LLMSERVE_CONSTRAINT_SPIN_US", "-1"),
+        ("LLMSERVE_CONSTRAINT_SPIN_US", "200us"),
+        ("LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US", "1e3"),
+    ):
+        with pytest.raises(ConstraintError, match=var) as err:
+            Limits.from_env({var: bad})
+        assert f"Unset {var}" in err.value.hint
+
+
 # ---- 1. once per request ------------------------------------------------------------------------
 
 
