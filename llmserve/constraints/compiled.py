@@ -182,8 +182,9 @@ class CompiledConstraint:
     @property
     def dense_bytes(self) -> int:
         """The automaton and every mask row, dense: what completing this form holds until its rows
-        are compressed."""
-        return int(self.table.nbytes + self.accept.nbytes + (self.num_states + 1) * self.vocab.words * 4)
+        are compressed. Sized from the shapes: a compressed form's ``table`` would expand for it."""
+        table_bytes = self.num_states * 256 * np.dtype(np.int32).itemsize
+        return int(table_bytes + self.accept.nbytes + (self.num_states + 1) * self.vocab.words * 4)
 
     def compress(self) -> CompiledConstraint:
         """Replace the complete dense rows by their compressed form (native core only). Rows a batch
