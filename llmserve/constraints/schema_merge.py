@@ -122,7 +122,15 @@ def canonical(value: Any) -> str:
             return {k: norm(x) for k, x in v.items()}
         return v
 
-    return json.dumps(norm(value), sort_keys=True, separators=(",", ":"))
+    if isinstance(value, str):
+        return _encode_str(value)  # what the encoder writes for a string
+    return _CANONICAL.encode(norm(value))
+
+
+# json.dumps(value, sort_keys=True, separators=(",", ":")) with one encoder for every call (dumps
+# builds an encoder per call, most of canonical's time in a pairwise oneOf analysis)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+_encode_str = json.encoder.encode_basestring_ascii
 
 
 def values_of(schema: dict) -> list | None:
