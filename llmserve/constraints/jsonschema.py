@@ -99,8 +99,11 @@ import itertools
 import json
 import logging
 import math
+import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -259,6 +262,7 @@ class _Converter:
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
+        self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
         self._any: tuple | None = None
         # automata built along the way share the compile time budget, counted from here
         self.started = time.monotonic() if started is None else started
@@ -695,7 +699,8 @@ class _Converter:
             self.inexact += hit[1]
             return list(hit[0])
         before = self.inexact
-        kept = self._one_of_apart(merged, plain, depth, typed, views, keys)
+        with _analysis():
+            kept = self._one_of_apart(merged, plain, depth, typed, views, keys)
         self.one_of_memo[memo] = (tuple(kept), self.inexact - before)
         return kept
 
@@ -950,10 +955,13 @@ class _Converter:
             must_not += neg
         formats = fmt if isinstance(fmt, list) else [fmt]  # several: an allOf's (schema_merge)
         try:
-            node = string_ast(must, formats[0], lo, hi, started=self.started)
+            node = string_ast(must, formats[0], lo, hi, started=self.started, memo=self.strings)
             for other in formats[1:]:
                 both_dfa = intersect(
-                    [compile_ast(node), compile_ast(string_ast([], other, 0, None, started=self.started))],
+                    [
+                        compile_ast(node),
+                        compile_ast(string_ast([], other, 0, None, started=self.started, memo=self.strings)),
+                    ],
                     started=self.started,
                 )
                 node = ("dfa", both_dfa)
@@ -1192,7 +1200,9 @@ class _Converter:
         if patterns:
             ((pattern, value_schema),) = patterns.items()
             try:
-                key = self._named(string_ast([pattern], None, 0, None, started=self.started), schema, depth, refs)
+                key = self._named(
+                    string_ast([pattern], None, 0, None, started=self.started, memo=self.strings), schema, depth, refs
+                )
             except Unsatisfiable:
                 if lo > 0:
                     raise
@@ -1242,7 +1252,9 @@ class _Converter:
             others = [["pattern", q] for q in patterns if q != pattern]
             others += [["value", name] for name in schema.get(ABSENT, [])]
             try:
-                key = self.exclude(string_ast([pattern], None, 0, None, started=self.started), others)
+                key = self.exclude(
+                    string_ast([pattern], None, 0, None, started=self.started, memo=self.strings), others
+                )
                 key = self._named(key, schema, depth, refs)
                 members.append(_cat(key, _lit(":"), self.convert(value_schema, depth + 1, refs)))
             except Unsatisfiable:
@@ -1690,20 +1702,81 @@ def _only_listed(schema: dict, values: list) -> bool:
 
 def _generated_types(schema: dict) -> set[str] | None:
     """The types the converter generates for ``schema`` (its ``type``, or else those its keywords
-    imply, as ``_Converter._implied_types``)."""
-    types = types_of(schema)
+    imply, as ``_Converter._implied_types``; memoized in an analysis: not to be changed)."""
+    return _memoized("g", _generated_types_now, schema)
+
+
+def _generated_types_now(schema: dict) -> set[str] | None:
+    types = _types_of(schema)
     if types is None and "anyOf" not in schema and "oneOf" not in schema and values_of(schema) is None:
         types = {t for t, keys in _TYPE_KEYWORDS.items() if keys & set(schema) and t != "integer"} or None
     return types
 
 
+# A oneOf's analysis is pairwise over its branches (a few hundred make it a million pairs of
+# ``_excludes``/``_disjoint``, each asked again as a branch is narrowed): while one runs
+# (``_analysis``), their answers and each schema's types and listed values are kept by the
+# identity of the schemas asked about, which the memo holds (so no identity is reused while it
+# lives; schemas are never changed once built). Only answers are kept: an error (a bad ``type``)
+# is raised again each time, as without the memo.
+_ANALYSIS = threading.local()
+
+
+@contextmanager
+def _analysis() -> Iterator[None]:
+    if getattr(_ANALYSIS, "memo", None) is not None:
+        yield  # an analysis inside another (a branch converted while negating): one memo
+        return
+    _ANALYSIS.memo = {}
+    try:
+        yield
+    finally:
+        _ANALYSIS.memo = None
+
+
+def _memo() -> dict | None:
+    return getattr(_ANALYSIS, "memo", None)
+
+
+def _memoized(kind: str, fn, a: dict, b: Any = None, depth: int = 0):
+    memo = _memo()
+    if memo is None:
+        return fn(a) if b is None else fn(a, b, depth)
+    key = (kind, id(a), id(b), depth)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[0]
+    out = fn(a) if b is None else fn(a, b, depth)
+    memo[key] = (out, a, b)
+    return out
+
+
+def _types_of(schema: dict) -> set[str] | None:
+    """``types_of`` (memoized in an analysis: the set returned is shared, never to be changed)."""
+    return _memoized("t", types_of, schema)
+
+
+def _value_keys(schema: dict) -> set[str] | None:
+    """The ``canonical`` forms of the schema's listed values (None: it lists none)."""
+    return _memoized("v", _value_keys_now, schema)
+
+
+def _value_keys_now(schema: dict) -> set[str] | None:
+    values = values_of(schema)
+    return None if values is None else {canonical(v) for v in values}
+
+
 def _excludes(a: Any, b: Any) -> bool:
     """Whether every answer generated for schema ``a`` fails schema ``b``."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return _disjoint(a, b)
+    return _memoized("x", _excludes_now, a, b)
+
+
+def _excludes_now(a: dict, b: dict, _depth: int = 0) -> bool:
     if _disjoint(a, b):
         return True
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return False
-    generated, accepted = _generated_types(a), types_of(b)
+    generated, accepted = _generated_types(a), _types_of(b)
     if generated is not None and accepted is not None and not _widen(generated) & _widen(accepted):
         return True  # a's answers have types b refuses
     excluded = a.get(NOT_TEXT) or []
@@ -1712,13 +1785,13 @@ def _excludes(a: Any, b: Any) -> bool:
         return True  # b admits only texts a never generates
     if generated == {"string"} and accepted == {"string"} and ["pattern", b.get("pattern")] in excluded:
         return True  # a's strings do not match b's pattern
-    if _generated_types(a) == {"array"} and isinstance(a.get("minItems"), int) and a["minItems"] >= 1:
+    if generated == {"array"} and isinstance(a.get("minItems"), int) and a["minItems"] >= 1:
         # a's arrays hold an item, and no item of a's can be an item of b's
         items_a, items_b = a.get("items"), b.get("items")
         positional = "prefixItems" in a or "prefixItems" in b
         if isinstance(items_a, dict) and isinstance(items_b, dict) and not positional and _disjoint(items_a, items_b):
             return True
-    if _generated_types(a) != {"object"}:
+    if generated != {"object"}:
         return False
     # a's answers hold only a's declared or required names (when it declares any; a property whose
     # schema is false is never generated)
@@ -1746,20 +1819,25 @@ def _disjoint(a: Any, b: Any, depth: int = 0) -> bool:
         return a is False or b is False
     if depth > MAX_DISJOINT_DEPTH:
         return False
+    return _memoized("d", _disjoint_now, a, b, depth)
+
+
+def _disjoint_now(a: dict, b: dict, depth: int) -> bool:
     # a member of an allOf admits every value the whole does: disjoint from it, the whole is too
     for x, y in ((a, b), (b, a)):
         subs = x.get("allOf")
         if isinstance(subs, list) and any(_disjoint(sub, y, depth + 1) for sub in subs):
             return True
-    ta, tb = types_of(a), types_of(b)
+    ta, tb = _types_of(a), _types_of(b)
     if ta is not None and tb is not None:
         wa = ta | ({"integer"} if "number" in ta else set())
         wb = tb | ({"integer"} if "number" in tb else set())
         if not wa & wb:
             return True
-    va, vb = values_of(a), values_of(b)
-    if va is not None and vb is not None and not {canonical(v) for v in va} & {canonical(v) for v in vb}:
+    ka, kb = _value_keys(a), _value_keys(b)
+    if ka is not None and kb is not None and not ka & kb:
         return True
+    va, vb = values_of(a), values_of(b)
     for values, other in ((va, b), (vb, a)):  # listed values none of which the other admits
         # (_may_admit: by type, length, pattern, 'not' of those values, or the texts a 'not' excludes)
         if values is not None and not any(_may_admit(other, v) for v in values):

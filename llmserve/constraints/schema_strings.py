@@ -424,10 +424,20 @@ def format_ast(fmt: Any):
     return parse(FORMATS[fmt])
 
 
-def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, started: float | None = None):
+def string_ast(
+    patterns: list[str],
+    fmt: str | None,
+    lo: int,
+    hi: int | None,
+    started: float | None = None,
+    memo: dict | None = None,
+):
     """A JSON string (quotes included) whose decoded value matches every pattern (as a search), the
     format if any, and has ``lo`` to ``hi`` characters (``hi`` None: unbounded). ``started``: when
-    the compile whose time budget this shares began (default now)."""
+    the compile whose time budget this shares began (default now). ``memo``: one conversion's
+    intersections by their conditions (the same pattern with the same bounds recurs across a
+    schema's properties and definitions: built once); only successes are kept, so a refusal says
+    the same every time."""
     if lo < 0 or (hi is not None and hi < lo):
         raise ConstraintError(f"json_schema: bad minLength/maxLength ({lo}, {hi})")
     conditions = [pattern_ast(p, started) for p in patterns]
@@ -440,6 +450,10 @@ def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, st
     bodies = [encode(c) for c in conditions]
     if len(bodies) == 1:
         return ("cat", [QUOTE, bodies[0], QUOTE])
+    key = (tuple(patterns), fmt, lo, hi, limits())
+    found = memo.get(key) if memo is not None else None
+    if found is not None:
+        return ("cat", [QUOTE, found, QUOTE])
     started = time.monotonic() if started is None else started
     try:
         dfa = intersect([compile_ast(b, started=started) for b in bodies], started=started)
@@ -449,4 +463,7 @@ def string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, st
                 f"json_schema: no string satisfies pattern {patterns}, format {fmt!r} and length {lo}..{hi} together"
             ) from None
         raise
-    return ("cat", [QUOTE, ("dfa", dfa), QUOTE])
+    found = ("dfa", dfa)
+    if memo is not None:
+        memo[key] = found
+    return ("cat", [QUOTE, found, QUOTE])

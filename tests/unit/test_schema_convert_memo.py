@@ -1,0 +1,121 @@
+"""The conversion's memos (one conversion's string intersections, a oneOf analysis's pairwise
+answers, canonical's shared encoder) answer as the work they save would."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from llmserve.constraints import jsonschema as js
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.regex import compile_ast
+from llmserve.constraints.schema_merge import canonical
+from llmserve.constraints.schema_strings import string_ast
+
+
+def _norm(v):
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v) if isinstance(v, float) and not v.is_integer() else int(v)
+    if isinstance(v, list):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        'a\u00e9"\\\n\x01',
+        "",
+        "\U0001d11e",
+        1,
+        1.0,
+        -0.0,
+        1.5,
+        1e300,
+        math.inf,
+        True,
+        False,
+        None,
+        [1, {"b": 2, "a": [1.0]}],
+    ],
+)
+def test_canonical_writes_what_json_dumps_wrote(value):
+    assert canonical(value) == json.dumps(_norm(value), sort_keys=True, separators=(",", ":"))
+
+
+def test_a_string_intersection_met_again_is_the_one_built():
+    memo: dict = {}
+    first = string_ast(["^[a-z]+$"], None, 2, 5, memo=memo)
+    again = string_ast(["^[a-z]+$"], None, 2, 5, memo=memo)
+    assert len(memo) == 1 and again[1][1] is first[1][1]
+    other = string_ast(["^[a-z]+$"], None, 2, 6, memo=memo)  # other bounds: another automaton
+    assert len(memo) == 2 and other[1][1] is not first[1][1]
+    for tree in (first, other):
+        dfa = compile_ast(tree)
+        assert dfa.matches(b'"abcde"') and not dfa.matches(b'"a"') and not dfa.matches(b'"ab1"')
+    assert not compile_ast(first).matches(b'"abcdef"') and compile_ast(other).matches(b'"abcdef"')
+
+
+def test_a_refused_string_intersection_is_refused_again_alike():
+    memo: dict = {}
+    messages = []
+    for _ in range(2):
+        with pytest.raises(ConstraintError) as exc:
+            string_ast(["^[a-z]+$"], None, 0, 0, memo=memo)  # at most 0 characters, one at least
+        messages.append(exc.value.message)
+    assert messages[0] == messages[1] and not memo
+
+
+SCHEMAS = [
+    {"type": "string", "enum": ["a", "b"]},
+    {"type": "string", "const": "b"},
+    {"enum": ["c", 1, None]},
+    {"type": "integer"},
+    {"type": ["number", "null"]},
+    {"type": "object", "properties": {"k": {"const": "x"}, "v": {"type": "string"}}, "required": ["k"]},
+    {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"], "additionalProperties": False},
+    {"type": "object", "properties": {"w": {"type": "number"}}, "required": ["w"]},
+    {"allOf": [{"type": "string"}, {"maxLength": 1}]},
+    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    {"type": "array", "items": {"type": "integer"}},
+    {"type": "string", "pattern": "^a"},
+    {},
+]
+
+
+def test_the_pairwise_answers_in_an_analysis_are_those_without_it():
+    plain = [[(js._disjoint(a, b), js._excludes(a, b)) for b in SCHEMAS] for a in SCHEMAS]
+    with js._analysis():
+        for _ in range(2):  # the second round from the memo
+            assert [[(js._disjoint(a, b), js._excludes(a, b)) for b in SCHEMAS] for a in SCHEMAS] == plain
+    assert js._memo() is None  # gone with the analysis
+
+
+def test_an_error_in_an_analysis_is_raised_each_time():
+    bad = {"type": "strin"}
+    with js._analysis():
+        for _ in range(2):
+            with pytest.raises(ConstraintError, match="bad type"):
+                js._excludes({"type": "string"}, bad)
+
+
+def test_a_large_one_of_converts_as_its_branches_say():
+    branches = [
+        {
+            "type": "object",
+            "properties": {"kind": {"const": f"k{i}"}, "n": {"type": "integer"}, "shared": {"type": "string"}},
+            "required": ["kind"],
+            "additionalProperties": False,
+        }
+        for i in range(60)
+    ]
+    schema = {"oneOf": [*branches, {"type": "string", "enum": ["x", "y"]}, {"type": "string", "const": "z"}]}
+    dfa = js.schema_to_dfa(schema)
+    assert dfa.matches(b'{"kind":"k7","n":1}') and dfa.matches(b'"z"') and dfa.matches(b'"x"')
+    assert not dfa.matches(b'{"kind":"k60"}') and not dfa.matches(b'"w"')
