@@ -109,11 +109,12 @@ def _product(
             cur = np.stack([(found // w) % n for w, n in zip(weights, sizes, strict=True)], axis=1)
         else:
             cur = cur[:0]
-        out = np.full(frontier * width, -1, dtype=np.int64)
+        out = np.full(frontier * width, -1, dtype=np.int32)  # state numbers stay under the limit
         out[where] = ids[inverse.reshape(-1)]
         rows.append(out.reshape(frontier, width)[:, cls_of])
         accept.append(ok)
-    return ByteDFA(np.concatenate(rows).astype(np.int32), np.concatenate(accept).astype(np.uint8), 0)
+    table = rows[0] if len(rows) == 1 else np.concatenate(rows)
+    return ByteDFA(table, np.concatenate(accept).astype(np.uint8), 0)
 
 
 def _product_by_state(

@@ -95,6 +95,7 @@ other keyword that would change the accepted language and is not supported is re
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -111,7 +112,15 @@ import numpy as np
 from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
-from llmserve.constraints.regex import ByteDFA, _time_budget_error, compile_ast, expanded_size, literal, parse
+from llmserve.constraints.regex import (
+    ByteDFA,
+    _time_budget_error,
+    compile_ast,
+    expanded_size,
+    literal,
+    parse,
+    serialize_ast,
+)
 from llmserve.constraints.schema_merge import CONTAINS, Unsatisfiable, both, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
 from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, split_lookaheads, string_ast
@@ -263,6 +272,7 @@ class _Converter:
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
         self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
+        self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
         self._any: tuple | None = None
         # automata built along the way share the compile time budget, counted from here
         self.started = time.monotonic() if started is None else started
@@ -544,6 +554,19 @@ class _Converter:
             raise
         return ("dfa", dfa)
 
+    def _embedded(self, tree: tuple) -> ByteDFA:
+        """``compile_ast(tree)``, built once per conversion for each tree: a reference met on many
+        paths converts on each (``converted`` is by path) to the same tree, whose automaton is then
+        found by the words the native builder would read (``serialize_ast``, all it builds from;
+        by their digest, with the limits in force). Only automata built are kept: a refusal is met
+        again as it was."""
+        words = serialize_ast(tree).tobytes()
+        key = (hashlib.blake2b(words, digest_size=32).digest(), len(words), limits())
+        dfa = self.embedded.get(key)
+        if dfa is None:
+            dfa = self.embedded[key] = compile_ast(tree, started=self.started)
+        return dfa
+
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
         """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
         if refs.count(ref) >= self.max_recursion:
@@ -570,8 +593,8 @@ class _Converter:
             key = (ref, refs)  # the same reference on the same path converts alike: built once
             if key not in self.converted:
                 tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
-                if expanded_size(tree, EMBED_AT) > EMBED_AT:
-                    tree = ("dfa", compile_ast(tree, started=self.started))
+                if tree[0] != "dfa" and expanded_size(tree, EMBED_AT) > EMBED_AT:  # a built one stays as it is
+                    tree = ("dfa", self._embedded(tree))
                 self.converted[key] = tree
             return self.converted[key]
         schema, refs = self.normalize(schema, refs)

@@ -171,3 +171,25 @@ def test_the_product_by_frontier_is_the_product_state_by_state():
     for product in (_product, _product_by_state):
         with pytest.raises(ConstraintError, match="more than 2 automaton states"):
             product(dfas, tables, cls_of, reps, 10 // 8 + 1, deadline, 1)
+
+
+def test_a_reference_met_on_two_paths_is_built_once(monkeypatch):
+    big = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 1500}}, "required": ["text"]}
+    schema = {
+        "$defs": {"big": big, "w1": {"$ref": "#/$defs/big"}, "w2": {"$ref": "#/$defs/big"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/w1"}, "b": {"$ref": "#/$defs/w2"}},
+        "required": ["a", "b"],
+    }
+    built = []
+    original = js.compile_ast
+
+    def counting(node, backend="native", *, started=None):
+        built.append(node)
+        return original(node, backend, started=started)
+
+    monkeypatch.setattr(js, "compile_ast", counting)
+    dfa = js.schema_to_dfa(schema, build=original)
+    assert len(built) == 1  # big, converted on the paths w1 and w2, built once (w1, w2: as built)
+    assert dfa.matches(b'{"a":{"text":"x"},"b":{"text":""}}')
+    assert not dfa.matches(('{"a":{"text":"' + "x" * 1501 + '"},"b":{"text":""}}').encode())
