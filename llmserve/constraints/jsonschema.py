@@ -95,7 +95,6 @@ other keyword that would change the accepted language and is not supported is re
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -119,7 +118,6 @@ from llmserve.constraints.regex import (
     expanded_size,
     literal,
     parse,
-    serialize_ast,
 )
 from llmserve.constraints.schema_merge import CONTAINS, Unsatisfiable, both, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
@@ -272,7 +270,7 @@ class _Converter:
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
         self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
-        self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
+        self.embedded: dict[tuple, tuple] = {}  # _embedded's automata by their trees
         self._any: tuple | None = None
         # automata built along the way share the compile time budget, counted from here
         self.started = time.monotonic() if started is None else started
@@ -557,15 +555,14 @@ class _Converter:
     def _embedded(self, tree: tuple) -> ByteDFA:
         """``compile_ast(tree)``, built once per conversion for each tree: a reference met on many
         paths converts on each (``converted`` is by path) to the same tree, whose automaton is then
-        found by the words the native builder would read (``serialize_ast``, all it builds from;
-        by their digest, with the limits in force). Only automata built are kept: a refusal is met
-        again as it was."""
-        words = serialize_ast(tree).tobytes()
-        key = (hashlib.blake2b(words, digest_size=32).digest(), len(words), limits())
-        dfa = self.embedded.get(key)
-        if dfa is None:
-            dfa = self.embedded[key] = compile_ast(tree, started=self.started)
-        return dfa
+        found by the tree (``_tree_key``), with the limits in force. Only automata built are kept: a
+        refusal is met again as it was."""
+        pinned: list[ByteDFA] = []
+        key = (_tree_key(tree, pinned), limits())
+        found = self.embedded.get(key)
+        if found is None:
+            found = self.embedded[key] = (compile_ast(tree, started=self.started), pinned)
+        return found[0]
 
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
         """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
@@ -1871,6 +1868,40 @@ def _disjoint_now(a: dict, b: dict, depth: int) -> bool:
         if isinstance(sa, dict) and isinstance(sb, dict) and _disjoint(sa, sb, depth + 1):
             return True
     return False
+
+
+def _tree_key(tree: tuple, pinned: list) -> tuple:
+    """What the native builder builds ``tree`` from (``regex.serialize_ast``'s walk), with each
+    embedded automaton named by its identity rather than its table (the same reference's automaton
+    is one object: ``_Converter._embedded``). The automata named are appended to ``pinned``, which
+    the caller keeps with the key (no identity is reused while it lives; automata are never
+    changed once built)."""
+    out: list = []
+    stack = [tree]
+    while stack:
+        n = stack.pop()
+        kind = n[0]
+        if kind == "set":
+            out.append(("set", *(tuple(r) for r in n[1])))
+        elif kind == "cat" or kind == "alt":
+            out.append((kind, len(n[1])))
+            stack.extend(reversed(n[1]))
+        elif kind == "rep" or kind == "list":
+            out.append((kind, n[2], n[3]))
+            stack.append(n[1])
+        elif kind == "members":
+            out.append((kind, len(n[1]), bool(n[2])))
+            for req, child in reversed(n[1]):
+                stack.append(child)
+                stack.append(("req", bool(req)))
+        elif kind == "req":
+            out.append(n)
+        elif kind == "dfa":
+            out.append(("dfa", id(n[1])))
+            pinned.append(n[1])
+        else:
+            raise AssertionError(kind)
+    return tuple(out)
 
 
 def _sequence(heads: list, item, lo: int, hi: int | None) -> tuple:
