@@ -592,12 +592,16 @@ PYBIND11_MODULE(_core, m) {
           Nfa nfa = build_nfa(a, n, max_nfa_states, budget);
           Dfa raw = determinize(nfa.view(), max_states, budget);
           budget.check_time();
-          d = minimize(raw.table.data(), raw.accept.data(), raw.states(), budget);
+          d = minimize(raw, budget);
         } catch (const DfaError& e) {
           throw py::value_error(e.message);
         }
         py::array_t<int32_t> table({static_cast<py::ssize_t>(d.states()), static_cast<py::ssize_t>(256)});
-        std::memcpy(table.mutable_data(), d.table.data(), d.table.size() * sizeof(int32_t));
+        {
+          int32_t* t = table.mutable_data();
+          py::gil_scoped_release nogil;
+          d.expand(t);  // rows over letters -> rows over bytes
+        }
         py::array_t<uint8_t> accept(static_cast<py::ssize_t>(d.states()));
         std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
         return py::make_tuple(table, accept);

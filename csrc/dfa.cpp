@@ -10,7 +10,6 @@
 #include <stdexcept>
 #include <tuple>
 #include <string>
-#include <unordered_map>
 
 namespace llmserve {
 
@@ -28,37 +27,39 @@ void Budget::fail_memory() const {
 
 namespace {
 
-struct VecHash {
-  size_t operator()(const std::vector<int32_t>& v) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t x : v) {
-      h ^= static_cast<uint32_t>(x);
-      h *= 1099511628211ull;
-    }
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
-};
-
 class Subsets {
  public:
   Subsets(const NfaView& nfa, Budget& budget)
       : nfa_(nfa), budget_(budget), closure1_(nfa.n), done1_(nfa.n, 0), mark_(nfa.n, 0), mark1_(nfa.n, 0) {}
 
-  // Epsilon closure of `qs`, keeping only the states that matter for identity: those with byte
-  // edges, and the final state. Sorted, so that equal sets compare equal.
-  std::vector<int32_t> closure(const std::vector<int32_t>& qs) {
+  // Epsilon closure of qs[0 .. n), keeping only the states that matter for identity: those with
+  // byte edges, and the final state, in no particular order. `hash` does not depend on the order
+  // (a sum of mixed members), and until the next call marked(x) tells whether x is in the closure,
+  // so a set can be compared with it without sorting either.
+  void closure(const int32_t* qs, size_t n, std::vector<int32_t>& out, uint64_t& hash, bool& accepting) {
     ++gen_;
-    std::vector<int32_t> out;
-    for (int32_t q : qs) {
+    out.clear();
+    hash = 0;
+    accepting = false;
+    for (size_t i = 0; i < n; ++i) {
       budget_.poll();
-      for (int32_t x : closure_of(q)) {
+      for (int32_t x : closure_of(qs[i])) {
         if (mark_[x] == gen_) continue;
         mark_[x] = gen_;
-        if (x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]) out.push_back(x);
+        if (x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]) {
+          out.push_back(x);
+          hash += mix(static_cast<uint64_t>(x));
+          accepting |= x == nfa_.final_state;
+        }
       }
     }
-    std::sort(out.begin(), out.end());
-    return out;
+  }
+  bool marked(int32_t x) const { return mark_[x] == gen_; }
+  static uint64_t mix(uint64_t z) {  // splitmix64's finaliser
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
   }
 
  private:
@@ -438,96 +439,188 @@ Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states, Budget& bud
   return NfaBuilder(ast, n, max_nfa_states, budget).build();
 }
 
+void Dfa::expand(int32_t* out) const {
+  const int64_t n = states();
+  for (int64_t s = 0; s < n; ++s) {
+    const int32_t* row = table.data() + s * letters;
+    int32_t* o = out + s * 256;
+    for (int b = 0; b < 256; ++b) o[b] = row[letter_of[b]];
+  }
+}
+
 Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
-  Subsets sub(nfa, budget);
-  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> index;
-  std::vector<std::vector<int32_t>> order;
-  order.push_back(sub.closure({nfa.start}));
-  index.emplace(order[0], 0);
   Dfa out;
-  std::vector<int32_t> cuts, tgts;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const std::vector<int32_t> cur = order[i];  // copy: `order` grows below
-    out.accept.push_back(std::binary_search(cur.begin(), cur.end(), nfa.final_state) ? 1 : 0);
-    out.table.resize(out.table.size() + 256, -1);
-    int32_t* row = out.table.data() + i * 256;
-    cuts.clear();
+  // byte classes: the intervals between the bounds of the NFA's edges, numbered in byte order
+  {
+    uint8_t cut[257] = {};
+    const int64_t edges = nfa.edge_off[nfa.n];
+    for (int64_t k = 0; k < edges; ++k) {
+      cut[nfa.edges[3 * k]] = 1;
+      cut[nfa.edges[3 * k + 1] + 1] = 1;
+    }
+    int c = 0;
+    for (int b = 0; b < 256; ++b) {
+      if (b > 0 && cut[b]) ++c;
+      out.letter_of[b] = static_cast<uint8_t>(c);
+    }
+    out.letters = c + 1;
+  }
+  const int64_t L = out.letters;
+  const uint8_t* cls = out.letter_of;
+  Subsets sub(nfa, budget);
+  // the subsets found so far, flat: subset i is pool[off[i] .. off[i + 1]), hashed in an
+  // open-addressing table of ids (-1 empty)
+  std::vector<int32_t> pool, cur, nxt, active;
+  std::vector<int64_t> off{0};
+  std::vector<uint64_t> hashes;
+  std::vector<int32_t> slots(1024, -1);
+  uint64_t hmask = slots.size() - 1;
+  auto find_or_add = [&](uint64_t h, bool accepting) -> int32_t {
+    uint64_t i = h & hmask;
+    for (;; i = (i + 1) & hmask) {
+      const int32_t id = slots[i];
+      if (id < 0) break;
+      if (hashes[id] != h || off[id + 1] - off[id] != static_cast<int64_t>(nxt.size())) continue;
+      bool same = true;
+      for (int64_t k = off[id]; k < off[id + 1] && same; ++k) same = sub.marked(pool[k]);
+      if (same) return id;
+    }
+    const int64_t count = static_cast<int64_t>(hashes.size());
+    if (count >= max_states)
+      throw DfaError{"constraint too large: more than " + std::to_string(max_states) + " automaton states"};
+    const int32_t id = static_cast<int32_t>(count);
+    slots[i] = id;
+    hashes.push_back(h);
+    pool.insert(pool.end(), nxt.begin(), nxt.end());
+    off.push_back(static_cast<int64_t>(pool.size()));
+    out.accept.push_back(accepting ? 1 : 0);
+    if (static_cast<uint64_t>(hashes.size()) * 2 > slots.size()) {  // grow: at most half full
+      slots.assign(slots.size() * 2, -1);
+      hmask = slots.size() - 1;
+      for (int32_t j = 0; j <= id; ++j) {
+        uint64_t p = hashes[j] & hmask;
+        while (slots[p] >= 0) p = (p + 1) & hmask;
+        slots[p] = j;
+      }
+    }
+    return id;
+  };
+  {
+    uint64_t h;
+    bool acc;
+    sub.closure(&nfa.start, 1, nxt, h, acc);
+    find_or_add(h, acc);
+  }
+  // per state, a sweep over its edges' class bounds: (class, target, +1 enters / 0 leaves)
+  struct Event {
+    int32_t pos, target, enters;
+    bool operator<(const Event& o) const { return pos < o.pos; }
+  };
+  std::vector<Event> events;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    cur.assign(pool.begin() + off[i], pool.begin() + off[i + 1]);  // copy: `pool` grows below
+    out.table.resize(out.table.size() + L, -1);
+    events.clear();
     for (int32_t q : cur)
       for (int64_t k = nfa.edge_off[q]; k < nfa.edge_off[q + 1]; ++k) {
-        cuts.push_back(nfa.edges[3 * k]);
-        cuts.push_back(nfa.edges[3 * k + 1] + 1);
+        const int32_t t = nfa.edges[3 * k + 2];
+        events.push_back({cls[nfa.edges[3 * k]], t, 1});
+        events.push_back({cls[nfa.edges[3 * k + 1]] + 1, t, 0});
       }
-    if (cuts.empty()) continue;
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    budget.charge(256 * sizeof(int32_t) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
-    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    if (events.empty()) continue;
+    budget.charge(L * static_cast<int64_t>(sizeof(int32_t)) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
+    std::sort(events.begin(), events.end());
+    active.clear();
+    for (size_t e = 0; e < events.size();) {
       budget.poll();
-      const int32_t a = cuts[c], b = cuts[c + 1];
-      tgts.clear();
-      for (int32_t q : cur)
-        for (int64_t k = nfa.edge_off[q]; k < nfa.edge_off[q + 1]; ++k)
-          if (nfa.edges[3 * k] <= a && b - 1 <= nfa.edges[3 * k + 1]) tgts.push_back(nfa.edges[3 * k + 2]);
-      if (tgts.empty()) continue;
-      std::vector<int32_t> nxt = sub.closure(tgts);
-      auto it = index.find(nxt);
-      int32_t j;
-      if (it == index.end()) {
-        if (static_cast<int64_t>(order.size()) >= max_states)
-          throw DfaError{"constraint too large: more than " + std::to_string(max_states) + " automaton states"};
-        j = static_cast<int32_t>(order.size());
-        index.emplace(nxt, j);
-        order.push_back(std::move(nxt));
-      } else {
-        j = it->second;
+      const int32_t a = events[e].pos;
+      for (; e < events.size() && events[e].pos == a; ++e) {
+        if (events[e].enters) {
+          active.push_back(events[e].target);
+        } else {
+          auto it = std::find(active.begin(), active.end(), events[e].target);
+          *it = active.back();
+          active.pop_back();
+        }
       }
+      if (active.empty() || e == events.size()) continue;
+      const int32_t b = events[e].pos;
+      uint64_t h;
+      bool acc;
+      sub.closure(active.data(), active.size(), nxt, h, acc);
+      const int32_t j = find_or_add(h, acc);
+      int32_t* row = out.table.data() + i * L;
       for (int32_t x = a; x < b; ++x) row[x] = j;
     }
   }
   return out;
 }
 
-Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& budget) {
+Dfa minimize(const Dfa& raw, Budget& budget) {
   // Hopcroft's partition refinement on the completed automaton: a sink state `n` takes every
   // missing transition. States that cannot reach acceptance end up in the sink's block, which
   // both trims and minimises; blocks are then numbered canonically.
-  const int64_t N = n + 1, sink = n;
-  // bytes that every state treats alike form one letter of a smaller alphabet
-  // A smaller alphabet: the byte intervals over which no state's row changes (cheaper to find than
-  // full column equivalence, and only ever finer).
-  std::vector<int> letters{0};  // the first byte of each letter
+  const int64_t n = raw.states(), N = n + 1, sink = n, C = raw.letters;
+  const int32_t* table = raw.table.data();
+  const uint8_t* accept = raw.accept.data();
+  // A smaller alphabet: the input's letters whose columns agree in every row.
+  std::vector<int32_t> letter_of_class(C), first_class;
   {
-    std::vector<uint8_t> cut(256, 0);
+    std::vector<uint64_t> h(C, 1469598103934665603ull);
     for (int64_t s = 0; s < n; ++s) {
-      const int32_t* row = table + s * 256;
-      for (int b = 1; b < 256; ++b) cut[b] |= row[b] != row[b - 1];
+      const int32_t* row = table + s * C;
+      for (int64_t c = 0; c < C; ++c) h[c] = (h[c] ^ static_cast<uint32_t>(row[c])) * 1099511628211ull;
     }
-    for (int b = 1; b < 256; ++b)
-      if (cut[b]) letters.push_back(b);
+    for (int64_t c = 0; c < C; ++c) {
+      int32_t found = -1;
+      for (size_t l = 0; l < first_class.size() && found < 0; ++l) {
+        const int32_t d = first_class[l];
+        if (h[d] != h[c]) continue;
+        bool same = true;
+        for (int64_t s = 0; s < n && same; ++s) same = table[s * C + c] == table[s * C + d];
+        if (same) found = static_cast<int32_t>(l);
+      }
+      if (found < 0) {
+        found = static_cast<int32_t>(first_class.size());
+        first_class.push_back(static_cast<int32_t>(c));
+      }
+      letter_of_class[c] = found;
+    }
   }
-  const int64_t L = static_cast<int64_t>(letters.size());
+  const int64_t L = static_cast<int64_t>(first_class.size());
   // transitions over letters, the sink included: next[s * L + l]
   std::vector<int32_t> next(N * L, static_cast<int32_t>(sink));
   for (int64_t s = 0; s < n; ++s)
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t d = table[s * 256 + letters[l]];
+      const int32_t d = table[s * C + first_class[l]];
       if (d >= 0) next[s * L + l] = d;
     }
   // inverse transitions per letter in compressed rows: the predecessors of d on l are
-  // inv[inv_off[l * (N + 1) + d] .. inv_off[l * (N + 1) + d + 1])
+  // inv[inv_off[l * (N + 1) + d] .. inv_off[l * (N + 1) + d + 1]). Those of the sink are left out:
+  // the sink's block is never a splitter (below), so they are never read.
   std::vector<int64_t> inv_off(L * (N + 1) + 1, 0);
-  std::vector<int32_t> inv(L * N);
   for (int64_t s = 0; s < N; ++s)
-    for (int64_t l = 0; l < L; ++l) ++inv_off[l * (N + 1) + next[s * L + l] + 1];
-  for (int64_t l = 0; l < L; ++l) {
-    int64_t* off = inv_off.data() + l * (N + 1);
-    off[0] = l * N;
-    for (int64_t d = 0; d < N; ++d) off[d + 1] += off[d];
+    for (int64_t l = 0; l < L; ++l) {
+      const int32_t d = next[s * L + l];
+      if (d != sink) ++inv_off[l * (N + 1) + d + 1];
+    }
+  {
+    int64_t total = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      int64_t* o = inv_off.data() + l * (N + 1);
+      o[0] = total;
+      for (int64_t d = 0; d < N; ++d) o[d + 1] += o[d];
+      total = o[N];
+    }
   }
+  std::vector<int32_t> inv(static_cast<size_t>(inv_off[(L - 1) * (N + 1) + N]));
   {
     std::vector<int64_t> fill(inv_off.begin(), inv_off.end());
     for (int64_t s = 0; s < N; ++s)
-      for (int64_t l = 0; l < L; ++l) inv[fill[l * (N + 1) + next[s * L + l]]++] = static_cast<int32_t>(s);
+      for (int64_t l = 0; l < L; ++l) {
+        const int32_t d = next[s * L + l];
+        if (d != sink) inv[fill[l * (N + 1) + d]++] = static_cast<int32_t>(s);
+      }
   }
   // partition: elems holds the states block by block; block b is elems[first[b] .. last[b])
   std::vector<int32_t> elems(N), loc(N), block(N), first, last, marked;
@@ -644,29 +737,32 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
   const int32_t dead = block[sink];
   std::vector<int32_t> number(nblocks, -1), queue{block[0]};
   number[block[0]] = 0;
-  auto target = [&](int32_t s, int b) -> int32_t {
-    const int32_t d = table[static_cast<int64_t>(s) * 256 + b];
+  auto target = [&](int32_t s, int64_t c) -> int32_t {  // c: one of the input's letters
+    const int32_t d = table[static_cast<int64_t>(s) * C + c];
     return d < 0 ? dead : block[d];
   };
+  // the input's letters are byte intervals in increasing order: walking them walks the bytes
   for (size_t qi = 0; qi < queue.size(); ++qi) {
     const int32_t s = rep[queue[qi]];
-    for (int b = 0; b < 256; ++b) {
-      const int32_t c = target(s, b);
-      if (c != dead && number[c] < 0) {
-        number[c] = static_cast<int32_t>(queue.size());
-        queue.push_back(c);
+    for (int64_t c = 0; c < C; ++c) {
+      const int32_t t = target(s, c);
+      if (t != dead && number[t] < 0) {
+        number[t] = static_cast<int32_t>(queue.size());
+        queue.push_back(t);
       }
     }
   }
   Dfa out;
+  out.letters = static_cast<int32_t>(L);
+  for (int b = 0; b < 256; ++b) out.letter_of[b] = static_cast<uint8_t>(letter_of_class[raw.letter_of[b]]);
   const int64_t m = static_cast<int64_t>(queue.size());
-  out.table.assign(m * 256, -1);
+  out.table.assign(m * L, -1);
   out.accept.assign(m, 0);
   for (int64_t i = 0; i < m; ++i) {
     const int32_t s = rep[queue[i]];
-    for (int b = 0; b < 256; ++b) {
-      const int32_t c = target(s, b);
-      out.table[i * 256 + b] = c == dead ? -1 : number[c];
+    for (int64_t l = 0; l < L; ++l) {
+      const int32_t t = target(s, first_class[l]);
+      out.table[i * L + l] = t == dead ? -1 : number[t];
     }
     out.accept[i] = accept[s];
   }
