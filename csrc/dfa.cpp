@@ -588,38 +588,39 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
     }
   }
   const int64_t L = static_cast<int64_t>(first_class.size());
-  // transitions over letters, the sink included: next[s * L + l]
-  std::vector<int32_t> next(N * L, static_cast<int32_t>(sink));
+  // the transition of s (< n) on letter l, the sink for a missing one
+  auto next = [&](int64_t s, int64_t l) -> int32_t {
+    const int32_t d = table[s * C + first_class[l]];
+    return d < 0 ? static_cast<int32_t>(sink) : d;
+  };
+  // inverse transitions in compressed rows, per target: the transitions into d are
+  // (inv_s[k], inv_l[k]) for k in [inv_off[d], inv_off[d + 1]), sources and letters. One row per
+  // state, not per (letter, state), keeps this small enough to stay in cache (most states are
+  // entered on one or two letters). Those into the sink are left out: the sink's block is never a
+  // splitter (below), so they are never read; the sink's own transitions (to itself) likewise.
+  // `enters`: the letters on which some transition enters each state.
+  std::vector<int64_t> inv_off(N + 1, 0);
+  std::vector<std::bitset<256>> enters(N);
   for (int64_t s = 0; s < n; ++s)
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t d = table[s * C + first_class[l]];
-      if (d >= 0) next[s * L + l] = d;
+      const int32_t d = next(s, l);
+      enters[d].set(l);
+      if (d != sink) ++inv_off[d + 1];
     }
-  // inverse transitions per letter in compressed rows: the predecessors of d on l are
-  // inv[inv_off[l * (N + 1) + d] .. inv_off[l * (N + 1) + d + 1]). Those of the sink are left out:
-  // the sink's block is never a splitter (below), so they are never read.
-  std::vector<int64_t> inv_off(L * (N + 1) + 1, 0);
-  for (int64_t s = 0; s < N; ++s)
-    for (int64_t l = 0; l < L; ++l) {
-      const int32_t d = next[s * L + l];
-      if (d != sink) ++inv_off[l * (N + 1) + d + 1];
-    }
+  enters[sink].set();  // the sink's own transitions, on every letter
+  for (int64_t l = L; l < 256; ++l) enters[sink].reset(l);
+  for (int64_t d = 0; d < N; ++d) inv_off[d + 1] += inv_off[d];
+  std::vector<int32_t> inv_s(static_cast<size_t>(inv_off[N]));
+  std::vector<uint8_t> inv_l(static_cast<size_t>(inv_off[N]));
   {
-    int64_t total = 0;
-    for (int64_t l = 0; l < L; ++l) {
-      int64_t* o = inv_off.data() + l * (N + 1);
-      o[0] = total;
-      for (int64_t d = 0; d < N; ++d) o[d + 1] += o[d];
-      total = o[N];
-    }
-  }
-  std::vector<int32_t> inv(static_cast<size_t>(inv_off[(L - 1) * (N + 1) + N]));
-  {
-    std::vector<int64_t> fill(inv_off.begin(), inv_off.end());
-    for (int64_t s = 0; s < N; ++s)
+    std::vector<int64_t> fill(inv_off.begin(), inv_off.end() - 1);
+    for (int64_t s = 0; s < n; ++s)
       for (int64_t l = 0; l < L; ++l) {
-        const int32_t d = next[s * L + l];
-        if (d != sink) inv[fill[l * (N + 1) + d]++] = static_cast<int32_t>(s);
+        const int32_t d = next(s, l);
+        if (d != sink) {
+          inv_s[fill[d]] = static_cast<int32_t>(s);
+          inv_l[fill[d]++] = static_cast<uint8_t>(l);
+        }
       }
   }
   // partition: elems holds the states block by block; block b is elems[first[b] .. last[b])
@@ -653,9 +654,6 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
   // letters on which some transition enters each state: a block that nothing enters on a letter
   // cannot split anything on it, so it is never queued for that letter (most blocks of a
   // constraint automaton are entered on one or two letters out of dozens)
-  std::vector<std::bitset<256>> enters(N);
-  for (int64_t s = 0; s < N; ++s)
-    for (int64_t l = 0; l < L; ++l) enters[next[s * L + l]].set(l);
   auto block_enters = [&](int32_t b) {
     std::bitset<256> in;
     for (int32_t i = first[b]; i < last[b]; ++i) in |= enters[elems[i]];
@@ -681,11 +679,11 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
     in_work[a * L + l] = 0;
     splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
     touched.clear();
-    const int64_t* off = inv_off.data() + l * (N + 1);
     for (int32_t d : splitter) {
       budget.poll();
-      for (int64_t k = off[d]; k < off[d + 1]; ++k) {
-        const int32_t s = inv[k];
+      for (int64_t k = inv_off[d]; k < inv_off[d + 1]; ++k) {
+        if (inv_l[k] != l) continue;
+        const int32_t s = inv_s[k];
         const int32_t b = block[s];
         const int32_t pos = first[b] + marked[b];
         if (loc[s] < pos) continue;  // already marked
