@@ -571,20 +571,26 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
       const int32_t* row = table + s * C;
       for (int64_t c = 0; c < C; ++c) h[c] = (h[c] ^ static_cast<uint32_t>(row[c])) * 1099511628211ull;
     }
+    // classes with equal hashes are taken to agree, then checked in one pass over the rows; if
+    // any pair differs after all (a collision), every class stays a letter of its own
     for (int64_t c = 0; c < C; ++c) {
       int32_t found = -1;
-      for (size_t l = 0; l < first_class.size() && found < 0; ++l) {
-        const int32_t d = first_class[l];
-        if (h[d] != h[c]) continue;
-        bool same = true;
-        for (int64_t s = 0; s < n && same; ++s) same = table[s * C + c] == table[s * C + d];
-        if (same) found = static_cast<int32_t>(l);
-      }
+      for (size_t l = 0; l < first_class.size() && found < 0; ++l)
+        if (h[first_class[l]] == h[c]) found = static_cast<int32_t>(l);
       if (found < 0) {
         found = static_cast<int32_t>(first_class.size());
         first_class.push_back(static_cast<int32_t>(c));
       }
       letter_of_class[c] = found;
+    }
+    bool agree = true;
+    for (int64_t s = 0; s < n && agree; ++s) {
+      const int32_t* row = table + s * C;
+      for (int64_t c = 0; c < C; ++c) agree &= row[c] == row[first_class[letter_of_class[c]]];
+    }
+    if (!agree) {
+      first_class.resize(C);
+      for (int64_t c = 0; c < C; ++c) first_class[c] = letter_of_class[c] = static_cast<int32_t>(c);
     }
   }
   const int64_t L = static_cast<int64_t>(first_class.size());
@@ -604,11 +610,12 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
   for (int64_t s = 0; s < n; ++s)
     for (int64_t l = 0; l < L; ++l) {
       const int32_t d = next(s, l);
-      enters[d].set(l);
-      if (d != sink) ++inv_off[d + 1];
+      if (d != sink) {
+        enters[d].set(l);
+        ++inv_off[d + 1];
+      }
     }
-  enters[sink].set();  // the sink's own transitions, on every letter
-  for (int64_t l = L; l < 256; ++l) enters[sink].reset(l);
+  for (int64_t l = 0; l < L; ++l) enters[sink].set(l);  // the sink's own transitions, on every letter
   for (int64_t d = 0; d < N; ++d) inv_off[d + 1] += inv_off[d];
   std::vector<int32_t> inv_s(static_cast<size_t>(inv_off[N]));
   std::vector<uint8_t> inv_l(static_cast<size_t>(inv_off[N]));
@@ -735,34 +742,33 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
   const int32_t dead = block[sink];
   std::vector<int32_t> number(nblocks, -1), queue{block[0]};
   number[block[0]] = 0;
-  auto target = [&](int32_t s, int64_t c) -> int32_t {  // c: one of the input's letters
-    const int32_t d = table[static_cast<int64_t>(s) * C + c];
-    return d < 0 ? dead : block[d];
-  };
-  // the input's letters are byte intervals in increasing order: walking them walks the bytes
-  for (size_t qi = 0; qi < queue.size(); ++qi) {
-    const int32_t s = rep[queue[qi]];
-    for (int64_t c = 0; c < C; ++c) {
-      const int32_t t = target(s, c);
-      if (t != dead && number[t] < 0) {
-        number[t] = static_cast<int32_t>(queue.size());
-        queue.push_back(t);
-      }
-    }
-  }
+  // The input's letters are byte intervals in increasing order, so walking them walks the bytes;
+  // and the first class of each output letter comes before its others (first_class increases),
+  // so walking the output letters in order discovers the targets in the same order. One pass
+  // numbers the blocks and writes the rows.
   Dfa out;
   out.letters = static_cast<int32_t>(L);
   for (int b = 0; b < 256; ++b) out.letter_of[b] = static_cast<uint8_t>(letter_of_class[raw.letter_of[b]]);
-  const int64_t m = static_cast<int64_t>(queue.size());
-  out.table.assign(m * L, -1);
-  out.accept.assign(m, 0);
-  for (int64_t i = 0; i < m; ++i) {
-    const int32_t s = rep[queue[i]];
+  out.table.reserve(nblocks * L);
+  out.accept.reserve(nblocks);
+  for (size_t qi = 0; qi < queue.size(); ++qi) {
+    const int32_t* row = table + static_cast<int64_t>(rep[queue[qi]]) * C;
+    out.table.resize(out.table.size() + L);
+    int32_t* o = out.table.data() + qi * L;
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t t = target(s, first_class[l]);
-      out.table[i * L + l] = t == dead ? -1 : number[t];
+      const int32_t d = row[first_class[l]];
+      const int32_t t = d < 0 ? dead : block[d];
+      if (t == dead) {
+        o[l] = -1;
+        continue;
+      }
+      if (number[t] < 0) {
+        number[t] = static_cast<int32_t>(queue.size());
+        queue.push_back(t);
+      }
+      o[l] = number[t];
     }
-    out.accept[i] = accept[s];
+    out.accept.push_back(accept[rep[queue[qi]]]);
   }
   return out;
 }
