@@ -46,11 +46,9 @@ class Subsets {
       for (int32_t x : closure_of(qs[i])) {
         if (mark_[x] == gen_) continue;
         mark_[x] = gen_;
-        if (x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]) {
-          out.push_back(x);
-          hash += mix(static_cast<uint64_t>(x));
-          accepting |= x == nfa_.final_state;
-        }
+        out.push_back(x);
+        hash += mix(static_cast<uint64_t>(x));
+        accepting |= x == nfa_.final_state;
       }
     }
   }
@@ -63,23 +61,25 @@ class Subsets {
   }
 
  private:
+  // the states reachable from q by epsilon moves (q included) that matter for identity (see
+  // closure), cached per q
   const std::vector<int32_t>& closure_of(int32_t q) {
     if (done1_[q]) return closure1_[q];
     std::vector<int32_t>& c = closure1_[q];
     ++gen1_;
-    std::vector<int32_t> todo{q};
-    c.push_back(q);
+    todo_.assign(1, q);
     mark1_[q] = gen1_;
-    while (!todo.empty()) {
+    if (keeps(q)) c.push_back(q);
+    while (!todo_.empty()) {
       budget_.poll();
-      int32_t x = todo.back();
-      todo.pop_back();
+      int32_t x = todo_.back();
+      todo_.pop_back();
       for (int64_t k = nfa_.eps_off[x]; k < nfa_.eps_off[x + 1]; ++k) {
         int32_t y = nfa_.eps[k];
         if (mark1_[y] != gen1_) {
           mark1_[y] = gen1_;
-          c.push_back(y);
-          todo.push_back(y);
+          if (keeps(y)) c.push_back(y);
+          todo_.push_back(y);
         }
       }
     }
@@ -88,12 +88,14 @@ class Subsets {
     budget_.charge(static_cast<int64_t>(c.size() * sizeof(int32_t)));
     return c;
   }
+  bool keeps(int32_t x) const { return x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]; }
 
   const NfaView& nfa_;
   Budget& budget_;
   std::vector<std::vector<int32_t>> closure1_;
   std::vector<uint8_t> done1_;
   std::vector<uint64_t> mark_, mark1_;
+  std::vector<int32_t> todo_;
   uint64_t gen_ = 0, gen1_ = 0;
 };
 
