@@ -516,9 +516,9 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
   // per state, a sweep over its edges' class bounds: (class, target, +1 enters / 0 leaves)
   struct Event {
     int32_t pos, target, enters;
-    bool operator<(const Event& o) const { return pos < o.pos; }
   };
-  std::vector<Event> events;
+  std::vector<Event> events, sorted;
+  std::vector<int32_t> count(L + 2);
   for (size_t i = 0; i < hashes.size(); ++i) {
     cur.assign(pool.begin() + off[i], pool.begin() + off[i + 1]);  // copy: `pool` grows below
     out.table.resize(out.table.size() + L, -1);
@@ -531,7 +531,17 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
       }
     if (events.empty()) continue;
     budget.charge(L * static_cast<int64_t>(sizeof(int32_t)) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
-    std::sort(events.begin(), events.end());
+    // sorted by class: where there are more events than classes, by counting
+    if (static_cast<int64_t>(events.size()) > L) {
+      std::fill(count.begin(), count.end(), 0);
+      for (const Event& ev : events) ++count[ev.pos + 1];
+      for (int64_t c = 0; c <= L; ++c) count[c + 1] += count[c];
+      sorted.resize(events.size());
+      for (const Event& ev : events) sorted[count[ev.pos]++] = ev;
+      events.swap(sorted);
+    } else {
+      std::sort(events.begin(), events.end(), [](const Event& x, const Event& y) { return x.pos < y.pos; });
+    }
     active.clear();
     for (size_t e = 0; e < events.size();) {
       budget.poll();
