@@ -171,23 +171,19 @@ class NfaBuilder {
 
  private:
   int32_t state() {
-    if (static_cast<int64_t>(nfa_.eps.size()) >= limit_)
+    if (nfa_.states >= limit_)
       throw DfaError{"constraint too large: more than " + std::to_string(limit_) + " automaton states"};
     budget_.poll();
-    budget_.charge(64);  // two empty vectors and their first few entries
-    nfa_.eps.emplace_back();
-    nfa_.edges.emplace_back();
-    return static_cast<int32_t>(nfa_.eps.size() - 1);
+    budget_.charge(64);  // a state and its first few moves
+    return static_cast<int32_t>(nfa_.states++);
   }
+  void eps(int32_t from, int32_t to) { nfa_.eps_list.emplace_back(from, to); }
   int32_t at(int64_t i) const {
     if (i >= n_) throw std::invalid_argument("truncated AST");
     return ast_[i];
   }
   void edge(int32_t from, int lo, int hi, int32_t to) {
-    auto& e = nfa_.edges[from];
-    e.push_back(lo);
-    e.push_back(hi);
-    e.push_back(to);
+    nfa_.edge_list.push_back({from, lo, hi, to});
   }
   // the subtree at `pos` (advanced past it) may be built several times (counted repetition)
   std::pair<int32_t, int32_t> node(int64_t& pos) {
@@ -236,7 +232,7 @@ class NfaBuilder {
       int32_t e = s;
       for (int32_t k = 0; k < count; ++k) {
         auto [cs, ce] = node(pos);
-        nfa_.eps[e].push_back(cs);
+        eps(e, cs);
         e = ce;
       }
       return {s, e};
@@ -246,8 +242,8 @@ class NfaBuilder {
       const int32_t s = state(), e = state();
       for (int32_t k = 0; k < count; ++k) {
         auto [cs, ce] = node(pos);
-        nfa_.eps[s].push_back(cs);
-        nfa_.eps[ce].push_back(e);
+        eps(s, cs);
+        eps(ce, e);
       }
       return {s, e};
     }
@@ -266,25 +262,25 @@ class NfaBuilder {
       int32_t e = s;
       for (int32_t k = 0; k < lo; ++k) {
         auto [cs, ce] = again();
-        nfa_.eps[e].push_back(cs);
+        eps(e, cs);
         e = ce;
       }
       if (hi < 0) {
         auto [cs, ce] = again();
         const int32_t loop = state();
-        nfa_.eps[e].push_back(loop);
-        nfa_.eps[loop].push_back(cs);
-        nfa_.eps[ce].push_back(loop);
+        eps(e, loop);
+        eps(loop, cs);
+        eps(ce, loop);
         const int32_t end = state();
-        nfa_.eps[loop].push_back(end);
+        eps(loop, end);
         return {s, end};
       }
       const int32_t end = state();
-      nfa_.eps[e].push_back(end);
+      eps(e, end);
       for (int32_t k = 0; k < hi - lo; ++k) {
         auto [cs, ce] = again();
-        nfa_.eps[e].push_back(cs);
-        nfa_.eps[ce].push_back(end);
+        eps(e, cs);
+        eps(ce, end);
         e = ce;
       }
       if (lo == 0 && hi == 0) skip(pos);  // the child was never built: step over it
@@ -298,7 +294,7 @@ class NfaBuilder {
       for (int32_t q = 0; q < count; ++q) ids[q] = state();
       const int32_t e = state();
       for (int32_t q = 0; q < count; ++q)
-        if (at(pos + q)) nfa_.eps[ids[q]].push_back(e);
+        if (at(pos + q)) eps(ids[q], e);
       pos += count;
       for (int32_t q = 0; q < count; ++q) {
         const int32_t ranges = at(pos++);
@@ -334,20 +330,20 @@ class NfaBuilder {
       const int32_t req = at(pos++);
       auto [cs, ce] = node(pos);
       const int32_t entry = state();
-      nfa_.eps[entry].push_back(cs);
-      nfa_.eps[a[i]].push_back(entry);
-      nfa_.eps[p[i]].push_back(entry);
+      eps(entry, cs);
+      eps(a[i], entry);
+      eps(p[i], entry);
       const int32_t after = state();
-      nfa_.eps[ce].push_back(after);
+      eps(ce, after);
       if (i + 1 < n) edge(after, 0x2C, 0x2C, p[i + 1]);
-      nfa_.eps[after].push_back(e[i + 1]);
+      eps(after, e[i + 1]);
       if (!req) {
-        nfa_.eps[a[i]].push_back(a[i + 1]);
-        if (i + 1 < n) nfa_.eps[p[i]].push_back(p[i + 1]);
-        nfa_.eps[e[i]].push_back(e[i + 1]);
+        eps(a[i], a[i + 1]);
+        if (i + 1 < n) eps(p[i], p[i + 1]);
+        eps(e[i], e[i + 1]);
       }
     }
-    if (!at_least_one) nfa_.eps[a[n]].push_back(end);
+    if (!at_least_one) eps(a[n], end);
     return {s, end};
   }
   // child lo..hi times, comma-separated; unbounded: max(lo, 1) copies, the last looping back
@@ -357,18 +353,18 @@ class NfaBuilder {
     if (lo < 0 || (hi >= 0 && hi < lo)) throw std::invalid_argument("list bounds");
     const int64_t child = pos;
     const int32_t s = state(), end = state();
-    if (lo == 0) nfa_.eps[s].push_back(end);
+    if (lo == 0) eps(s, end);
     const int32_t copies = hi < 0 ? std::max(lo, 1) : hi;
     int32_t cur = s;
     for (int32_t k = 0; k < copies; ++k) {
       int64_t q = child;
       auto [cs, ce] = node(q);
       pos = q;
-      if (k == 0) nfa_.eps[cur].push_back(cs);
+      if (k == 0) eps(cur, cs);
       else edge(cur, 0x2C, 0x2C, cs);
       cur = state();
-      nfa_.eps[ce].push_back(cur);
-      if (k + 1 >= lo) nfa_.eps[cur].push_back(end);
+      eps(ce, cur);
+      if (k + 1 >= lo) eps(cur, end);
       if (hi < 0 && k + 1 == copies) edge(cur, 0x2C, 0x2C, cs);
     }
     if (copies == 0) skip(pos);
@@ -415,17 +411,32 @@ class NfaBuilder {
 }  // namespace
 
 NfaView Nfa::view() {
-  const int64_t n = static_cast<int64_t>(eps.size());
+  // compressed rows by a stable counting sort on the source state: each state's moves keep the
+  // order in which they were added
+  const int64_t n = states;
   eps_off.assign(n + 1, 0);
   edge_off.assign(n + 1, 0);
-  eps_flat.clear();
-  edges_flat.clear();
+  for (const auto& [from, to] : eps_list) ++eps_off[from + 1];
+  for (const auto& e : edge_list) ++edge_off[e[0] + 1];
   for (int64_t q = 0; q < n; ++q) {
-    eps_flat.insert(eps_flat.end(), eps[q].begin(), eps[q].end());
-    edges_flat.insert(edges_flat.end(), edges[q].begin(), edges[q].end());
-    eps_off[q + 1] = static_cast<int64_t>(eps_flat.size());
-    edge_off[q + 1] = static_cast<int64_t>(edges_flat.size() / 3);
+    eps_off[q + 1] += eps_off[q];
+    edge_off[q + 1] += edge_off[q];
   }
+  eps_flat.resize(eps_list.size());
+  edges_flat.resize(3 * edge_list.size());
+  {
+    std::vector<int64_t> fill(eps_off.begin(), eps_off.end() - 1);
+    for (const auto& [from, to] : eps_list) eps_flat[fill[from]++] = to;
+    fill.assign(edge_off.begin(), edge_off.end() - 1);
+    for (const auto& e : edge_list) {
+      int32_t* f = edges_flat.data() + 3 * fill[e[0]]++;
+      f[0] = e[1];
+      f[1] = e[2];
+      f[2] = e[3];
+    }
+  }
+  std::vector<std::pair<int32_t, int32_t>>().swap(eps_list);
+  std::vector<std::array<int32_t, 4>>().swap(edge_list);
   NfaView v;
   v.n = n;
   v.eps_off = eps_off.data();

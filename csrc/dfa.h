@@ -4,9 +4,11 @@
 // the same table for the same NFA; tests compare them.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llmserve {
@@ -36,12 +38,13 @@ struct NfaView {
 
 // A Thompson NFA that owns its arrays (see NfaView).
 struct Nfa {
-  std::vector<std::vector<int32_t>> eps;
-  std::vector<std::vector<int32_t>> edges;  // flattened (lo, hi, target) triples per state
+  int64_t states = 0;
+  std::vector<std::pair<int32_t, int32_t>> eps_list;  // (from, to), in the order added
+  std::vector<std::array<int32_t, 4>> edge_list;      // (from, lo, hi, to), in the order added
   std::vector<int64_t> eps_off, edge_off;
   std::vector<int32_t> eps_flat, edges_flat;
   int32_t start = 0, final_state = 0;
-  NfaView view();  // compresses the rows; call once, after building
+  NfaView view();  // compresses the rows (and drops the lists); call once, after building
 };
 
 // Build the NFA of a regular-expression AST over code points, serialised in prefix order as int32:
