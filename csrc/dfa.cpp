@@ -606,10 +606,12 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
       }
       letter_of_class[c] = found;
     }
+    std::vector<int32_t> rc(C);  // the first class of each class's letter
+    for (int64_t c = 0; c < C; ++c) rc[c] = first_class[letter_of_class[c]];
     bool agree = true;
     for (int64_t s = 0; s < n && agree; ++s) {
       const int32_t* row = table + s * C;
-      for (int64_t c = 0; c < C; ++c) agree &= row[c] == row[first_class[letter_of_class[c]]];
+      for (int64_t c = 0; c < C; ++c) agree &= row[c] == row[rc[c]];
     }
     if (!agree) {
       first_class.resize(C);
@@ -673,11 +675,14 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
     }
   }
   std::vector<uint8_t> in_work;  // [block * L + letter]
+  std::vector<int32_t> queued;  // [block]: how many of its letters are in the work list
   std::vector<std::pair<int32_t, int32_t>> work;
   auto push = [&](int32_t b, int64_t l) {
     if (static_cast<int64_t>(in_work.size()) < (b + 1) * L) in_work.resize((b + 1) * L, 0);
+    if (static_cast<int64_t>(queued.size()) <= b) queued.resize(b + 1, 0);
     if (!in_work[b * L + l]) {
       in_work[b * L + l] = 1;
+      ++queued[b];
       work.emplace_back(b, static_cast<int32_t>(l));
     }
   };
@@ -707,6 +712,7 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
     auto [a, l] = work.back();
     work.pop_back();
     in_work[a * L + l] = 0;
+    --queued[a];
     splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
     touched.clear();
     for (int32_t d : splitter) {
@@ -742,9 +748,7 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
                                : block[sink] == nb ? false
                                                    : (last[nb] - first[nb]) <= (last[b] - first[b]);
       // only the smaller side's letters are needed, except where b was queued already
-      bool b_queued = false;
-      for (int64_t ll = 0; ll < L && !b_queued; ++ll)
-        b_queued = static_cast<int64_t>(in_work.size()) > b * L + ll && in_work[b * L + ll];
+      const bool b_queued = static_cast<int64_t>(queued.size()) > b && queued[b] > 0;
       const auto in_new = (new_smaller || b_queued) ? block_enters(nb) : std::bitset<256>();
       const auto in_small = new_smaller ? in_new : block_enters(b);
       for (int64_t ll = 0; ll < L; ++ll) {
