@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 #include "apply.h"
@@ -586,18 +587,27 @@ PYBIND11_MODULE(_core, m) {
             max_nfa_states >= (int64_t(1) << 31))
           throw std::invalid_argument("max_states and max_nfa_states must be in [1, 2^31)");
         Dfa d;
+        // The byte table is allocated here and handed to numpy, not allocated by numpy: numpy asks
+        // for transparent huge pages on large arrays (madvise), and on a machine whose memory is
+        // fragmented the kernel then compacts and zeroes 2 MiB pages on first touch, which cost
+        // seconds for a 300 MB table where ordinary pages cost a tenth of a second.
+        std::unique_ptr<int32_t[]> bytes;
         try {
           py::gil_scoped_release nogil;
           Budget budget(budget_ms, budget_bytes);
-          Nfa nfa = build_nfa(a, n, max_nfa_states, budget);
-          Dfa raw = determinize(nfa.view(), max_states, budget);
-          budget.check_time();
-          d = minimize(raw.table.data(), raw.accept.data(), raw.states(), budget);
+          {
+            Nfa nfa = build_nfa(a, n, max_nfa_states, budget);
+            Dfa raw = determinize(nfa.view(), max_states, budget);
+            budget.check_time();
+            d = minimize(raw, budget);
+          }
+          bytes.reset(new int32_t[static_cast<size_t>(d.states()) * 256]);
+          d.expand(bytes.get());  // rows over letters -> rows over bytes
         } catch (const DfaError& e) {
           throw py::value_error(e.message);
         }
-        py::array_t<int32_t> table({static_cast<py::ssize_t>(d.states()), static_cast<py::ssize_t>(256)});
-        std::memcpy(table.mutable_data(), d.table.data(), d.table.size() * sizeof(int32_t));
+        py::capsule owner(bytes.get(), [](void* p) { delete[] static_cast<int32_t*>(p); });
+        py::array_t<int32_t> table({static_cast<py::ssize_t>(d.states()), static_cast<py::ssize_t>(256)}, bytes.release(), owner);
         py::array_t<uint8_t> accept(static_cast<py::ssize_t>(d.states()));
         std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
         return py::make_tuple(table, accept);

@@ -10,7 +10,6 @@
 #include <stdexcept>
 #include <tuple>
 #include <string>
-#include <unordered_map>
 
 namespace llmserve {
 
@@ -28,57 +27,59 @@ void Budget::fail_memory() const {
 
 namespace {
 
-struct VecHash {
-  size_t operator()(const std::vector<int32_t>& v) const {
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t x : v) {
-      h ^= static_cast<uint32_t>(x);
-      h *= 1099511628211ull;
-    }
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
-};
-
 class Subsets {
  public:
   Subsets(const NfaView& nfa, Budget& budget)
       : nfa_(nfa), budget_(budget), closure1_(nfa.n), done1_(nfa.n, 0), mark_(nfa.n, 0), mark1_(nfa.n, 0) {}
 
-  // Epsilon closure of `qs`, keeping only the states that matter for identity: those with byte
-  // edges, and the final state. Sorted, so that equal sets compare equal.
-  std::vector<int32_t> closure(const std::vector<int32_t>& qs) {
+  // Epsilon closure of qs[0 .. n), keeping only the states that matter for identity: those with
+  // byte edges, and the final state, in no particular order. `hash` does not depend on the order
+  // (a sum of mixed members), and until the next call marked(x) tells whether x is in the closure,
+  // so a set can be compared with it without sorting either.
+  void closure(const int32_t* qs, size_t n, std::vector<int32_t>& out, uint64_t& hash, bool& accepting) {
     ++gen_;
-    std::vector<int32_t> out;
-    for (int32_t q : qs) {
+    out.clear();
+    hash = 0;
+    accepting = false;
+    for (size_t i = 0; i < n; ++i) {
       budget_.poll();
-      for (int32_t x : closure_of(q)) {
+      for (int32_t x : closure_of(qs[i])) {
         if (mark_[x] == gen_) continue;
         mark_[x] = gen_;
-        if (x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]) out.push_back(x);
+        out.push_back(x);
+        hash += mix(static_cast<uint64_t>(x));
+        accepting |= x == nfa_.final_state;
       }
     }
-    std::sort(out.begin(), out.end());
-    return out;
+  }
+  bool marked(int32_t x) const { return mark_[x] == gen_; }
+  static uint64_t mix(uint64_t z) {  // splitmix64's finaliser
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
   }
 
  private:
+  // the states reachable from q by epsilon moves (q included) that matter for identity (see
+  // closure), cached per q
   const std::vector<int32_t>& closure_of(int32_t q) {
     if (done1_[q]) return closure1_[q];
     std::vector<int32_t>& c = closure1_[q];
     ++gen1_;
-    std::vector<int32_t> todo{q};
-    c.push_back(q);
+    todo_.assign(1, q);
     mark1_[q] = gen1_;
-    while (!todo.empty()) {
+    if (keeps(q)) c.push_back(q);
+    while (!todo_.empty()) {
       budget_.poll();
-      int32_t x = todo.back();
-      todo.pop_back();
+      int32_t x = todo_.back();
+      todo_.pop_back();
       for (int64_t k = nfa_.eps_off[x]; k < nfa_.eps_off[x + 1]; ++k) {
         int32_t y = nfa_.eps[k];
         if (mark1_[y] != gen1_) {
           mark1_[y] = gen1_;
-          c.push_back(y);
-          todo.push_back(y);
+          if (keeps(y)) c.push_back(y);
+          todo_.push_back(y);
         }
       }
     }
@@ -87,12 +88,14 @@ class Subsets {
     budget_.charge(static_cast<int64_t>(c.size() * sizeof(int32_t)));
     return c;
   }
+  bool keeps(int32_t x) const { return x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]; }
 
   const NfaView& nfa_;
   Budget& budget_;
   std::vector<std::vector<int32_t>> closure1_;
   std::vector<uint8_t> done1_;
   std::vector<uint64_t> mark_, mark1_;
+  std::vector<int32_t> todo_;
   uint64_t gen_ = 0, gen1_ = 0;
 };
 
@@ -168,23 +171,19 @@ class NfaBuilder {
 
  private:
   int32_t state() {
-    if (static_cast<int64_t>(nfa_.eps.size()) >= limit_)
+    if (nfa_.states >= limit_)
       throw DfaError{"constraint too large: more than " + std::to_string(limit_) + " automaton states"};
     budget_.poll();
-    budget_.charge(64);  // two empty vectors and their first few entries
-    nfa_.eps.emplace_back();
-    nfa_.edges.emplace_back();
-    return static_cast<int32_t>(nfa_.eps.size() - 1);
+    budget_.charge(64);  // a state and its first few moves
+    return static_cast<int32_t>(nfa_.states++);
   }
+  void eps(int32_t from, int32_t to) { nfa_.eps_list.emplace_back(from, to); }
   int32_t at(int64_t i) const {
     if (i >= n_) throw std::invalid_argument("truncated AST");
     return ast_[i];
   }
   void edge(int32_t from, int lo, int hi, int32_t to) {
-    auto& e = nfa_.edges[from];
-    e.push_back(lo);
-    e.push_back(hi);
-    e.push_back(to);
+    nfa_.edge_list.push_back({from, lo, hi, to});
   }
   // the subtree at `pos` (advanced past it) may be built several times (counted repetition)
   std::pair<int32_t, int32_t> node(int64_t& pos) {
@@ -233,7 +232,7 @@ class NfaBuilder {
       int32_t e = s;
       for (int32_t k = 0; k < count; ++k) {
         auto [cs, ce] = node(pos);
-        nfa_.eps[e].push_back(cs);
+        eps(e, cs);
         e = ce;
       }
       return {s, e};
@@ -243,8 +242,8 @@ class NfaBuilder {
       const int32_t s = state(), e = state();
       for (int32_t k = 0; k < count; ++k) {
         auto [cs, ce] = node(pos);
-        nfa_.eps[s].push_back(cs);
-        nfa_.eps[ce].push_back(e);
+        eps(s, cs);
+        eps(ce, e);
       }
       return {s, e};
     }
@@ -263,25 +262,25 @@ class NfaBuilder {
       int32_t e = s;
       for (int32_t k = 0; k < lo; ++k) {
         auto [cs, ce] = again();
-        nfa_.eps[e].push_back(cs);
+        eps(e, cs);
         e = ce;
       }
       if (hi < 0) {
         auto [cs, ce] = again();
         const int32_t loop = state();
-        nfa_.eps[e].push_back(loop);
-        nfa_.eps[loop].push_back(cs);
-        nfa_.eps[ce].push_back(loop);
+        eps(e, loop);
+        eps(loop, cs);
+        eps(ce, loop);
         const int32_t end = state();
-        nfa_.eps[loop].push_back(end);
+        eps(loop, end);
         return {s, end};
       }
       const int32_t end = state();
-      nfa_.eps[e].push_back(end);
+      eps(e, end);
       for (int32_t k = 0; k < hi - lo; ++k) {
         auto [cs, ce] = again();
-        nfa_.eps[e].push_back(cs);
-        nfa_.eps[ce].push_back(end);
+        eps(e, cs);
+        eps(ce, end);
         e = ce;
       }
       if (lo == 0 && hi == 0) skip(pos);  // the child was never built: step over it
@@ -295,7 +294,7 @@ class NfaBuilder {
       for (int32_t q = 0; q < count; ++q) ids[q] = state();
       const int32_t e = state();
       for (int32_t q = 0; q < count; ++q)
-        if (at(pos + q)) nfa_.eps[ids[q]].push_back(e);
+        if (at(pos + q)) eps(ids[q], e);
       pos += count;
       for (int32_t q = 0; q < count; ++q) {
         const int32_t ranges = at(pos++);
@@ -331,20 +330,20 @@ class NfaBuilder {
       const int32_t req = at(pos++);
       auto [cs, ce] = node(pos);
       const int32_t entry = state();
-      nfa_.eps[entry].push_back(cs);
-      nfa_.eps[a[i]].push_back(entry);
-      nfa_.eps[p[i]].push_back(entry);
+      eps(entry, cs);
+      eps(a[i], entry);
+      eps(p[i], entry);
       const int32_t after = state();
-      nfa_.eps[ce].push_back(after);
+      eps(ce, after);
       if (i + 1 < n) edge(after, 0x2C, 0x2C, p[i + 1]);
-      nfa_.eps[after].push_back(e[i + 1]);
+      eps(after, e[i + 1]);
       if (!req) {
-        nfa_.eps[a[i]].push_back(a[i + 1]);
-        if (i + 1 < n) nfa_.eps[p[i]].push_back(p[i + 1]);
-        nfa_.eps[e[i]].push_back(e[i + 1]);
+        eps(a[i], a[i + 1]);
+        if (i + 1 < n) eps(p[i], p[i + 1]);
+        eps(e[i], e[i + 1]);
       }
     }
-    if (!at_least_one) nfa_.eps[a[n]].push_back(end);
+    if (!at_least_one) eps(a[n], end);
     return {s, end};
   }
   // child lo..hi times, comma-separated; unbounded: max(lo, 1) copies, the last looping back
@@ -354,18 +353,18 @@ class NfaBuilder {
     if (lo < 0 || (hi >= 0 && hi < lo)) throw std::invalid_argument("list bounds");
     const int64_t child = pos;
     const int32_t s = state(), end = state();
-    if (lo == 0) nfa_.eps[s].push_back(end);
+    if (lo == 0) eps(s, end);
     const int32_t copies = hi < 0 ? std::max(lo, 1) : hi;
     int32_t cur = s;
     for (int32_t k = 0; k < copies; ++k) {
       int64_t q = child;
       auto [cs, ce] = node(q);
       pos = q;
-      if (k == 0) nfa_.eps[cur].push_back(cs);
+      if (k == 0) eps(cur, cs);
       else edge(cur, 0x2C, 0x2C, cs);
       cur = state();
-      nfa_.eps[ce].push_back(cur);
-      if (k + 1 >= lo) nfa_.eps[cur].push_back(end);
+      eps(ce, cur);
+      if (k + 1 >= lo) eps(cur, end);
       if (hi < 0 && k + 1 == copies) edge(cur, 0x2C, 0x2C, cs);
     }
     if (copies == 0) skip(pos);
@@ -412,17 +411,32 @@ class NfaBuilder {
 }  // namespace
 
 NfaView Nfa::view() {
-  const int64_t n = static_cast<int64_t>(eps.size());
+  // compressed rows by a stable counting sort on the source state: each state's moves keep the
+  // order in which they were added
+  const int64_t n = states;
   eps_off.assign(n + 1, 0);
   edge_off.assign(n + 1, 0);
-  eps_flat.clear();
-  edges_flat.clear();
+  for (const auto& [from, to] : eps_list) ++eps_off[from + 1];
+  for (const auto& e : edge_list) ++edge_off[e[0] + 1];
   for (int64_t q = 0; q < n; ++q) {
-    eps_flat.insert(eps_flat.end(), eps[q].begin(), eps[q].end());
-    edges_flat.insert(edges_flat.end(), edges[q].begin(), edges[q].end());
-    eps_off[q + 1] = static_cast<int64_t>(eps_flat.size());
-    edge_off[q + 1] = static_cast<int64_t>(edges_flat.size() / 3);
+    eps_off[q + 1] += eps_off[q];
+    edge_off[q + 1] += edge_off[q];
   }
+  eps_flat.resize(eps_list.size());
+  edges_flat.resize(3 * edge_list.size());
+  {
+    std::vector<int64_t> fill(eps_off.begin(), eps_off.end() - 1);
+    for (const auto& [from, to] : eps_list) eps_flat[fill[from]++] = to;
+    fill.assign(edge_off.begin(), edge_off.end() - 1);
+    for (const auto& e : edge_list) {
+      int32_t* f = edges_flat.data() + 3 * fill[e[0]]++;
+      f[0] = e[1];
+      f[1] = e[2];
+      f[2] = e[3];
+    }
+  }
+  std::vector<std::pair<int32_t, int32_t>>().swap(eps_list);
+  std::vector<std::array<int32_t, 4>>().swap(edge_list);
   NfaView v;
   v.n = n;
   v.eps_off = eps_off.data();
@@ -438,96 +452,208 @@ Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states, Budget& bud
   return NfaBuilder(ast, n, max_nfa_states, budget).build();
 }
 
+void Dfa::expand(int32_t* out) const {
+  const int64_t n = states();
+  for (int64_t s = 0; s < n; ++s) {
+    const int32_t* row = table.data() + s * letters;
+    int32_t* o = out + s * 256;
+    for (int b = 0; b < 256; ++b) o[b] = row[letter_of[b]];
+  }
+}
+
 Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
-  Subsets sub(nfa, budget);
-  std::unordered_map<std::vector<int32_t>, int32_t, VecHash> index;
-  std::vector<std::vector<int32_t>> order;
-  order.push_back(sub.closure({nfa.start}));
-  index.emplace(order[0], 0);
   Dfa out;
-  std::vector<int32_t> cuts, tgts;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const std::vector<int32_t> cur = order[i];  // copy: `order` grows below
-    out.accept.push_back(std::binary_search(cur.begin(), cur.end(), nfa.final_state) ? 1 : 0);
-    out.table.resize(out.table.size() + 256, -1);
-    int32_t* row = out.table.data() + i * 256;
-    cuts.clear();
+  // byte classes: the intervals between the bounds of the NFA's edges, numbered in byte order
+  {
+    uint8_t cut[257] = {};
+    const int64_t edges = nfa.edge_off[nfa.n];
+    for (int64_t k = 0; k < edges; ++k) {
+      cut[nfa.edges[3 * k]] = 1;
+      cut[nfa.edges[3 * k + 1] + 1] = 1;
+    }
+    int c = 0;
+    for (int b = 0; b < 256; ++b) {
+      if (b > 0 && cut[b]) ++c;
+      out.letter_of[b] = static_cast<uint8_t>(c);
+    }
+    out.letters = c + 1;
+  }
+  const int64_t L = out.letters;
+  const uint8_t* cls = out.letter_of;
+  Subsets sub(nfa, budget);
+  // the subsets found so far, flat: subset i is pool[off[i] .. off[i + 1]), hashed in an
+  // open-addressing table of ids (-1 empty)
+  std::vector<int32_t> pool, cur, nxt, active;
+  std::vector<int64_t> off{0};
+  std::vector<uint64_t> hashes;
+  std::vector<int32_t> slots(1024, -1);
+  uint64_t hmask = slots.size() - 1;
+  auto find_or_add = [&](uint64_t h, bool accepting) -> int32_t {
+    uint64_t i = h & hmask;
+    for (;; i = (i + 1) & hmask) {
+      const int32_t id = slots[i];
+      if (id < 0) break;
+      if (hashes[id] != h || off[id + 1] - off[id] != static_cast<int64_t>(nxt.size())) continue;
+      bool same = true;
+      for (int64_t k = off[id]; k < off[id + 1] && same; ++k) same = sub.marked(pool[k]);
+      if (same) return id;
+    }
+    const int64_t count = static_cast<int64_t>(hashes.size());
+    if (count >= max_states)
+      throw DfaError{"constraint too large: more than " + std::to_string(max_states) + " automaton states"};
+    const int32_t id = static_cast<int32_t>(count);
+    slots[i] = id;
+    hashes.push_back(h);
+    pool.insert(pool.end(), nxt.begin(), nxt.end());
+    off.push_back(static_cast<int64_t>(pool.size()));
+    out.accept.push_back(accepting ? 1 : 0);
+    if (static_cast<uint64_t>(hashes.size()) * 2 > slots.size()) {  // grow: at most half full
+      slots.assign(slots.size() * 2, -1);
+      hmask = slots.size() - 1;
+      for (int32_t j = 0; j <= id; ++j) {
+        uint64_t p = hashes[j] & hmask;
+        while (slots[p] >= 0) p = (p + 1) & hmask;
+        slots[p] = j;
+      }
+    }
+    return id;
+  };
+  {
+    uint64_t h;
+    bool acc;
+    sub.closure(&nfa.start, 1, nxt, h, acc);
+    find_or_add(h, acc);
+  }
+  // per state, a sweep over its edges' class bounds: (class, target, +1 enters / 0 leaves)
+  struct Event {
+    int32_t pos, target, enters;
+  };
+  std::vector<Event> events, sorted;
+  std::vector<int32_t> count(L + 2);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    cur.assign(pool.begin() + off[i], pool.begin() + off[i + 1]);  // copy: `pool` grows below
+    out.table.resize(out.table.size() + L, -1);
+    events.clear();
     for (int32_t q : cur)
       for (int64_t k = nfa.edge_off[q]; k < nfa.edge_off[q + 1]; ++k) {
-        cuts.push_back(nfa.edges[3 * k]);
-        cuts.push_back(nfa.edges[3 * k + 1] + 1);
+        const int32_t t = nfa.edges[3 * k + 2];
+        events.push_back({cls[nfa.edges[3 * k]], t, 1});
+        events.push_back({cls[nfa.edges[3 * k + 1]] + 1, t, 0});
       }
-    if (cuts.empty()) continue;
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    budget.charge(256 * sizeof(int32_t) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
-    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    if (events.empty()) continue;
+    budget.charge(L * static_cast<int64_t>(sizeof(int32_t)) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
+    // sorted by class: where there are more events than classes, by counting
+    if (static_cast<int64_t>(events.size()) > L) {
+      std::fill(count.begin(), count.end(), 0);
+      for (const Event& ev : events) ++count[ev.pos + 1];
+      for (int64_t c = 0; c <= L; ++c) count[c + 1] += count[c];
+      sorted.resize(events.size());
+      for (const Event& ev : events) sorted[count[ev.pos]++] = ev;
+      events.swap(sorted);
+    } else {
+      std::sort(events.begin(), events.end(), [](const Event& x, const Event& y) { return x.pos < y.pos; });
+    }
+    active.clear();
+    for (size_t e = 0; e < events.size();) {
       budget.poll();
-      const int32_t a = cuts[c], b = cuts[c + 1];
-      tgts.clear();
-      for (int32_t q : cur)
-        for (int64_t k = nfa.edge_off[q]; k < nfa.edge_off[q + 1]; ++k)
-          if (nfa.edges[3 * k] <= a && b - 1 <= nfa.edges[3 * k + 1]) tgts.push_back(nfa.edges[3 * k + 2]);
-      if (tgts.empty()) continue;
-      std::vector<int32_t> nxt = sub.closure(tgts);
-      auto it = index.find(nxt);
-      int32_t j;
-      if (it == index.end()) {
-        if (static_cast<int64_t>(order.size()) >= max_states)
-          throw DfaError{"constraint too large: more than " + std::to_string(max_states) + " automaton states"};
-        j = static_cast<int32_t>(order.size());
-        index.emplace(nxt, j);
-        order.push_back(std::move(nxt));
-      } else {
-        j = it->second;
+      const int32_t a = events[e].pos;
+      for (; e < events.size() && events[e].pos == a; ++e) {
+        if (events[e].enters) {
+          active.push_back(events[e].target);
+        } else {
+          auto it = std::find(active.begin(), active.end(), events[e].target);
+          *it = active.back();
+          active.pop_back();
+        }
       }
+      if (active.empty() || e == events.size()) continue;
+      const int32_t b = events[e].pos;
+      uint64_t h;
+      bool acc;
+      sub.closure(active.data(), active.size(), nxt, h, acc);
+      const int32_t j = find_or_add(h, acc);
+      int32_t* row = out.table.data() + i * L;
       for (int32_t x = a; x < b; ++x) row[x] = j;
     }
   }
   return out;
 }
 
-Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& budget) {
+Dfa minimize(const Dfa& raw, Budget& budget) {
   // Hopcroft's partition refinement on the completed automaton: a sink state `n` takes every
   // missing transition. States that cannot reach acceptance end up in the sink's block, which
   // both trims and minimises; blocks are then numbered canonically.
-  const int64_t N = n + 1, sink = n;
-  // bytes that every state treats alike form one letter of a smaller alphabet
-  // A smaller alphabet: the byte intervals over which no state's row changes (cheaper to find than
-  // full column equivalence, and only ever finer).
-  std::vector<int> letters{0};  // the first byte of each letter
+  const int64_t n = raw.states(), N = n + 1, sink = n, C = raw.letters;
+  const int32_t* table = raw.table.data();
+  const uint8_t* accept = raw.accept.data();
+  // A smaller alphabet: the input's letters whose columns agree in every row.
+  std::vector<int32_t> letter_of_class(C), first_class;
   {
-    std::vector<uint8_t> cut(256, 0);
+    std::vector<uint64_t> h(C, 1469598103934665603ull);
     for (int64_t s = 0; s < n; ++s) {
-      const int32_t* row = table + s * 256;
-      for (int b = 1; b < 256; ++b) cut[b] |= row[b] != row[b - 1];
+      const int32_t* row = table + s * C;
+      for (int64_t c = 0; c < C; ++c) h[c] = (h[c] ^ static_cast<uint32_t>(row[c])) * 1099511628211ull;
     }
-    for (int b = 1; b < 256; ++b)
-      if (cut[b]) letters.push_back(b);
+    // classes with equal hashes are taken to agree, then checked in one pass over the rows; if
+    // any pair differs after all (a collision), every class stays a letter of its own
+    for (int64_t c = 0; c < C; ++c) {
+      int32_t found = -1;
+      for (size_t l = 0; l < first_class.size() && found < 0; ++l)
+        if (h[first_class[l]] == h[c]) found = static_cast<int32_t>(l);
+      if (found < 0) {
+        found = static_cast<int32_t>(first_class.size());
+        first_class.push_back(static_cast<int32_t>(c));
+      }
+      letter_of_class[c] = found;
+    }
+    std::vector<int32_t> rc(C);  // the first class of each class's letter
+    for (int64_t c = 0; c < C; ++c) rc[c] = first_class[letter_of_class[c]];
+    bool agree = true;
+    for (int64_t s = 0; s < n && agree; ++s) {
+      const int32_t* row = table + s * C;
+      for (int64_t c = 0; c < C; ++c) agree &= row[c] == row[rc[c]];
+    }
+    if (!agree) {
+      first_class.resize(C);
+      for (int64_t c = 0; c < C; ++c) first_class[c] = letter_of_class[c] = static_cast<int32_t>(c);
+    }
   }
-  const int64_t L = static_cast<int64_t>(letters.size());
-  // transitions over letters, the sink included: next[s * L + l]
-  std::vector<int32_t> next(N * L, static_cast<int32_t>(sink));
+  const int64_t L = static_cast<int64_t>(first_class.size());
+  // the transition of s (< n) on letter l, the sink for a missing one
+  auto next = [&](int64_t s, int64_t l) -> int32_t {
+    const int32_t d = table[s * C + first_class[l]];
+    return d < 0 ? static_cast<int32_t>(sink) : d;
+  };
+  // inverse transitions in compressed rows, per target: the transitions into d are
+  // (inv_s[k], inv_l[k]) for k in [inv_off[d], inv_off[d + 1]), sources and letters. One row per
+  // state, not per (letter, state), keeps this small enough to stay in cache (most states are
+  // entered on one or two letters). Those into the sink are left out: the sink's block is never a
+  // splitter (below), so they are never read; the sink's own transitions (to itself) likewise.
+  // `enters`: the letters on which some transition enters each state.
+  std::vector<int64_t> inv_off(N + 1, 0);
+  std::vector<std::bitset<256>> enters(N);
   for (int64_t s = 0; s < n; ++s)
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t d = table[s * 256 + letters[l]];
-      if (d >= 0) next[s * L + l] = d;
+      const int32_t d = next(s, l);
+      if (d != sink) {
+        enters[d].set(l);
+        ++inv_off[d + 1];
+      }
     }
-  // inverse transitions per letter in compressed rows: the predecessors of d on l are
-  // inv[inv_off[l * (N + 1) + d] .. inv_off[l * (N + 1) + d + 1])
-  std::vector<int64_t> inv_off(L * (N + 1) + 1, 0);
-  std::vector<int32_t> inv(L * N);
-  for (int64_t s = 0; s < N; ++s)
-    for (int64_t l = 0; l < L; ++l) ++inv_off[l * (N + 1) + next[s * L + l] + 1];
-  for (int64_t l = 0; l < L; ++l) {
-    int64_t* off = inv_off.data() + l * (N + 1);
-    off[0] = l * N;
-    for (int64_t d = 0; d < N; ++d) off[d + 1] += off[d];
-  }
+  for (int64_t l = 0; l < L; ++l) enters[sink].set(l);  // the sink's own transitions, on every letter
+  for (int64_t d = 0; d < N; ++d) inv_off[d + 1] += inv_off[d];
+  std::vector<int32_t> inv_s(static_cast<size_t>(inv_off[N]));
+  std::vector<uint8_t> inv_l(static_cast<size_t>(inv_off[N]));
   {
-    std::vector<int64_t> fill(inv_off.begin(), inv_off.end());
-    for (int64_t s = 0; s < N; ++s)
-      for (int64_t l = 0; l < L; ++l) inv[fill[l * (N + 1) + next[s * L + l]]++] = static_cast<int32_t>(s);
+    std::vector<int64_t> fill(inv_off.begin(), inv_off.end() - 1);
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t l = 0; l < L; ++l) {
+        const int32_t d = next(s, l);
+        if (d != sink) {
+          inv_s[fill[d]] = static_cast<int32_t>(s);
+          inv_l[fill[d]++] = static_cast<uint8_t>(l);
+        }
+      }
   }
   // partition: elems holds the states block by block; block b is elems[first[b] .. last[b])
   std::vector<int32_t> elems(N), loc(N), block(N), first, last, marked;
@@ -549,20 +675,20 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
     }
   }
   std::vector<uint8_t> in_work;  // [block * L + letter]
+  std::vector<int32_t> queued;  // [block]: how many of its letters are in the work list
   std::vector<std::pair<int32_t, int32_t>> work;
   auto push = [&](int32_t b, int64_t l) {
     if (static_cast<int64_t>(in_work.size()) < (b + 1) * L) in_work.resize((b + 1) * L, 0);
+    if (static_cast<int64_t>(queued.size()) <= b) queued.resize(b + 1, 0);
     if (!in_work[b * L + l]) {
       in_work[b * L + l] = 1;
+      ++queued[b];
       work.emplace_back(b, static_cast<int32_t>(l));
     }
   };
   // letters on which some transition enters each state: a block that nothing enters on a letter
   // cannot split anything on it, so it is never queued for that letter (most blocks of a
   // constraint automaton are entered on one or two letters out of dozens)
-  std::vector<std::bitset<256>> enters(N);
-  for (int64_t s = 0; s < N; ++s)
-    for (int64_t l = 0; l < L; ++l) enters[next[s * L + l]].set(l);
   auto block_enters = [&](int32_t b) {
     std::bitset<256> in;
     for (int32_t i = first[b]; i < last[b]; ++i) in |= enters[elems[i]];
@@ -586,13 +712,14 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
     auto [a, l] = work.back();
     work.pop_back();
     in_work[a * L + l] = 0;
+    --queued[a];
     splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
     touched.clear();
-    const int64_t* off = inv_off.data() + l * (N + 1);
     for (int32_t d : splitter) {
       budget.poll();
-      for (int64_t k = off[d]; k < off[d + 1]; ++k) {
-        const int32_t s = inv[k];
+      for (int64_t k = inv_off[d]; k < inv_off[d + 1]; ++k) {
+        if (inv_l[k] != l) continue;
+        const int32_t s = inv_s[k];
         const int32_t b = block[s];
         const int32_t pos = first[b] + marked[b];
         if (loc[s] < pos) continue;  // already marked
@@ -621,9 +748,7 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
                                : block[sink] == nb ? false
                                                    : (last[nb] - first[nb]) <= (last[b] - first[b]);
       // only the smaller side's letters are needed, except where b was queued already
-      bool b_queued = false;
-      for (int64_t ll = 0; ll < L && !b_queued; ++ll)
-        b_queued = static_cast<int64_t>(in_work.size()) > b * L + ll && in_work[b * L + ll];
+      const bool b_queued = static_cast<int64_t>(queued.size()) > b && queued[b] > 0;
       const auto in_new = (new_smaller || b_queued) ? block_enters(nb) : std::bitset<256>();
       const auto in_small = new_smaller ? in_new : block_enters(b);
       for (int64_t ll = 0; ll < L; ++ll) {
@@ -644,31 +769,33 @@ Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& bud
   const int32_t dead = block[sink];
   std::vector<int32_t> number(nblocks, -1), queue{block[0]};
   number[block[0]] = 0;
-  auto target = [&](int32_t s, int b) -> int32_t {
-    const int32_t d = table[static_cast<int64_t>(s) * 256 + b];
-    return d < 0 ? dead : block[d];
-  };
-  for (size_t qi = 0; qi < queue.size(); ++qi) {
-    const int32_t s = rep[queue[qi]];
-    for (int b = 0; b < 256; ++b) {
-      const int32_t c = target(s, b);
-      if (c != dead && number[c] < 0) {
-        number[c] = static_cast<int32_t>(queue.size());
-        queue.push_back(c);
-      }
-    }
-  }
+  // The input's letters are byte intervals in increasing order, so walking them walks the bytes;
+  // and the first class of each output letter comes before its others (first_class increases),
+  // so walking the output letters in order discovers the targets in the same order. One pass
+  // numbers the blocks and writes the rows.
   Dfa out;
-  const int64_t m = static_cast<int64_t>(queue.size());
-  out.table.assign(m * 256, -1);
-  out.accept.assign(m, 0);
-  for (int64_t i = 0; i < m; ++i) {
-    const int32_t s = rep[queue[i]];
-    for (int b = 0; b < 256; ++b) {
-      const int32_t c = target(s, b);
-      out.table[i * 256 + b] = c == dead ? -1 : number[c];
+  out.letters = static_cast<int32_t>(L);
+  for (int b = 0; b < 256; ++b) out.letter_of[b] = static_cast<uint8_t>(letter_of_class[raw.letter_of[b]]);
+  out.table.reserve(nblocks * L);
+  out.accept.reserve(nblocks);
+  for (size_t qi = 0; qi < queue.size(); ++qi) {
+    const int32_t* row = table + static_cast<int64_t>(rep[queue[qi]]) * C;
+    out.table.resize(out.table.size() + L);
+    int32_t* o = out.table.data() + qi * L;
+    for (int64_t l = 0; l < L; ++l) {
+      const int32_t d = row[first_class[l]];
+      const int32_t t = d < 0 ? dead : block[d];
+      if (t == dead) {
+        o[l] = -1;
+        continue;
+      }
+      if (number[t] < 0) {
+        number[t] = static_cast<int32_t>(queue.size());
+        queue.push_back(t);
+      }
+      o[l] = number[t];
     }
-    out.accept[i] = accept[s];
+    out.accept.push_back(accept[rep[queue[qi]]]);
   }
   return out;
 }

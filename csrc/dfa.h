@@ -4,17 +4,24 @@
 // the same table for the same NFA; tests compare them.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace llmserve {
 
+// Rows are over letters, not bytes: bytes that every transition treats alike share a letter
+// (letter_of), so a row holds `letters` entries (at most 256) and expand() gives the byte table.
 struct Dfa {
-  std::vector<int32_t> table;  // [S * 256], -1 dead
+  std::vector<int32_t> table;  // [S * letters], -1 dead
   std::vector<uint8_t> accept;  // [S]
+  int32_t letters = 0;
+  uint8_t letter_of[256] = {};  // byte -> letter
   int64_t states() const { return static_cast<int64_t>(accept.size()); }
+  void expand(int32_t* out) const;  // the byte table, [S * 256]
 };
 
 // NFA in compressed rows: state q has epsilon targets eps[eps_off[q] .. eps_off[q+1]) and byte-range
@@ -31,12 +38,13 @@ struct NfaView {
 
 // A Thompson NFA that owns its arrays (see NfaView).
 struct Nfa {
-  std::vector<std::vector<int32_t>> eps;
-  std::vector<std::vector<int32_t>> edges;  // flattened (lo, hi, target) triples per state
+  int64_t states = 0;
+  std::vector<std::pair<int32_t, int32_t>> eps_list;  // (from, to), in the order added
+  std::vector<std::array<int32_t, 4>> edge_list;      // (from, lo, hi, to), in the order added
   std::vector<int64_t> eps_off, edge_off;
   std::vector<int32_t> eps_flat, edges_flat;
   int32_t start = 0, final_state = 0;
-  NfaView view();  // compresses the rows; call once, after building
+  NfaView view();  // compresses the rows (and drops the lists); call once, after building
 };
 
 // Build the NFA of a regular-expression AST over code points, serialised in prefix order as int32:
@@ -83,8 +91,12 @@ class Budget {
 constexpr int kMaxAstDepth = 2000;
 
 Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states, Budget& budget);
+// Subset construction over the NFA's byte classes (the intervals between its edges' bounds, which
+// are contiguous and in byte order): letters are those classes.
 Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget);
 // Trim states that cannot reach acceptance, merge equivalent states, renumber canonically (start 0).
-Dfa minimize(const int32_t* table, const uint8_t* accept, int64_t n, Budget& budget);
+// The input's letters must be contiguous byte intervals in increasing order (as determinize gives);
+// the output's letters are the input's classes of identical columns.
+Dfa minimize(const Dfa& raw, Budget& budget);
 
 }  // namespace llmserve
