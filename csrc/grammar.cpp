@@ -43,6 +43,7 @@ void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, 
 void Grammar::init(bool ready) {
   status.reset(new std::atomic<uint8_t>[S + 1]);
   for (int64_t r = 0; r <= S; ++r) status[r].store(ready ? 2 : 0, std::memory_order_relaxed);
+  ready_count.store(ready ? S + 1 : 0, std::memory_order_relaxed);
   if (!ready) ensure(S);
 }
 
@@ -55,6 +56,7 @@ void Grammar::ensure(int64_t r) const {
   if (st.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
     compute(r);
     st.store(2, std::memory_order_release);
+    ready_count.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   while (st.load(std::memory_order_acquire) != 2) std::this_thread::yield();  // another thread computes it
@@ -68,11 +70,7 @@ void Grammar::complete(int nthreads) const {
   ThreadPool::global().parallel_for(S + 1, [&](int64_t r) { ensure(r); }, nthreads);
 }
 
-int64_t Grammar::ready_rows() const {
-  int64_t n = 0;
-  for (int64_t r = 0; r <= S; ++r) n += ready(r);
-  return n;
-}
+int64_t Grammar::ready_rows() const { return ready_count.load(std::memory_order_relaxed); }
 
 void Grammar::row_words(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const {
   if (compact) {

@@ -71,6 +71,9 @@ struct Grammar {
   int64_t S = 0;
   int32_t start = 0;
   std::unique_ptr<std::atomic<uint8_t>[]> status;  // per mask row: 0 missing, 1 being computed, 2 ready
+  // rows whose status is 2, kept as they become ready: a cache counts a lazy form's memory at each
+  // use, and walking `status` for it cost one load per state
+  mutable std::atomic<int64_t> ready_count{0};
   // set: the rows are complete and compressed (`masks` is null); a compressed grammar is never lazy
   bool compact = false;
   CompactRows rows;
