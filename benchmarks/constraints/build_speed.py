@@ -58,7 +58,7 @@ def record(out: str, only: str = "") -> None:
             js.schema_to_dfa(schema, "native")
         except Exception:
             pass
-    pickle.dump(list(seen.values()), open(out, "wb"))
+    Path(out).write_bytes(pickle.dumps(list(seen.values())))
     print(len(seen), "distinct inputs")
 
 
@@ -69,7 +69,7 @@ def replay(so: str, inp: str, out: str, only: str = "") -> None:
     want = set(only.split(",")) if only else None
     res = {}
     total = 0.0
-    for name, words, max_states, max_nfa in pickle.load(open(inp, "rb")):
+    for name, words, max_states, max_nfa in pickle.loads(Path(inp).read_bytes()):
         if want and name not in want:
             continue
         t = time.perf_counter()
@@ -81,15 +81,17 @@ def replay(so: str, inp: str, out: str, only: str = "") -> None:
         dt = time.perf_counter() - t
         total += dt
         res[hashlib.sha1(words.tobytes()).hexdigest()] = (name, digest, states, dt)
-    json.dump(res, open(out, "w"))
+    Path(out).write_text(json.dumps(res))
     print(len(res), "inputs", f"{total:.2f} s")
 
 
 def compare(a_path: str, b_path: str) -> None:
-    a, b = json.load(open(a_path)), json.load(open(b_path))
+    a, b = json.loads(Path(a_path).read_text()), json.loads(Path(b_path).read_text())
     both = [k for k in a if k in b]
     timed_out = ("ERR constraint compile time",)
-    bad = [k for k in both if a[k][1] != b[k][1] and not (a[k][1].startswith(timed_out) or b[k][1].startswith(timed_out))]
+    bad = [
+        k for k in both if a[k][1] != b[k][1] and not (a[k][1].startswith(timed_out) or b[k][1].startswith(timed_out))
+    ]
     print("compared", len(both), "differ", len(bad))
     for k in bad[:10]:
         print(" ", a[k], b[k])
