@@ -22,6 +22,7 @@ complete forms on disk (``disk_cache.py``).
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,6 +54,21 @@ class Completion:
 
     thread: threading.Thread
     done: threading.Event = field(default_factory=threading.Event)
+
+
+def _sparse_rows(rows: int, words: int) -> NDArray[np.uint32]:
+    """A uint32[rows, words] (zeros, untouched) whose memory is backed page by page as rows are written.
+    numpy asks the kernel for huge pages on large arrays (2 MiB each: one row written there backs
+    about 160 rows' worth at a 100k vocabulary), which would make a lazy form hold far more than the
+    rows it computed, and more than the cache counts; an anonymous mapping kept off huge pages does
+    not."""
+    buf = mmap.mmap(-1, rows * words * 4)
+    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: small pages already
+            pass
+    return np.frombuffer(buf, dtype=np.uint32).reshape(rows, words)
 
 
 class CompiledConstraint:
@@ -112,7 +128,7 @@ class CompiledConstraint:
         accept = np.ascontiguousarray(dfa.accept, dtype=np.uint8)
         # uninitialised: the core writes a whole row before marking it ready, and nothing reads a
         # row before that (``allowed`` and fills ensure it, ``masks`` and the cache wait for all)
-        masks = np.empty((table.shape[0] + 1, vocab.words), dtype=np.uint32)
+        masks = _sparse_rows(table.shape[0] + 1, vocab.words)
         c = cls(vocab, table, accept, masks, dfa.start, key, ready=False)
         c.native.ensure(c.start)
         return c

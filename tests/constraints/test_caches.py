@@ -112,6 +112,27 @@ def test_a_lazy_form_counts_the_rows_it_computed(wide_vocab, limits_of):
     assert compiler_mod._MEMORY.nbytes == grown  # counted again at this use
 
 
+def _anon_rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
+def test_a_lazy_form_holds_only_the_rows_it_computed(wide_vocab, limits_of):
+    """What the cache counts is what the process holds: rows written far apart in a lazy form's
+    buffer back a few pages each, not a huge page (2 MiB, ~160 rows here) each, as a numpy array
+    this large would (numpy asks the kernel for huge pages)."""
+    limits_of()
+    form = compile_constraint(
+        {"regex": "[a-z]{1000}[0-9]{1000}[A-Z]{1000}"}, wide_vocab, cache_dir=False
+    )  # 3,001 rows of 12.5 KB: a 37 MB buffer
+    assert not form.compressed and form.num_states == 3001
+    before = _anon_rss_kb()
+    for state in range(1, 3001, 300):  # ten rows 3.7 MB apart
+        form.allowed(state)
+    grown_kb = _anon_rss_kb() - before
+    assert grown_kb < 4 * 1024, f"ten computed rows (125 KB) grew the process by {grown_kb} KiB"
+
+
 def test_disk_cache_is_bounded_in_bytes(wide_vocab, tmp_path, limits_of):
     vocab = wide_vocab
     limits_of(disk_cache_mb=1)
