@@ -601,6 +601,8 @@ PYBIND11_MODULE(_core, m) {
             budget.check_time();
             d = minimize(raw, budget);
           }
+          // the byte table is what the construction leaves behind: within the memory budget too
+          budget.charge(d.states() * 256 * static_cast<int64_t>(sizeof(int32_t)));
           bytes.reset(new int32_t[static_cast<size_t>(d.states()) * 256]);
           d.expand(bytes.get());  // rows over letters -> rows over bytes
         } catch (const DfaError& e) {

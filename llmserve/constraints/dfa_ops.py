@@ -23,6 +23,11 @@ from llmserve.constraints.regex import (
     compile_ast,
 )
 
+# successors a product builds between two checks of the clock and the state limit (~2 MB of arrays)
+PRODUCT_CHUNK = 1 << 16
+# rows of a product turned from byte classes into bytes between two checks of the clock (8 MB)
+EXPAND_CHUNK = 8192
+
 
 def _byte_classes(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Bytes that every table treats alike share a class: (class of each byte [256], one byte per class).
@@ -74,46 +79,64 @@ def _product(
     rows: list[np.ndarray] = []
     accept: list[np.ndarray] = []
     total = 1
+    # a frontier is expanded in ordered chunks of at most PRODUCT_CHUNK successors, each checked
+    # against the clock and the state limit before the next is built: one wide frontier would
+    # otherwise build arrays of millions of entries past both. States found by an earlier chunk are
+    # in `index` already, so the numbering is the same as over the whole frontier at once.
+    chunk = max(1, PRODUCT_CHUNK // max(width, 1))
     while len(cur):
-        if time.monotonic() > deadline:
-            raise _time_budget_error(budget_ms)
-        frontier = len(cur)
-        ok = np.ones(frontier, dtype=bool)
-        keys = np.zeros((frontier, width), dtype=np.int64)
-        live = np.ones((frontier, width), dtype=bool)
-        for i in range(k):
-            ok &= accepts[i][cur[:, i]]
-            nxt = steps[i][cur[:, i]]  # [frontier, classes]
-            live &= nxt >= 0
-            keys += nxt * weights[i]
-        flat = keys.ravel()
-        where = np.flatnonzero(live.ravel())
-        uniq, first, inverse = np.unique(flat[where], return_index=True, return_inverse=True)
-        ids = np.empty(len(uniq), dtype=np.int64)
-        fresh: list[int] = []
-        for u, key in enumerate(uniq.tolist()):
-            j = index.get(key)
-            if j is None:
-                fresh.append(u)
-            else:
-                ids[u] = j
-        if fresh:
-            new = np.asarray(fresh, dtype=np.int64)
-            new = new[np.argsort(first[new], kind="stable")]  # numbered as the search meets them
-            if total + len(new) > limit * SUBSET_FACTOR:  # minimised below, then held to the limit
-                raise _states_error(limit)
-            ids[new] = np.arange(total, total + len(new))
-            found = uniq[new]
-            index.update(zip(found.tolist(), range(total, total + len(new)), strict=True))
-            total += len(new)
+        found_parts: list[np.ndarray] = []
+        for at in range(0, len(cur), chunk):
+            if time.monotonic() > deadline:
+                raise _time_budget_error(budget_ms)
+            part = cur[at : at + chunk]
+            frontier = len(part)
+            ok = np.ones(frontier, dtype=bool)
+            keys = np.zeros((frontier, width), dtype=np.int64)
+            live = np.ones((frontier, width), dtype=bool)
+            for i in range(k):
+                ok &= accepts[i][part[:, i]]
+                nxt = steps[i][part[:, i]]  # [frontier, classes]
+                live &= nxt >= 0
+                keys += nxt * weights[i]
+            flat = keys.ravel()
+            where = np.flatnonzero(live.ravel())
+            uniq, first, inverse = np.unique(flat[where], return_index=True, return_inverse=True)
+            ids = np.empty(len(uniq), dtype=np.int64)
+            fresh: list[int] = []
+            for u, key in enumerate(uniq.tolist()):
+                j = index.get(key)
+                if j is None:
+                    fresh.append(u)
+                else:
+                    ids[u] = j
+            if fresh:
+                new = np.asarray(fresh, dtype=np.int64)
+                new = new[np.argsort(first[new], kind="stable")]  # numbered as the search meets them
+                if total + len(new) > limit * SUBSET_FACTOR:  # minimised below, then held to the limit
+                    raise _states_error(limit)
+                ids[new] = np.arange(total, total + len(new))
+                found = uniq[new]
+                index.update(zip(found.tolist(), range(total, total + len(new)), strict=True))
+                total += len(new)
+                found_parts.append(found)
+            out = np.full(frontier * width, -1, dtype=np.int32)  # state numbers stay under the limit
+            out[where] = ids[inverse.reshape(-1)]
+            rows.append(out.reshape(frontier, width))  # by class: bytes only once the product is whole
+            accept.append(ok)
+        if found_parts:
+            found = found_parts[0] if len(found_parts) == 1 else np.concatenate(found_parts)
             cur = np.stack([(found // w) % n for w, n in zip(weights, sizes, strict=True)], axis=1)
         else:
             cur = cur[:0]
-        out = np.full(frontier * width, -1, dtype=np.int32)  # state numbers stay under the limit
-        out[where] = ids[inverse.reshape(-1)]
-        rows.append(out.reshape(frontier, width)[:, cls_of])
-        accept.append(ok)
-    table = rows[0] if len(rows) == 1 else np.concatenate(rows)
+    narrow = rows[0] if len(rows) == 1 else np.concatenate(rows)
+    # by byte, EXPAND_CHUNK rows at a time between checks of the clock: hundreds of thousands of
+    # states make hundreds of MB
+    table = np.empty((narrow.shape[0], 256), dtype=np.int32)
+    for at in range(0, narrow.shape[0], EXPAND_CHUNK):
+        if time.monotonic() > deadline:
+            raise _time_budget_error(budget_ms)
+        table[at : at + EXPAND_CHUNK] = narrow[at : at + EXPAND_CHUNK][:, cls_of]
     return ByteDFA(table, np.concatenate(accept).astype(np.uint8), 0)
 
 

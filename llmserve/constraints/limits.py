@@ -36,7 +36,7 @@ The native core reads three more variables itself, when it loads; they are check
 malformed value is an error rather than the default in silence:
 
 =====================================  =========  ==================================================
-LLMSERVE_CONSTRAINT_THREADS            CPUs (16)  the mask pool's threads (a positive integer)
+LLMSERVE_CONSTRAINT_THREADS            CPUs (16)  the mask pool's threads (1 to 4096)
 LLMSERVE_CONSTRAINT_SPIN_US            200        how long an idle pool worker spins before it
                                                   sleeps (0: never spins)
 LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US    50000      how long workers stop spinning once the CPUs are
@@ -61,11 +61,11 @@ ENV = {
     "complete_max_mb": "LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB",
 }
 
-# read by the native core (csrc/thread_pool.cpp) at load: the least value each may take
+# read by the native core (csrc/thread_pool.cpp) at load: the least and the most value each may take
 CORE_ENV = {
-    "LLMSERVE_CONSTRAINT_THREADS": 1,
-    "LLMSERVE_CONSTRAINT_SPIN_US": 0,
-    "LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US": 0,
+    "LLMSERVE_CONSTRAINT_THREADS": (1, 4096),
+    "LLMSERVE_CONSTRAINT_SPIN_US": (0, 10**12),
+    "LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US": (0, 10**12),
 }
 
 
@@ -74,6 +74,12 @@ def _whole_number(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+def _plain_digits(text: str) -> int | None:
+    """``text`` as the core reads it (C's strtoll/atoi): ASCII digits only, no sign, no ``_``."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -101,14 +107,14 @@ class Limits:
                 # a configuration error, found at the first constraint: never silently unlimited
                 raise ConstraintError(f"{var}={text!r} must be a positive integer", hint=f"Unset {var} or fix it.")
             values[field] = value
-        for var, least in CORE_ENV.items():
+        for var, (least, most) in CORE_ENV.items():
             text = env.get(var)
             if text is None or text == "":
                 continue
-            value = _whole_number(text)
-            if value is None or value < least:
-                # the core would take its default without a word: the operator asked for something else
-                what = "a positive integer" if least > 0 else "a whole number of microseconds, 0 or more"
+            value = _plain_digits(text)
+            if value is None or not least <= value <= most:
+                # the core would take its default, or read another number, without a word
+                what = f"a whole number from {least} to {most}" + ("" if least > 0 else " (microseconds)")
                 raise ConstraintError(f"{var}={text!r} must be {what}", hint=f"Unset {var} or fix it.")
         return cls(**values)
 

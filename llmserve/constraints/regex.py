@@ -953,8 +953,10 @@ def expanded_size(node, cap: int) -> int:
     return sizes[id(node)]
 
 
-def serialize_ast(node) -> np.ndarray:
-    """The AST in the prefix int32 form the native builder reads (layout in csrc/dfa.h)."""
+def serialize_ast(node, deadline: float | None = None, budget_ms: int = 0) -> np.ndarray:
+    """The AST in the prefix int32 form the native builder reads (layout in csrc/dfa.h).
+    ``deadline`` (a ``time.monotonic()``): the compile time budget of ``budget_ms``, checked while
+    large embedded automata are encoded."""
     chunks: list[np.ndarray] = []
     out: list[int] = []
     stack = [node]
@@ -984,7 +986,7 @@ def serialize_ast(node) -> np.ndarray:
         elif kind == "dfa":
             # the same automaton is embedded at every use of a shared $ref or free-form value:
             # its encoding is computed once (per-row Python loops cost seconds on large schemas)
-            chunks += (np.array(out, dtype=np.int32), _dfa_words(n[1]))
+            chunks += (np.array(out, dtype=np.int32), _dfa_words(n[1], deadline, budget_ms))
             out = []
         else:
             raise AssertionError(kind)
@@ -992,33 +994,50 @@ def serialize_ast(node) -> np.ndarray:
     return np.concatenate(chunks)
 
 
-def _dfa_words(dfa: ByteDFA) -> np.ndarray:
+# rows of an embedded automaton encoded between two checks of the clock
+WORDS_CHUNK = 8192
+
+
+def _dfa_words(dfa: ByteDFA, deadline: float | None = None, budget_ms: int = 0) -> np.ndarray:
     """An embedded automaton's encoding: kind, states, start, accept flags, then per row the count
-    of its (lo, hi, target) runs of equal live targets and the runs. Cached on the automaton."""
+    of its (lo, hi, target) runs of equal live targets and the runs. Cached on the automaton.
+    Encoded WORDS_CHUNK rows at a time, the clock checked between (``deadline``): a product of
+    hundreds of thousands of states takes seconds."""
     cached = dfa.__dict__.get("_words")
     if cached is not None:
         return cached
-    t = np.asarray(dfa.table, dtype=np.int32)
+    t_all = np.asarray(dfa.table, dtype=np.int32)
+    head = np.array([_DFA, t_all.shape[0], dfa.start], dtype=np.int32)
+    parts = [head, np.asarray(dfa.accept, dtype=np.int32)]
+    for at in range(0, t_all.shape[0], WORDS_CHUNK):
+        if deadline is not None and time.monotonic() > deadline:
+            raise _time_budget_error(budget_ms)
+        parts.append(_rows_words(t_all[at : at + WORDS_CHUNK]))
+    words = np.concatenate(parts)
+    object.__setattr__(dfa, "_words", words)
+    return words
+
+
+def _rows_words(t: np.ndarray) -> np.ndarray:
+    """Rows ``t`` as ``_dfa_words`` lays them out: per row its count of runs, then the runs."""
     n = t.shape[0]
     live = t >= 0
-    prev = np.full((n, 1), -2, np.int32)
-    nxt = np.full((n, 1), -2, np.int32)
-    starts = live & (t != np.hstack([prev, t[:, :-1]]))
-    ends = live & (t != np.hstack([t[:, 1:], nxt]))
+    starts = live.copy()  # a run starts at byte 0, or where the target changes
+    starts[:, 1:] &= t[:, 1:] != t[:, :-1]
+    ends = live.copy()  # and ends at byte 255, or before a change
+    ends[:, :-1] &= t[:, :-1] != t[:, 1:]
     rows, lo = np.nonzero(starts)  # row-major: runs in row order, bytes increasing
     _, hi = np.nonzero(ends)
     counts = np.bincount(rows, minlength=n)
-    head = np.array([_DFA, n, dfa.start], dtype=np.int32)
     body = np.empty(n + 3 * len(rows), dtype=np.int32)
-    row_at = np.arange(n) + 3 * (np.cumsum(counts) - counts)  # where each row's count goes
+    before = np.cumsum(counts) - counts  # runs of the rows before each row
+    row_at = np.arange(n) + 3 * before  # where each row's count goes
     body[row_at] = counts
-    first_run = row_at[rows] + 1 + 3 * (np.arange(len(rows)) - (np.cumsum(counts) - counts)[rows])
+    first_run = row_at[rows] + 1 + 3 * (np.arange(len(rows)) - before[rows])
     body[first_run] = lo
     body[first_run + 1] = hi
     body[first_run + 2] = t[rows, lo]
-    words = np.concatenate([head, np.asarray(dfa.accept, dtype=np.int32), body])
-    object.__setattr__(dfa, "_words", words)
-    return words
+    return body
 
 
 def _check_size(node, lim: Limits) -> None:
@@ -1033,7 +1052,7 @@ def _check_size(node, lim: Limits) -> None:
 
 def _native_dfa(node, lim: Limits, deadline: float) -> ByteDFA:
     require_native()
-    words = serialize_ast(node)  # counted in the budget: before left_ms is taken
+    words = serialize_ast(node, deadline, lim.compile_ms)  # counted in the budget: before left_ms is taken
     left_ms = int((deadline - time.monotonic()) * 1000)
     if left_ms <= 0:
         raise _time_budget_error(lim.compile_ms)

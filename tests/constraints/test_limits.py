@@ -21,6 +21,7 @@ import pytest
 
 from llmserve.constraints import ConstraintError, compile_regex
 from llmserve.constraints import compiler as compiler_mod
+from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.limits import Limits, set_limits
 from llmserve.constraints.spec import spec_from_request
 
@@ -182,6 +183,34 @@ def test_memory_budget_names_the_limit(limits_of):
         compile_regex("((a|b|c|d|e|f|g|h)?){1000}")
 
 
+def test_the_byte_table_counts_against_the_memory_budget(limits_of):
+    """The construction runs over byte classes (a few columns per state), but what it hands back is
+    256 columns of int32 per state: 65,536 states are 64 MiB, over a budget of 8 MiB."""
+    limits_of(compile_mb=8)
+    with pytest.raises(ConstraintError, match=r"memory budget \(8 MiB\)"):
+        compile_regex("(?:a|b)*a(?:a|b){15}")
+    limits_of(compile_mb=128)
+    assert compile_regex("(?:a|b)*a(?:a|b){15}").num_states == 65_536
+
+
+def test_a_wide_intersection_keeps_the_time_budget(limits_of):
+    """Three patterns whose product has hundreds of thousands of states: the product is built a
+    bounded chunk at a time, the clock checked between, and refused near the budget (it ran 3x past
+    it when each breadth-first level was built whole)."""
+    limits_of(compile_ms=500)
+    chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567"
+    any_char = f"[{chars}]"
+
+    def remember(pos: int) -> str:
+        return f"{any_char}{{{pos}}}(?:" + "|".join(f"{c}{any_char}{{{3 - pos}}}{c}" for c in chars) + ")"
+
+    parts = [compile_regex(remember(p)) for p in range(3)]
+    t = time.monotonic()
+    with pytest.raises(ConstraintError, match=r"time budget \(500 ms\)"):
+        intersect(parts)
+    assert time.monotonic() - t < 2  # the budget plus the time to notice, on a busy machine
+
+
 def test_expanded_repetition_is_refused_before_it_is_built(limits_of):
     limits_of(max_nfa_states=100_000)
     t = time.perf_counter()
@@ -226,6 +255,9 @@ def test_the_cores_own_variables_are_checked_too():
         ("LLMSERVE_CONSTRAINT_SPIN_US", "-1"),
         ("LLMSERVE_CONSTRAINT_SPIN_US", "200us"),
         ("LLMSERVE_CONSTRAINT_SPIN_BACKOFF_US", "1e3"),
+        ("LLMSERVE_CONSTRAINT_SPIN_US", "3_000"),  # Python reads 3000, the core 3
+        ("LLMSERVE_CONSTRAINT_THREADS", "\u0663"),  # an Arabic-Indic 3: the core reads no number
+        ("LLMSERVE_CONSTRAINT_THREADS", "99999999999"),  # past what the core's atoi holds
     ):
         with pytest.raises(ConstraintError, match=var) as err:
             Limits.from_env({var: bad})
