@@ -187,10 +187,10 @@ def _merge_properties(a: dict, b: dict, out: dict) -> None:
         schema: Any = sides[0]
         for s in sides[1:]:
             schema = both(schema, s)
-        if schema is False:
-            if name in required:
-                raise Unsatisfiable(f"json_schema: required property {name!r} is not allowed by additionalProperties")
-            continue
+        if schema is False and name in required:
+            raise Unsatisfiable(f"json_schema: required property {name!r} is not allowed by additionalProperties")
+        # a name no value is allowed for stays declared as false: dropped, it would be valued by the
+        # merged additionalProperties (any value, unless that is false)
         merged[name] = schema
     out["properties"] = merged
 

@@ -403,3 +403,31 @@ def test_telling_deeply_nested_all_of_apart_stays_fast():
     start = time.monotonic()
     assert not _disjoint(a, b)
     assert time.monotonic() - start < 1.0
+
+
+MODES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"mode": {"enum": ["extract", "search"]}, "message": {"type": "string"}},
+}
+FORBIDS_MESSAGE = {"if": {"properties": {"mode": {"const": "extract"}}, "required": ["mode"]}}
+FORBIDS_MESSAGE["then"] = {"properties": {"message": False}}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {**MODES, **FORBIDS_MESSAGE},
+        {**MODES, "allOf": [FORBIDS_MESSAGE]},
+        {"allOf": [{"properties": {"message": False}}, {"properties": {"message": {"type": "string"}}}]},
+    ],
+)
+def test_a_property_that_one_side_of_a_merge_forbids_stays_forbidden(schema):
+    """``properties: {name: false}`` merged with a side that does not declare the name (an if/then's
+    'if', here) used to drop the name: the other side's schema for it then applied alone. Seen on
+    SchemaStore's semgrep rules schema (11c281e26573): 30 of 300 sampled answers held a 'message'
+    with mode 'extract'."""
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b'{"mode":"extract","message":"x"}')
+    for value in samples(schema):
+        jsonschema.validate(value, schema)
