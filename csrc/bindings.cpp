@@ -60,6 +60,34 @@ const int32_t* dfa_table(py::array& table, py::array& accept, int64_t& S) {
   return t;
 }
 
+// A DFA's transitions over byte classes: classes uint8[256] and table int32[S, C] with C-contiguous
+// rows, every class below C and every entry a state or -1. Checked whole: the arrays may come from a
+// cache file.
+Transitions class_table(py::array& classes, py::array& table, py::array& accept, int64_t& S) {
+  const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
+  const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
+  buffer_of<uint8_t>(accept, 1, "accept", false);
+  S = table.shape(0);
+  const int64_t C = table.shape(1);
+  if (classes.shape(0) != 256 || accept.shape(0) != S || C < 1 || C > 256 ||
+      (S > 1 && table.strides(0) != C * static_cast<py::ssize_t>(sizeof(int32_t))))
+    throw std::invalid_argument("classes/table/accept shapes");
+  for (int b = 0; b < 256; ++b)
+    if (cls[b] >= C) throw std::invalid_argument("byte class out of range");
+  for (int64_t i = 0; i < S * C; ++i)
+    if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
+  return Transitions{t, cls, C};
+}
+
+// The transitions of a table given with or without its byte classes (None: a dense [S, 256] table).
+Transitions any_table(const py::object& classes, py::array& table, py::array& accept, int64_t& S) {
+  if (classes.is_none()) return Transitions::dense(dfa_table(table, accept, S));
+  // the very array, not a converted copy: the caller keeps `classes` alive, not a temporary
+  if (!py::isinstance<py::array>(classes)) throw py::type_error("classes must be a numpy array");
+  py::array c = py::reinterpret_borrow<py::array>(classes);
+  return class_table(c, table, accept, S);
+}
+
 // A Python object that must be of a core class (pybind's own cast failure is a RuntimeError).
 template <typename T>
 T& cast_to(const py::object& o, const char* what) {
@@ -112,18 +140,8 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::array tabl
   g.g = std::make_shared<Grammar>();
   Grammar& gr = *g.g;
   gr.vocab = v.v;
-  const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
-  const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
-  buffer_of<uint8_t>(accept, 1, "accept", false);
-  const int64_t S = table.shape(0), C = table.shape(1);
-  if (classes.shape(0) != 256 || accept.shape(0) != S || C < 1 || C > 256 ||
-      (S > 1 && table.strides(0) != C * static_cast<py::ssize_t>(sizeof(int32_t))))
-    throw std::invalid_argument("classes/table/accept shapes");
-  for (int b = 0; b < 256; ++b)
-    if (cls[b] >= C) throw std::invalid_argument("byte class out of range");
-  for (int64_t i = 0; i < S * C; ++i)
-    if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
-  gr.tr = Transitions{t, cls, C};
+  int64_t S = 0;
+  gr.tr = class_table(classes, table, accept, S);
   gr.accept = static_cast<const uint8_t*>(accept.data());
   gr.S = S;
   gr.start = start;
@@ -375,12 +393,12 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyGrammar>(m, "Grammar")
       .def(py::init([](const PyVocab& v, py::array table, py::array accept, py::array masks, int32_t start,
-                       bool ready) {
+                       bool ready, py::object classes) {
              PyGrammar g;
              g.g = std::make_shared<Grammar>();
              g.g->vocab = v.v;
              int64_t S = 0;
-             g.g->tr = Transitions::dense(dfa_table(table, accept, S));
+             g.g->tr = any_table(classes, table, accept, S);
              g.g->accept = static_cast<const uint8_t*>(accept.data());
              // a lazy grammar writes its rows as they are first needed
              g.g->masks = buffer_of<uint32_t>(masks, 2, "masks", !ready);
@@ -391,12 +409,13 @@ PYBIND11_MODULE(_core, m) {
                throw std::invalid_argument("grammar buffers do not fit the vocabulary");
              g.g->init(ready);
              g.table = table;
+             g.classes = classes;
              g.accept = accept;
              g.masks = masks;
              return g;
            }),
            py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0,
-           py::arg("ready") = true)
+           py::arg("ready") = true, py::arg("classes") = py::none())
       .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("classes"), py::arg("table"),
                   py::arg("accept"), py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"),
                   py::arg("start") = 0)
@@ -422,7 +441,7 @@ PYBIND11_MODULE(_core, m) {
             {
               py::gil_scoped_release nogil;
               a = compact_rows(gr.masks, gr.S + 1, gr.vocab->words(), nthreads);
-              ct = byte_classes(gr.tr.t, gr.S, classes.mutable_data(), C);
+              ct = byte_classes(gr.tr, gr.S, classes.mutable_data(), C);
             }
             py::array_t<int32_t> table({static_cast<py::ssize_t>(gr.S), static_cast<py::ssize_t>(C)});
             if (!ct.empty()) std::memcpy(table.mutable_data(), ct.data(), ct.size() * sizeof(int32_t));
@@ -523,9 +542,9 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "token_distances",
-      [](const PyVocab& v, py::array table, py::array accept, py::array dist, py::array order) {
+      [](const PyVocab& v, py::array table, py::array accept, py::array dist, py::array order, py::object classes) {
         int64_t S = 0;
-        const int32_t* t = dfa_table(table, accept, S);
+        const Transitions tr = any_table(classes, table, accept, S);
         const uint8_t* a = static_cast<const uint8_t*>(accept.data());
         int32_t* d = buffer_of<int32_t>(dist, 1, "dist", true);
         const int32_t* ord = buffer_of<int32_t>(order, 1, "order", false);
@@ -533,9 +552,10 @@ PYBIND11_MODULE(_core, m) {
           throw std::invalid_argument("token_distances: dist and order must be [S]");
         check_order(ord, S);
         py::gil_scoped_release nogil;
-        return lower_token_distances(*v.v, Transitions::dense(t), a, S, d, ord);
+        return lower_token_distances(*v.v, tr, a, S, d, ord);
       },
       py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("dist"), py::arg("order"),
+      py::arg("classes") = py::none(),
       "Grammar.token_distances from the automaton alone (no mask rows): what a budget check needs.");
 
   py::class_<PyBatch>(m, "Batch")
@@ -580,7 +600,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "build_dfa",
-      [](py::array ast, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms, int64_t budget_bytes) {
+      [](py::array ast, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms, int64_t budget_bytes,
+         bool classes) -> py::tuple {
         const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
         const int64_t n = ast.shape(0);
         if (max_states <= 0 || max_nfa_states <= 0 || max_states >= (int64_t(1) << 31) ||
@@ -601,22 +622,36 @@ PYBIND11_MODULE(_core, m) {
             budget.check_time();
             d = minimize(raw, budget);
           }
-          // the byte table is what the construction leaves behind: within the memory budget too
+          // the byte table is what the construction leaves behind, or may be expanded to later:
+          // within the memory budget too
           budget.charge(d.states() * 256 * static_cast<int64_t>(sizeof(int32_t)));
-          bytes.reset(new int32_t[static_cast<size_t>(d.states()) * 256]);
-          d.expand(bytes.get());  // rows over letters -> rows over bytes
+          if (!classes) {
+            bytes.reset(new int32_t[static_cast<size_t>(d.states()) * 256]);
+            d.expand(bytes.get());  // rows over letters -> rows over bytes
+          }
         } catch (const DfaError& e) {
           throw py::value_error(e.message);
         }
-        py::capsule owner(bytes.get(), [](void* p) { delete[] static_cast<int32_t*>(p); });
-        py::array_t<int32_t> table({static_cast<py::ssize_t>(d.states()), static_cast<py::ssize_t>(256)}, bytes.release(), owner);
-        py::array_t<uint8_t> accept(static_cast<py::ssize_t>(d.states()));
+        const auto S = static_cast<py::ssize_t>(d.states());
+        py::array_t<uint8_t> accept(S);
         std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
-        return py::make_tuple(table, accept);
+        if (!classes) {
+          py::capsule owner(bytes.get(), [](void* p) { delete[] static_cast<int32_t*>(p); });
+          py::array_t<int32_t> table({S, static_cast<py::ssize_t>(256)}, bytes.release(), owner);
+          return py::make_tuple(table, accept);
+        }
+        // the construction's own rows, handed over as they are (no copy, no fresh pages to fault in)
+        auto* rows = new std::vector<int32_t>(std::move(d.table));
+        py::capsule owner(rows, [](void* p) { delete static_cast<std::vector<int32_t>*>(p); });
+        py::array_t<int32_t> table({S, static_cast<py::ssize_t>(d.letters)}, rows->data(), owner);
+        py::array_t<uint8_t> letter_of(256);
+        std::memcpy(letter_of.mutable_data(), d.letter_of, 256);
+        return py::make_tuple(letter_of, table, accept);
       },
       py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"), py::arg("budget_ms") = 0,
-      py::arg("budget_bytes") = 0,
-      "Regular-expression AST (serialised, see dfa.h) -> minimal byte DFA (table int32[S,256], accept uint8[S]).");
+      py::arg("budget_bytes") = 0, py::arg("classes") = false,
+      "Regular-expression AST (serialised, see dfa.h) -> minimal byte DFA: (table int32[S,256], accept uint8[S]), "
+      "or with classes=True (classes uint8[256], table int32[S,C], accept uint8[S]), C the byte classes.");
 
   m.def(
       "checksum",

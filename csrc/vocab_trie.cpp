@@ -77,20 +77,24 @@ Transitions Transitions::dense(const int32_t* table) {
   return Transitions{table, identity.data(), 256};
 }
 
-std::vector<int32_t> byte_classes(const int32_t* table, int64_t S, uint8_t* cls, int64_t& C) {
+std::vector<int32_t> byte_classes(const Transitions& tr, int64_t S, uint8_t* cls, int64_t& C) {
   std::vector<int> first;  // per class, its first byte
   uint64_t hash[256];
   for (int b = 0; b < 256; ++b) {
     uint64_t h = 0x9E3779B97F4A7C15ull;
-    for (int64_t s = 0; s < S; ++s) h = (h ^ static_cast<uint32_t>(table[s * 256 + b])) * 0x100000001B3ull + (h >> 29);
+    for (int64_t s = 0; s < S; ++s)
+      h = (h ^ static_cast<uint32_t>(tr.next(static_cast<int32_t>(s), static_cast<uint8_t>(b)))) * 0x100000001B3ull + (h >> 29);
     hash[b] = h;
   }
   for (int b = 0; b < 256; ++b) {
     int found = -1;
     for (size_t c = 0; c < first.size() && found < 0; ++c) {
       if (hash[first[c]] != hash[b]) continue;
+      const uint8_t x = static_cast<uint8_t>(b), y = static_cast<uint8_t>(first[c]);
       bool same = true;
-      for (int64_t s = 0; s < S && same; ++s) same = table[s * 256 + b] == table[s * 256 + first[c]];
+      if (tr.cls[x] != tr.cls[y])  // else one input column: equal in every row
+        for (int64_t s = 0; s < S && same; ++s)
+          same = tr.next(static_cast<int32_t>(s), x) == tr.next(static_cast<int32_t>(s), y);
       if (same) found = static_cast<int>(c);
     }
     if (found < 0) {
@@ -102,7 +106,7 @@ std::vector<int32_t> byte_classes(const int32_t* table, int64_t S, uint8_t* cls,
   C = static_cast<int64_t>(first.size());
   std::vector<int32_t> out(S * C);
   for (int64_t s = 0; s < S; ++s)
-    for (int64_t c = 0; c < C; ++c) out[s * C + c] = table[s * 256 + first[c]];
+    for (int64_t c = 0; c < C; ++c) out[s * C + c] = tr.next(static_cast<int32_t>(s), static_cast<uint8_t>(first[c]));
   return out;
 }
 

@@ -22,9 +22,10 @@ struct Transitions {
   static Transitions dense(const int32_t* table);
 };
 
-// Byte classes of a dense table[S, 256]: cls[256] (classes numbered by first byte) and the table
-// with one column per class, [S, C].
-std::vector<int32_t> byte_classes(const int32_t* table, int64_t S, uint8_t* cls, int64_t& C);
+// The byte classes of an automaton, fewest (bytes every state treats alike share one): cls[256]
+// (classes numbered by first byte) and the table with one column per class, [S, C]. From a dense
+// table or from classes already (a construction's letters may leave two columns equal).
+std::vector<int32_t> byte_classes(const Transitions& tr, int64_t S, uint8_t* cls, int64_t& C);
 
 class Vocab {
  public:

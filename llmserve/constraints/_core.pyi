@@ -5,7 +5,8 @@
 # wrong class) rather than touch memory they do not own):
 #   vocabulary  offsets int64[size + 1], data uint8: token i = data[offsets[i]:offsets[i + 1]]
 #               (an empty token is never allowed); W = (size + 31) // 32 uint32 words per mask row
-#   DFA         table int32[S, 256] (-1: dead), accept uint8[S], start state in [0, S)
+#   DFA         table int32[S, 256] (-1: dead), accept uint8[S], start state in [0, S); or over byte
+#               classes: classes uint8[256] and table int32[S, C], next state on byte b table[s, classes[b]]
 #   masks       uint32[S + 1, W]: row s = tokens allowed in state s, row S = the dead row (end of
 #               sequence only); bit (t % 32) of word (t // 32) set = token t allowed
 #   batch       bitmask uint32[B, W'] (W' >= ceil(V / 32)), logits float32[B, V] (rows may be strided),
@@ -15,6 +16,7 @@
 # others hold it (they are O(1) or read Python objects).
 
 from collections.abc import Sequence
+from typing import Literal, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -101,8 +103,10 @@ class Grammar:
         masks: NDArray[np.uint32],
         start: int = 0,
         ready: bool = True,
+        classes: NDArray[np.uint8] | None = None,
     ) -> None:
-        """table int32[S, 256], accept uint8[S], masks uint32[S + 1, vocab.words]."""
+        """table int32[S, 256] (or int32[S, C] with its ``classes``), accept uint8[S],
+        masks uint32[S + 1, vocab.words]."""
     @staticmethod
     def compressed(
         vocab: Vocab,
@@ -158,7 +162,12 @@ class Grammar:
     def start(self) -> int: ...
 
 def token_distances(
-    vocab: Vocab, table: NDArray[np.int32], accept: NDArray[np.uint8], dist: NDArray[np.int32], order: NDArray[np.int32]
+    vocab: Vocab,
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    dist: NDArray[np.int32],
+    order: NDArray[np.int32],
+    classes: NDArray[np.uint8] | None = None,
 ) -> int:
     """``Grammar.token_distances`` from the automaton alone: reads no mask row, so a budget check
     needs no compiled mask tables. Releases the GIL."""
@@ -197,11 +206,37 @@ class Batch:
 def finished_next() -> int:
     """Wait (without the GIL) for a queued grammar, complete it on this thread, return its id."""
 
+@overload
 def build_dfa(
-    ast: NDArray[np.int32], max_states: int, max_nfa_states: int, budget_ms: int = 0, budget_bytes: int = 0
-) -> tuple[NDArray[np.int32], NDArray[np.uint8]]:
+    ast: NDArray[np.int32],
+    max_states: int,
+    max_nfa_states: int,
+    budget_ms: int = 0,
+    budget_bytes: int = 0,
+    classes: Literal[False] = False,
+) -> tuple[NDArray[np.int32], NDArray[np.uint8]]: ...
+@overload
+def build_dfa(
+    ast: NDArray[np.int32],
+    max_states: int,
+    max_nfa_states: int,
+    budget_ms: int = 0,
+    budget_bytes: int = 0,
+    *,
+    classes: Literal[True],
+) -> tuple[NDArray[np.uint8], NDArray[np.int32], NDArray[np.uint8]]: ...
+@overload
+def build_dfa(
+    ast: NDArray[np.int32],
+    max_states: int,
+    max_nfa_states: int,
+    budget_ms: int = 0,
+    budget_bytes: int = 0,
+    classes: bool = False,
+) -> tuple[NDArray, ...]:
     """Regular-expression AST (int32[N], serialised as in csrc/dfa.h) -> minimal byte DFA
-    (table int32[S, 256], accept uint8[S]). Releases the GIL. ValueError: too many states, a
+    (table int32[S, 256], accept uint8[S]; with ``classes``: (classes uint8[256], table int32[S, C],
+    accept uint8[S]), C the byte classes the construction used, no byte table built). Releases the GIL. ValueError: too many states, a
     language with no string, a malformed AST (or one nested deeper than 2000), or a budget exceeded
     ("constraint compile time budget (N ms) exceeded" after ``budget_ms``; "... memory budget ..."
     past ``budget_bytes`` of construction memory; 0: no limit)."""

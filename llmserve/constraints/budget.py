@@ -35,12 +35,22 @@ class BudgetError(ConstraintError):
     default_hint = "Raise max_tokens, or loosen the constraint (fewer required properties, shorter minimums)."
 
 
-def distances(table: NDArray[np.int32], accept: NDArray[np.uint8], bytes_usable: NDArray[np.bool_] | None = None):
+def distances(
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    bytes_usable: NDArray[np.bool_] | None = None,
+    classes: NDArray[np.uint8] | None = None,
+):
     """int32 [S]: fewest single-byte steps to an accepting state (UNREACHABLE where none), a
-    breadth-first search backwards from the accepting states."""
+    breadth-first search backwards from the accepting states. ``classes``: ``table`` is over byte
+    classes, int32[S, C] (see ``regex.ByteDFA``); a class is a usable step when any of its bytes is."""
     table = np.asarray(table)
     n = table.shape[0]
     usable = np.ones(256, dtype=bool) if bytes_usable is None else np.asarray(bytes_usable, dtype=bool)
+    if classes is not None:
+        by_class = np.zeros(table.shape[1], dtype=bool)
+        np.logical_or.at(by_class, np.asarray(classes, dtype=np.intp), usable)
+        usable = by_class
     # reverse edges over usable bytes: (target, source) pairs
     src, byte = np.nonzero((table >= 0) & usable[None, :])
     dst = table[src, byte]
@@ -60,12 +70,13 @@ def distances(table: NDArray[np.int32], accept: NDArray[np.uint8], bytes_usable:
     return dist
 
 
-def token_distances(table, accept, vocab) -> NDArray[np.int32]:
+def token_distances(table, accept, vocab, classes: NDArray[np.uint8] | None = None) -> NDArray[np.int32]:
     """int32 [S]: fewest tokens to an accepting state. Single-byte steps over the vocabulary's
     one-byte tokens give an achievable upper bound; the native core, when built, then lowers it to
     the exact figure over whole tokens (Bellman-Ford over token steps, states in increasing
-    distance). Needs the automaton and the vocabulary only, no mask table."""
-    dist = distances(table, accept, vocab.single_bytes)
+    distance). Needs the automaton and the vocabulary only, no mask table. ``classes``: as in
+    ``distances``."""
+    dist = distances(table, accept, vocab.single_bytes, classes)
     if native is not None:
         order = np.argsort(dist, kind="stable").astype(np.int32)
         native.token_distances(
@@ -74,6 +85,7 @@ def token_distances(table, accept, vocab) -> NDArray[np.int32]:
             np.ascontiguousarray(accept, dtype=np.uint8),
             dist,
             order,
+            None if classes is None else np.ascontiguousarray(classes, dtype=np.uint8),
         )
     return dist
 

@@ -74,8 +74,9 @@ def _sparse_rows(rows: int, words: int) -> NDArray[np.uint32]:
 class CompiledConstraint:
     """A DFA compiled against one vocabulary: ``table`` int32[S,256], ``accept`` uint8[S],
     mask rows uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0; the rows
-    dense (``masks`` given) or compressed (``rows``: the core's (row_of, off, kind, data), with the
-    automaton as byte classes, ``transitions``; ``table`` then expands the dense table on each read).
+    dense (``masks`` given) or compressed (``rows``: the core's (row_of, off, kind, data)). The
+    automaton is a dense ``table`` or byte classes, ``transitions`` (always once compressed; a lazy
+    form takes the construction's own); ``table`` then expands the dense table on each read.
 
     ``ready=False``: the mask rows are filled in lazily by the native core (see the module doc);
     ``masks`` then waits for all of them, ``allowed(s)`` computes just row s.
@@ -95,10 +96,10 @@ class CompiledConstraint:
     ):
         if (
             (masks is None) == (rows is None)
-            or (table is None) != (rows is not None)
-            or ((rows is None) != (transitions is None))
+            or (table is None) == (transitions is None)
+            or (rows is not None and table is not None)
         ):
-            raise ValueError("give either a dense table and masks or compressed rows and transitions")
+            raise ValueError("give masks with a dense table or with transitions, or compressed rows with transitions")
         self.vocab = vocab
         self._table = table
         self._transitions = transitions
@@ -123,13 +124,23 @@ class CompiledConstraint:
 
     @classmethod
     def lazy(cls, vocab: Vocab, dfa: ByteDFA, key: str = "") -> CompiledConstraint:
-        """Only the start state's and the dead row are computed now."""
-        table = np.ascontiguousarray(dfa.table, dtype=np.int32)
+        """Only the start state's and the dead row are computed now. Keeps the automaton in the form
+        ``dfa`` holds (byte classes from the native construction: a fraction of a byte table)."""
         accept = np.ascontiguousarray(dfa.accept, dtype=np.uint8)
+        table: NDArray[np.int32] | None = None
+        transitions: ByteClasses | None = None
+        if dfa.transitions is not None:
+            classes, columns = dfa.transitions
+            transitions = (
+                np.ascontiguousarray(classes, dtype=np.uint8),
+                np.ascontiguousarray(columns, dtype=np.int32),
+            )
+        else:
+            table = np.ascontiguousarray(dfa.table, dtype=np.int32)
         # uninitialised: the core writes a whole row before marking it ready, and nothing reads a
         # row before that (``allowed`` and fills ensure it, ``masks`` and the cache wait for all)
-        masks = _sparse_rows(table.shape[0] + 1, vocab.words)
-        c = cls(vocab, table, accept, masks, dfa.start, key, ready=False)
+        masks = _sparse_rows(accept.shape[0] + 1, vocab.words)
+        c = cls(vocab, table, accept, masks, dfa.start, key, ready=False, transitions=transitions)
         c.native.ensure(c.start)
         return c
 
@@ -165,8 +176,9 @@ class CompiledConstraint:
                 )
             else:
                 assert self._masks is not None
+                held, held_classes = self._search_form()
                 self._native = core.Grammar(
-                    native_vocab(self.vocab), self.table, self.accept, self._masks, self.start, self._ready
+                    native_vocab(self.vocab), held, self.accept, self._masks, self.start, self._ready, held_classes
                 )
         return self._native
 
@@ -191,16 +203,23 @@ class CompiledConstraint:
         if compact is not None and transitions is not None:
             held: tuple = (*transitions, self.accept, *compact)
             return int(sum(a.nbytes for a in held))
-        assert table is not None and masks is not None
+        assert masks is not None
         rows = masks.shape[0] if self._ready else self.native.ready_rows
-        return int(table.nbytes + self.accept.nbytes + rows * masks.strides[0])
+        return int(self._automaton_bytes(table, transitions) + self.accept.nbytes + rows * masks.strides[0])
+
+    @staticmethod
+    def _automaton_bytes(table: NDArray[np.int32] | None, transitions: ByteClasses | None) -> int:
+        if table is not None:
+            return int(table.nbytes)
+        assert transitions is not None
+        return int(sum(a.nbytes for a in transitions))
 
     @property
     def dense_bytes(self) -> int:
-        """The automaton and every mask row, dense: what completing this form holds until its rows
-        are compressed. Sized from the shapes: a compressed form's ``table`` would expand for it."""
-        table_bytes = self.num_states * 256 * np.dtype(np.int32).itemsize
-        return int(table_bytes + self.accept.nbytes + (self.num_states + 1) * self.vocab.words * 4)
+        """The automaton as held and every mask row, dense: what completing this form holds until
+        its rows are compressed. Sized from the shapes, never by expanding a table."""
+        automaton = self._automaton_bytes(self._table, self._transitions)
+        return int(automaton + self.accept.nbytes + (self.num_states + 1) * self.vocab.words * 4)
 
     def compress(self) -> CompiledConstraint:
         """Replace the complete dense rows by their compressed form (native core only). Rows a batch
@@ -220,11 +239,21 @@ class CompiledConstraint:
             self.on_compressed(self)
         return self
 
+    def _search_form(self) -> tuple[NDArray[np.int32], NDArray[np.uint8] | None]:
+        """(table, classes): the automaton as held, for the core and the distance searches: the class
+        columns and their classes, or the dense table and None (never expanded for them)."""
+        if self._table is not None:
+            return self._table, None
+        assert self._transitions is not None
+        classes, columns = self._transitions
+        return columns, classes
+
     @property
     def distances(self) -> NDArray[np.int32]:
         """Per state, the fewest tokens to an accepting state (``budget.py``), computed on first use."""
         if self._distances is None:
-            self._distances = token_distances(self.table, self.accept, self.vocab)
+            table, classes = self._search_form()
+            self._distances = token_distances(table, self.accept, self.vocab, classes)
         return self._distances
 
     @distances.setter
@@ -247,7 +276,8 @@ class CompiledConstraint:
         else:
             bound = self._bound
             if bound is None:
-                bound = byte_distances(self.table, self.accept, self.vocab.single_bytes)
+                table, classes = self._search_form()
+                bound = byte_distances(table, self.accept, self.vocab.single_bytes, classes)
                 self._bound = bound
                 threading.Thread(target=self._compute_exact, name="llmserve-constraint-distances", daemon=True).start()
             target = bound
@@ -259,7 +289,8 @@ class CompiledConstraint:
 
     def _compute_exact(self) -> None:
         try:
-            self._exact_later = token_distances(self.table, self.accept, self.vocab)
+            table, classes = self._search_form()
+            self._exact_later = token_distances(table, self.accept, self.vocab, classes)
         except Exception:  # steering goes on with the bound
             log.exception("computing the token distances of constraint %s failed", self.key[:12])
 

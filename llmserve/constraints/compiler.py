@@ -25,6 +25,7 @@ completes the rest and writes the cache file. ``CompiledConstraint.complete()`` 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -105,10 +106,12 @@ def dfa_for(
     if dfa is None:
         started, cpu_started = time.monotonic(), time.thread_time()
         try:
+            # the whole automaton over byte classes (``ByteDFA``): compiled as it is, never expanded
+            build = functools.partial(compile_ast, classes=True)
             if spec.kind == "json_schema":
-                dfa = schema_to_dfa(spec.value, backend, started=started, build=compile_ast)
+                dfa = schema_to_dfa(spec.value, backend, started=started, build=build)
             else:
-                dfa = compile_ast(spec.to_ast(), backend, started=started)
+                dfa = build(spec.to_ast(), backend, started=started)
         except ConstraintError as exc:
             if "time budget" not in exc.message:
                 _MEMORY.put(memo, exc, len(exc.message) + 256)
@@ -118,7 +121,7 @@ def dfa_for(
         if path is not None and keep_on_disk:
             try_write_dfa(path, key, dfa)
     if keep_in_memory:
-        _MEMORY.put(memo, dfa, int(dfa.table.nbytes + dfa.accept.nbytes))
+        _MEMORY.put(memo, dfa, dfa.nbytes)
     return dfa
 
 
@@ -173,7 +176,8 @@ def shortest_answer(spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | N
     dfa = dfa_for(spec, cache_dir=cache_dir)
     dist = _known_distances(key, cache_dir, dfa.num_states)
     if dist is None:
-        dist = token_distances(dfa.table, dfa.accept, vocab)
+        table, classes = _columns(dfa)
+        dist = token_distances(table, dfa.accept, vocab, classes)
         _MEMORY.put(("distances", key), dist, int(dist.nbytes) + 256)
         path = _distances_path(key, cache_dir)
         if path is not None:
@@ -182,6 +186,15 @@ def shortest_answer(spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | N
             except OSError as exc:
                 log.warning("constraint distances not cached (%s): %s", path, exc)
     return int(dist[dfa.start])
+
+
+def _columns(dfa: ByteDFA) -> tuple[NDArray[np.int32], NDArray[np.uint8] | None]:
+    """(table, classes) for the distance searches: the automaton's class form when it has one (the
+    byte table would be expanded for it), else its byte table and None."""
+    if dfa.transitions is not None:
+        classes, columns = dfa.transitions
+        return columns, classes
+    return dfa.table, None
 
 
 def _distances_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:

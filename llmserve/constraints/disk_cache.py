@@ -212,8 +212,13 @@ def try_write_cache(path: Path, compiled: CompiledConstraint) -> None:
 
 
 def try_write_dfa(path: Path, key: str, dfa: ByteDFA) -> None:
+    if dfa.transitions is not None:  # the smaller form, as built
+        classes, columns = dfa.transitions
+        arrays = {"classes": classes, "columns": columns, "accept": dfa.accept}
+    else:
+        arrays = {"table": dfa.table, "accept": dfa.accept}
     try:
-        write_arrays(path, key, {"table": dfa.table, "accept": dfa.accept}, {"start": dfa.start})
+        write_arrays(path, key, arrays, {"start": dfa.start})
     except OSError as exc:
         log.warning("constraint cache not written (%s): %s", path, exc)
 
@@ -315,8 +320,20 @@ def read_dfa(path: Path) -> ByteDFA | None:
     if found is None:
         return None
     header, a = found
-    table, accept = a.get("table"), a.get("accept")
-    if table is None or accept is None or table.ndim != 2 or table.shape[1] != 256 or accept.shape != (table.shape[0],):
+    accept, classes = a.get("accept"), a.get("classes")
+    table = a.get("table") if classes is None else a.get("columns")
+    width_ok = (
+        table is not None
+        and table.ndim == 2
+        and (table.shape[1] == 256 if classes is None else 1 <= table.shape[1] <= 256)
+    )
+    classes_ok = classes is None or (
+        classes.shape == (256,)
+        and classes.dtype == np.uint8
+        and table is not None
+        and int(classes.max()) < table.shape[1]
+    )
+    if table is None or accept is None or not width_ok or not classes_ok or accept.shape != (table.shape[0],):
         log.warning("constraint cache file %s ignored (arrays missing); it will be rebuilt", path)
         return None
-    return ByteDFA(table, accept, int(header.get("start", 0)))
+    return ByteDFA(table, accept, int(header.get("start", 0)), classes=classes)

@@ -1,6 +1,9 @@
 """The native DFA construction (csrc/dfa.cpp) works over byte classes and letters, not 256-wide
 rows, and hands numpy a table it allocated itself: the byte table must still be the Python
-reference's, state for state, and an ordinary C-contiguous int32 [S, 256] array."""
+reference's, state for state, and an ordinary C-contiguous int32 [S, 256] array. Its class form
+(``build_dfa(classes=True)``, what a whole constraint is compiled from) must be the same automaton,
+and everything downstream of it (mask rows, steps, distances, compression, the disk cache) must give
+what the byte table gives."""
 
 from __future__ import annotations
 
@@ -9,7 +12,11 @@ import gc
 import numpy as np
 import pytest
 
-from llmserve.constraints.regex import compile_regex
+from llmserve.constraints.budget import distances
+from llmserve.constraints.compiled import CompiledConstraint
+from llmserve.constraints.disk_cache import read_dfa, try_write_dfa
+from llmserve.constraints.regex import ByteDFA, compile_ast, compile_regex, parse
+from llmserve.constraints.vocab import Vocab
 
 PATTERNS = [
     # many byte classes, some of which every state treats alike (non-adjacent merged letters)
@@ -52,3 +59,57 @@ def dfa_walk(table, data):
         if s < 0:
             break
     return s
+
+
+def test_class_form_is_the_byte_table():
+    for pattern in PATTERNS:
+        dense = compile_regex(pattern)
+        classes, columns = compile_ast(parse(pattern), classes=True).transitions
+        assert classes.dtype == np.uint8 and classes.shape == (256,)
+        assert columns.dtype == np.int32 and columns.shape[1] == int(classes.max()) + 1 <= 256
+        assert columns.flags.c_contiguous
+        np.testing.assert_array_equal(columns[:, classes], dense.table)
+
+
+@pytest.fixture
+def small_vocab():
+    # every single byte, some multi-byte tokens across classes, one end of sequence (empty)
+    tokens = [bytes([b]) for b in range(256)]
+    tokens += [b"ab", b"a-", b"-d", b"x0", b"win", b"\xc3\xa9", b"\xe2\x82\xac", b"hpux", b"zz", b"0-2"]
+    return Vocab([*tokens, None], (len(tokens),), len(tokens) + 1)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_lazy_form_over_classes_gives_the_byte_tables_masks(pattern, small_vocab):
+    by_classes = compile_ast(parse(pattern), classes=True)
+    dense = ByteDFA(by_classes.table.copy(), by_classes.accept, by_classes.start)  # no class form
+    lazy = CompiledConstraint.lazy(small_vocab, by_classes)
+    plain = CompiledConstraint.lazy(small_vocab, dense)
+    assert lazy.transitions is not None and plain.transitions is None
+    np.testing.assert_array_equal(lazy.masks, plain.masks)
+    np.testing.assert_array_equal(lazy.distances, plain.distances)
+    classes, columns = lazy.transitions
+    for usable in (None, np.arange(256) % 3 != 0):  # a class is a step when any of its bytes is usable
+        np.testing.assert_array_equal(
+            distances(columns, lazy.accept, usable, classes), distances(dense.table, dense.accept, usable)
+        )
+    for s in range(lazy.num_states):
+        for t in range(0, small_vocab.size, 7):
+            assert lazy.step(s, t) == plain.step(s, t)
+    # compressed from either form: the same fewest classes
+    for a, b in zip(lazy.compress().transitions, plain.compress().transitions, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_disk_cache_keeps_the_class_form_and_reads_the_byte_form(tmp_path):
+    by_classes = compile_ast(parse(PATTERNS[0]), classes=True)
+    try_write_dfa(tmp_path / "k.bin", "k", by_classes)
+    back = read_dfa(tmp_path / "k.bin")
+    assert back is not None and back.transitions is not None
+    for a, b in zip(back.transitions, by_classes.transitions, strict=True):
+        np.testing.assert_array_equal(a, b)
+    dense = ByteDFA(by_classes.table.copy(), by_classes.accept)  # a file written by the byte form
+    try_write_dfa(tmp_path / "d.bin", "d", dense)
+    old = read_dfa(tmp_path / "d.bin")
+    assert old is not None and old.transitions is None
+    np.testing.assert_array_equal(old.table, by_classes.table)

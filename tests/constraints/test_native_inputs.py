@@ -46,6 +46,26 @@ CASES = {
     "grammar_masks_read_only_lazy": "m = masks.copy(); m.flags.writeable = False; core.Grammar(vocab, table, accept, m, 0, False)",
     "grammar_start_out_of_range": "core.Grammar(vocab, table, accept, masks, 5, False)",
     "grammar_empty_table": "core.Grammar(vocab, table[:0], accept[:0], masks[:1], 0, False)",
+    # the automaton over byte classes (classes uint8[256], table int32[S, C])
+    "grammar_classes_out_of_range": (
+        "core.Grammar(vocab, np.full((2, 2), -1, np.int32), accept, masks, 0, False, np.full(256, 2, np.uint8))"
+    ),
+    "grammar_classes_short": (
+        "core.Grammar(vocab, np.full((2, 2), -1, np.int32), accept, masks, 0, False, np.zeros(255, np.uint8))"
+    ),
+    "grammar_classes_entry_out_of_range": (
+        "core.Grammar(vocab, np.full((2, 2), 5, np.int32), accept, masks, 0, False, np.zeros(256, np.uint8))"
+    ),
+    "grammar_classes_wrong_dtype": (
+        "core.Grammar(vocab, np.full((2, 2), -1, np.int32), accept, masks, 0, False, np.zeros(256, np.int32))"
+    ),
+    "grammar_classes_a_list": (
+        "core.Grammar(vocab, np.full((2, 2), -1, np.int32), accept, masks, 0, False, [0] * 256)"
+    ),
+    "token_distances_classes_out_of_range": (
+        "core.token_distances(vocab, np.full((2, 1), -1, np.int32), accept, np.zeros(2, np.int32),"
+        " np.arange(2, dtype=np.int32), np.ones(256, np.uint8))"
+    ),
     "grammar_step_state_out_of_range": "grammar.step(1 << 20, 0)",
     "grammar_step_negative_state": "grammar.step(-7, 0)",
     "grammar_walk_state_out_of_range": "grammar.walk(2, [0, 1])",
