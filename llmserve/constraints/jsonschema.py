@@ -64,8 +64,9 @@ subset is narrower than the schema it says so here:
   (and none of the others, when there are several) and ``propertyNames``, valued by its schema;
   ``patternProperties`` apply to the declared names they match (``unevaluatedProperties`` is
   refused: merging subschemas loses which of them evaluated a name); ``minProperties`` above the
-  required ones requires the first optional properties, ``maxProperties`` below the declared ones
-  leaves out the optional properties past it (subsets).
+  required ones requires the first optional properties (without declared properties, above 1 it is
+  refused: free member names could repeat, and a repeated name counts once), ``maxProperties``
+  below the declared ones leaves out the optional properties past it (subsets).
 * arrays: ``items`` (any JSON value when absent), ``prefixItems`` (or draft 4's ``items`` list),
   ``minItems``/``maxItems``; ``uniqueItems: true`` as arrays of at most one item, or, with
   ``minItems`` > 1, of distinct values the item schema lists (its ``enum``/``const`` or those of its
@@ -447,7 +448,15 @@ class _Converter:
         Anything else is refused by name."""
         rest = {k: v for k, v in schema.items() if k != "not"}
         n = self._normalized_exactly(schema["not"], refs)
-        out, exact = self._not_of(n, rest, refs)
+        try:
+            out, exact = self._not_of(n, rest, refs)
+        except Unsatisfiable:
+            if n is not True and not (isinstance(n, dict) and not _constrains(n)):
+                # the negation came out empty only as far as its subset goes (not {oneOf: [true, B],
+                # type: number} still admits the numbers B matches): a oneOf must not take this
+                # branch for one that matches nothing
+                self.inexact += 1
+            raise
         if not exact:
             self.inexact += 1  # what is generated is a subset of the values failing 'not'
         return self._merge(rest, out)
@@ -1215,6 +1224,12 @@ class _Converter:
             # the result being empty, counts every member as additional, refused here: answers
             # must validate there too, so only the empty object is generated (a subset)
             patterns = {}
+        if lo > 1 and (patterns or (additional is not False and hi != 0)):
+            # a member automaton cannot keep names apart: {"a":1,"a":2} parses to one member
+            raise self.fail(
+                "minProperties above 1 on an object without declared properties is not supported (member names could "
+                "repeat); declare the properties"
+            )
         if len(patterns) > 1:
             return self._pattern_members(schema, patterns, depth, refs, lo, hi)
         if patterns:

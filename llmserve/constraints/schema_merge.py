@@ -7,7 +7,8 @@ combines by its meaning: types intersect, ``required`` unites, lower bounds take
 bounds the smaller, ``properties`` merge per name (recursively), patterns accumulate (all must
 match), enums intersect, two ``anyOf`` (or two ``oneOf``) become one over every pair of their
 branches (exact for ``oneOf`` too: ``_merge_keyword``), ``dependencies`` and ``patternProperties``
-(without ``additionalProperties``) merge per name or pattern, two ``format`` both hold, item schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
+(without ``additionalProperties``) merge per name or pattern (one side's patterns, the other side
+having none, also follow that side's ``additionalProperties``), two ``format`` both hold, item schemas per position (``_merge_positions``), several ``contains`` all hold (``CONTAINS``). Two
 different values of any other keyword cannot be combined here and are refused, naming the keyword. Schemas that admit no value at all raise ``Unsatisfiable``: in an
 ``anyOf`` or ``oneOf`` that branch is dropped (it matches no value).
 """
@@ -195,6 +196,20 @@ def _merge_properties(a: dict, b: dict, out: dict) -> None:
     out["properties"] = merged
 
 
+def _merge_pattern_sides(a: dict, b: dict, out: dict) -> None:
+    """Names one side's ``patternProperties`` match are additional on the other side when it has no
+    patterns: their values must also satisfy its ``additionalProperties`` (the merged schema's
+    ``additionalProperties`` no longer reaches them, the patterns do)."""
+    for mine, other in ((a, b), (b, a)):
+        patterns = mine.get("patternProperties")
+        if not isinstance(patterns, dict) or not patterns or other.get("patternProperties"):
+            continue
+        extra = other.get("additionalProperties", True)
+        if extra is True or extra == {}:
+            continue
+        out["patternProperties"] = {p: both(s, extra) for p, s in patterns.items()}
+
+
 def merge(a: Any, b: Any) -> dict:
     """A schema whose values are exactly those satisfying both ``a`` and ``b`` (both already free
     of ``$ref`` and ``allOf`` at the top; nested ones are left as ``allOf`` for the converter)."""
@@ -217,6 +232,7 @@ def merge(a: Any, b: Any) -> dict:
             out[key] = _merge_keyword(key, out[key], value, a, b)
     if positional:
         _merge_positions(a, b, out)
+    _merge_pattern_sides(a, b, out)
     _merge_properties(a, b, out)
     _merge_contains(a, b, out)
     values_a, values_b = values_of(a), values_of(b)

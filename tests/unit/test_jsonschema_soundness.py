@@ -1,0 +1,130 @@
+"""Soundness cases found by sampling answers of random and real schemas: each schema here once had an
+automaton that accepted a text ``jsonschema`` rejects. Every accepted text must validate; where the
+converter cannot serve a schema exactly it refuses by name. No vocabulary, no engine."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+from support.automata import steered_walk
+
+from llmserve.constraints import ConstraintError
+from llmserve.constraints.spec import ConstraintSpec
+
+
+def dfa_of(schema):
+    return ConstraintSpec("json_schema", schema).to_dfa()
+
+
+def assert_sound(schema, texts=(), n=60, budget=80, seed=0):
+    """Every listed text the automaton accepts, and every sampled answer, validates."""
+    dfa = dfa_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in texts:
+        if dfa.matches(text.encode()):
+            assert validator.is_valid(json.loads(text)), text
+    rng = random.Random(seed)
+    for _ in range(n):
+        text = steered_walk(dfa, rng, budget, stop=0.15).decode("utf-8")
+        assert validator.is_valid(json.loads(text)), text
+    return dfa
+
+
+# ------------------------------------------------------------------ not, as a oneOf branch
+
+# not (a positive number matching exactly one of [anything, a string]) = not (a positive number):
+# its negation through "fails every branch" is empty (nothing fails true), yet the 'not' admits 0
+POSITIVE_ONE_OF = {"not": {"type": "number", "exclusiveMinimum": 0, "oneOf": [True, {"type": "string"}]}}
+NON_POSITIVE = {"type": "number", "maximum": 0, "exclusiveMinimum": -0.5}
+
+
+def test_a_not_empty_only_as_far_as_its_subset_goes_is_not_a_oneof_branch_matching_nothing():
+    # 0 matches both branches: the oneOf fails it
+    schema = {"oneOf": [POSITIVE_ONE_OF, NON_POSITIVE]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid(0)
+    try:
+        dfa = assert_sound(schema, ["0", "-0.25", "1", '"a"'])
+    except ConstraintError:
+        return  # a refusal is sound too
+    assert not dfa.matches(b"0")
+
+
+def test_a_not_of_a_schema_every_value_satisfies_still_matches_nothing():
+    # not true is empty exactly: the other oneOf branch is served alone
+    schema = {"oneOf": [{"not": True}, NON_POSITIVE]}
+    dfa = assert_sound(schema, ["0", "-0.25"])
+    assert dfa.matches(b"0")
+
+
+# ------------------------------------------------------------------ patternProperties in an allOf
+
+
+@pytest.mark.parametrize(
+    ("schema", "texts"),
+    [
+        (
+            {"allOf": [{"type": "object", "patternProperties": {"^x": {}}}, {"additionalProperties": False}]},
+            ['{"x":1}', '{"xa":"a"}'],
+        ),
+        (
+            {
+                "allOf": [
+                    {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+                    {"additionalProperties": {"type": "string"}},
+                ]
+            },
+            ['{"x":1}', '{"x":"a"}'],
+        ),
+        (
+            {
+                "allOf": [
+                    {"additionalProperties": {"type": "string"}},
+                    {"type": "object", "patternProperties": {"^x": {"type": "string", "maxLength": 1}}},
+                ]
+            },
+            ['{"x":1}', '{"x":"ab"}'],
+        ),
+    ],
+)
+def test_names_one_side_matches_by_pattern_follow_the_other_sides_additional_properties(schema, texts):
+    dfa = assert_sound(schema, texts)
+    for text in texts:
+        assert not dfa.matches(text.encode()), text
+    assert dfa.matches(b"{}")
+
+
+def test_a_pattern_name_valid_on_both_sides_is_still_generated():
+    schema = {
+        "allOf": [
+            {"additionalProperties": {"type": "string"}},
+            {"type": "object", "patternProperties": {"^x": {"type": "string", "maxLength": 1}}},
+        ]
+    }
+    assert dfa_of(schema).matches(b'{"x":"a"}')
+
+
+# ------------------------------------------------------------------ minProperties over free members
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "minProperties": 2, "additionalProperties": {"type": "integer"}},
+        {"type": "object", "minProperties": 2, "patternProperties": {"^a": {"type": "integer"}}},
+        {"type": "object", "minProperties": 2, "patternProperties": {"^a": {}, "^b": {}}},
+    ],
+)
+def test_min_properties_over_free_member_names_is_refused_as_names_could_repeat(schema):
+    # {"a":1,"a":2} parses to one member: it fails minProperties 2
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads('{"a":1,"a":2}'))
+    with pytest.raises(ConstraintError, match="minProperties"):
+        dfa_of(schema)
+
+
+def test_min_properties_one_over_free_members_is_still_served():
+    dfa = assert_sound({"type": "object", "minProperties": 1, "additionalProperties": {"type": "integer"}})
+    assert dfa.matches(b'{"a":1}')
+    assert not dfa.matches(b"{}")
