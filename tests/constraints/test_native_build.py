@@ -15,7 +15,7 @@ import pytest
 from llmserve.constraints.budget import distances
 from llmserve.constraints.compiled import CompiledConstraint
 from llmserve.constraints.disk_cache import read_dfa, try_write_dfa
-from llmserve.constraints.regex import ByteDFA, compile_ast, compile_regex, parse
+from llmserve.constraints.regex import ByteDFA, _rows_words, compile_ast, compile_regex, parse
 from llmserve.constraints.vocab import Vocab
 
 PATTERNS = [
@@ -113,3 +113,35 @@ def test_the_disk_cache_keeps_the_class_form_and_reads_the_byte_form(tmp_path):
     old = read_dfa(tmp_path / "d.bin")
     assert old is not None and old.transitions is None
     np.testing.assert_array_equal(old.table, by_classes.table)
+
+
+def _runs_by_hand(row):
+    runs, b = [], 0
+    while b < 256:
+        e = b
+        while e + 1 < 256 and row[e + 1] == row[b]:
+            e += 1
+        if row[b] >= 0:
+            runs.append((b, e, int(row[b])))
+        b = e + 1
+    return runs
+
+
+def test_embedded_automata_are_encoded_run_by_run():
+    """``_rows_words`` searches only the byte intervals where some row changes: the same runs as a
+    walk over all 256 bytes of each row."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        cuts = np.sort(rng.choice(np.arange(1, 256), size=k - 1, replace=False))
+        columns = rng.integers(-1, n, size=(n, k)).astype(np.int32)
+        if trial % 3 == 0:
+            columns[:, rng.integers(0, k)] = -1  # a dead interval
+        table = np.ascontiguousarray(columns[:, np.searchsorted(cuts, np.arange(256), side="right")])
+        expect: list[int] = []
+        for row in table:
+            runs = _runs_by_hand(row)
+            expect.append(len(runs))
+            for run in runs:
+                expect.extend(run)
+        assert _rows_words(table).tolist() == expect
