@@ -40,11 +40,11 @@ def record(out: str, only: str = "") -> None:
     orig = rx.core.build_dfa
     current = [""]
 
-    def keep(words, max_states, max_nfa, ms=0, mb=0):
+    def keep(words, max_states, max_nfa, ms=0, mb=0, **kw):
         words = np.asarray(words)
         key = hashlib.sha1(words.tobytes()).hexdigest()
         seen.setdefault(key, (current[0], words.copy(), max_states, max_nfa))
-        return orig(words, max_states, max_nfa, ms, mb)
+        return orig(words, max_states, max_nfa, ms, mb, **kw)
 
     rx.core.build_dfa = keep
     for name in names:
