@@ -1172,7 +1172,6 @@ class _Converter:
         dependencies are not certain to be there (never generating those is a subset)."""
         props = dict(schema.get("properties") or {})
         required = list(dict.fromkeys(schema.get("required", [])))
-        _drop_absent(schema, props, required)
         additional = _additional(schema)
         patterns = schema.get("patternProperties") or {}
         deps = {
@@ -1186,6 +1185,8 @@ class _Converter:
                 required += [d for d in dep if d not in required]
             elif dep is not None and dep is not True and dep != {}:
                 raise self.fail(f"a schema dependency of the required property {name!r} is not supported")
+        # after the required dependencies: a name they require cannot be left out
+        _drop_absent(schema, props, required)
         for name in required:
             if name not in props:
                 if additional is False and not any(_search(p, name) for p in patterns):
@@ -1832,7 +1833,8 @@ def _excludes_now(a: dict, b: dict, _depth: int = 0) -> bool:
     # schema is false is never generated)
     props = a.get("properties") or {}
     names = {n for n, v in props.items() if v is not False} | set(a.get("required", []))
-    if props and any(n not in names for n in b.get("required", [])):
+    added = _dependency_names(a)
+    if props and added is not None and any(n not in names | added for n in b.get("required", [])):
         return True
     # a requires a name whose value b's schema for it cannot take
     b_props = b.get("properties") or {}
@@ -1843,6 +1845,28 @@ def _excludes_now(a: dict, b: dict, _depth: int = 0) -> bool:
     if b.get("additionalProperties") is False and not b.get("patternProperties"):
         return any(n not in b_props for n in a.get("required", []))
     return False
+
+
+def _dependency_names(schema: dict) -> set[str] | None:
+    """The names the dependencies of ``schema`` may add to its answers (a required name's are merged
+    in, ``_Converter._required_dependency``), or None when a dependency is too involved to tell."""
+    names: set[str] = set()
+    for key in ("dependencies", "dependentSchemas", "dependentRequired"):
+        deps = schema.get(key)
+        if not isinstance(deps, dict):
+            continue
+        for dep in deps.values():
+            if isinstance(dep, list):
+                names |= {n for n in dep if isinstance(n, str)}
+            elif isinstance(dep, dict) and {k for k in dep if _constrains({k: dep[k]})} <= {
+                "type",
+                "properties",
+                "required",
+            }:
+                names |= set(dep.get("properties") or {}) | {n for n in dep.get("required", []) if isinstance(n, str)}
+            elif dep is not False and dep is not True:
+                return None
+    return names
 
 
 def _disjoint(a: Any, b: Any, depth: int = 0) -> bool:
@@ -1864,10 +1888,12 @@ def _disjoint_now(a: dict, b: dict, depth: int) -> bool:
         if isinstance(subs, list) and any(_disjoint(sub, y, depth + 1) for sub in subs):
             return True
     ta, tb = _types_of(a), _types_of(b)
+    shared = None  # the types both admit (None: not known, any)
     if ta is not None and tb is not None:
         wa = ta | ({"integer"} if "number" in ta else set())
         wb = tb | ({"integer"} if "number" in tb else set())
-        if not wa & wb:
+        shared = wa & wb
+        if not shared:
             return True
     ka, kb = _value_keys(a), _value_keys(b)
     if ka is not None and kb is not None and not ka & kb:
@@ -1877,6 +1903,8 @@ def _disjoint_now(a: dict, b: dict, depth: int) -> bool:
         # (_may_admit: by type, length, pattern, 'not' of those values, or the texts a 'not' excludes)
         if values is not None and not any(_may_admit(other, v) for v in values):
             return True
+    if shared is None or shared - {"object"}:
+        return False  # a discriminator only tells objects apart: any other value passes both
     pa, pb = a.get("properties") or {}, b.get("properties") or {}
     for name in set(a.get("required", [])) & set(b.get("required", [])):
         sa, sb = pa.get(name), pb.get(name)

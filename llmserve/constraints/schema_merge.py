@@ -16,6 +16,7 @@ different values of any other keyword cannot be combined here and are refused, n
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
@@ -183,17 +184,34 @@ def _merge_properties(a: dict, b: dict, out: dict) -> None:
         for mine, other, other_props in ((pa, b, pb), (pb, a, pa)):
             if name in mine:
                 sides.append(mine[name])
-                if name not in other_props and "additionalProperties" in other:
+                if name in other_props:
+                    continue
+                # the other side's patterns it matches value it there, not its additionalProperties
+                matching = [v for p, v in (other.get("patternProperties") or {}).items() if _search(p, name)]
+                if matching:
+                    sides += matching
+                elif "additionalProperties" in other:
                     sides.append(other["additionalProperties"])
         schema: Any = sides[0]
         for s in sides[1:]:
             schema = both(schema, s)
-        if schema is False and name in required:
+        if schema is False and name in required and types_of(out) == {"object"}:
+            # only objects fail it: every other type still satisfies both sides
             raise Unsatisfiable(f"json_schema: required property {name!r} is not allowed by additionalProperties")
         # a name no value is allowed for stays declared as false: dropped, it would be valued by the
         # merged additionalProperties (any value, unless that is false)
         merged[name] = schema
     out["properties"] = merged
+
+
+def _search(pattern: Any, name: str) -> bool:
+    """Whether a patternProperties pattern matches a declared name (as ``jsonschema._search``)."""
+    if not isinstance(pattern, str):
+        raise ConstraintError(f"json_schema: patternProperties pattern {pattern!r} must be a string")
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as exc:
+        raise ConstraintError(f"json_schema: patternProperties {pattern!r}: {exc}") from None
 
 
 def _merge_pattern_sides(a: dict, b: dict, out: dict) -> None:

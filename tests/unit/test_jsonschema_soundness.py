@@ -128,3 +128,80 @@ def test_min_properties_one_over_free_members_is_still_served():
     dfa = assert_sound({"type": "object", "minProperties": 1, "additionalProperties": {"type": "integer"}})
     assert dfa.matches(b'{"a":1}')
     assert not dfa.matches(b"{}")
+
+
+# ------------------------------------------------------------------ object keywords and other types
+
+
+def test_a_required_name_another_side_forbids_leaves_the_other_types_in_a_merge():
+    # {properties: {c: false}} and required [c] together refuse every object, and nothing else: the
+    # string branch is not alone
+    schema = {"oneOf": [{"type": "string"}, {"properties": {"c": False}}], "required": ["c"]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid("a")
+    try:
+        dfa = assert_sound(schema, ['"a"', '""'])
+    except ConstraintError:
+        return
+    assert not dfa.matches(b'"a"')
+
+
+def test_the_same_conflict_in_an_allof_is_no_oneof_branch_matching_nothing():
+    branch = {"allOf": [{"properties": {"a": {}}, "required": ["a"]}, {"additionalProperties": False}]}
+    schema = {"oneOf": [branch, {}]}
+    dfa = assert_sound(schema, ["2", '"x"', "{}"])
+    assert not dfa.matches(b"2")  # matches the allOf too (it only refuses objects)
+    assert dfa.matches(b"{}")
+
+
+def test_a_discriminating_property_does_not_tell_apart_values_that_are_not_objects():
+    schema = {
+        "oneOf": [
+            {"type": "array", "properties": {"k": {"const": 1}}, "required": ["k"]},
+            {"properties": {"k": {"const": 2}}, "required": ["k"]},
+        ]
+    }
+    assert not jsonschema.Draft202012Validator(schema).is_valid([])
+    try:
+        dfa = assert_sound(schema, ["[]", "[1]"])
+    except ConstraintError:
+        return
+    assert not dfa.matches(b"[]")
+
+
+def test_a_declared_name_the_other_sides_pattern_matches_is_not_additional_there():
+    # b matches ^[ab] on the first branch: allowed there, so {"b": ...} matches both branches
+    schema = {
+        "oneOf": [{"additionalProperties": False, "patternProperties": {"^[ab]": {}}}, {}],
+        "properties": {"b": True},
+    }
+    assert not jsonschema.Draft202012Validator(schema).is_valid({"b": 1})
+    try:
+        dfa = assert_sound(schema, ['{"b":1}', "{}"])
+    except ConstraintError:
+        return
+    assert not dfa.matches(b'{"b":1}')
+
+
+def test_a_declared_name_in_an_allof_follows_the_other_sides_matching_pattern():
+    schema = {
+        "allOf": [{"additionalProperties": False, "patternProperties": {"^[ab]": {"type": "integer"}}}],
+        "properties": {"b": True, "c": True},
+    }
+    dfa = assert_sound(schema, ['{"b":1}', '{"b":"x"}', '{"c":1}'])
+    assert dfa.matches(b'{"b":1}')
+    assert not dfa.matches(b'{"b":"x"}')
+
+
+@pytest.mark.parametrize(
+    "dependency",
+    [{"dependentSchemas": {"a": {"properties": {"c": {}}}}}, {"dependentRequired": {"a": ["c"]}}],
+)
+def test_names_a_required_names_dependency_adds_can_match_another_oneof_branch(dependency):
+    # a is required, so its dependency holds: an answer may hold c, which the second branch requires
+    schema = {"oneOf": [{"properties": {"b": {}, "a": True}, **dependency}, {"required": ["c"]}], "required": ["a"]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid({"a": 0, "c": 2})
+    try:
+        dfa = assert_sound(schema, ['{"b":null,"a":0,"c":2}', '{"a":0,"c":2}', '{"a":0}'])
+    except ConstraintError:
+        return
+    assert not dfa.matches(b'{"a":0,"c":2}')
