@@ -9,6 +9,10 @@
 #include <sched.h>
 #endif
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -265,9 +269,40 @@ int ThreadPool::threads_for_bytes(int64_t bytes, int max_threads) const {
   return static_cast<int>(std::min<int64_t>(cap, want));
 }
 
+namespace {
+// The process's pool, never destroyed: see global().
+std::atomic<ThreadPool*> g_pool{nullptr};
+// Set in a child process by fork (pthread_atfork): the pool it inherited is not usable there.
+std::atomic<bool> g_forked{false};
+}  // namespace
+
 ThreadPool& ThreadPool::global() {
-  static ThreadPool pool(default_threads());
-  return pool;
+  // the flag first: a thread that sees it cleared (below, after the new pool is installed) then
+  // sees the new pool
+  const bool forked = g_forked.load(std::memory_order_acquire);
+  ThreadPool* pool = g_pool.load(std::memory_order_acquire);
+  if (pool != nullptr && !forked) return *pool;
+  // First use, or first use in a child forked from a process that had a pool. A child has only
+  // the thread that forked: the pool's workers are gone, and its counters and locks are as they
+  // were at the fork, possibly mid-call (a call waiting for a worker that will never finish
+  // would hang the child, as would a lock held by a thread that was not copied). The child gets a
+  // pool of its own, and the inherited one is never touched again, nor destroyed: its destructor
+  // would join threads that do not exist in this process. No pool is destroyed at exit either:
+  // its sleeping workers end with the process.
+  static const bool watching = [] {
+#if defined(__unix__) || defined(__APPLE__)
+    pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
+#endif
+    return true;
+  }();
+  (void)watching;
+  auto* fresh = new ThreadPool(default_threads());
+  if (g_pool.compare_exchange_strong(pool, fresh, std::memory_order_acq_rel)) {
+    g_forked.store(false, std::memory_order_release);
+    return *fresh;
+  }
+  delete fresh;  // another thread installed one first (its workers exist: joining them is fine)
+  return *pool;
 }
 
 int default_threads() {

@@ -258,3 +258,50 @@ def test_spinning_pool_under_concurrent_callers_and_exit():
         b1.fill_apply(base.copy())  # the workers spin while the process exits
         """
     )
+
+
+def test_a_child_forked_mid_call_gets_a_pool_of_its_own():
+    """A process forked while another thread is inside a pooled call inherits the pool mid-call:
+    its workers do not exist in the child, whose first pooled call would wait for them forever. The
+    child gets a new pool: each child's pooled call completes, with the same logits as inline."""
+    run(
+        """
+        import os, threading
+        core.set_min_bytes_per_thread(1)
+        B = 8
+        b = batch_of(B, [r % len(sample) for r in range(B)])
+        base = rng.standard_normal((B, V)).astype(np.float32)
+        want = base.copy()
+        b.fill_apply(want, nthreads=1)
+        stop = threading.Event()
+
+        def busy():
+            while not stop.is_set():
+                b.fill_apply(base.copy())
+
+        t = threading.Thread(target=busy)
+        t.start()
+        time.sleep(0.1)
+        kids = []
+        for _ in range(10):
+            pid = os.fork()
+            if pid == 0:
+                got = base.copy()
+                b.fill_apply(got)
+                os._exit(0 if np.array_equal(got, want) and core.pool_size() == 4 else 3)
+            kids.append(pid)
+            time.sleep(0.005)
+        stop.set()
+        t.join()
+        end, codes = time.monotonic() + 60, []
+        for pid in kids:
+            while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+                if time.monotonic() > end:
+                    os.kill(pid, 9)
+                    done = os.waitpid(pid, 0)
+                    break
+                time.sleep(0.01)
+            codes.append(os.waitstatus_to_exitcode(done[1]))
+        assert codes == [0] * len(kids), codes  # -9: hung in its pooled call
+        """
+    )
