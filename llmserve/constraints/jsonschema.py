@@ -911,9 +911,22 @@ class _Converter:
             return schema
         types: set[str] = set()
         for sub in subs:
+            # a branch normalized as a subset ('not', if/then/else) may have values of types its
+            # subset lacks: only the type it states bounds them (only analysed here, the subset
+            # counts where the branch is converted)
+            before = self.inexact
+            stated = types_of(sub) if isinstance(sub, dict) and "nullable" not in sub else None
             try:
                 sub, sub_refs = self.normalize(sub, refs)
             except Unsatisfiable:
+                if self.inexact == before:
+                    continue
+                sub = None
+            if self.inexact != before:
+                self.inexact = before
+                if stated is None:
+                    return schema
+                types |= stated
                 continue
             if sub is False:
                 continue
@@ -932,12 +945,17 @@ class _Converter:
         items = schema.get("items") if isinstance(schema, dict) else None
         if not isinstance(items, dict) or "$ref" not in items:
             return schema
+        before = self.inexact
         try:
             target, target_refs = self.normalize(items, refs)
         except ConstraintError:
+            self.inexact = before
             return schema
         typed = self._branch_types(target, target_refs) if isinstance(target, dict) else None
         types = types_of(typed) if isinstance(typed, dict) else None
+        if self.inexact != before:  # a subset's types: the target's values may have others
+            self.inexact = before
+            return schema
         if not types:
             return schema
         return {**schema, "items": {"allOf": [items, {"type": sorted(types)}]}}

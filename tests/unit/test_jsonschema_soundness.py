@@ -205,3 +205,47 @@ def test_names_a_required_names_dependency_adds_can_match_another_oneof_branch(d
     except ConstraintError:
         return
     assert not dfa.matches(b'{"a":0,"c":2}')
+
+
+# ------------------------------------------------------------------ types of branches served as a subset
+
+# not {type: object, required: [a]} is served as objects without a (a subset): its values include
+# every string too, so its types do not tell it apart from a string branch
+NOT_OBJECT_WITH_A = {"not": {"type": "object", "required": ["a"]}}
+
+
+@pytest.mark.parametrize(
+    "branch",
+    [{"oneOf": [NOT_OBJECT_WITH_A]}, {"anyOf": [NOT_OBJECT_WITH_A, {"type": "integer"}]}],
+)
+def test_the_types_of_a_branch_served_as_a_subset_do_not_tell_oneof_branches_apart(branch):
+    schema = {"oneOf": [branch, {"type": "string"}]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid("s")
+    try:
+        dfa = assert_sound(schema, ['"s"', "{}", "1"])
+    except ConstraintError:
+        return
+    assert not dfa.matches(b'"s"')
+
+
+def test_a_type_a_subset_branch_states_still_bounds_its_values():
+    conditional = {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}
+    schema = {"oneOf": [{"anyOf": [conditional, {"type": "integer"}]}, {"type": "string"}]}
+    dfa = assert_sound(schema, ['"s"', "1", "{}"])
+    assert dfa.matches(b'"s"')
+
+
+def test_the_types_of_items_served_as_a_subset_do_not_tell_arrays_apart():
+    schema = {
+        "$defs": {"t": NOT_OBJECT_WITH_A},
+        "oneOf": [
+            {"type": "array", "items": {"$ref": "#/$defs/t"}},
+            {"type": "array", "items": {"type": "string"}},
+        ],
+    }
+    assert not jsonschema.Draft202012Validator(schema).is_valid(["s"])
+    try:
+        dfa = assert_sound(schema, ['["s"]', "[{}]", "[]"])
+    except ConstraintError:
+        return
+    assert not dfa.matches(b'["s"]')
