@@ -772,6 +772,8 @@ class _Converter:
         checked again until each is excluded or negated. Sound: an answer satisfies branch i and
         fails every other branch."""
         done: set[int] = set()
+        if current is True:  # a 'true' branch: the negations merge into an object schema
+            current = {}
         while True:
             pending = [j for j in range(len(plain)) if j != i and j not in done and not _excludes(current, views[j])]
             if not pending:
@@ -1971,6 +1973,8 @@ def _sequence(heads: list, item, lo: int, hi: int | None) -> tuple:
     n = len(heads)
     if item is None and lo > n:
         raise Unsatisfiable("json_schema: minItems beyond the items allowed")
+    if hi is not None and lo > hi:  # (minProperties over maxProperties reaches here unchecked)
+        raise Unsatisfiable("json_schema: more elements required than allowed")
     rest: tuple = ("cat", [])
     if item is not None and (hi is None or hi > n):
         rest = ("rep", _cat(_lit(","), item), max(lo - n, 0), None if hi is None else hi - n)

@@ -249,3 +249,25 @@ def test_the_types_of_items_served_as_a_subset_do_not_tell_arrays_apart():
     except ConstraintError:
         return
     assert not dfa.matches(b'["s"]')
+
+
+# ------------------------------------------------------------------ minProperties over maxProperties
+
+
+@pytest.mark.parametrize("patterns", [{"^[ab]": {}}, {"^a": {}, "^b": {}}])
+def test_min_properties_over_max_properties_admits_no_object_over_patterns(patterns):
+    # the free members once came out as {} whatever minProperties said
+    inner = {"minProperties": 1, "maxProperties": 0, "patternProperties": patterns}
+    schema = {"properties": {"a": inner}}
+    dfa = assert_sound(schema, ['{"a":{}}', '{"a":1}', "{}"])
+    assert not dfa.matches(b'{"a":{}}')
+    with pytest.raises(ConstraintError):
+        dfa_of({"type": "object", **inner})
+
+
+def test_a_true_oneof_branch_is_told_apart_from_an_object_branch():
+    # the negations of the object branch once merged into 'true' itself (an AttributeError)
+    schema = {"oneOf": [{"type": "object", "properties": {"a": {"type": "number"}}}, True]}
+    dfa = assert_sound(schema, ["{}", '{"a":1}', '{"a":"x"}'])
+    assert dfa.matches(b'{"a":"x"}')
+    assert not dfa.matches(b"{}")
