@@ -464,9 +464,14 @@ class _Converter:
     def _normalized_exactly(self, schema: Any, refs: tuple[str, ...]) -> Any:
         """``schema`` normalized, refused when that kept only a subset of its values (the converter
         serves if/then/else and some 'not' as a subset): the negation of a subset would admit values
-        of the schema."""
+        of the schema. False when no value satisfies it: its negation is every value, not none."""
         before = self.inexact
-        n, _ = self.normalize(schema, refs)
+        try:
+            n, _ = self.normalize(schema, refs)
+        except Unsatisfiable:
+            if self.inexact == before:
+                return False
+            n = None
         if self.inexact != before:
             raise self.fail("'not' of a schema with if/then/else (or a 'not' served as a subset) is not supported")
         return n

@@ -271,3 +271,27 @@ def test_a_true_oneof_branch_is_told_apart_from_an_object_branch():
     dfa = assert_sound(schema, ["{}", '{"a":1}', '{"a":"x"}'])
     assert dfa.matches(b'{"a":"x"}')
     assert not dfa.matches(b"{}")
+
+
+# ------------------------------------------------------------------ not of a schema no value satisfies
+
+EMPTY = {"type": "boolean", "allOf": [{"type": "integer"}]}
+
+
+def test_not_of_a_schema_no_value_satisfies_admits_every_value():
+    dfa = assert_sound({"not": EMPTY}, ["1", '"s"', "[1]"])
+    assert dfa.matches(b"[1]")
+
+
+def test_not_of_an_empty_schema_is_no_oneof_branch_matching_nothing():
+    # every value matches both branches: nothing validates
+    schema = {"oneOf": [{"not": EMPTY}, {}]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid([1])
+    with pytest.raises(ConstraintError):
+        dfa_of(schema)
+
+
+def test_an_empty_anyof_branch_inside_not_is_failed_by_every_value():
+    schema = {"oneOf": [{"not": {"anyOf": [EMPTY, {"type": "string"}]}}, {"type": "integer"}]}
+    dfa = assert_sound(schema, ["1", '"s"', "[1]"])
+    assert not dfa.matches(b"1")
