@@ -25,6 +25,7 @@ class Finisher {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<int64_t, std::shared_ptr<const Grammar>>> queue_;
+  uint32_t generation_ = 0;  // the process generation (fork_generation) it serves
 };
 
 }  // namespace llmserve

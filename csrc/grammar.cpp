@@ -51,15 +51,26 @@ void Grammar::compute(int64_t r) const { state_row(*vocab, tr, accept, S, r, mas
 
 void Grammar::ensure(int64_t r) const {
   std::atomic<uint8_t>& st = status[r];
-  if (st.load(std::memory_order_acquire) == 2) return;
-  uint8_t expected = 0;
-  if (st.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-    compute(r);
-    st.store(2, std::memory_order_release);
-    ready_count.fetch_add(1, std::memory_order_relaxed);
-    return;
+  uint8_t seen = st.load(std::memory_order_acquire);
+  if (seen == 2) return;
+  // A row being computed is marked with the process generation of the thread computing it (an odd
+  // number: 2 is ready). A mark of another generation was left by a thread of the process this one
+  // was forked from, which does not exist here: the row is taken over instead of waited for forever.
+  const uint8_t mine = static_cast<uint8_t>(1 + 2 * (fork_generation() % 127));
+  for (;;) {
+    if (seen == 2) return;
+    if (seen != mine) {  // missing (0), or left mid-way by a thread that is not in this process
+      if (st.compare_exchange_weak(seen, mine, std::memory_order_acq_rel)) {
+        compute(r);
+        st.store(2, std::memory_order_release);
+        ready_count.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      continue;  // `seen` holds the status now
+    }
+    std::this_thread::yield();  // another thread of this process computes it
+    seen = st.load(std::memory_order_acquire);
   }
-  while (st.load(std::memory_order_acquire) != 2) std::this_thread::yield();  // another thread computes it
 }
 
 void Grammar::complete(int nthreads) const {

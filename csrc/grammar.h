@@ -65,12 +65,14 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
 // background (`complete`).
 struct Grammar {
   std::shared_ptr<Vocab> vocab;
-  Transitions tr;  // dense while lazy, byte classes once compressed
+  Transitions tr;  // dense or byte classes while lazy (as given), byte classes once compressed
   const uint8_t* accept = nullptr;
   uint32_t* masks = nullptr;  // written only for rows that are not ready yet
   int64_t S = 0;
   int32_t start = 0;
-  std::unique_ptr<std::atomic<uint8_t>[]> status;  // per mask row: 0 missing, 1 being computed, 2 ready
+  // per mask row: 0 missing, 2 ready, odd: being computed (by a thread of the process generation
+  // it encodes, see ensure)
+  std::unique_ptr<std::atomic<uint8_t>[]> status;
   // rows whose status is 2, kept as they become ready: a cache counts a lazy form's memory at each
   // use, and walking `status` for it cost one load per state
   mutable std::atomic<int64_t> ready_count{0};

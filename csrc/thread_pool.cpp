@@ -272,16 +272,23 @@ int ThreadPool::threads_for_bytes(int64_t bytes, int max_threads) const {
 namespace {
 // The process's pool, never destroyed: see global().
 std::atomic<ThreadPool*> g_pool{nullptr};
-// Set in a child process by fork (pthread_atfork): the pool it inherited is not usable there.
-std::atomic<bool> g_forked{false};
+std::atomic<uint32_t> g_fork_generation{0};
+// Registered when the core is loaded, so that every fork counts, also one before the pool's
+// first use (a grammar row computed on a calling thread is left mid-way just the same).
+const bool g_counting_forks = [] {
+#if defined(__unix__) || defined(__APPLE__)
+  pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
+#endif
+  return true;
+}();
 }  // namespace
 
+uint32_t fork_generation() { return g_fork_generation.load(std::memory_order_acquire); }
+
 ThreadPool& ThreadPool::global() {
-  // the flag first: a thread that sees it cleared (below, after the new pool is installed) then
-  // sees the new pool
-  const bool forked = g_forked.load(std::memory_order_acquire);
   ThreadPool* pool = g_pool.load(std::memory_order_acquire);
-  if (pool != nullptr && !forked) return *pool;
+  const uint32_t generation = fork_generation();
+  if (pool != nullptr && pool->generation_ == generation) return *pool;
   // First use, or first use in a child forked from a process that had a pool. A child has only
   // the thread that forked: the pool's workers are gone, and its counters and locks are as they
   // were at the fork, possibly mid-call (a call waiting for a worker that will never finish
@@ -289,20 +296,14 @@ ThreadPool& ThreadPool::global() {
   // pool of its own, and the inherited one is never touched again, nor destroyed: its destructor
   // would join threads that do not exist in this process. No pool is destroyed at exit either:
   // its sleeping workers end with the process.
-  static const bool watching = [] {
-#if defined(__unix__) || defined(__APPLE__)
-    pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
-#endif
-    return true;
-  }();
-  (void)watching;
   auto* fresh = new ThreadPool(default_threads());
-  if (g_pool.compare_exchange_strong(pool, fresh, std::memory_order_acq_rel)) {
-    g_forked.store(false, std::memory_order_release);
-    return *fresh;
+  while (!g_pool.compare_exchange_weak(pool, fresh, std::memory_order_acq_rel)) {
+    if (pool != nullptr && pool->generation_ == generation) {  // another thread installed this generation's
+      delete fresh;  // its workers exist: joining them is fine
+      return *pool;
+    }
   }
-  delete fresh;  // another thread installed one first (its workers exist: joining them is fine)
-  return *pool;
+  return *fresh;
 }
 
 int default_threads() {

@@ -15,6 +15,12 @@ namespace llmserve {
 // LLMSERVE_CONSTRAINT_THREADS when set, else the hardware threads (at most 16).
 int default_threads();
 
+// How many forks separate this process from the one that loaded the core (0 there; a forked child
+// counts one more than its parent). A child has only the thread that forked: state a thread of
+// the parent left mid-way (a pool call, a mask row being computed, a queued completion) will never
+// be finished there, and is recognised by the generation it was left in.
+uint32_t fork_generation();
+
 // Waking a worker costs microseconds on an idle machine and up to a scheduler slice on a busy one,
 // while one thread streams a 128k-token row of logits in ~7 us: a memory-bound call is only worth
 // splitting when every thread gets at least this many bytes to touch. 2 MiB (~0.1-0.2 ms of one
@@ -81,6 +87,7 @@ class ThreadPool {
   static ThreadPool& global();
 
  private:
+  uint32_t generation_ = fork_generation();  // the process generation whose threads these are
   void worker();
   // spin (bounded by spin_us) until the ticket's generation moves past `seen` or the pool stops;
   // true when it did. Called counted in spinning_.

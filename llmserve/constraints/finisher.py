@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -64,6 +65,17 @@ class Finisher:
                 with self._lock:
                     del self._pending[job]
 
+    def _forked(self) -> None:
+        """In a forked child: the completions pending here were the parent's finisher thread's, which
+        the child does not have (nor the core's queue of them: the child's is new, csrc/finisher.cpp),
+        so none of them will be finished. Waiters are let go (a form completes its missing rows itself,
+        ``CompiledConstraint.complete``), and the lock, which that thread may have held, is new."""
+        self._lock = threading.Lock()
+        for _, _, completion in self._pending.values():
+            completion.done.set()
+        self._pending.clear()
+        self.thread = None
+
     def wait_all(self, timeout: float) -> None:
         """At exit: let pending cache files be written rather than leave temporary ones behind."""
         deadline = time.monotonic() + timeout
@@ -75,3 +87,5 @@ class Finisher:
 
 FINISHER = Finisher()
 atexit.register(FINISHER.wait_all, Finisher.EXIT_WAIT_S)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=FINISHER._forked)

@@ -1,0 +1,86 @@
+"""A process forked while the constraint core was busy in another thread (a mask row being computed,
+a background completion) has only the forking thread: what that other thread left mid-way must not
+make the child wait for it forever. Each case runs in its own subprocess with a deadline; a child
+that hangs is killed by its alarm and shows as exit -14. (The thread pool's case is in
+test_pool_dispatch.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+SETUP = """
+import os, signal, tempfile, threading, time
+import numpy as np
+from llmserve.constraints.compiled import CompiledConstraint
+from llmserve.constraints.compiler import compile_constraint
+from llmserve.constraints.regex import compile_ast, parse
+from llmserve.constraints.vocab import Vocab
+
+rng = np.random.default_rng(1)
+letters = np.frombuffer(b"abcdefghij0123456789", dtype=np.uint8)
+V = 30000
+tokens = [bytes([b]) for b in range(256)]
+while len(tokens) < V - 1:
+    tokens.append(bytes(rng.choice(letters, int(rng.integers(2, 7)))))
+tokens.append(None)  # end of sequence
+vocab = Vocab(tokens, (V - 1,), V)
+PATTERN = "[a-j]{0,1000}[0-9]{0,1000}[k-t]{0,%d}x"
+
+def in_child(work):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)
+        try:
+            work()
+        except BaseException:
+            os._exit(3)
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+"""
+
+
+def run(body: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP + textwrap.dedent(body)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_row_the_parent_was_computing_is_computed_by_the_child():
+    run(
+        """
+        dfa = compile_ast(parse(PATTERN % 1000), classes=True)
+        want = CompiledConstraint.lazy(vocab, dfa)
+        want.native.complete(1)
+        codes = []
+        for trial in range(6):
+            c = CompiledConstraint.lazy(vocab, dfa)
+            t = threading.Thread(target=c.native.complete, args=(1,))  # the finisher's call
+            t.start()
+            time.sleep(0.002 * (trial + 1))
+
+            def check():
+                c.native.complete(1)  # every row, as a fill reaching them would
+                assert all(np.array_equal(c.mask_row(s), want.mask_row(s)) for s in range(0, c.num_states, 97))
+
+            codes.append(in_child(check))
+            t.join()
+        assert codes == [0] * 6, codes
+        """
+    )
+
+
+def test_a_completion_the_parent_had_queued_does_not_hold_the_child():
+    run(
+        """
+        codes = []
+        for i in range(4):
+            c = compile_constraint({"regex": PATTERN % (900 + i)}, vocab, cache_dir=tempfile.mkdtemp())
+            time.sleep(0.005)  # the background finisher is completing it now
+            codes.append(in_child(lambda: c.complete()))
+            c.complete()
+        assert codes == [0] * 4, codes
+        """
+    )
