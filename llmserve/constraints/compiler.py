@@ -87,8 +87,8 @@ def dfa_for(
     compile limits; ConstraintError when over one, or when the constraint is invalid).
     ``keep_on_disk``: write a built automaton to the disk cache (validation does, for the engine
     process; the engine does not, its complete form is cached instead). ``keep_in_memory``: the same
-    for the in-memory cache (the engine's compiled form holds its own, compressed, automaton: a dense
-    one kept beside it would cost 1 KB per state for nothing)."""
+    for the in-memory cache (the engine's compiled form holds its own automaton: a second one kept
+    beside it would cost its size again for nothing)."""
     key = dfa_key(spec)
     memo = ("dfa", key, backend)
     hit = _MEMORY.get(memo)

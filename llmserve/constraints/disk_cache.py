@@ -320,20 +320,31 @@ def read_dfa(path: Path) -> ByteDFA | None:
     if found is None:
         return None
     header, a = found
+    dfa = _dfa_of(header, a)
+    if dfa is None:
+        log.warning("constraint cache file %s ignored (arrays missing or out of range); it will be rebuilt", path)
+    return dfa
+
+
+def _dfa_of(header: dict[str, Any], a: dict[str, np.ndarray]) -> ByteDFA | None:
+    """The automaton a file holds, in either form (byte table, or byte classes and their columns),
+    or None unless every array has the shape, type and range the rest of the code relies on (a file
+    that passed its checksum may still come from another version, or be crafted)."""
     accept, classes = a.get("accept"), a.get("classes")
     table = a.get("table") if classes is None else a.get("columns")
-    width_ok = (
-        table is not None
-        and table.ndim == 2
-        and (table.shape[1] == 256 if classes is None else 1 <= table.shape[1] <= 256)
-    )
-    classes_ok = classes is None or (
-        classes.shape == (256,)
-        and classes.dtype == np.uint8
-        and table is not None
-        and int(classes.max()) < table.shape[1]
-    )
-    if table is None or accept is None or not width_ok or not classes_ok or accept.shape != (table.shape[0],):
-        log.warning("constraint cache file %s ignored (arrays missing); it will be rebuilt", path)
+    if table is None or accept is None or table.ndim != 2 or table.dtype != np.int32 or accept.dtype != np.uint8:
         return None
-    return ByteDFA(table, accept, int(header.get("start", 0)), classes=classes)
+    states, width = table.shape
+    start = header.get("start", 0)
+    if accept.shape != (states,) or not isinstance(start, int) or isinstance(start, bool) or not 0 <= start < states:
+        return None
+    if classes is None:
+        if width != 256:
+            return None
+    elif not (
+        1 <= width <= 256 and classes.shape == (256,) and classes.dtype == np.uint8 and int(classes.max()) < width
+    ):
+        return None
+    if table.size and (int(table.min()) < -1 or int(table.max()) >= states):
+        return None
+    return ByteDFA(table, accept, start, classes=classes)

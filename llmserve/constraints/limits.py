@@ -12,7 +12,8 @@ LLMSERVE_CONSTRAINT_COMPILE_MS         2000       wall-clock time of one constra
                                                   construction (checked inside the C++ loops)
 LLMSERVE_CONSTRAINT_COMPILE_MB         512        memory of that construction (NFA, subsets)
 LLMSERVE_CONSTRAINT_MAX_STATES         65536      states of the byte automaton, counted once
-                                                  minimised: 1 KiB each for its transitions, and a
+                                                  minimised: 4 bytes per byte class each for its
+                                                  transitions (about 230 for a JSON schema), and a
                                                   mask row of vocabulary-size bits (16 KiB at 128k
                                                   tokens) for each state a request reaches (a form
                                                   over COMPLETE_MAX_MB never computes the others);

@@ -735,8 +735,8 @@ class ByteDFA:
     next state on byte b is ``table[s, classes[b]]``. The native construction returns that form, a
     few dozen columns instead of 256 (a 50k-state schema: 12 MB instead of 50 MB, and no pages of a
     byte table to fault in); ``transitions`` gives it to the compiled form and the distance searches
-    as it is, and ``table`` expands the byte table on first read (conversion code that combines
-    automata reads it), kept from then on.
+    as it is, and ``table`` expands the byte table on each read, not kept (the caches count the
+    automaton at its class form's size; nothing on the serving path reads ``table`` of one).
     """
 
     def __init__(self, table: np.ndarray, accept: np.ndarray, start: int = 0, classes: np.ndarray | None = None):
@@ -748,11 +748,11 @@ class ByteDFA:
     @property
     def table(self) -> np.ndarray:
         """int32 [S, 256]."""
-        if self._bytes is None:
-            assert self.transitions is not None
-            classes, columns = self.transitions
-            self._bytes = np.ascontiguousarray(columns[:, classes])
-        return self._bytes
+        if self._bytes is not None:
+            return self._bytes
+        assert self.transitions is not None
+        classes, columns = self.transitions
+        return np.ascontiguousarray(columns[:, classes])
 
     @property
     def num_states(self) -> int:
@@ -760,11 +760,18 @@ class ByteDFA:
 
     @property
     def nbytes(self) -> int:
-        """What the automaton holds now (both forms once the byte table was expanded)."""
+        """What the automaton holds: its byte table, or its classes and columns."""
         held = [self.accept] + ([] if self._bytes is None else [self._bytes]) + list(self.transitions or ())
         return int(sum(a.nbytes for a in held))
 
     def walk(self, state: int, data: bytes) -> int:
+        if self.transitions is not None:  # a step reads one entry: no byte table for it
+            classes, columns = self.transitions
+            for b in data:
+                if state < 0:
+                    return -1
+                state = int(columns[state, classes[b]])
+            return state
         t = self.table
         for b in data:
             if state < 0:

@@ -14,7 +14,7 @@ import pytest
 
 from llmserve.constraints.budget import distances
 from llmserve.constraints.compiled import CompiledConstraint
-from llmserve.constraints.disk_cache import read_dfa, try_write_dfa
+from llmserve.constraints.disk_cache import read_dfa, try_write_dfa, write_arrays
 from llmserve.constraints.regex import ByteDFA, _rows_words, compile_ast, compile_regex, parse
 from llmserve.constraints.vocab import Vocab
 
@@ -145,3 +145,43 @@ def test_embedded_automata_are_encoded_run_by_run():
             for run in runs:
                 expect.extend(run)
         assert _rows_words(table).tolist() == expect
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "columns_1d",
+        "class_past_columns",
+        "entry_past_states",
+        "entry_below_dead",
+        "start_past_states",
+        "start_not_a_number",
+        "columns_int64",
+        "accept_short",
+    ],
+)
+def test_a_dfa_file_that_checksums_but_does_not_fit_is_rebuilt_not_raised(tmp_path, change):
+    """A cache file from another version, or a crafted one, passes its checksum: read_dfa must
+    return None (the constraint is rebuilt) for any array out of shape, type or range, not raise
+    or hand on an automaton the core would refuse at every request."""
+    dfa = compile_ast(parse(PATTERNS[0]), classes=True)
+    classes, columns = (a.copy() for a in dfa.transitions)
+    accept, meta = dfa.accept.copy(), {"start": 0}
+    if change == "columns_1d":
+        columns = columns.reshape(-1)
+    elif change == "class_past_columns":
+        classes[7] = columns.shape[1]
+    elif change == "entry_past_states":
+        columns[0, 0] = columns.shape[0]
+    elif change == "entry_below_dead":
+        columns[0, 0] = -2
+    elif change == "start_past_states":
+        meta["start"] = columns.shape[0]
+    elif change == "start_not_a_number":
+        meta["start"] = "0"
+    elif change == "columns_int64":
+        columns = columns.astype(np.int64)
+    else:
+        accept = accept[:-1]
+    write_arrays(tmp_path / "k.bin", "k", {"classes": classes, "columns": columns, "accept": accept}, meta)
+    assert read_dfa(tmp_path / "k.bin") is None

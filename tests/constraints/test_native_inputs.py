@@ -127,3 +127,30 @@ def test_malformed_call_raises_instead_of_crashing(name):
         f"{name}: exit {proc.returncode} (a negative code is the signal)\n{proc.stderr[-2000:]}"
     )
     assert proc.stdout.startswith("raised"), f"{name}: {proc.stdout}{proc.stderr[-2000:]}"
+    assert EXPECT.get(name, "") in proc.stdout, f"{name}: {proc.stdout}"
+
+
+# The class-form checks by what they say: an old core without the `classes` argument raises a
+# TypeError for the extra argument, which the harness alone would count as a pass.
+EXPECT = {
+    "grammar_classes_out_of_range": "byte class out of range",
+    "grammar_classes_short": "classes/table/accept shapes",
+    "grammar_classes_entry_out_of_range": "table entry out of range",
+    "grammar_classes_a_list": "classes must be a numpy array",
+    "token_distances_classes_out_of_range": "byte class out of range",
+}
+
+
+def test_the_class_form_inputs_those_cases_break_work_when_valid():
+    code = SETUP + textwrap.dedent("""
+        classes = np.zeros(256, np.uint8); classes[ord("a")] = 1; classes[ord("b")] = 2
+        columns = np.full((2, 3), -1, np.int32); columns[0, 1] = 1; columns[1, 2] = 1
+        g = core.Grammar(vocab, columns, accept, np.zeros((3, vocab.words), np.uint32), 0, False, classes)
+        assert g.step(0, 0) == 1 and g.step(1, 1) == 1 and g.step(0, 1) == -1, "steps"
+        d = np.array([1, 0], np.int32)
+        core.token_distances(vocab, columns, accept, d, np.array([1, 0], np.int32), classes)
+        assert d.tolist() == [1, 0], d
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-2000:]
