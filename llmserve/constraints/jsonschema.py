@@ -1199,17 +1199,13 @@ class _Converter:
         required = list(dict.fromkeys(schema.get("required", [])))
         additional = _additional(schema)
         patterns = schema.get("patternProperties") or {}
-        deps = {
-            **schema.get("dependencies", {}),
-            **schema.get("dependentSchemas", {}),
-            **schema.get("dependentRequired", {}),
-        }
+        deps = _dependencies_by_name(schema)
         for name in required:  # a required name's required dependencies are required too
-            dep = deps.get(name)
-            if isinstance(dep, list):
-                required += [d for d in dep if d not in required]
-            elif dep is not None and dep is not True and dep != {}:
-                raise self.fail(f"a schema dependency of the required property {name!r} is not supported")
+            for dep in deps.get(name, []):
+                if isinstance(dep, list):
+                    required += [d for d in dep if d not in required]
+                elif dep is not True and dep != {}:
+                    raise self.fail(f"a schema dependency of the required property {name!r} is not supported")
         # after the required dependencies: a name they require cannot be left out
         _drop_absent(schema, props, required)
         for name in required:
@@ -1221,9 +1217,7 @@ class _Converter:
             matching = [s for p, s in patterns.items() if _search(p, name)]
             if matching:
                 props[name] = {"allOf": [sub, *matching]}
-            dep = deps.get(name)
-            certain = isinstance(dep, list) and all(d in required for d in dep)
-            if name not in required and dep is not None and not certain:
+            if name not in required and not _certain(deps.get(name, []), required):
                 del props[name]
         if "propertyNames" in schema and props:
             names = compile_ast(
@@ -1441,6 +1435,20 @@ def _patterns_of(schema: dict) -> list[str]:
     pattern = schema.get("pattern")
     patterns = pattern if isinstance(pattern, list) else [pattern] if pattern is not None else []
     return [p for p in patterns if isinstance(p, str)]
+
+
+def _dependencies_by_name(schema: dict) -> dict[str, list]:
+    """Each name's dependencies, of every keyword: one name can have a list and a schema, and both hold."""
+    deps: dict[str, list] = {}
+    for key in ("dependencies", "dependentSchemas", "dependentRequired"):
+        for name, dep in (schema.get(key) or {}).items():
+            deps.setdefault(name, []).append(dep)
+    return deps
+
+
+def _certain(deps: list, required: list) -> bool:
+    """Whether a name's dependencies hold in every answer: each a list of required names, or no constraint."""
+    return all(dep is True or dep == {} or (isinstance(dep, list) and all(d in required for d in dep)) for dep in deps)
 
 
 def _drop_absent(schema: dict, props: dict, required: list) -> None:

@@ -295,3 +295,19 @@ def test_an_empty_anyof_branch_inside_not_is_failed_by_every_value():
     schema = {"oneOf": [{"not": {"anyOf": [EMPTY, {"type": "string"}]}}, {"type": "integer"}]}
     dfa = assert_sound(schema, ["1", '"s"', "[1]"])
     assert not dfa.matches(b"1")
+
+
+# ------------------------------------------------------------------ dependencies of one name in two keywords
+
+
+def test_a_names_schema_dependency_holds_beside_its_required_dependency():
+    # dependentRequired of a once hid its dependentSchemas: a was generated with any value
+    schema = {
+        "properties": {"b": {}, "a": {}},
+        "required": ["b"],
+        "dependentRequired": {"a": ["b"]},
+        "dependentSchemas": {"a": {"properties": {"a": {"type": "integer"}}}},
+    }
+    dfa = assert_sound(schema, ['{"b":1,"a":{}}', '{"b":1,"a":1}', '{"b":1}'])
+    assert not dfa.matches(b'{"b":1,"a":{}}')
+    assert dfa.matches(b'{"b":1}')
