@@ -225,6 +225,14 @@ def _merge_pattern_sides(a: dict, b: dict, out: dict) -> None:
         extra = other.get("additionalProperties", True)
         if extra is True or extra == {}:
             continue
+        # a name the other side declares is not additional there, yet the converter applies the
+        # patterns it matches to it: carrying additionalProperties would refuse its values
+        declared = [n for n in other.get("properties") or {} if any(_search(p, n) for p in patterns)]
+        if declared:
+            raise ConstraintError(
+                f"json_schema: allOf of patternProperties and additionalProperties where the declared property "
+                f"{declared[0]!r} matches a pattern is not supported"
+            )
         out["patternProperties"] = {p: both(s, extra) for p, s in patterns.items()}
 
 

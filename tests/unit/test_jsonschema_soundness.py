@@ -311,3 +311,13 @@ def test_a_names_schema_dependency_holds_beside_its_required_dependency():
     dfa = assert_sound(schema, ['{"b":1,"a":{}}', '{"b":1,"a":1}', '{"b":1}'])
     assert not dfa.matches(b'{"b":1,"a":{}}')
     assert dfa.matches(b'{"b":1}')
+
+
+def test_a_pattern_matching_a_name_the_other_side_declares_is_refused_in_a_merge():
+    # ab is declared on the second side (any value) and matches ^a on the first: valid; ax matches
+    # ^a and is additional on the second side: refused. One pattern schema cannot say both.
+    schema = {"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"ab": {}}, "additionalProperties": False}]}
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"ab": 1}) and not validator.is_valid({"ax": 1})
+    with pytest.raises(ConstraintError, match="patternProperties"):
+        dfa_of(schema)
