@@ -225,15 +225,18 @@ def _merge_pattern_sides(a: dict, b: dict, out: dict) -> None:
         extra = other.get("additionalProperties", True)
         if extra is True or extra == {}:
             continue
-        # a name the other side declares is not additional there, yet the converter applies the
-        # patterns it matches to it: carrying additionalProperties would refuse its values
         declared = [n for n in other.get("properties") or {} if any(_search(p, n) for p in patterns)]
-        if declared:
-            raise ConstraintError(
-                f"json_schema: allOf of patternProperties and additionalProperties where the declared property "
-                f"{declared[0]!r} matches a pattern is not supported"
-            )
-        out["patternProperties"] = {p: both(s, extra) for p, s in patterns.items()}
+        if not declared:
+            out["patternProperties"] = {p: both(s, extra) for p, s in patterns.items()}
+            continue
+        # a name the other side declares is not additional there, yet the converter applies every
+        # pattern a declared name matches: additionalProperties goes to a second pattern per
+        # pattern that leaves those names out (a name matching both follows both schemas)
+        names = "|".join(re.escape(n) for n in declared)
+        out["patternProperties"] = {
+            **patterns,
+            **{f"^(?!(?:{names})$)[\\s\\S]*(?:{p})": extra for p in patterns},
+        }
 
 
 def merge(a: Any, b: Any) -> dict:

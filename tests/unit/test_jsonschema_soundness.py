@@ -313,11 +313,28 @@ def test_a_names_schema_dependency_holds_beside_its_required_dependency():
     assert dfa.matches(b'{"b":1}')
 
 
-def test_a_pattern_matching_a_name_the_other_side_declares_is_refused_in_a_merge():
-    # ab is declared on the second side (any value) and matches ^a on the first: valid; ax matches
-    # ^a and is additional on the second side: refused. One pattern schema cannot say both.
-    schema = {"allOf": [{"patternProperties": {"^a": {}}}, {"properties": {"ab": {}}, "additionalProperties": False}]}
-    validator = jsonschema.Draft202012Validator(schema)
-    assert validator.is_valid({"ab": 1}) and not validator.is_valid({"ax": 1})
-    with pytest.raises(ConstraintError, match="patternProperties"):
-        dfa_of(schema)
+def test_a_pattern_matching_a_name_the_other_side_declares_keeps_that_names_values_in_a_merge():
+    # ab is declared on the second side (any value) and matches ^a on the first: an integer; ax
+    # matches ^a and is additional on the second side: refused
+    schema = {
+        "allOf": [
+            {"patternProperties": {"^a": {"type": "integer"}}},
+            {"properties": {"ab": {}}, "additionalProperties": False},
+        ]
+    }
+    dfa = assert_sound(schema, ['{"ab":1}', '{"ab":"s"}', '{"ax":1}'])
+    assert dfa.matches(b'{"ab":1}')
+    assert not dfa.matches(b'{"ab":"s"}')
+
+
+def test_a_required_name_only_the_pattern_side_covers_follows_the_other_sides_additional_properties():
+    schema = {
+        "allOf": [
+            {"patternProperties": {"^x": {}}, "additionalProperties": False, "properties": {"p": {}}},
+            {"properties": {"xa": {"type": "string"}}, "additionalProperties": {"type": "integer"}},
+        ],
+        "required": ["x1"],
+    }
+    dfa = assert_sound(schema, ['{"x1":1}', '{"x1":"s"}'])
+    assert dfa.matches(b'{"x1":1}')
+    assert not dfa.matches(b'{"x1":"s"}')
