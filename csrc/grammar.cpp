@@ -61,7 +61,12 @@ void Grammar::ensure(int64_t r) const {
     if (seen == 2) return;
     if (seen != mine) {  // missing (0), or left mid-way by a thread that is not in this process
       if (st.compare_exchange_weak(seen, mine, std::memory_order_acq_rel)) {
-        compute(r);
+        try {
+          compute(r);
+        } catch (...) {  // (an allocation failure) the row is missing again, not claimed forever
+          st.store(0, std::memory_order_release);
+          throw;
+        }
         st.store(2, std::memory_order_release);
         ready_count.fetch_add(1, std::memory_order_relaxed);
         return;

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,10 +51,12 @@ ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int32]]
 @dataclass(frozen=True)
 class Completion:
     """A background thread's promise to complete a lazily compiled constraint: ``done`` is set once
-    every row is computed and the cache file written. ``thread`` never waits for its own promise."""
+    every row is computed and the cache file written. ``thread`` never waits for its own promise, and
+    nothing waits for it in a forked child (``pid``: the process that has the thread)."""
 
     thread: threading.Thread
     done: threading.Event = field(default_factory=threading.Event)
+    pid: int = field(default_factory=os.getpid)
 
 
 def _sparse_rows(rows: int, words: int) -> NDArray[np.uint32]:
@@ -62,7 +65,9 @@ def _sparse_rows(rows: int, words: int) -> NDArray[np.uint32]:
     about 160 rows' worth at a 100k vocabulary), which would make a lazy form hold far more than the
     rows it computed, and more than the cache counts; an anonymous mapping kept off huge pages does
     not."""
-    buf = mmap.mmap(-1, rows * words * 4)
+    # private: a forked child writing rows (it computes those the parent had not) must write its own
+    # copies, never the parent's pages (mmap's default for an anonymous map is MAP_SHARED)
+    buf = mmap.mmap(-1, rows * words * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(buf, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
         try:
             buf.madvise(mmap.MADV_NOHUGEPAGE)
@@ -338,8 +343,9 @@ class CompiledConstraint:
     def complete(self) -> CompiledConstraint:
         """Compute every mask row not computed yet and compress them (and the automaton); wait for
         the background cache writer if any."""
-        if self._finished is not None and threading.current_thread() is not self._finished.thread:
-            self._finished.done.wait()
+        finished = self._finished
+        if finished is not None and threading.current_thread() is not finished.thread and finished.pid == os.getpid():
+            finished.done.wait()
         if not self._ready:
             self.native.complete()
             self._ready = True

@@ -68,11 +68,10 @@ class Finisher:
     def _forked(self) -> None:
         """In a forked child: the completions pending here were the parent's finisher thread's, which
         the child does not have (nor the core's queue of them: the child's is new, csrc/finisher.cpp),
-        so none of them will be finished. Waiters are let go (a form completes its missing rows itself,
-        ``CompiledConstraint.complete``), and the lock, which that thread may have held, is new."""
+        so none of them will be finished, nor their files written here. Nothing in the child waits for
+        them (``Completion.pid``: a form completes its missing rows itself); their events are left
+        alone, since a parent thread may have held one's lock at the fork. The lock is new likewise."""
         self._lock = threading.Lock()
-        for _, _, completion in self._pending.values():
-            completion.done.set()
         self._pending.clear()
         self.thread = None
 

@@ -84,3 +84,52 @@ def test_a_completion_the_parent_had_queued_does_not_hold_the_child():
         assert codes == [0] * 4, codes
         """
     )
+
+
+def test_a_child_writes_its_own_copy_of_a_lazy_forms_rows():
+    """The lazy mask buffer is a private mapping: rows a child writes (it computes those the parent
+    had not) never land in the parent's pages, where the parent would serve them and write them to
+    its cache file. (An anonymous mmap is shared by default.)"""
+    run(
+        """
+        dfa = compile_ast(parse(PATTERN % 300), classes=True)
+        c = CompiledConstraint.lazy(vocab, dfa)
+        c.native.complete(1)  # every row, still in the lazy buffer (not compressed)
+        rows = c._masks
+        before = rows.copy()
+
+        def scribble():
+            rows[:] = 0xFFFFFFFF  # whatever the child writes
+
+        assert in_child(scribble) == 0
+        assert np.array_equal(rows, before)
+        """
+    )
+
+
+def test_a_fork_while_a_parent_thread_waits_on_a_completion_does_not_hold_the_child():
+    """The finisher's after-fork hook leaves the parent's completion events alone: a parent thread
+    may hold one's lock at the fork (waiting for a form to complete), which the child would then wait
+    for forever."""
+    run(
+        """
+        from llmserve.constraints.compiled import Completion
+        from llmserve.constraints.finisher import FINISHER
+
+        pending = Completion(threading.current_thread())
+        FINISHER._pending[10**9] = (None, None, pending)  # as the finisher's own thread would hold it
+        stop = threading.Event()
+
+        def waiter():
+            while not stop.is_set():
+                pending.done.wait(0)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        codes = [in_child(lambda: None) for _ in range(20)]
+        stop.set()
+        t.join()
+        del FINISHER._pending[10**9]
+        assert codes == [0] * 20, codes
+        """
+    )
