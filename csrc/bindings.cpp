@@ -558,6 +558,57 @@ PYBIND11_MODULE(_core, m) {
       py::arg("classes") = py::none(),
       "Grammar.token_distances from the automaton alone (no mask rows): what a budget check needs.");
 
+  m.def(
+      "fewest_tokens",
+      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::object classes, int64_t budget_ms) {
+        int64_t S = 0;
+        const Transitions tr = any_table(classes, table, accept, S);
+        if (start < 0 || start >= S) throw std::invalid_argument("fewest_tokens: start state out of range");
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
+        py::gil_scoped_release nogil;
+        const FewestTokens f = fewest_tokens(*v.v, tr, a, S, start, budget_ms);
+        return std::make_pair(f.tokens, f.explored);
+      },
+      py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("start"), py::arg("classes") = py::none(),
+      py::arg("budget_ms") = 0,
+      "(tokens, explored): the fewest tokens from `start` to an accepting state (2**31 - 1: none), from a "
+      "search over the states nearer the start than that; tokens is -1 when budget_ms (> 0) ran out first, "
+      "and every answer then takes more than `explored` tokens.");
+
+  m.def(
+      "byte_distances",
+      [](py::array table, py::array accept, py::array usable, py::object classes) {
+        int64_t S = 0;
+        const Transitions tr = any_table(classes, table, accept, S);
+        const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+        if (usable.shape(0) != 256) throw std::invalid_argument("byte_distances: usable must be [256]");
+        py::array_t<int32_t> dist(S);
+        int32_t* d = dist.mutable_data();
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
+        {
+          py::gil_scoped_release nogil;
+          byte_distances(tr, a, S, u, d);
+        }
+        return dist;
+      },
+      py::arg("table"), py::arg("accept"), py::arg("usable"), py::arg("classes") = py::none(),
+      "int32[S]: per state, the fewest steps over the bytes with usable[b] (uint8[256]) to an accepting state "
+      "(2**31 - 1: none).");
+
+  m.def(
+      "greedy_tokens",
+      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::object classes) {
+        int64_t S = 0;
+        const Transitions tr = any_table(classes, table, accept, S);
+        if (start < 0 || start >= S) throw std::invalid_argument("greedy_tokens: start state out of range");
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
+        py::gil_scoped_release nogil;
+        return greedy_tokens(*v.v, tr, a, S, start);
+      },
+      py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("start"), py::arg("classes") = py::none(),
+      "The tokens of one answer from `start` (a shortest one in bytes, cut into the longest tokens): an upper "
+      "bound of the fewest. 2**31 - 1: no answer; -1: a byte of it starts no token.");
+
   py::class_<PyBatch>(m, "Batch")
       .def(py::init<const PyVocab&>())
       .def("set_row", &PyBatch::set_row, py::arg("index"), py::arg("grammar"), py::arg("tokens"))

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -154,20 +155,136 @@ void Vocab::state_mask_within(const Transitions& tr, int32_t s, const int32_t* d
 
 int32_t Vocab::min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const {
   int32_t best = INT32_MAX;
-  stack[0] = s;
-  const int32_t n = static_cast<int32_t>(trie_byte_.size());
-  for (int32_t i = 0; i < n;) {
-    const int32_t d = trie_depth_[i];
-    const int32_t cur = tr.next(stack[d - 1], trie_byte_[i]);
-    if (cur < 0) {
-      i = trie_end_[i];
-      continue;
-    }
-    stack[d] = cur;
-    if (trie_tok_off_[i + 1] > trie_tok_off_[i] && dist[cur] < best) best = dist[cur];
-    ++i;
+  each_successor(tr, s, stack, [&](int32_t q) {
+    best = std::min(best, dist[q]);
+    return false;
+  });
+  return best;
+}
+
+int64_t Vocab::longest_token(const uint8_t* s, int64_t n) const {
+  int64_t best = 0;
+  // the children of a node are the nodes after it, each next one past the previous one's subtree
+  int32_t lo = 0, hi = static_cast<int32_t>(trie_byte_.size());
+  for (int64_t d = 0; d < n; ++d) {
+    int32_t i = lo;
+    while (i < hi && trie_byte_[i] != s[d]) i = trie_end_[i];
+    if (i >= hi) break;
+    if (trie_tok_off_[i + 1] > trie_tok_off_[i]) best = d + 1;
+    lo = i + 1;
+    hi = trie_end_[i];
   }
   return best;
+}
+
+void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, const uint8_t* usable, int32_t* dist) {
+  std::vector<uint8_t> reps;  // one usable byte per class that has one
+  std::vector<uint8_t> have(256, 0);
+  for (int b = 0; b < 256; ++b)
+    if (usable[b] && !have[tr.cls[b]]) {
+      have[tr.cls[b]] = 1;
+      reps.push_back(static_cast<uint8_t>(b));
+    }
+  // predecessors in compressed rows: pred[off[q] .. off[q + 1]) are the states with a step into q
+  std::vector<int64_t> off(S + 1, 0);
+  for (int64_t s = 0; s < S; ++s)
+    for (const uint8_t b : reps) {
+      const int32_t q = tr.next(static_cast<int32_t>(s), b);
+      if (q >= 0) ++off[q + 1];
+    }
+  for (int64_t q = 0; q < S; ++q) off[q + 1] += off[q];
+  std::vector<int32_t> pred(off[S]);
+  std::vector<int64_t> fill(off.begin(), off.end() - 1);
+  for (int64_t s = 0; s < S; ++s)
+    for (const uint8_t b : reps) {
+      const int32_t q = tr.next(static_cast<int32_t>(s), b);
+      if (q >= 0) pred[fill[q]++] = static_cast<int32_t>(s);
+    }
+  std::vector<int32_t> queue;
+  for (int64_t s = 0; s < S; ++s) {
+    dist[s] = accept[s] ? 0 : INT32_MAX;
+    if (accept[s]) queue.push_back(static_cast<int32_t>(s));
+  }
+  for (size_t k = 0; k < queue.size(); ++k) {
+    const int32_t q = queue[k];
+    for (int64_t i = off[q]; i < off[q + 1]; ++i) {
+      const int32_t p = pred[i];
+      if (dist[p] == INT32_MAX) {
+        dist[p] = dist[q] + 1;
+        queue.push_back(p);
+      }
+    }
+  }
+}
+
+int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start) {
+  // one byte of each class: every byte of a class leads to the same state
+  std::vector<uint8_t> reps;
+  std::vector<uint8_t> have(256, 0);
+  for (int b = 0; b < 256; ++b)
+    if (!have[tr.cls[b]]) {
+      have[tr.cls[b]] = 1;
+      reps.push_back(static_cast<uint8_t>(b));
+    }
+  std::vector<int32_t> parent(S, -2);  // -2: not reached; the start's parent is -1
+  std::vector<uint8_t> via(S, 0);
+  std::vector<int32_t> queue{start};
+  parent[start] = -1;
+  int32_t end = accept[start] ? start : -1;
+  for (size_t k = 0; k < queue.size() && end < 0; ++k) {
+    const int32_t s = queue[k];
+    for (const uint8_t b : reps) {
+      const int32_t q = tr.next(s, b);
+      if (q < 0 || parent[q] != -2) continue;
+      parent[q] = s;
+      via[q] = b;
+      if (accept[q]) {
+        end = q;
+        break;
+      }
+      queue.push_back(q);
+    }
+  }
+  if (end < 0) return INT32_MAX;
+  std::vector<uint8_t> answer;
+  for (int32_t q = end; parent[q] >= 0; q = parent[q]) answer.push_back(via[q]);
+  std::reverse(answer.begin(), answer.end());
+  int32_t tokens = 0;
+  for (size_t p = 0; p < answer.size(); ++tokens) {
+    const int64_t n = v.longest_token(answer.data() + p, static_cast<int64_t>(answer.size() - p));
+    if (n == 0) return -1;
+    p += static_cast<size_t>(n);
+  }
+  return tokens;
+}
+
+FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
+                           int64_t budget_ms) {
+  if (accept[start]) return {0, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(budget_ms);
+  std::vector<int32_t> stack(v.max_len() + 2);
+  std::vector<uint8_t> seen(S, 0);
+  std::vector<int32_t> frontier{start}, next;
+  seen[start] = 1;
+  for (int32_t level = 0; !frontier.empty(); ++level) {
+    // every state in `frontier` is `level` tokens from the start, none fewer
+    bool found = false;
+    for (const int32_t s : frontier) {
+      if (budget_ms > 0 && std::chrono::steady_clock::now() > deadline) return {-1, level};
+      v.each_successor(tr, s, stack.data(), [&](int32_t q) {
+        if (accept[q]) return found = true;
+        if (!seen[q]) {
+          seen[q] = 1;
+          next.push_back(q);
+        }
+        return false;
+      });
+      if (found) return {level + 1, level};
+    }
+    frontier.swap(next);
+    next.clear();
+  }
+  return {INT32_MAX, 0};
 }
 
 }  // namespace llmserve

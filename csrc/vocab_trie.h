@@ -49,6 +49,26 @@ class Vocab {
                          int32_t* stack) const;
   // min over the tokens that walk from s of dist[end state] (INT32_MAX when none).
   int32_t min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const;
+  // Length of the longest token that s[0 .. n) starts with (0: none).
+  int64_t longest_token(const uint8_t* s, int64_t n) const;
+  // Calls stop(q) with the end state q of the tokens that walk from s (once per trie node where
+  // tokens end), until it returns true. `stack` as for state_mask.
+  template <class Stop>
+  void each_successor(const Transitions& tr, int32_t s, int32_t* stack, Stop&& stop) const {
+    stack[0] = s;
+    const int32_t n = static_cast<int32_t>(trie_byte_.size());
+    for (int32_t i = 0; i < n;) {
+      const int32_t d = trie_depth_[i];
+      const int32_t cur = tr.next(stack[d - 1], trie_byte_[i]);
+      if (cur < 0) {
+        i = trie_end_[i];
+        continue;
+      }
+      stack[d] = cur;
+      if (trie_tok_off_[i + 1] > trie_tok_off_[i] && stop(cur)) return;
+      ++i;
+    }
+  }
 
  private:
   // order: the ids of tokens with bytes, sorted by their bytes; lcp: prefix shared with the previous
@@ -64,5 +84,27 @@ class Vocab {
   std::vector<uint8_t> trie_byte_;
   std::vector<int32_t> trie_depth_, trie_end_, trie_tok_off_, trie_tok_;
 };
+
+// Fewest tokens from `start` to an accepting state of the automaton (S states), found by a
+// breadth-first search over token steps from `start` alone: what a budget check needs, at the cost
+// of the states nearer the start than the shortest answer, where the distances of every state
+// (min_successor, round after round) cost a walk per state per round. tokens: the count, INT32_MAX
+// when no accepting state is reachable, or -1 when `budget_ms` (> 0) ran out first; then every
+// answer takes more than `explored` tokens.
+struct FewestTokens {
+  int32_t tokens;
+  int32_t explored;
+};
+FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
+                           int64_t budget_ms);
+
+// Per state, the fewest steps over the bytes with usable[b] != 0 to an accepting state (INT32_MAX:
+// none), into dist[S]: a breadth-first search backwards from the accepting states.
+void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, const uint8_t* usable, int32_t* dist);
+
+// The tokens of one answer from `start`, an upper bound of the fewest that costs about a search over
+// bytes: a shortest answer in bytes cut into the longest token at each point. INT32_MAX when no
+// accepting state is reachable; -1 when the cut reaches a byte that starts no token.
+int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start);
 
 }  // namespace llmserve

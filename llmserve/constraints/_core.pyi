@@ -172,6 +172,39 @@ def token_distances(
     """``Grammar.token_distances`` from the automaton alone: reads no mask row, so a budget check
     needs no compiled mask tables. Releases the GIL."""
 
+def fewest_tokens(
+    vocab: Vocab,
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    start: int,
+    classes: NDArray[np.uint8] | None = None,
+    budget_ms: int = 0,
+) -> tuple[int, int]:
+    """(tokens, explored): the fewest tokens from ``start`` to an accepting state (2**31 - 1: none),
+    searched breadth-first from ``start`` over token steps, so it costs the states nearer the start
+    than the shortest answer. tokens is -1 when ``budget_ms`` (> 0) ran out first: every answer then
+    takes more than ``explored`` tokens. Releases the GIL."""
+
+def byte_distances(
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    usable: NDArray[np.uint8],
+    classes: NDArray[np.uint8] | None = None,
+) -> NDArray[np.int32]:
+    """int32[S]: per state, the fewest steps over the bytes with ``usable[b]`` (uint8[256]) to an
+    accepting state (2**31 - 1: none). Releases the GIL."""
+
+def greedy_tokens(
+    vocab: Vocab,
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    start: int,
+    classes: NDArray[np.uint8] | None = None,
+) -> int:
+    """The tokens of one answer from ``start``, an upper bound of the fewest at about the cost of a
+    search over bytes: a shortest answer in bytes cut into the longest token at each point. 2**31 - 1:
+    no answer; -1: a byte of it starts no token. Releases the GIL."""
+
 class Batch:
     """The engine's persistent batch: per row a grammar (or None: unconstrained), its DFA state, and a
     reference to the engine's output-token list of that row (read by ``sync``, never copied)."""

@@ -41,6 +41,20 @@ from llmserve.constraints.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
+# One constraint's exact distances at a time: each costs a vocabulary walk per state and round
+# (seconds of a core for a large schema), and a burst of new constraints must not take every core
+# from decoding; steering meanwhile uses the single-byte bound. A child forked while the parent held
+# the slot gets a free one.
+_EXACT_SLOT = threading.Lock()
+
+
+def _free_exact_slot() -> None:
+    global _EXACT_SLOT
+    _EXACT_SLOT = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_exact_slot)
+
 # compressed mask rows, as the core lays them out (csrc/grammar.h, CompactRows): row_of, off, kind, data
 Rows = tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]
 # a compressed automaton: byte classes uint8[256] and one column per class, int32[S, C]
@@ -114,6 +128,8 @@ class CompiledConstraint:
         self._compress_lock = threading.Lock()
         # called with this form once its rows are compressed (the in-memory cache re-counts its size)
         self.on_compressed: Callable[[CompiledConstraint], None] | None = None
+        # called with the exact distances once the background thread has them (kept for other processes)
+        self.on_distances: Callable[[NDArray[np.int32]], None] | None = None
         self.start = int(start)
         self.key = key
         self._ready = ready
@@ -263,8 +279,13 @@ class CompiledConstraint:
 
     @distances.setter
     def distances(self, dist: NDArray[np.int32]) -> None:
-        """Distances computed elsewhere for this very automaton and vocabulary (a budget check)."""
+        """Distances computed elsewhere for this very automaton and vocabulary (another process)."""
         self._distances = dist
+
+    @property
+    def known_distances(self) -> NDArray[np.int32] | None:
+        """The exact distances if they are computed already (never computes them)."""
+        return self._distances if self._distances is not None else self._exact_later
 
     def steering_distances(self) -> NDArray[np.int32]:
         """The distances the decode loop steers by; never waits for the exact ones. Those take a
@@ -295,7 +316,11 @@ class CompiledConstraint:
     def _compute_exact(self) -> None:
         try:
             table, classes = self._search_form()
-            self._exact_later = token_distances(table, self.accept, self.vocab, classes)
+            with _EXACT_SLOT:
+                exact = token_distances(table, self.accept, self.vocab, classes)
+            self._exact_later = exact
+            if self.on_distances is not None:
+                self.on_distances(exact)
         except Exception:  # steering goes on with the bound
             log.exception("computing the token distances of constraint %s failed", self.key[:12])
 

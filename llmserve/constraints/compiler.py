@@ -11,12 +11,13 @@ when the compile used at least half the budget in CPU time: one starved of CPU b
 may pass later, one that really needs more is not compiled again for every request that sends it.
 
 A budget check (``shortest_answer``) needs only how many tokens the shortest answer takes: it reads
-the compiled form when this process holds one, and otherwise computes it from the automaton and the
-vocabulary alone, without mask tables (a frontend process would otherwise hold a second copy of a
-table the engine builds anyway: megabytes per constraint at a 128k vocabulary). The distances are
-kept in memory and in the disk cache (``dist-<key>.bin``, a few KB), where a later compile, in this
-process or the engine's, picks them up instead of walking the vocabulary again (up to ~0.3 s of CPU
-for a large schema).
+the exact distances when this process or the disk cache holds them, and otherwise searches forward
+from the start state over the automaton and the vocabulary (``budget.fewest_tokens``), without mask
+tables (a frontend process would otherwise hold a second copy of a table the engine builds anyway:
+megabytes per constraint at a 128k vocabulary) and within the compile time budget. The distances of
+every state, which steering needs, are the engine's to compute, in the background; once it has them
+they are kept in the disk cache too (``dist-<key>.bin``, a few KB), where a later compile in another
+process picks them up instead of walking the vocabulary again (seconds for a large schema).
 
 A form miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start
 state's row exist, so a new constraint is usable within about a millisecond; the background finisher
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from llmserve.constraints.budget import token_distances
+from llmserve.constraints.budget import Shortest, fewest_tokens
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.disk_cache import (
     cache_key,
@@ -163,29 +164,41 @@ def compile_constraint(
     return compiled
 
 
-def shortest_answer(spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | None = None) -> int:
+def shortest_answer(
+    spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | None = None, within: int | None = None
+) -> Shortest:
     """The fewest tokens of an answer to ``spec`` over ``vocab``, end of sequence not counted
-    (``budget.UNREACHABLE`` when there is none): what a budget check needs (see the module doc).
-    Never compiles mask tables: from the form this process holds, else from the automaton."""
+    (``budget.UNREACHABLE`` when there is none): what a budget check needs (see the module doc and
+    ``budget.fewest_tokens``; ``within``: an answer of at most that many tokens is enough). Never
+    compiles mask tables, and never computes every state's distance. A search that runs out of the
+    compile time budget gives a lower bound, logged."""
     spec = spec_from_request(spec)
     key = cache_key(spec, vocab)
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
     held = _held_form((key, id(vocab), str(path)), vocab)
-    if held is not None:
-        return int(held.distances[held.start])
+    if held is not None and held.known_distances is not None:
+        return Shortest(int(held.known_distances[held.start]))
+    memo = ("shortest", key)
+    found: Shortest | None = _MEMORY.get(memo)
+    if found is not None and (found.bound == "exact" or (within is not None and found.tokens <= within)):
+        return found
     dfa = dfa_for(spec, cache_dir=cache_dir)
     dist = _known_distances(key, cache_dir, dfa.num_states)
-    if dist is None:
-        table, classes = _columns(dfa)
-        dist = token_distances(table, dfa.accept, vocab, classes)
-        _MEMORY.put(("distances", key), dist, int(dist.nbytes) + 256)
-        path = _distances_path(key, cache_dir)
-        if path is not None:
-            try:
-                write_arrays(path, path.stem, {"dist": dist}, {})
-            except OSError as exc:
-                log.warning("constraint distances not cached (%s): %s", path, exc)
-    return int(dist[dfa.start])
+    if dist is not None:
+        return Shortest(int(dist[dfa.start]))
+    table, classes = _columns(dfa)
+    found = fewest_tokens(table, dfa.accept, dfa.start, vocab, classes, within=within, budget_ms=limits().compile_ms)
+    if found.bound == "at least":
+        log.warning(
+            "constraint %s: the search for its shortest answer ran out of its %d ms; every answer "
+            "takes at least %d tokens",
+            key[:12],
+            limits().compile_ms,
+            found.tokens,
+        )
+    else:
+        _MEMORY.put(memo, found, 256)
+    return found
 
 
 def _columns(dfa: ByteDFA) -> tuple[NDArray[np.int32], NDArray[np.uint8] | None]:
@@ -226,11 +239,24 @@ def _held_form(memo: tuple, vocab: Vocab) -> CompiledConstraint | None:
 
 
 def _reuse_distances(compiled: CompiledConstraint, key: str, cache_dir: Path | str | bool | None) -> None:
-    """Give ``compiled`` the distances a budget check (here or in another process) already computed
-    (the key names the constraint and the vocabulary's digest, so they are the same automaton's)."""
+    """Give ``compiled`` the distances another process (or an earlier form here) already computed
+    (the key names the constraint and the vocabulary's digest, so they are the same automaton's);
+    else keep the ones its background search will compute."""
     dist = _known_distances(key, cache_dir, compiled.num_states)
     if dist is not None:
         compiled.distances = dist
+    else:
+        compiled.on_distances = functools.partial(_keep_distances, key, cache_dir)
+
+
+def _keep_distances(key: str, cache_dir: Path | str | bool | None, dist: NDArray[np.int32]) -> None:
+    _MEMORY.put(("distances", key), dist, int(dist.nbytes) + 256)
+    path = _distances_path(key, cache_dir)
+    if path is not None:
+        try:
+            write_arrays(path, path.stem, {"dist": dist}, {})
+        except OSError as exc:
+            log.warning("constraint distances not cached (%s): %s", path, exc)
 
 
 def _cache_root(cache_dir: Path | str | bool | None) -> Path:

@@ -119,7 +119,7 @@ def check_budget(obj, max_tokens: int | None) -> None:
     vocab = _validation_vocab()
     if max_tokens is None or vocab is None or "machine" in obj:
         return
-    check_fits(shortest_answer(obj, vocab), max_tokens)
+    check_fits(shortest_answer(obj, vocab, within=max_tokens - 1), max_tokens)
 
 
 def check_engine_env(environ=None) -> list[str]:

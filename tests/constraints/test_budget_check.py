@@ -8,6 +8,8 @@ vocabulary object (one token table, one native trie) with the engine's processor
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -47,56 +49,66 @@ def empty_memory():
     compiler._MEMORY.clear()
 
 
-def test_shortest_answer_compiles_no_mask_table_and_the_engine_reuses_its_distances(monkeypatch, tmp_path):
+def test_shortest_answer_compiles_no_mask_table_and_walks_no_state_it_need_not(monkeypatch, tmp_path):
+    """The check searches forward from the start state: no mask table, no distance of every state
+    (seconds for a large schema), and once per process."""
     v = vocab()
-    calls = []
-    counted = budget.token_distances
+    searches = []
+    searched = budget.fewest_tokens
 
-    def counting(*args):
-        calls.append(1)
-        return counted(*args)
+    def counting(*args, **kwargs):
+        searches.append(1)
+        return searched(*args, **kwargs)
 
-    monkeypatch.setattr(compiler, "token_distances", counting)
-    monkeypatch.setattr(compiled, "token_distances", counting)
+    monkeypatch.setattr(compiler, "fewest_tokens", counting)
     with monkeypatch.context() as m:
         m.setattr(compiler.CompiledConstraint, "lazy", refuse)
         m.setattr(compiler, "compile_dfa", refuse)
         m.setattr(native, "compile_masks", refuse)
         m.setattr(native, "Grammar", refuse)
+        m.setattr(native, "token_distances", refuse)
         shortest = shortest_answer(SCHEMA, v, cache_dir=tmp_path)
         assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == shortest
+    assert len(searches) == 1, "the search ran twice in one process"
+    assert shortest.bound == "exact"
     # `{"name":"` and `","n":` are single tokens: `{"name":"","n":0}` takes at most 4 tokens
-    assert 1 <= shortest <= 4
+    assert 1 <= shortest.tokens <= 4
     form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)  # what the engine's processor does
-    assert int(form.distances[form.start]) == shortest
-    assert len(calls) == 1, "the distances were computed twice in one process"
-    fresh = counted(form.table, form.accept, v)
-    np.testing.assert_array_equal(form.distances, fresh)
+    assert int(form.distances[form.start]) == shortest.tokens
 
 
-def test_the_engine_process_reads_the_distances_the_frontend_computed(monkeypatch, tmp_path):
-    """Another process (here: an emptied memory) compiling the same constraint takes the distances
-    from the disk cache instead of walking the vocabulary again."""
+def test_the_next_process_reads_the_distances_the_engine_computed(monkeypatch, tmp_path):
+    """The engine computes every state's distance in the background (steering needs them) and keeps
+    them on disk: another process (here: an emptied memory) compiling the same constraint takes them
+    from there instead of walking the vocabulary again, and so does its budget check."""
     v = vocab()
-    shortest = shortest_answer(SCHEMA, v, cache_dir=tmp_path)
-    assert len(list(tmp_path.glob("dist-*.bin"))) == 1
+    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
+    form.steering_distances()  # the first steered step: the single-byte bound, the exact ones later
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("dist-*.bin")):
+        assert time.monotonic() < deadline, "the engine's distances never reached the disk cache"
+        time.sleep(0.01)
+    exact = form.known_distances
+    assert exact is not None
     compiler._MEMORY.clear()
     monkeypatch.setattr(compiled, "token_distances", refuse)
-    monkeypatch.setattr(compiler, "token_distances", refuse)
-    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
-    assert int(form.distances[form.start]) == shortest
-    assert form.steering_distances() is form.distances  # no single-byte stand-in, no background walk
+    monkeypatch.setattr(compiler, "fewest_tokens", refuse)
+    again = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.distances, exact)
+    assert again.steering_distances() is again.distances  # no single-byte stand-in, no background walk
+    compiler._MEMORY.clear()
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == (int(exact[again.start]), "exact")
     monkeypatch.undo()
-    np.testing.assert_array_equal(form.distances, budget.token_distances(form.table, form.accept, v))
+    np.testing.assert_array_equal(exact, budget.token_distances(form.table, form.accept, v))
 
 
 def test_shortest_answer_reads_a_form_the_process_already_holds(monkeypatch, tmp_path):
     v = vocab()
     form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
     _ = form.distances
-    monkeypatch.setattr(compiler, "token_distances", refuse)
+    monkeypatch.setattr(compiler, "fewest_tokens", refuse)
     monkeypatch.setattr(compiler, "dfa_for", refuse)
-    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == int(form.distances[form.start])
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == (int(form.distances[form.start]), "exact")
 
 
 def test_native_token_distances_check_their_inputs():
@@ -112,6 +124,10 @@ def test_native_token_distances_check_their_inputs():
         native.token_distances(nv, table, accept, dist[:1], np.array([1, 0], np.int32))
     native.token_distances(nv, table, accept, dist, np.array([1, 0], np.int32))
     assert dist.tolist() == [1, 0]
+    for start in (-1, 2):
+        with pytest.raises(ValueError, match="start state out of range"):
+            native.fewest_tokens(nv, table, accept, start)
+    assert native.fewest_tokens(nv, table, accept, 0) == (1, 0)
 
 
 def test_frontend_and_in_process_engine_share_one_vocabulary(tiny_model_dir, monkeypatch):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from llmserve.constraints import ConstraintError, Vocab, compile_dfa, compile_regex
-from llmserve.constraints.budget import UNREACHABLE, BudgetError, check_fits
+from llmserve.constraints.budget import UNREACHABLE, BudgetError, Shortest, check_fits, fewest_tokens
 from llmserve.constraints.regex import _trim_and_minimize
 
 ALPHABET = b"abcd"
@@ -110,12 +110,81 @@ def test_the_steered_walk_ends_accepted_within_the_budget(automaton, vocab, slac
     assert used <= budget
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(automata(), vocabularies())
+def test_the_search_from_one_state_finds_its_exact_distance(automaton, vocab):
+    """What the budget check reads (a search forward from one state) is, from every state, the
+    figure steering reads (every state's distance, searched backwards)."""
+    compiled = compiled_of(automaton, vocab)
+    truth = true_distances(compiled)
+    for s in range(compiled.num_states):
+        assert fewest_tokens(compiled.table, compiled.accept, s, vocab) == Shortest(truth[s])
+        # enough to let a budget through: an answer of at most `within` tokens, or the exact figure
+        for within in (0, 2, 1000):
+            found = fewest_tokens(compiled.table, compiled.accept, s, vocab, within=within)
+            if found.bound == "at most":
+                assert truth[s] <= found.tokens <= within
+            else:
+                assert found == Shortest(truth[s])
+
+
+@settings(max_examples=150, deadline=None)
+@given(automata(), st.lists(st.sampled_from(list(ALPHABET)), max_size=4), st.booleans())
+def test_the_core_byte_distances_are_the_reference(automaton, usable_bytes, as_classes):
+    from llmserve.constraints.budget import _distances_numpy, distances
+
+    table = np.array(automaton[0], np.int32)
+    accept = np.array(automaton[1], np.uint8)
+    usable = np.zeros(256, bool)
+    usable[usable_bytes] = True
+    classes = None
+    if as_classes:  # one class per letter, one for every other byte
+        classes = np.zeros(256, np.uint8)
+        classes[list(ALPHABET)] = [1, 2, 3, 4]
+        table = np.concatenate([np.full((len(table), 1), -1, np.int32), table[:, list(ALPHABET)]], axis=1)
+    want = _distances_numpy(table, accept, usable, classes)
+    np.testing.assert_array_equal(distances(table, accept, usable, classes), want)
+
+
+def test_an_answer_cut_into_the_longest_tokens_is_enough_within_the_budget():
+    vocab = Vocab([b"a", b"b", b"c", b"ab", b"abca", None], (5,), 6)
+    compiled = compile_dfa(compile_regex("(ab|c)(ab|c)(ab|c)"), vocab)
+    table, accept, start = compiled.table, compiled.accept, compiled.start
+    # the shortest answer in bytes is "ccc": three tokens, where "abca" + "b" takes two
+    assert fewest_tokens(table, accept, start, vocab) == Shortest(2)
+    assert fewest_tokens(table, accept, start, vocab, within=3) == Shortest(3, "at most")
+    assert fewest_tokens(table, accept, start, vocab, within=2) == Shortest(2)
+    nothing = Vocab([b"a", None], (1,), 2)  # "c" starts no token: no cut, the search decides
+    assert fewest_tokens(table, accept, start, nothing, within=9) == Shortest(int(UNREACHABLE))
+
+
+def test_a_search_out_of_time_gives_a_lower_bound():
+    # a chain of 200,000 bytes over one-byte tokens: 200,000 levels, far more than 1 ms of search
+    n = 200_001
+    classes = np.zeros(256, np.uint8)
+    classes[ord("a")] = 1  # class 0: every other byte, dead everywhere
+    table = np.full((n, 2), -1, np.int32)
+    table[:-1, 1] = np.arange(1, n)
+    accept = np.zeros(n, np.uint8)
+    accept[-1] = 1
+    vocab = Vocab([b"a", None], (1,), 2)
+    found = fewest_tokens(table, accept, 0, vocab, classes, budget_ms=1)
+    assert found.bound == "at least"
+    assert 1 <= found.tokens < n - 1
+    assert fewest_tokens(table, accept, 0, vocab, classes) == Shortest(n - 1)
+
+
 def test_a_budget_below_the_shortest_answer_is_refused_with_the_count():
     check_fits(4, 5)
     with pytest.raises(BudgetError, match="needs 6 tokens"):
         check_fits(5, 5)
     with pytest.raises(BudgetError, match="no number of"):
         check_fits(int(UNREACHABLE), 100)
+    # a search that ran out of time: only its lower bound refuses, and says so
+    check_fits(Shortest(4, "at least"), 5)
+    with pytest.raises(BudgetError, match="needs at least 6 tokens"):
+        check_fits(Shortest(5, "at least"), 5)
+    check_fits(Shortest(4, "at most"), 5)
 
 
 def test_budget_rows_are_kept_per_state_and_bounded():
@@ -166,3 +235,35 @@ def test_steering_never_waits_for_the_exact_distances(monkeypatch):
     row = compiled.budget_row(compiled.start, 1)  # recomputed with the exact figure, not the kept one
     assert row is not kept
     np.testing.assert_array_equal(row, kept)  # "a" and "ab" both still end in time
+
+
+def test_one_constraint_computes_its_exact_distances_at_a_time(monkeypatch):
+    """A burst of new constraints must not take every core from decoding: their background searches
+    run one after another, and each form still gets its own."""
+    from llmserve.constraints import compiled as compiled_mod
+
+    exact_of = compiled_mod.token_distances
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def counted(*args):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return exact_of(*args)
+
+    monkeypatch.setattr(compiled_mod, "token_distances", counted)
+    vocab = Vocab([b"a", b"b", b"ab", None], (3,), 4)
+    forms = [compile_dfa(compile_regex(f"(ab){{1,{n}}}"), vocab) for n in range(2, 8)]
+    for form in forms:
+        form.steering_distances()
+    deadline = time.monotonic() + 20
+    while any(f.known_distances is None for f in forms):
+        assert time.monotonic() < deadline, "a form never got its exact distances"
+        time.sleep(0.01)
+    assert most[0] == 1
+    for form in forms:
+        np.testing.assert_array_equal(form.known_distances, exact_of(form.table, form.accept, vocab))
