@@ -218,13 +218,18 @@ void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, con
 }
 
 int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start) {
-  // one byte of each class: every byte of a class leads to the same state
+  // one byte of each class (every byte of a class leads to the same state), one that is a token
+  // by itself where the class has one, and those first: of the shortest answers, the search below
+  // finds one over such bytes where there is one, so that the cut finds a token at every byte
   std::vector<uint8_t> reps;
-  std::vector<uint8_t> have(256, 0);
-  for (int b = 0; b < 256; ++b)
-    if (!have[tr.cls[b]]) {
-      have[tr.cls[b]] = 1;
-      reps.push_back(static_cast<uint8_t>(b));
+  std::vector<int> rep_of(256, -1);
+  for (int pass = 0; pass < 2; ++pass)
+    for (int b = 0; b < 256; ++b) {
+      const uint8_t byte = static_cast<uint8_t>(b);
+      if (rep_of[tr.cls[b]] < 0 && (pass == 1 || v.longest_token(&byte, 1) == 1)) {
+        rep_of[tr.cls[b]] = b;
+        reps.push_back(byte);
+      }
     }
   std::vector<int32_t> parent(S, -2);  // -2: not reached; the start's parent is -1
   std::vector<uint8_t> via(S, 0);
@@ -261,7 +266,9 @@ int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* acce
 FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
                            int64_t budget_ms) {
   if (accept[start]) return {0, 0};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(budget_ms);
+  // at most a day: a larger budget would overflow the clock's arithmetic
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<int64_t>(budget_ms, 86400000));
   std::vector<int32_t> stack(v.max_len() + 2);
   std::vector<uint8_t> seen(S, 0);
   std::vector<int32_t> frontier{start}, next;

@@ -15,9 +15,12 @@ the exact distances when this process or the disk cache holds them, and otherwis
 from the start state over the automaton and the vocabulary (``budget.fewest_tokens``), without mask
 tables (a frontend process would otherwise hold a second copy of a table the engine builds anyway:
 megabytes per constraint at a 128k vocabulary) and within the compile time budget. The distances of
-every state, which steering needs, are the engine's to compute, in the background; once it has them
-they are kept in the disk cache too (``dist-<key>.bin``, a few KB), where a later compile in another
-process picks them up instead of walking the vocabulary again (seconds for a large schema).
+every state, which steering needs, are the engine's to compute, in the background, steering by the
+single-byte figure until then; once it has them they are kept in the disk cache too
+(``dist-<key>.bin``, a few KB), where a later compile in another process picks them up instead of
+walking the vocabulary again (seconds for a large schema). Only a request whose answer fits
+``max_tokens`` while that single-byte figure does not needs them at once: its check computes and
+keeps them (``_steerable``), and the engine's form takes them from there.
 
 A form miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start
 state's row exist, so a new constraint is usable within about a millisecond; the background finisher
@@ -35,7 +38,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from llmserve.constraints.budget import Shortest, fewest_tokens
+from llmserve.constraints.budget import Shortest, fewest_tokens, token_distances
+from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.disk_cache import (
     cache_key,
@@ -143,6 +147,8 @@ def compile_constraint(
     memo = (key, id(vocab), str(path))
     mem = _held_form(memo, vocab)
     if mem is not None:
+        if mem.known_distances is None:  # a budget check may have kept them since (a tight max_tokens)
+            _reuse_distances(mem, key, cache_dir)
         return mem
     if path is not None:
         hit = read_cache(path, vocab)
@@ -170,8 +176,9 @@ def shortest_answer(
     """The fewest tokens of an answer to ``spec`` over ``vocab``, end of sequence not counted
     (``budget.UNREACHABLE`` when there is none): what a budget check needs (see the module doc and
     ``budget.fewest_tokens``; ``within``: an answer of at most that many tokens is enough). Never
-    compiles mask tables, and never computes every state's distance. A search that runs out of the
-    compile time budget gives a lower bound, logged."""
+    compiles mask tables. Computes every state's distance only when an answer fits ``within`` but
+    steering by the single-byte figure could not keep it there (``_steerable``). A search that runs
+    out of the compile time budget gives a lower bound, logged."""
     spec = spec_from_request(spec)
     key = cache_key(spec, vocab)
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
@@ -180,25 +187,71 @@ def shortest_answer(
         return Shortest(int(held.known_distances[held.start]))
     memo = ("shortest", key)
     found: Shortest | None = _MEMORY.get(memo)
-    if found is not None and (found.bound == "exact" or (within is not None and found.tokens <= within)):
-        return found
-    dfa = dfa_for(spec, cache_dir=cache_dir)
-    dist = _known_distances(key, cache_dir, dfa.num_states)
-    if dist is not None:
-        return Shortest(int(dist[dfa.start]))
-    table, classes = _columns(dfa)
-    found = fewest_tokens(table, dfa.accept, dfa.start, vocab, classes, within=within, budget_ms=limits().compile_ms)
-    if found.bound == "at least":
-        log.warning(
-            "constraint %s: the search for its shortest answer ran out of its %d ms; every answer "
-            "takes at least %d tokens",
-            key[:12],
-            limits().compile_ms,
-            found.tokens,
-        )
-    else:
+    dfa: ByteDFA | None = None
+    if found is None or not _decides(found, within):
+        dfa = dfa_for(spec, cache_dir=cache_dir)
+        dist = _known_distances(key, cache_dir, dfa.num_states)
+        if dist is not None:
+            return Shortest(int(dist[dfa.start]))
+        table, classes = _columns(dfa)
+        budget_ms = limits().compile_ms
+        found = fewest_tokens(table, dfa.accept, dfa.start, vocab, classes, within=within, budget_ms=budget_ms)
+        if found.bound == "at least":
+            log.warning(
+                "constraint %s: the search for its shortest answer ran out of its %d ms; every answer "
+                "takes at least %d tokens",
+                key[:12],
+                budget_ms,
+                found.tokens,
+            )
         _MEMORY.put(memo, found, 256)
+    if within is not None and found.bound != "at least" and found.tokens <= within:
+        dist = _steerable(spec, key, vocab, cache_dir, within, dfa)
+        if dist is not None and held is not None:
+            held.distances = dist
     return found
+
+
+def _decides(found: Shortest, within: int | None) -> bool:
+    """Whether a remembered figure answers a check ``within``: an exact one always; an answer of at
+    most n tokens when n fits; a lower bound when even it does not fit (a refusal: searching again
+    would spend the same time to refuse again)."""
+    if found.bound == "exact":
+        return True
+    if within is None:
+        return False
+    return found.tokens <= within if found.bound == "at most" else found.tokens > within
+
+
+def _steerable(
+    spec: ConstraintSpec,
+    key: str,
+    vocab: Vocab,
+    cache_dir: Path | str | bool | None,
+    within: int,
+    dfa: ByteDFA | None,
+) -> NDArray[np.int32] | None:
+    """Every state's distance, kept for the engine (memory and disk cache) and returned, when an
+    admitted answer of ``within`` tokens needs them: the engine steers by the single-byte figure
+    until its own background search has them, and where that figure of the start state exceeds
+    ``within`` it could not keep the answer within max_tokens. None when the bound is enough or
+    they are kept already."""
+    bound_memo = ("start-bound", key)
+    bound: int | None = _MEMORY.get(bound_memo)
+    if bound is None:
+        dfa = dfa or dfa_for(spec, cache_dir=cache_dir)
+        table, classes = _columns(dfa)
+        bound = int(byte_distances(table, dfa.accept, vocab.single_bytes, classes)[dfa.start])
+        _MEMORY.put(bound_memo, bound, 64)
+    if bound <= within:
+        return None
+    dfa = dfa or dfa_for(spec, cache_dir=cache_dir)
+    if _known_distances(key, cache_dir, dfa.num_states) is not None:
+        return None
+    table, classes = _columns(dfa)
+    dist = token_distances(table, dfa.accept, vocab, classes)
+    _keep_distances(key, cache_dir, dist)
+    return dist
 
 
 def _columns(dfa: ByteDFA) -> tuple[NDArray[np.int32], NDArray[np.uint8] | None]:

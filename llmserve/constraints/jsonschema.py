@@ -217,7 +217,10 @@ def _lit(text: str):
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # Python's json reads NaN and Infinity, which no JSON text may hold
+        raise ConstraintError(f"json_schema: {value!r} is not a JSON value (NaN and Infinity are not JSON)") from None
 
 
 def _cat(*items):

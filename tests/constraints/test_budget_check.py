@@ -111,6 +111,60 @@ def test_shortest_answer_reads_a_form_the_process_already_holds(monkeypatch, tmp
     assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == (int(form.distances[form.start]), "exact")
 
 
+def test_a_tight_budget_has_the_engine_steer_by_exact_distances_from_its_first_step(monkeypatch, tmp_path):
+    """Until the engine's background search has every state's distance, it steers by the single-byte
+    figure; an answer admitted at a max_tokens below that figure would not be steered at all. So the
+    check of such a request keeps the exact distances, where the engine's form (here: another
+    process, an emptied memory; and a form this process holds) takes them."""
+    v = vocab()
+    spec = compiler.spec_from_request(SCHEMA)
+    dfa = compiler.dfa_for(spec, cache_dir=tmp_path)
+    single_byte = int(budget.distances(dfa.table, dfa.accept, v.single_bytes)[dfa.start])
+    exact = int(budget.token_distances(dfa.table, dfa.accept, v)[dfa.start])
+    assert exact < single_byte  # `{"name":"` is one token, ten bytes
+    compiler._MEMORY.clear()
+    # roomy: the single-byte figure fits, nothing more is computed
+    monkeypatch.setattr(compiler, "token_distances", refuse)
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=single_byte).tokens <= single_byte
+    assert not list(tmp_path.glob("dist-*.bin"))
+    monkeypatch.undo()
+    # tight: the exact figure fits, the single-byte one does not
+    found = shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=exact)
+    assert found == (exact, "exact") or found == (exact, "at most")
+    assert list(tmp_path.glob("dist-*.bin"))
+    compiler._MEMORY.clear()
+    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
+    assert form.steering_distances() is form.distances
+    assert int(form.steering_distances()[form.start]) == exact
+    form.complete()  # its background completion would put it back in memory, in place of `held`
+    # a form already held, steering by the bound, takes them at its next compile
+    compiler._MEMORY.clear()
+    for f in tmp_path.glob("dist-*.bin"):
+        f.unlink()
+    held = compile_constraint(SCHEMA, v, cache_dir=tmp_path)
+    monkeypatch.setattr(compiled.CompiledConstraint, "_compute_exact", lambda self: None)
+    assert int(held.steering_distances()[held.start]) == single_byte
+    shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=exact)
+    assert compile_constraint(SCHEMA, v, cache_dir=tmp_path) is held
+    assert int(held.steering_distances()[held.start]) == exact
+
+
+def test_a_refusal_from_a_search_out_of_time_is_remembered(monkeypatch, tmp_path):
+    v = vocab()
+    searches = []
+
+    def out_of_time(*args, **kwargs):
+        searches.append(kwargs.get("within"))
+        return budget.Shortest(7, "at least")
+
+    monkeypatch.setattr(compiler, "fewest_tokens", out_of_time)
+    for _ in range(3):  # refused: even 7 tokens do not fit in 5
+        assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=5) == (7, "at least")
+    assert searches == [5]
+    shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=50)  # the bound would admit: searched again
+    assert searches == [5, 50]
+
+
 def test_native_token_distances_check_their_inputs():
     v = vocab()
     nv = native_vocab(v)
@@ -128,6 +182,8 @@ def test_native_token_distances_check_their_inputs():
         with pytest.raises(ValueError, match="start state out of range"):
             native.fewest_tokens(nv, table, accept, start)
     assert native.fewest_tokens(nv, table, accept, 0) == (1, 0)
+    for budget_ms in (10**13, 2**62):  # past what the clock can add: no limit, not an instant timeout
+        assert native.fewest_tokens(nv, table, accept, 0, budget_ms=budget_ms) == (1, 0)
 
 
 def test_frontend_and_in_process_engine_share_one_vocabulary(tiny_model_dir, monkeypatch):

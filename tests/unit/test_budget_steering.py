@@ -154,6 +154,10 @@ def test_an_answer_cut_into_the_longest_tokens_is_enough_within_the_budget():
     assert fewest_tokens(table, accept, start, vocab) == Shortest(2)
     assert fewest_tokens(table, accept, start, vocab, within=3) == Shortest(3, "at most")
     assert fewest_tokens(table, accept, start, vocab, within=2) == Shortest(2)
+    # the cut walks a byte of each class that is a token by itself: "a", not "\x01", below
+    aaa = Vocab([b"a", b"aaa", None], (2,), 3)
+    three = compile_dfa(compile_regex("[\x01a]{3}"), aaa)
+    assert fewest_tokens(three.table, three.accept, three.start, aaa, within=1) == Shortest(1, "at most")
     nothing = Vocab([b"a", None], (1,), 2)  # "c" starts no token: no cut, the search decides
     assert fewest_tokens(table, accept, start, nothing, within=9) == Shortest(int(UNREACHABLE))
 

@@ -79,3 +79,17 @@ def test_a_value_two_branches_list_is_no_answer():
     schema = {"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}, {"const": "d", "type": "integer"}]}
     dfa = ConstraintSpec("json_schema", schema).to_dfa()
     assert [dfa.matches(json.dumps(v).encode()) for v in "abcd"] == [True, False, True, False]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"oneOf": [{"const": float("nan")}, {"const": "a"}]},
+        {"enum": [1, float("inf")]},
+        {"type": "object", "properties": {"x": {"const": {"a": [float("-inf")]}}}},
+    ],
+)
+def test_nan_and_infinity_are_refused_not_generated(schema):
+    """Python's json reads NaN and Infinity (a request body may hold them); no JSON text may."""
+    with pytest.raises(ConstraintError, match="NaN and Infinity are not JSON"):
+        ConstraintSpec("json_schema", schema).to_dfa()
