@@ -136,26 +136,16 @@ void Vocab::state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t*
 void Vocab::state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
                               int32_t* stack) const {
   std::memset(out, 0, words_ * sizeof(uint32_t));
-  stack[0] = s;
-  const int32_t n = static_cast<int32_t>(trie_byte_.size());
-  for (int32_t i = 0; i < n;) {
-    const int32_t d = trie_depth_[i];
-    const int32_t cur = tr.next(stack[d - 1], trie_byte_[i]);
-    if (cur < 0) {
-      i = trie_end_[i];
-      continue;
-    }
-    stack[d] = cur;
-    if (dist[cur] <= k)
-      for (int32_t j = trie_tok_off_[i]; j < trie_tok_off_[i + 1]; ++j)
-        out[trie_tok_[j] >> 5] |= 1u << (trie_tok_[j] & 31);
-    ++i;
-  }
+  each_successor(tr, s, stack, [&](int32_t q, int32_t node) {
+    if (dist[q] <= k)
+      for (auto [t, end] = node_tokens(node); t < end; ++t) out[*t >> 5] |= 1u << (*t & 31);
+    return false;
+  });
 }
 
 int32_t Vocab::min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const {
   int32_t best = INT32_MAX;
-  each_successor(tr, s, stack, [&](int32_t q) {
+  each_successor(tr, s, stack, [&](int32_t q, int32_t) {
     best = std::min(best, dist[q]);
     return false;
   });
@@ -278,7 +268,7 @@ FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t*
     bool found = false;
     for (const int32_t s : frontier) {
       if (budget_ms > 0 && std::chrono::steady_clock::now() > deadline) return {-1, level};
-      v.each_successor(tr, s, stack.data(), [&](int32_t q) {
+      v.each_successor(tr, s, stack.data(), [&](int32_t q, int32_t) {
         if (accept[q]) return found = true;
         if (!seen[q]) {
           seen[q] = 1;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace llmserve {
@@ -49,10 +50,14 @@ class Vocab {
                          int32_t* stack) const;
   // min over the tokens that walk from s of dist[end state] (INT32_MAX when none).
   int32_t min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const;
+  // The ids of the tokens whose bytes end at trie node `node`: [first, last).
+  std::pair<const int32_t*, const int32_t*> node_tokens(int32_t node) const {
+    return {trie_tok_.data() + trie_tok_off_[node], trie_tok_.data() + trie_tok_off_[node + 1]};
+  }
   // Length of the longest token that s[0 .. n) starts with (0: none).
   int64_t longest_token(const uint8_t* s, int64_t n) const;
-  // Calls stop(q) with the end state q of the tokens that walk from s (once per trie node where
-  // tokens end), until it returns true. `stack` as for state_mask.
+  // Calls stop(q, node) with the end state q of the tokens that walk from s, once per trie node
+  // where tokens end (their ids: node_tokens(node)), until it returns true. `stack` as for state_mask.
   template <class Stop>
   void each_successor(const Transitions& tr, int32_t s, int32_t* stack, Stop&& stop) const {
     stack[0] = s;
@@ -65,7 +70,7 @@ class Vocab {
         continue;
       }
       stack[d] = cur;
-      if (trie_tok_off_[i + 1] > trie_tok_off_[i] && stop(cur)) return;
+      if (trie_tok_off_[i + 1] > trie_tok_off_[i] && stop(cur, i)) return;
       ++i;
     }
   }
