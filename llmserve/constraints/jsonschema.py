@@ -216,9 +216,22 @@ def _lit(text: str):
     return literal(text)
 
 
+def _integral(value: Any) -> Any:
+    """``value`` with its integral floats as ints: 1.0 and 1 are one JSON Schema value, but draft 4
+    (a schema's ``$schema``, at its root or in a subschema) counts only 1 as an integer, so an
+    integer schema listing 1.0 is answered "1". Past 2**63 the float's own spelling is kept."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
+
+
 def _dumps(value: Any) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return json.dumps(_integral(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError:  # Python's json reads NaN and Infinity, which no JSON text may hold
         raise ConstraintError(f"json_schema: {value!r} is not a JSON value (NaN and Infinity are not JSON)") from None
 
@@ -2063,10 +2076,36 @@ def _members(kvs: list[tuple[bool, tuple]], at_least_one: bool = False) -> tuple
 def _parsed(schema: Any) -> Any:
     if isinstance(schema, (str, bytes)):
         try:
-            return json.loads(schema)
+            schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+    _refuse_draft_3(schema)
     return schema
+
+
+# keywords whose values are JSON values, not schemas: a "$schema" inside them names no draft
+_VALUE_KEYWORDS = {"enum", "const", "default", "examples"}
+
+
+def _refuse_draft_3(schema: Any) -> None:
+    """Draft 3 means other things by keywords the later drafts share or ignore (``"required": true``
+    on a property, ``divisibleBy``, ``extends``, ``disallow``, ``type: "any"``): a schema or subschema
+    whose ``$schema`` names it would be served under the wrong rules, so it is refused. Validators
+    (``jsonschema`` among them) apply a subschema's own ``$schema``, so every one is looked at."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            declared = node.get("$schema")
+            if isinstance(declared, str) and "draft-03" in declared:
+                raise ConstraintError(
+                    f"json_schema: $schema {declared!r} is draft 3, which is not supported (its 'required': true, "
+                    "'divisibleBy', 'extends' and 'disallow' mean what later drafts do not); rewrite the schema "
+                    "for draft 4 or later and name that draft"
+                )
+            stack.extend(v for k, v in node.items() if k not in _VALUE_KEYWORDS)
 
 
 def _convert(converter: _Converter, schema: Any) -> tuple:

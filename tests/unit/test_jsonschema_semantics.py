@@ -827,3 +827,61 @@ def test_a_caret_right_after_the_leading_caret_is_the_same_anchor(pattern, value
 def test_a_caret_inside_a_repetition_is_still_refused():
     with pytest.raises(ConstraintError, match="only at the start and end"):
         dfa_of({"type": "string", "pattern": "^(^a)*b$"})  # a second round does not start at 0
+
+
+# ------------------------------------------------------------------ integral floats listed as values
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": DRAFT4, "type": "integer", "enum": [1.0, 2]},
+        {
+            "$schema": DRAFT4,
+            "type": "object",
+            "properties": {"n": {"type": "integer", "const": 3.0}},
+            "required": ["n"],
+        },
+        # a subschema naming draft 4 is validated under draft 4's rules, whatever the root says
+        {"type": "object", "properties": {"n": {"$schema": DRAFT4, "type": "integer", "enum": [-0.0, 7.0]}}},
+        {"$schema": DRAFT4, "type": "array", "items": {"type": "integer", "enum": [1.0, 2.0]}, "maxItems": 3},
+    ],
+)
+def test_an_integral_float_listed_for_an_integer_is_answered_as_draft_4_integers_too(schema):
+    """Draft 4 counts 1.0 as a number, not an integer: the listed value is spelled "1", the same
+    JSON Schema value under every draft."""
+    dfa = dfa_of(schema)
+    assert not dfa.matches(b"1.0")
+    assert_samples_valid(schema)
+
+
+def test_a_non_integral_float_and_a_huge_one_keep_their_spelling():
+    dfa = dfa_of({"enum": [1.5, 1e300]})
+    assert dfa.matches(b"1.5") and dfa.matches(b"1e+300")
+
+
+# ------------------------------------------------------------------ draft 3
+
+
+DRAFT3 = "http://json-schema.org/draft-03/schema#"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": DRAFT3, "type": "object", "properties": {"a": {"type": "string", "required": True}}},
+        {"$schema": DRAFT3, "type": "integer", "divisibleBy": 3},
+        {"type": "object", "properties": {"a": {"$schema": DRAFT3, "extends": {"type": "string"}}}},
+        {"$defs": {"x": [{"$schema": DRAFT3 + "x"}]}, "type": "string"},
+    ],
+)
+def test_draft_3_is_refused_where_its_keywords_would_be_misread(schema):
+    with pytest.raises(ConstraintError, match="draft 3, which is not supported.*draft 4 or later"):
+        dfa_of(schema)
+
+
+def test_draft_3_named_inside_a_value_is_only_a_value():
+    schema = {"type": "object", "default": {"$schema": DRAFT3}, "properties": {"s": {"const": {"$schema": DRAFT3}}}}
+    assert accepts(schema, '{"s":{"$schema":"' + DRAFT3 + '"}}')
