@@ -878,7 +878,7 @@ DRAFT3 = "http://json-schema.org/draft-03/schema#"
     ],
 )
 def test_draft_3_is_refused_where_its_keywords_would_be_misread(schema):
-    with pytest.raises(ConstraintError, match="draft 3, which is not supported.*draft 4 or later"):
+    with pytest.raises(ConstraintError, match=r"draft 3, which is not supported.*draft 4 or later"):
         dfa_of(schema)
 
 
