@@ -116,9 +116,11 @@ from llmserve.constraints.regex import (
     ByteDFA,
     _time_budget_error,
     compile_ast,
+    compile_words,
     expanded_size,
     literal,
     parse,
+    serialized,
 )
 from llmserve.constraints.schema_merge import CONTAINS, Unsatisfiable, both, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
@@ -287,7 +289,11 @@ class _Converter:
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
         self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
-        self.embedded: dict[tuple, tuple] = {}  # _embedded's automata by their trees
+        self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
+        # expanded_size's counts by node, to the NFA state limit (above EMBED_AT): the same counts
+        # serve both the choice to embed and the limit's check before a build
+        self.sizes: dict[int, tuple[int, Any]] = {}
+        self.size_cap = max(limits().max_nfa_states, EMBED_AT)
         self._any: tuple | None = None
         # automata built along the way share the compile time budget, counted from here
         self.started = time.monotonic() if started is None else started
@@ -585,14 +591,17 @@ class _Converter:
     def _embedded(self, tree: tuple) -> ByteDFA:
         """``compile_ast(tree)``, built once per conversion for each tree: a reference met on many
         paths converts on each (``converted`` is by path) to the same tree, whose automaton is then
-        found by the tree (``_tree_key``), with the limits in force. Only automata built are kept: a
-        refusal is met again as it was."""
-        pinned: list[ByteDFA] = []
-        key = (_tree_key(tree, pinned), limits())
+        found by the tree's serialized form (what the builder reads, so equal forms build equal
+        automata), with the limits in force. Only automata built are kept: a refusal is met again
+        as it was."""
+        words = serialized(
+            tree, started=self.started, sizes=self.sizes if limits().max_nfa_states == self.size_cap else None
+        )
+        key = (words.tobytes(), limits())
         found = self.embedded.get(key)
         if found is None:
-            found = self.embedded[key] = (compile_ast(tree, started=self.started), pinned)
-        return found[0]
+            found = self.embedded[key] = compile_words(words, started=self.started, classes=True)
+        return found
 
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
         """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
@@ -620,7 +629,9 @@ class _Converter:
             key = (ref, refs)  # the same reference on the same path converts alike: built once
             if key not in self.converted:
                 tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
-                if tree[0] != "dfa" and expanded_size(tree, EMBED_AT) > EMBED_AT:  # a built one stays as it is
+                if (
+                    tree[0] != "dfa" and expanded_size(tree, self.size_cap, self.sizes) > EMBED_AT
+                ):  # a built one stays as it is
                     tree = ("dfa", self._embedded(tree))
                 self.converted[key] = tree
             return self.converted[key]
@@ -1991,40 +2002,6 @@ def _disjoint_now(a: dict, b: dict, depth: int) -> bool:
         if isinstance(sa, dict) and isinstance(sb, dict) and _disjoint(sa, sb, depth + 1):
             return True
     return False
-
-
-def _tree_key(tree: tuple, pinned: list) -> tuple:
-    """What the native builder builds ``tree`` from (``regex.serialize_ast``'s walk), with each
-    embedded automaton named by its identity rather than its table (the same reference's automaton
-    is one object: ``_Converter._embedded``). The automata named are appended to ``pinned``, which
-    the caller keeps with the key (no identity is reused while it lives; automata are never
-    changed once built)."""
-    out: list = []
-    stack = [tree]
-    while stack:
-        n = stack.pop()
-        kind = n[0]
-        if kind == "set":
-            out.append(("set", *(tuple(r) for r in n[1])))
-        elif kind == "cat" or kind == "alt":
-            out.append((kind, len(n[1])))
-            stack.extend(reversed(n[1]))
-        elif kind == "rep" or kind == "list":
-            out.append((kind, n[2], n[3]))
-            stack.append(n[1])
-        elif kind == "members":
-            out.append((kind, len(n[1]), bool(n[2])))
-            for req, child in reversed(n[1]):
-                stack.append(child)
-                stack.append(("req", bool(req)))
-        elif kind == "req":
-            out.append(n)
-        elif kind == "dfa":
-            out.append(("dfa", id(n[1])))
-            pinned.append(n[1])
-        else:
-            raise AssertionError(kind)
-    return tuple(out)
 
 
 def _sequence(heads: list, item, lo: int, hi: int | None) -> tuple:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from functools import cache, lru_cache
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -506,10 +507,25 @@ def parse(pattern: str, *, schema: bool = False, excluded: bool = False):
     terminators). ``excluded``: the values it matches are to be excluded, so every class, ``.`` and
     ``$`` stands for what either dialect (ECMA-262, Python's ``re``) matches, as inside a negative
     look-around."""
+    if len(pattern) <= PARSED_KEPT_CHARS:
+        return _parse_kept(pattern, schema, excluded)
+    return _parse(pattern, schema, excluded)
+
+
+# Schemas name the same patterns, formats and number grammars many times, and a server meets the
+# same few again and again: their trees are kept (shared: AST nodes are never mutated), up to
+# PARSED_KEPT patterns of at most PARSED_KEPT_CHARS characters each.
+PARSED_KEPT, PARSED_KEPT_CHARS = 1024, 4096
+
+
+def _parse(pattern: str, schema: bool, excluded: bool):
     try:
         return _Parser(pattern, schema, excluded).parse()
     except RecursionError:  # the parser recurses per group: thousands of nested groups
         raise ConstraintError(f"regex nested too deeply ({pattern[:40]!r}...)") from None
+
+
+_parse_kept = lru_cache(maxsize=PARSED_KEPT)(_parse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -939,12 +955,17 @@ def _time_budget_error(ms: int | None = None) -> ConstraintError:
     return budget_error(f"constraint compile time budget ({ms} ms) exceeded", f"{ms} ms", ENV["compile_ms"])
 
 
-def expanded_size(node, cap: int) -> int:
+def expanded_size(node, cap: int, sizes: dict[int, tuple[int, Any]] | None = None) -> int:
     """About how many NFA states ``node`` becomes once counted repetitions are unrolled (the
     builder's count, within a small factor), counted without unrolling anything; stops counting
     past ``cap``. Nodes may be shared (the JSON-schema converter reuses a ``$ref``'s tree): each
-    use counts, as each is built. Iterative: the tree may be deeper than Python's stack."""
-    sizes: dict[int, int] = {}
+    use counts, as each is built. Iterative: the tree may be deeper than Python's stack.
+
+    ``sizes``: the sizes earlier calls with the same ``cap`` found, by node identity, each with its
+    node (which keeps the identity from being reused); found sizes are added. The converter asks
+    about each reference's tree, which holds the trees it asked about before: without this, nested
+    references were walked once per level."""
+    sizes = {} if sizes is None else sizes
     stack = [(node, False)]
     while stack:
         n, ready = stack.pop()
@@ -969,17 +990,17 @@ def expanded_size(node, cap: int) -> int:
         elif kind == "dfa":
             size = 1 + n[1].num_states
         elif kind in ("cat", "alt"):
-            size = 2 + sum(sizes[id(c)] for c in n[1])
+            size = 2 + sum(sizes[id(c)][0] for c in n[1])
         elif kind == "members":
-            size = 2 + sum(5 + sizes[id(c)] for _, c in n[1])
+            size = 2 + sum(5 + sizes[id(c)][0] for _, c in n[1])
         elif kind == "list":
-            child, lo, hi = sizes[id(n[1])], n[2], n[3]
+            child, lo, hi = sizes[id(n[1])][0], n[2], n[3]
             size = 2 + (child + 1) * (max(lo, 1) if hi is None else hi)
         else:
-            child, lo, hi = sizes[id(n[1])], n[2], n[3]
+            child, lo, hi = sizes[id(n[1])][0], n[2], n[3]
             size = 3 + child * (lo + (1 if hi is None else hi - lo))
-        sizes[id(n)] = min(size, cap + 1)
-    return sizes[id(node)]
+        sizes[id(n)] = (min(size, cap + 1), n)
+    return sizes[id(node)][0]
 
 
 def serialize_ast(node, deadline: float | None = None, budget_ms: int = 0) -> np.ndarray:
@@ -1035,27 +1056,40 @@ def _dfa_words(dfa: ByteDFA, deadline: float | None = None, budget_ms: int = 0) 
     cached = dfa.__dict__.get("_words")
     if cached is not None:
         return cached
-    t_all = np.asarray(dfa.table, dtype=np.int32)
-    head = np.array([_DFA, t_all.shape[0], dfa.start], dtype=np.int32)
+    n = dfa.num_states
+    head = np.array([_DFA, n, dfa.start], dtype=np.int32)
     parts = [head, np.asarray(dfa.accept, dtype=np.int32)]
-    for at in range(0, t_all.shape[0], WORDS_CHUNK):
+    if dfa.transitions is not None:
+        # over byte classes: the intervals of bytes of one class are where targets may change, and
+        # a row's target on each is its class's column (no byte table is expanded)
+        classes, columns = dfa.transitions
+        first = np.concatenate(([0], np.flatnonzero(classes[1:] != classes[:-1]) + 1))
+        at_first = np.asarray(classes, dtype=np.intp)[first]
+    for at in range(0, n, WORDS_CHUNK):
         if deadline is not None and time.monotonic() > deadline:
             raise _time_budget_error(budget_ms)
-        parts.append(_rows_words(t_all[at : at + WORDS_CHUNK]))
+        if dfa.transitions is None:
+            parts.append(_rows_words(np.asarray(dfa.table[at : at + WORDS_CHUNK], dtype=np.int32)))
+        else:
+            rows = np.asarray(columns[at : at + WORDS_CHUNK], dtype=np.int32)[:, at_first]
+            parts.append(_rows_words(rows, first))
     words = np.concatenate(parts)
     object.__setattr__(dfa, "_words", words)
     return words
 
 
-def _rows_words(t: np.ndarray) -> np.ndarray:
-    """Rows ``t`` as ``_dfa_words`` lays them out: per row its count of runs, then the runs."""
+def _rows_words(t: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
+    """Rows ``t`` as ``_dfa_words`` lays them out: per row its count of runs, then the runs.
+    ``t``: a byte table, int32 [n, 256]; or, given ``first`` (the first byte of each of a partition
+    of the bytes into intervals every row treats alike, increasing), the targets on each interval,
+    int32 [n, len(first)]."""
     n = t.shape[0]
-    # Runs can only change where some row's target changes: the byte intervals every row treats
-    # alike (a few dozen, the automaton's byte classes), searched instead of all 256 bytes.
-    cut = np.flatnonzero((t[:, 1:] != t[:, :-1]).any(axis=0)) + 1
-    first = np.concatenate(([0], cut))  # first byte of each interval
-    last = np.concatenate((cut - 1, [255]))  # its last byte
-    t = t[:, first]
+    if first is None:
+        # Runs can only change where some row's target changes: the byte intervals every row
+        # treats alike (a few dozen, the automaton's byte classes), searched instead of all 256.
+        first = np.concatenate(([0], np.flatnonzero((t[:, 1:] != t[:, :-1]).any(axis=0)) + 1))
+        t = t[:, first]
+    last = np.concatenate((first[1:] - 1, [255]))  # the last byte of each interval
     live = t >= 0
     starts = live.copy()  # a run starts at the first interval, or where the target changes
     starts[:, 1:] &= t[:, 1:] != t[:, :-1]
@@ -1075,8 +1109,8 @@ def _rows_words(t: np.ndarray) -> np.ndarray:
     return body
 
 
-def _check_size(node, lim: Limits) -> None:
-    if expanded_size(node, lim.max_nfa_states) > lim.max_nfa_states:
+def _check_size(node, lim: Limits, sizes: dict[int, tuple[int, Any]] | None = None) -> None:
+    if expanded_size(node, lim.max_nfa_states, sizes) > lim.max_nfa_states:
         raise budget_error(
             f"constraint too large: more than {lim.max_nfa_states} automaton states once its repetitions "
             "and references are expanded",
@@ -1085,9 +1119,27 @@ def _check_size(node, lim: Limits) -> None:
         )
 
 
-def _native_dfa(node, lim: Limits, deadline: float, classes: bool) -> ByteDFA:
+def serialized(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> np.ndarray:
+    """``serialize_ast(node)`` for ``compile_words``: the expanded size checked first, as
+    ``compile_ast`` does (a shared subtree is written once per use), within the compile time budget
+    counted from ``started``. The words are the tree's identity where a caller looks built automata
+    up by their trees (``jsonschema._Converter._embedded``). ``sizes``: ``expanded_size``'s memo,
+    counted to the limits' ``max_nfa_states``."""
+    lim = limits()
+    deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
+    _check_size(node, lim, sizes)
+    return serialize_ast(node, deadline, lim.compile_ms)
+
+
+def compile_words(words: np.ndarray, *, started: float | None = None, classes: bool = False) -> ByteDFA:
+    """``compile_ast`` (native) of the tree ``serialized`` wrote as ``words``."""
+    lim = limits()
+    deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
+    return _native_dfa(words, lim, deadline, classes)
+
+
+def _native_dfa(words: np.ndarray, lim: Limits, deadline: float, classes: bool) -> ByteDFA:
     require_native()
-    words = serialize_ast(node, deadline, lim.compile_ms)  # counted in the budget: before left_ms is taken
     left_ms = int((deadline - time.monotonic()) * 1000)
     if left_ms <= 0:
         raise _time_budget_error(lim.compile_ms)
@@ -1134,7 +1186,8 @@ def compile_ast(node, backend: str = "native", *, started: float | None = None, 
     if time.monotonic() > deadline:
         raise _time_budget_error(lim.compile_ms)
     if backend == "native":
-        return _native_dfa(node, lim, deadline, classes)
+        words = serialize_ast(node, deadline, lim.compile_ms)  # counted in the budget: before left_ms is taken
+        return _native_dfa(words, lim, deadline, classes)
     if backend != "python":
         raise ValueError(f"backend must be native or python, not {backend!r}")
     nfa = _NFA()

@@ -348,14 +348,8 @@ def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = 
     reading from the value's start for a large search (refused instead)."""
     if not isinstance(pattern, str):
         raise ConstraintError(f"json_schema: pattern must be a string, got {pattern!r}")
-    tree = parse(pattern, schema=True, excluded=excluded)
-    node = _with_right(_with_left(tree))
-    if _has(node, ("anchor", "^")):
-        raise ConstraintError(
-            f"json_schema: pattern {pattern!r}: '^' and '$' are supported only at the start and end of the pattern "
-            "(a '$' elsewhere is read as the end of the value; a '^' elsewhere is refused)"
-        )
-    if not _has(node, "look") and not _has(node, "anchor"):
+    tree, node, plain = _search(pattern, excluded)
+    if plain:
         return node
     key = (pattern, excluded, limits())
     found = _LOOK_CACHE.get(key)
@@ -367,6 +361,21 @@ def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = 
     if len(_LOOK_CACHE) > LOOK_CACHE_SIZE:
         _LOOK_CACHE.popitem(last=False)
     return found
+
+
+@lru_cache(maxsize=1024)
+def _search(pattern: str, excluded: bool) -> tuple[Any, Any, bool]:
+    """``pattern``'s tree, the tree of the search it stands for, and whether that search is plain
+    (no look-around or anchor left in it, so it is the answer). Kept per pattern like its tree
+    (``regex.parse``): a schema names the same patterns many times."""
+    tree = parse(pattern, schema=True, excluded=excluded)
+    node = _with_right(_with_left(tree))
+    if _has(node, ("anchor", "^")):
+        raise ConstraintError(
+            f"json_schema: pattern {pattern!r}: '^' and '$' are supported only at the start and end of the pattern "
+            "(a '$' elsewhere is read as the end of the value; a '^' elsewhere is refused)"
+        )
+    return tree, node, not _has(node, "look") and not _has(node, "anchor")
 
 
 # A schema names the same pattern many times (each use, its 'not', patternProperties' checks): its

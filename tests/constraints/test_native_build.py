@@ -15,7 +15,7 @@ import pytest
 from llmserve.constraints.budget import distances
 from llmserve.constraints.compiled import CompiledConstraint
 from llmserve.constraints.disk_cache import read_dfa, try_write_dfa, write_arrays
-from llmserve.constraints.regex import ByteDFA, _rows_words, compile_ast, compile_regex, parse
+from llmserve.constraints.regex import ByteDFA, _dfa_words, _rows_words, compile_ast, compile_regex, parse
 from llmserve.constraints.vocab import Vocab
 
 PATTERNS = [
@@ -145,6 +145,23 @@ def test_embedded_automata_are_encoded_run_by_run():
             for run in runs:
                 expect.extend(run)
         assert _rows_words(table).tolist() == expect
+
+
+def test_an_automaton_over_byte_classes_is_encoded_as_its_byte_table_is():
+    """``_dfa_words`` of an automaton over byte classes (one class may cover bytes far apart)
+    reads its columns per interval of one class: the same words as its expanded byte table."""
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        classes = rng.integers(0, k, size=256).astype(np.uint8)
+        if trial % 2:  # runs of one class, as the core's intervals are before classes merge
+            classes = np.sort(classes)
+        k = int(classes.max()) + 1
+        columns = rng.integers(-1, n, size=(n, k)).astype(np.int32)
+        accept = rng.integers(0, 2, size=n).astype(np.uint8)
+        by_class = ByteDFA(columns, accept, 0, classes=classes)
+        by_byte = ByteDFA(np.ascontiguousarray(columns[:, classes]), accept, 0)
+        assert _dfa_words(by_class).tolist() == _dfa_words(by_byte).tolist()
 
 
 @pytest.mark.parametrize(

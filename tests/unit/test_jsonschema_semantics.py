@@ -885,3 +885,20 @@ def test_draft_3_is_refused_where_its_keywords_would_be_misread(schema):
 def test_draft_3_named_inside_a_value_is_only_a_value():
     schema = {"type": "object", "default": {"$schema": DRAFT3}, "properties": {"s": {"const": {"$schema": DRAFT3}}}}
     assert accepts(schema, '{"s":{"$schema":"' + DRAFT3 + '"}}')
+
+
+# ------------------------------------------------------------------ parsed trees kept
+
+
+def test_a_kept_pattern_tree_is_per_reading():
+    """Parsed trees are kept per pattern and reading: the excluded reading of ``\\d`` (what either
+    dialect counts as a digit) is not the generated one (ASCII digits), however often both are met."""
+    from llmserve.constraints.regex import parse
+
+    for _ in range(2):
+        wide, narrow = parse("\\d", schema=True, excluded=True), parse("\\d", schema=True)
+        assert wide != narrow
+        assert parse("\\d", schema=True) is narrow
+    for _ in range(2):  # a refusal is not kept: it is raised every time
+        with pytest.raises(ConstraintError, match="unbalanced"):
+            parse("a)", schema=True)

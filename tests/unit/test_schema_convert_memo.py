@@ -182,14 +182,14 @@ def test_a_reference_met_on_two_paths_is_built_once(monkeypatch):
         "required": ["a", "b"],
     }
     built = []
-    original = js.compile_ast
+    original = js.compile_words
 
-    def counting(node, backend="native", *, started=None):
-        built.append(node)
-        return original(node, backend, started=started)
+    def counting(words, **kw):
+        built.append(words)
+        return original(words, **kw)
 
-    monkeypatch.setattr(js, "compile_ast", counting)
-    dfa = js.schema_to_dfa(schema, build=original)
+    monkeypatch.setattr(js, "compile_words", counting)
+    dfa = js.schema_to_dfa(schema)
     assert len(built) == 1  # big, converted on the paths w1 and w2, built once (w1, w2: as built)
     assert dfa.matches(b'{"a":{"text":"x"},"b":{"text":""}}')
     assert not dfa.matches(('{"a":{"text":"' + "x" * 1501 + '"},"b":{"text":""}}').encode())
