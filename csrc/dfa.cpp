@@ -654,6 +654,33 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
           inv_l[fill[d]++] = static_cast<uint8_t>(l);
         }
       }
+    // Each row sorted by letter (sources increasing within one), so that a splitter reads only
+    // its letter's stretch: a state of a string's body is entered on dozens of letters and met
+    // once per letter, and scanning its whole row each time was most of this minimisation's reads
+    // (17.6M for 0.7M used, at 57k states). Rows are filled in source order, so sorting a short
+    // one by insertion (most hold one or two) keeps sources increasing; a long one is sorted whole.
+    std::vector<std::pair<uint8_t, int32_t>> long_row;
+    for (int64_t d = 0; d < n; ++d) {
+      const int64_t lo = inv_off[d], hi = inv_off[d + 1];
+      if (hi - lo > 32) {
+        long_row.clear();
+        for (int64_t i = lo; i < hi; ++i) long_row.emplace_back(inv_l[i], inv_s[i]);
+        std::sort(long_row.begin(), long_row.end());
+        for (int64_t i = lo; i < hi; ++i) std::tie(inv_l[i], inv_s[i]) = long_row[i - lo];
+        continue;
+      }
+      for (int64_t i = lo + 1; i < hi; ++i) {
+        const uint8_t li = inv_l[i];
+        const int32_t si = inv_s[i];
+        int64_t j = i;
+        for (; j > lo && inv_l[j - 1] > li; --j) {
+          inv_l[j] = inv_l[j - 1];
+          inv_s[j] = inv_s[j - 1];
+        }
+        inv_l[j] = li;
+        inv_s[j] = si;
+      }
+    }
   }
   // partition: elems holds the states block by block; block b is elems[first[b] .. last[b])
   std::vector<int32_t> elems(N), loc(N), block(N), first, last, marked;
@@ -715,10 +742,17 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
     --queued[a];
     splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
     touched.clear();
+    const uint8_t letter = static_cast<uint8_t>(l);
+    const uint8_t* letters_in = inv_l.data();
     for (int32_t d : splitter) {
       budget.poll();
-      for (int64_t k = inv_off[d]; k < inv_off[d + 1]; ++k) {
-        if (inv_l[k] != l) continue;
+      int64_t k = inv_off[d];
+      const int64_t end = inv_off[d + 1];
+      if (end - k > 16)
+        k = std::lower_bound(letters_in + k, letters_in + end, letter) - letters_in;
+      else
+        while (k < end && letters_in[k] < letter) ++k;
+      for (; k < end && letters_in[k] == letter; ++k) {
         const int32_t s = inv_s[k];
         const int32_t b = block[s];
         const int32_t pos = first[b] + marked[b];

@@ -25,6 +25,10 @@ PATTERNS = [
     # unanchored alternatives: large subsets, many more raw states than minimal ones
     r"[a-z]*(?:lin|lnx|win|ms[a-z]*win|hp[a-z]*ux|aix|sol)[a-z]*",
     r"(?:a|b)*a(?:a|b){4}",
+    # states entered from dozens of states on dozens of letters (the closing quote after each
+    # count): minimisation reads those long rows of inverse transitions letter by letter
+    r'"(?:[^"\\]|\\.){0,60}"',
+    r"(?:[a-z]{1,3}[0-9]){1,12}[a-z]*",
     # one class only, and a language of one string
     r"[\x00-\U0010ffff]*",
     r"abc",
