@@ -300,6 +300,11 @@ class _Converter:
         self.budget_ms = limits().compile_ms
         self.deadline = self.started + self.budget_ms / 1000
 
+    def size_memo(self) -> dict[int, tuple[int, Any]] | None:
+        """``sizes`` where a check against the NFA state limit may read it (the limits in force
+        are the ones it was counted to)."""
+        return self.sizes if limits().max_nfa_states == self.size_cap else None
+
     def fail(self, what: str) -> ConstraintError:
         return ConstraintError(f"json_schema: {what}")
 
@@ -594,9 +599,7 @@ class _Converter:
         found by the tree's serialized form (what the builder reads, so equal forms build equal
         automata), with the limits in force. Only automata built are kept: a refusal is met again
         as it was."""
-        words = serialized(
-            tree, started=self.started, sizes=self.sizes if limits().max_nfa_states == self.size_cap else None
-        )
+        words = serialized(tree, started=self.started, sizes=self.size_memo())
         key = (words.tobytes(), limits())
         found = self.embedded.get(key)
         if found is None:
@@ -2119,8 +2122,8 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
        as the wider tries were, when that is too large too. A schema too large for the first tries
        thus still has at least the rest of the budget for its subset.
 
-    ``build``: the whole automaton's builder (``regex.compile_ast``; the automata embedded along the
-    way are built by it too)."""
+    ``build``: the whole automaton's builder, called as ``regex.compile_ast`` is (with the converter's
+    ``sizes`` memo); the automata embedded along the way are built by ``regex.compile_words``."""
     schema = _parsed(schema)
     started = time.monotonic() if started is None else started
     # the schema as given gets WIDE_SHARE of the budget (half of it with an if-chain, which has a
@@ -2131,16 +2134,17 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
     converter = _Converter(schema, started=wide_started)
     try:
         ast = _convert(converter, schema)
-        if not converter.chained:
-            return build(ast, backend, started=wide_started)
-        return build(ast, backend, started=wide_started - WIDE_SHARE / 2 * budget_s)
+        at = wide_started if not converter.chained else wide_started - WIDE_SHARE / 2 * budget_s
+        return build(ast, backend, started=at, sizes=converter.size_memo())
     except ConstraintError as exc:
         if not _too_large(exc):
             raise
         first = exc
     if converter.chained:
         try:
-            return build(_convert(_Converter(schema, False, wide_started), schema), backend, started=wide_started)
+            unchained = _Converter(schema, False, wide_started)
+            ast = _convert(unchained, schema)
+            return build(ast, backend, started=wide_started, sizes=unchained.size_memo())
         except ConstraintError as exc:
             if not _too_large(exc):
                 raise
@@ -2148,7 +2152,8 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
     if time.monotonic() - started > limits().compile_ms / 1000:
         raise first  # no time left to try: the first refusal says why
     try:
-        narrowed = build(_convert(_Converter(schema, False, started, narrow=True), schema), backend, started=started)
+        narrow = _Converter(schema, False, started, narrow=True)
+        narrowed = build(_convert(narrow, schema), backend, started=started, sizes=narrow.size_memo())
     except ConstraintError:
         # the schema as the client sent it is what the refusal names (its size), not the subset
         raise first from None

@@ -1171,7 +1171,14 @@ def _native_error(message: str, lim: Limits) -> ConstraintError:
     return ConstraintError(message)
 
 
-def compile_ast(node, backend: str = "native", *, started: float | None = None, classes: bool = False) -> ByteDFA:
+def compile_ast(
+    node,
+    backend: str = "native",
+    *,
+    started: float | None = None,
+    classes: bool = False,
+    sizes: dict[int, tuple[int, Any]] | None = None,
+) -> ByteDFA:
     """``backend``: "native" (the C++ core) or "python" (the reference; same table, tests compare).
     ``classes``: the native core gives the automaton over byte classes (``ByteDFA``): for a whole
     constraint's automaton, which is compiled as it is; one that conversion code reads and combines
@@ -1179,10 +1186,11 @@ def compile_ast(node, backend: str = "native", *, started: float | None = None, 
 
     Bounded by the limits in force (``limits.py``): the expanded size is checked before anything
     is built, and the construction stops once the compile time budget, counted from ``started``
-    (a ``time.monotonic()``; default now), is spent."""
+    (a ``time.monotonic()``; default now), is spent. ``sizes``: ``expanded_size``'s memo for that
+    check, counted to the limits' ``max_nfa_states`` (the JSON-schema converter's)."""
     lim = limits()
     deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
-    _check_size(node, lim)
+    _check_size(node, lim, sizes)
     if time.monotonic() > deadline:
         raise _time_budget_error(lim.compile_ms)
     if backend == "native":

@@ -77,7 +77,7 @@ def test_a_schema_too_slow_as_given_leaves_time_for_its_subset():
     schema = {"type": "object", "properties": {f"p{i}": {} for i in range(120)}}
     tries: list[float] = []
 
-    def first_try_runs_out(ast, backend="native", *, started=None):
+    def first_try_runs_out(ast, backend="native", *, started=None, sizes=None):
         tries.append(time.monotonic())
         if len(tries) == 1:
             assert started is not None
@@ -85,7 +85,7 @@ def test_a_schema_too_slow_as_given_leaves_time_for_its_subset():
             while time.monotonic() < deadline:
                 time.sleep(0.005)
             raise ConstraintError("constraint compile time budget (1000 ms) exceeded (limit: 1000 ms)")
-        return compile_ast(ast, backend, started=started)
+        return compile_ast(ast, backend, started=started, sizes=sizes)
 
     try:
         began = time.monotonic()
