@@ -41,7 +41,16 @@ import numpy as np
 from llmserve.constraints.dfa_ops import LookTooLarge, intersect, look_dfa
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
-from llmserve.constraints.regex import MAX_CODEPOINT, SURROGATES, ByteDFA, compile_ast, literal, parse
+from llmserve.constraints.regex import (
+    MAX_CODEPOINT,
+    PARSED_KEPT,
+    PARSED_KEPT_CHARS,
+    SURROGATES,
+    ByteDFA,
+    compile_ast,
+    literal,
+    parse,
+)
 
 QUOTE = ("set", [(0x22, 0x22)])
 # characters JSON lets stand for themselves inside a string
@@ -348,7 +357,8 @@ def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = 
     reading from the value's start for a large search (refused instead)."""
     if not isinstance(pattern, str):
         raise ConstraintError(f"json_schema: pattern must be a string, got {pattern!r}")
-    tree, node, plain = _search(pattern, excluded)
+    search = _search_kept if len(pattern) <= PARSED_KEPT_CHARS else _search
+    tree, node, plain = search(pattern, excluded)
     if plain:
         return node
     key = (pattern, excluded, limits())
@@ -363,11 +373,10 @@ def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = 
     return found
 
 
-@lru_cache(maxsize=1024)
 def _search(pattern: str, excluded: bool) -> tuple[Any, Any, bool]:
     """``pattern``'s tree, the tree of the search it stands for, and whether that search is plain
-    (no look-around or anchor left in it, so it is the answer). Kept per pattern like its tree
-    (``regex.parse``): a schema names the same patterns many times."""
+    (no look-around or anchor left in it, so it is the answer). Kept per pattern as its tree is
+    (``regex.parse``, ``_search_kept``): a schema names the same patterns many times."""
     tree = parse(pattern, schema=True, excluded=excluded)
     node = _with_right(_with_left(tree))
     if _has(node, ("anchor", "^")):
@@ -376,6 +385,9 @@ def _search(pattern: str, excluded: bool) -> tuple[Any, Any, bool]:
             "(a '$' elsewhere is read as the end of the value; a '^' elsewhere is refused)"
         )
     return tree, node, not _has(node, "look") and not _has(node, "anchor")
+
+
+_search_kept = lru_cache(maxsize=PARSED_KEPT)(_search)
 
 
 # A schema names the same pattern many times (each use, its 'not', patternProperties' checks): its

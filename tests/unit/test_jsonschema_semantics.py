@@ -902,3 +902,18 @@ def test_a_kept_pattern_tree_is_per_reading():
     for _ in range(2):  # a refusal is not kept: it is raised every time
         with pytest.raises(ConstraintError, match="unbalanced"):
             parse("a)", schema=True)
+
+
+def test_a_long_pattern_is_parsed_for_its_schema_but_not_kept():
+    """What is kept per pattern is bounded: a pattern longer than PARSED_KEPT_CHARS (a hostile
+    request's) is parsed each time and never held by the process."""
+    from llmserve.constraints import regex, schema_strings
+
+    long = "a" * (regex.PARSED_KEPT_CHARS + 1)
+    kept = (regex._parse_kept.cache_info().currsize, schema_strings._search_kept.cache_info().currsize)
+    schema = {"type": "string", "pattern": "^" + long[1:] + "$"}
+    assert accepts(schema, '"' + long[1:] + '"')
+    assert (regex._parse_kept.cache_info().currsize, schema_strings._search_kept.cache_info().currsize) == kept
+    short = {"type": "string", "pattern": "^kept-once-[0-9]$"}
+    assert accepts(short, '"kept-once-7"')
+    assert schema_strings._search_kept.cache_info().currsize == min(kept[1] + 1, regex.PARSED_KEPT)
