@@ -7,7 +7,9 @@ random or weak model: with whitespace allowed, it can emit whitespace until ``ma
 The language is always a *subset* of what the schema accepts, so every answer validates; where the
 subset is narrower than the schema it says so here:
 
-* ``type`` (or a list), ``enum``/``const`` (values also checked against the keywords beside them),
+* ``type`` (or a list), ``enum``/``const`` (values also checked against the keywords beside them;
+  an integral float such as 1.0 is answered ``1``, the same value, which draft 4 also counts as an
+  integer),
   ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer),
   recursive ones unrolled ``MAX_RECURSION`` levels deep (deeper optional members, branches and
   array items are not generated; a schema that requires deeper nesting is refused), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
@@ -91,7 +93,10 @@ over the limit even so is refused naming the limit.
 Keywords that only annotate (``title``, ``description``, ``id``, ``x-*``, ``markdownDescription``,
 ...) and keywords outside the JSON Schema vocabulary are ignored, as validators ignore them. Every
 other keyword that would change the accepted language and is not supported is refused with a
-``ConstraintError`` naming it, never ignored.
+``ConstraintError`` naming it, never ignored. Drafts 4 to 2020-12 are read alike where they agree
+and as the forms above where they differ; a ``$schema`` naming draft 3 (at the root or in a
+subschema, which validators honour) is refused, since draft 3's ``required: true``,
+``divisibleBy``, ``extends`` and ``disallow`` would otherwise be ignored.
 """
 
 from __future__ import annotations
