@@ -105,6 +105,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import threading
 import time
 import urllib.parse
@@ -226,8 +227,8 @@ def _lit(text: str):
 def _integral(value: Any) -> Any:
     """``value`` with its integral floats as ints: 1.0 and 1 are one JSON Schema value, but draft 4
     (a schema's ``$schema``, at its root or in a subschema) counts only 1 as an integer, so an
-    integer schema listing 1.0 is answered "1". Past 2**63 the float's own spelling is kept."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+    integer schema listing 1.0 is answered "1", and one listing 1e20 all its digits."""
+    if isinstance(value, float) and value.is_integer():  # NaN and infinities are not
         return int(value)
     if isinstance(value, list):
         return [_integral(v) for v in value]
@@ -321,20 +322,9 @@ class _Converter:
     def resolve(self, ref: Any):
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.fail(f"only local $ref is supported, got {ref!r}")
-        node = self.root
-        for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            # a $ref is a URI: its fragment's pointer is percent-encoded (RFC 6901 section 6,
-            # "%3A" for ":"); a name that holds a '%' itself is tried as written first
-            decoded = urllib.parse.unquote(part)
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            elif isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, dict) and decoded in node:
-                node = node[decoded]
-            else:
-                raise self.fail(f"$ref {ref!r} does not resolve")
+        node = _pointer(self.root, ref)
+        if node is _UNRESOLVED:
+            raise self.fail(f"$ref {ref!r} does not resolve")
         return node
 
     # ------------------------------------------------------------------ normalising
@@ -1553,8 +1543,6 @@ def _may_admit(schema: dict, value: Any) -> bool:
     """False only when ``schema`` certainly refuses ``value``: by its type, or, for a string, by its
     length bounds or a pattern (read by Python's ``re``, as the ``jsonschema`` validator does; a
     pattern it cannot read decides nothing)."""
-    import re
-
     types = types_of(schema)
     t = _json_type(value)
     if types is not None and t not in types and not (t == "integer" and "number" in types):
@@ -1590,8 +1578,6 @@ def _count(schema: dict, key: str, default: int | None) -> Any:
 def _search(pattern: str, name: str) -> bool:
     """Whether a patternProperties pattern matches a declared name (names are fixed strings: Python's
     ``re`` reads the common ECMA-262 subset alike)."""
-    import re
-
     try:
         return re.search(pattern, name) is not None
     except re.error as exc:
@@ -2068,29 +2054,69 @@ def _parsed(schema: Any) -> Any:
     return schema
 
 
-# keywords whose values are JSON values, not schemas: a "$schema" inside them names no draft
-_VALUE_KEYWORDS = {"enum", "const", "default", "examples"}
+_UNRESOLVED = object()
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """What the local reference ``ref`` ("#/..."") points at in ``root``, or _UNRESOLVED."""
+    node = root
+    for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        # a $ref is a URI: its fragment's pointer is percent-encoded (RFC 6901 section 6,
+        # "%3A" for ":"); a name that holds a '%' itself is tried as written first
+        decoded = urllib.parse.unquote(part)
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, dict) and decoded in node:
+            node = node[decoded]
+        else:
+            return _UNRESOLVED
+    return node
+
+
+# where a schema holds subschemas: one, a list of them, or a map of names to them (``items`` and
+# draft 3's ``extends`` take a schema or a list; ``dependencies`` maps to schemas or name lists)
+_SUBSCHEMA = {
+    "items", "additionalItems", "additionalProperties", "propertyNames", "contains", "not", "if", "then",
+    "else", "unevaluatedItems", "unevaluatedProperties", "extends",
+}  # fmt: skip
+_SUBSCHEMAS = {"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"}
+_SUBSCHEMA_MAP = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+# the draft 3 meta-schemas' addresses, as validators recognise them
+_DRAFT_3 = re.compile(r"^https?://json-schema\.org/draft-03/(hyper-)?schema#?$")
 
 
 def _refuse_draft_3(schema: Any) -> None:
     """Draft 3 means other things by keywords the later drafts share or ignore (``"required": true``
     on a property, ``divisibleBy``, ``extends``, ``disallow``, ``type: "any"``): a schema or subschema
     whose ``$schema`` names it would be served under the wrong rules, so it is refused. Validators
-    (``jsonschema`` among them) apply a subschema's own ``$schema``, so every one is looked at."""
-    stack = [schema]
+    (``jsonschema`` among them) apply a subschema's own ``$schema``, so every subschema is looked
+    at: those under the keywords that hold subschemas and those local references point at. What
+    other keywords hold (values, annotations, ``x-*``) is not a schema to a validator."""
+    stack, seen = [schema], set()
     while stack:
         node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            declared = node.get("$schema")
-            if isinstance(declared, str) and "draft-03" in declared:
-                raise ConstraintError(
-                    f"json_schema: $schema {declared!r} is draft 3, which is not supported (its 'required': true, "
-                    "'divisibleBy', 'extends' and 'disallow' mean what later drafts do not); rewrite the schema "
-                    "for draft 4 or later and name that draft"
-                )
-            stack.extend(v for k, v in node.items() if k not in _VALUE_KEYWORDS)
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        declared = node.get("$schema")
+        if isinstance(declared, str) and _DRAFT_3.match(declared):
+            raise ConstraintError(
+                f"json_schema: $schema {declared!r} is draft 3, which is not supported (its 'required': true, "
+                "'divisibleBy', 'extends' and 'disallow' mean what later drafts do not); rewrite the schema "
+                "for draft 4 or later and name that draft"
+            )
+        for key, value in node.items():
+            if key in _SUBSCHEMA and isinstance(value, dict):
+                stack.append(value)
+            if key in _SUBSCHEMAS and isinstance(value, list):
+                stack.extend(value)
+            if key in _SUBSCHEMA_MAP and isinstance(value, dict):
+                stack.extend(value.values())
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                stack.append(_pointer(schema, value))
 
 
 def _convert(converter: _Converter, schema: Any) -> tuple:

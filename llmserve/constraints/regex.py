@@ -23,6 +23,7 @@ look-around in a plain ``regex`` constraint.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any
@@ -31,6 +32,7 @@ import numpy as np
 
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import ENV, Limits, budget_error, limits
+from llmserve.constraints.memory_cache import MemoryCache
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import require_native
 
@@ -509,15 +511,7 @@ def parse(pattern: str, *, schema: bool = False, excluded: bool = False):
     terminators). ``excluded``: the values it matches are to be excluded, so every class, ``.`` and
     ``$`` stands for what either dialect (ECMA-262, Python's ``re``) matches, as inside a negative
     look-around."""
-    if len(pattern) <= PARSED_KEPT_CHARS:
-        return _parse_kept(pattern, schema, excluded)
-    return _parse(pattern, schema, excluded)
-
-
-# Schemas name the same patterns, formats and number grammars many times, and a server meets the
-# same few again and again: their trees are kept (shared: AST nodes are never mutated), up to
-# PARSED_KEPT patterns of at most PARSED_KEPT_CHARS characters each.
-PARSED_KEPT, PARSED_KEPT_CHARS = 1024, 4096
+    return _PARSED.get((pattern, schema, excluded), lambda: _parse(pattern, schema, excluded))
 
 
 def _parse(pattern: str, schema: bool, excluded: bool):
@@ -527,7 +521,47 @@ def _parse(pattern: str, schema: bool, excluded: bool):
         raise ConstraintError(f"regex nested too deeply ({pattern[:40]!r}...)") from None
 
 
-_parse_kept = lru_cache(maxsize=PARSED_KEPT)(_parse)
+# what the trees kept per process may take in all (TreeCache)
+PARSED_KEPT_BYTES = 32 << 20
+
+
+class TreeCache:
+    """Trees built from patterns, kept by key: schemas name the same patterns, formats and number
+    grammars many times, and a server meets the same few again and again. Shared, as AST nodes are
+    never mutated. Within PARSED_KEPT_BYTES in all (``tree_bytes``), least recently used dropped
+    first; a tree over a sixty-fourth of that (a pattern of negated Unicode categories repeated
+    is megabytes) is built at each use instead, so no request's pattern stays to take the room.
+    Refusals are not kept: they are raised again at each use."""
+
+    def __init__(self) -> None:
+        self._kept = MemoryCache(lambda: PARSED_KEPT_BYTES)
+
+    def get(self, key: tuple, build: Callable[[], Any], tree_of: Callable[[Any], Any] = lambda found: found) -> Any:
+        found = self._kept.get(key)
+        if found is None:
+            found = build()
+            size = tree_bytes(tree_of(found)) + sum(len(k) for k in key if isinstance(k, str))
+            if size <= PARSED_KEPT_BYTES // 64:
+                self._kept.put(key, found, size)
+        return found
+
+
+def tree_bytes(node) -> int:
+    """About what ``node`` holds: 64 bytes for each tuple or list in it and each item of one, a
+    part shared within it counted once."""
+    seen: set[int] = set()
+    stack, count = [node], 0
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        count += 1 + len(n)
+        stack.extend(c for c in n if isinstance(c, (tuple, list)))
+    return 64 * count
+
+
+_PARSED = TreeCache()
 
 
 # --------------------------------------------------------------------------------------------

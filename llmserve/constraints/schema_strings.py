@@ -43,10 +43,9 @@ from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
 from llmserve.constraints.regex import (
     MAX_CODEPOINT,
-    PARSED_KEPT,
-    PARSED_KEPT_CHARS,
     SURROGATES,
     ByteDFA,
+    TreeCache,
     compile_ast,
     literal,
     parse,
@@ -357,8 +356,7 @@ def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = 
     reading from the value's start for a large search (refused instead)."""
     if not isinstance(pattern, str):
         raise ConstraintError(f"json_schema: pattern must be a string, got {pattern!r}")
-    search = _search_kept if len(pattern) <= PARSED_KEPT_CHARS else _search
-    tree, node, plain = search(pattern, excluded)
+    tree, node, plain = _SEARCHES.get((pattern, excluded), lambda: _search(pattern, excluded), lambda found: found[1])
     if plain:
         return node
     key = (pattern, excluded, limits())
@@ -376,7 +374,7 @@ def pattern_ast(pattern: str, started: float | None = None, *, excluded: bool = 
 def _search(pattern: str, excluded: bool) -> tuple[Any, Any, bool]:
     """``pattern``'s tree, the tree of the search it stands for, and whether that search is plain
     (no look-around or anchor left in it, so it is the answer). Kept per pattern as its tree is
-    (``regex.parse``, ``_search_kept``): a schema names the same patterns many times."""
+    (``_SEARCHES``, as ``regex.parse`` does): a schema names the same patterns many times."""
     tree = parse(pattern, schema=True, excluded=excluded)
     node = _with_right(_with_left(tree))
     if _has(node, ("anchor", "^")):
@@ -387,7 +385,7 @@ def _search(pattern: str, excluded: bool) -> tuple[Any, Any, bool]:
     return tree, node, not _has(node, "look") and not _has(node, "anchor")
 
 
-_search_kept = lru_cache(maxsize=PARSED_KEPT)(_search)
+_SEARCHES = TreeCache()
 
 
 # A schema names the same pattern many times (each use, its 'not', patternProperties' checks): its

@@ -857,9 +857,12 @@ def test_an_integral_float_listed_for_an_integer_is_answered_as_draft_4_integers
     assert_samples_valid(schema)
 
 
-def test_a_non_integral_float_and_a_huge_one_keep_their_spelling():
-    dfa = dfa_of({"enum": [1.5, 1e300]})
-    assert dfa.matches(b"1.5") and dfa.matches(b"1e+300")
+def test_a_huge_integral_float_is_answered_in_all_its_digits_and_a_fraction_as_it_is():
+    schema = {"$schema": DRAFT4, "type": "integer", "enum": [1.0, 1e20]}
+    dfa = dfa_of(schema)
+    assert dfa.matches(b"100000000000000000000") and not dfa.matches(b"1e+20")
+    assert_samples_valid(schema)
+    assert dfa_of({"enum": [1.5]}).matches(b"1.5")
 
 
 # ------------------------------------------------------------------ draft 3
@@ -874,7 +877,12 @@ DRAFT3 = "http://json-schema.org/draft-03/schema#"
         {"$schema": DRAFT3, "type": "object", "properties": {"a": {"type": "string", "required": True}}},
         {"$schema": DRAFT3, "type": "integer", "divisibleBy": 3},
         {"type": "object", "properties": {"a": {"$schema": DRAFT3, "extends": {"type": "string"}}}},
-        {"$defs": {"x": [{"$schema": DRAFT3 + "x"}]}, "type": "string"},
+        {"$defs": {"x": {"$schema": DRAFT3}}, "type": "string"},
+        # a property named like a value keyword still holds a schema
+        {"type": "object", "properties": {"enum": {"$schema": DRAFT3, "type": "integer", "divisibleBy": 7}}},
+        # what a local reference points at is a schema wherever it sits
+        {"type": "object", "properties": {"a": {"$ref": "#/x-shared/n"}}, "x-shared": {"n": {"$schema": DRAFT3}}},
+        {"type": "array", "items": [{"$schema": "http://json-schema.org/draft-03/hyper-schema"}]},
     ],
 )
 def test_draft_3_is_refused_where_its_keywords_would_be_misread(schema):
@@ -882,9 +890,16 @@ def test_draft_3_is_refused_where_its_keywords_would_be_misread(schema):
         dfa_of(schema)
 
 
-def test_draft_3_named_inside_a_value_is_only_a_value():
-    schema = {"type": "object", "default": {"$schema": DRAFT3}, "properties": {"s": {"const": {"$schema": DRAFT3}}}}
+def test_draft_3_named_inside_a_value_or_an_annotation_is_only_that():
+    schema = {
+        "type": "object",
+        "default": {"$schema": DRAFT3},
+        "x-meta": {"$schema": DRAFT3},
+        "example": {"$schema": DRAFT3},
+        "properties": {"s": {"const": {"$schema": DRAFT3}}},
+    }
     assert accepts(schema, '{"s":{"$schema":"' + DRAFT3 + '"}}')
+    assert accepts({"$schema": "https://example.com/my-draft-03/schema", "type": "integer"}, "1")
 
 
 # ------------------------------------------------------------------ parsed trees kept
@@ -904,16 +919,17 @@ def test_a_kept_pattern_tree_is_per_reading():
             parse("a)", schema=True)
 
 
-def test_a_long_pattern_is_parsed_for_its_schema_but_not_kept():
-    """What is kept per pattern is bounded: a pattern longer than PARSED_KEPT_CHARS (a hostile
-    request's) is parsed each time and never held by the process."""
-    from llmserve.constraints import regex, schema_strings
+def test_a_pattern_whose_tree_is_large_is_parsed_at_each_use_not_kept():
+    """What is kept per pattern is bounded by its size, not only by a count: a short pattern of
+    negated Unicode categories parses to megabytes (a hostile request's) and is never held by the
+    process; a plain one is kept and shared."""
+    from llmserve.constraints import regex
 
-    long = "a" * (regex.PARSED_KEPT_CHARS + 1)
-    kept = (regex._parse_kept.cache_info().currsize, schema_strings._search_kept.cache_info().currsize)
-    schema = {"type": "string", "pattern": "^" + long[1:] + "$"}
-    assert accepts(schema, '"' + long[1:] + '"')
-    assert (regex._parse_kept.cache_info().currsize, schema_strings._search_kept.cache_info().currsize) == kept
-    short = {"type": "string", "pattern": "^kept-once-[0-9]$"}
-    assert accepts(short, '"kept-once-7"')
-    assert schema_strings._search_kept.cache_info().currsize == min(kept[1] + 1, regex.PARSED_KEPT)
+    large = "\\P{L}" * 150 + "x"
+    assert regex.tree_bytes(regex.parse(large, schema=True)) > regex.PARSED_KEPT_BYTES // 64
+    kept = regex._PARSED._kept.nbytes
+    assert regex.parse(large, schema=True) is not regex.parse(large, schema=True)
+    assert regex._PARSED._kept.nbytes == kept
+    small = "^kept-once-[0-9]$"
+    assert regex.parse(small, schema=True) is regex.parse(small, schema=True)
+    assert regex._PARSED._kept.nbytes <= regex.PARSED_KEPT_BYTES
