@@ -529,8 +529,8 @@ class TreeCache:
     """Trees built from patterns, kept by key: schemas name the same patterns, formats and number
     grammars many times, and a server meets the same few again and again. Shared, as AST nodes are
     never mutated. Within PARSED_KEPT_BYTES in all (``tree_bytes``), least recently used dropped
-    first; a tree over a sixty-fourth of that (a pattern of negated Unicode categories repeated
-    is megabytes) is built at each use instead, so no request's pattern stays to take the room.
+    first; a tree over a sixteenth of that (a pattern of negated Unicode categories repeated
+    is megabytes) is built at each use instead, so no one pattern takes much of the room.
     Refusals are not kept: they are raised again at each use."""
 
     def __init__(self) -> None:
@@ -541,7 +541,7 @@ class TreeCache:
         if found is None:
             found = build()
             size = tree_bytes(tree_of(found)) + sum(len(k) for k in key if isinstance(k, str))
-            if size <= PARSED_KEPT_BYTES // 64:
+            if size <= PARSED_KEPT_BYTES // 16:
                 self._kept.put(key, found, size)
         return found
 
