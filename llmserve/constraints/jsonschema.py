@@ -627,9 +627,8 @@ class _Converter:
             key = (ref, refs)  # the same reference on the same path converts alike: built once
             if key not in self.converted:
                 tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
-                if (
-                    tree[0] != "dfa" and expanded_size(tree, self.size_cap, self.sizes) > EMBED_AT
-                ):  # a built one stays as it is
+                # a large tree is built once, here; one built already stays as it is
+                if tree[0] != "dfa" and expanded_size(tree, self.size_cap, self.sizes) > EMBED_AT:
                     tree = ("dfa", self._embedded(tree))
                 self.converted[key] = tree
             return self.converted[key]
