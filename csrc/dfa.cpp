@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bitset>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <tuple>
 #include <string>
@@ -29,8 +30,14 @@ namespace {
 
 class Subsets {
  public:
-  Subsets(const NfaView& nfa, Budget& budget)
-      : nfa_(nfa), budget_(budget), closure1_(nfa.n), done1_(nfa.n, 0), mark_(nfa.n, 0), mark1_(nfa.n, 0) {}
+  Subsets(const NfaView& nfa, Budget& budget, const uint8_t* live)
+      : nfa_(nfa),
+        budget_(budget),
+        live_(live),
+        closure1_(nfa.n),
+        done1_(nfa.n, 0),
+        mark_(nfa.n, 0),
+        mark1_(nfa.n, 0) {}
 
   // Epsilon closure of qs[0 .. n), keeping only the states that matter for identity: those with
   // byte edges, and the final state, in no particular order. `hash` does not depend on the order
@@ -88,10 +95,14 @@ class Subsets {
     budget_.charge(static_cast<int64_t>(c.size() * sizeof(int32_t)));
     return c;
   }
-  bool keeps(int32_t x) const { return x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x]; }
+  bool keeps(int32_t x) const {
+    if (live_ != nullptr && !live_[x]) return false;
+    return x == nfa_.final_state || nfa_.edge_off[x + 1] > nfa_.edge_off[x];
+  }
 
   const NfaView& nfa_;
   Budget& budget_;
+  const uint8_t* live_;  // null: every state
   std::vector<std::vector<int32_t>> closure1_;
   std::vector<uint8_t> done1_;
   std::vector<uint64_t> mark_, mark1_;
@@ -461,10 +472,10 @@ void Dfa::expand(int32_t* out) const {
   }
 }
 
-Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
-  Dfa out;
-  // byte classes: the intervals between the bounds of the NFA's edges, numbered in byte order
-  {
+struct SubsetConstruction::Impl {
+  Impl(const NfaView& nfa, int64_t max_states, Budget& budget, const uint8_t* live)
+      : nfa(nfa), max_states(max_states), budget(budget), sub(nfa, budget, live), count(1) {
+    // byte classes: the intervals between the bounds of the NFA's edges, numbered in byte order
     uint8_t cut[257] = {};
     const int64_t edges = nfa.edge_off[nfa.n];
     for (int64_t k = 0; k < edges; ++k) {
@@ -477,18 +488,15 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
       out.letter_of[b] = static_cast<uint8_t>(c);
     }
     out.letters = c + 1;
+    count.assign(out.letters + 2, 0);
+    uint64_t h;
+    bool acc;
+    sub.closure(&nfa.start, 1, nxt, h, acc);
+    if (!nxt.empty()) find_or_add(h, acc);
   }
-  const int64_t L = out.letters;
-  const uint8_t* cls = out.letter_of;
-  Subsets sub(nfa, budget);
-  // the subsets found so far, flat: subset i is pool[off[i] .. off[i + 1]), hashed in an
-  // open-addressing table of ids (-1 empty)
-  std::vector<int32_t> pool, cur, nxt, active;
-  std::vector<int64_t> off{0};
-  std::vector<uint64_t> hashes;
-  std::vector<int32_t> slots(1024, -1);
-  uint64_t hmask = slots.size() - 1;
-  auto find_or_add = [&](uint64_t h, bool accepting) -> int32_t {
+
+  // the id of the subset in `nxt` (the last closure), added if new
+  int32_t find_or_add(uint64_t h, bool accepting) {
     uint64_t i = h & hmask;
     for (;; i = (i + 1) & hmask) {
       const int32_t id = slots[i];
@@ -498,15 +506,16 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
       for (int64_t k = off[id]; k < off[id + 1] && same; ++k) same = sub.marked(pool[k]);
       if (same) return id;
     }
-    const int64_t count = static_cast<int64_t>(hashes.size());
-    if (count >= max_states)
+    const int64_t found = static_cast<int64_t>(hashes.size());
+    if (found >= max_states)
       throw DfaError{"constraint too large: more than " + std::to_string(max_states) + " automaton states"};
-    const int32_t id = static_cast<int32_t>(count);
+    const int32_t id = static_cast<int32_t>(found);
     slots[i] = id;
     hashes.push_back(h);
     pool.insert(pool.end(), nxt.begin(), nxt.end());
     off.push_back(static_cast<int64_t>(pool.size()));
     out.accept.push_back(accepting ? 1 : 0);
+    out.table.resize(out.table.size() + out.letters, -1);
     if (static_cast<uint64_t>(hashes.size()) * 2 > slots.size()) {  // grow: at most half full
       slots.assign(slots.size() * 2, -1);
       hmask = slots.size() - 1;
@@ -517,22 +526,12 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
       }
     }
     return id;
-  };
-  {
-    uint64_t h;
-    bool acc;
-    sub.closure(&nfa.start, 1, nxt, h, acc);
-    find_or_add(h, acc);
   }
-  // per state, a sweep over its edges' class bounds: (class, target, +1 enters / 0 leaves)
-  struct Event {
-    int32_t pos, target, enters;
-  };
-  std::vector<Event> events, sorted;
-  std::vector<int32_t> count(L + 2);
-  for (size_t i = 0; i < hashes.size(); ++i) {
+
+  void expand(int32_t i) {
+    const int64_t L = out.letters;
+    const uint8_t* cls = out.letter_of;
     cur.assign(pool.begin() + off[i], pool.begin() + off[i + 1]);  // copy: `pool` grows below
-    out.table.resize(out.table.size() + L, -1);
     events.clear();
     for (int32_t q : cur)
       for (int64_t k = nfa.edge_off[q]; k < nfa.edge_off[q + 1]; ++k) {
@@ -540,7 +539,7 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
         events.push_back({cls[nfa.edges[3 * k]], t, 1});
         events.push_back({cls[nfa.edges[3 * k + 1]] + 1, t, 0});
       }
-    if (events.empty()) continue;
+    if (events.empty()) return;
     budget.charge(L * static_cast<int64_t>(sizeof(int32_t)) + static_cast<int64_t>(cur.size() * sizeof(int32_t)));
     // sorted by class: where there are more events than classes, by counting
     if (static_cast<int64_t>(events.size()) > L) {
@@ -571,12 +570,45 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
       uint64_t h;
       bool acc;
       sub.closure(active.data(), active.size(), nxt, h, acc);
+      if (nxt.empty()) continue;  // every target is outside `live`: dead
       const int32_t j = find_or_add(h, acc);
-      int32_t* row = out.table.data() + i * L;
+      int32_t* row = out.table.data() + i * L;  // after find_or_add: the table may have grown
       for (int32_t x = a; x < b; ++x) row[x] = j;
     }
   }
-  return out;
+
+  // per state, a sweep over its edges' class bounds: (class, target, +1 enters / 0 leaves)
+  struct Event {
+    int32_t pos, target, enters;
+  };
+  const NfaView& nfa;
+  const int64_t max_states;
+  Budget& budget;
+  Subsets sub;
+  Dfa out;
+  // the subsets found so far, flat: subset i is pool[off[i] .. off[i + 1]), hashed in an
+  // open-addressing table of ids (-1 empty)
+  std::vector<int32_t> pool, cur, nxt, active;
+  std::vector<int64_t> off{0};
+  std::vector<uint64_t> hashes;
+  std::vector<int32_t> slots = std::vector<int32_t>(1024, -1);
+  uint64_t hmask = 1023;
+  std::vector<Event> events, sorted;
+  std::vector<int32_t> count;
+};
+
+SubsetConstruction::SubsetConstruction(const NfaView& nfa, int64_t max_states, Budget& budget, const uint8_t* live)
+    : impl_(std::make_unique<Impl>(nfa, max_states, budget, live)) {}
+SubsetConstruction::~SubsetConstruction() = default;
+const Dfa& SubsetConstruction::dfa() const { return impl_->out; }
+Dfa SubsetConstruction::take() { return std::move(impl_->out); }
+int64_t SubsetConstruction::found() const { return static_cast<int64_t>(impl_->hashes.size()); }
+void SubsetConstruction::expand(int32_t i) { impl_->expand(i); }
+
+Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
+  SubsetConstruction sc(nfa, max_states, budget);
+  for (int64_t i = 0; i < sc.found(); ++i) sc.expand(static_cast<int32_t>(i));
+  return sc.take();
 }
 
 Dfa minimize(const Dfa& raw, Budget& budget) {

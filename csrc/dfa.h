@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,7 +93,29 @@ constexpr int kMaxAstDepth = 2000;
 
 Nfa build_nfa(const int32_t* ast, int64_t n, int64_t max_nfa_states, Budget& budget);
 // Subset construction over the NFA's byte classes (the intervals between its edges' bounds, which
-// are contiguous and in byte order): letters are those classes.
+// are contiguous and in byte order): letters are those classes. States are found as rows are
+// expanded, in any order: determinize() expands every one in turn; a lazy automaton (lazy_dfa.h)
+// expands a state when a walk first leaves it. With `live` ([nfa.n], kept by the caller), NFA states
+// it leaves out never enter a subset, and a move to an empty subset is dead (-1): when `live` marks
+// the states that reach the final one, every state found reaches acceptance. Without it, a subset
+// may be dead end (minimize trims those).
+class SubsetConstruction {
+ public:
+  SubsetConstruction(const NfaView& nfa, int64_t max_states, Budget& budget, const uint8_t* live = nullptr);
+  ~SubsetConstruction();
+  SubsetConstruction(const SubsetConstruction&) = delete;
+  SubsetConstruction& operator=(const SubsetConstruction&) = delete;
+  // every state found so far (accept), rows of -1 until expanded (table); no state when the start's
+  // subset is empty
+  const Dfa& dfa() const;
+  Dfa take();
+  int64_t found() const;
+  void expand(int32_t state);  // once per state
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget);
 // Trim states that cannot reach acceptance, merge equivalent states, renumber canonically (start 0).
 // The input's letters must be contiguous byte intervals in increasing order (as determinize gives);

@@ -25,13 +25,21 @@ void state_row(const Vocab& v, const Transitions& tr, const uint8_t* accept, int
     std::memset(m, 0, W * sizeof(uint32_t));
   } else {
     v.state_mask(tr, static_cast<int32_t>(s), m, stack_for(v));
-    bool any = false;
-    for (int64_t w = 0; w < W && !any; ++w) any = m[w] != 0;
-    if (accept[s] == 0 && any) return;
+    add_end_of_sequence(v, accept[s] != 0, m);
+    return;
   }
   for (int32_t e : v.eos()) m[e >> 5] |= 1u << (e & 31);
 }
 }  // namespace
+
+int32_t* walk_stack(const Vocab& v) { return stack_for(v); }
+
+void add_end_of_sequence(const Vocab& v, bool accepting, uint32_t* row) {
+  bool any = false;
+  for (int64_t w = 0; w < v.words() && !any; ++w) any = row[w] != 0;
+  if (accepting || !any)
+    for (int32_t e : v.eos()) row[e >> 5] |= 1u << (e & 31);
+}
 
 void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,
                    int nthreads) {

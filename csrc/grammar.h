@@ -16,6 +16,12 @@
 
 namespace llmserve {
 
+// The end-of-sequence rule of a state's mask row, given the tokens that walk from it: end of sequence
+// is allowed when the state accepts, or when nothing else is.
+void add_end_of_sequence(const Vocab& v, bool accepting, uint32_t* row);
+// This thread's stack for the vocabulary's walks (max_len() + 2 entries).
+int32_t* walk_stack(const Vocab& v);
+
 // Fill out[S+1, W]: row s = tokens whose bytes walk the DFA from s without dying (+ end of sequence
 // when s accepts, or when nothing else is allowed); row S = end of sequence only (the dead row).
 void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, int64_t S, uint32_t* out,

@@ -112,25 +112,7 @@ std::vector<int32_t> byte_classes(const Transitions& tr, int64_t S, uint8_t* cls
 }
 
 void Vocab::state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t* stack) const {
-  std::memset(out, 0, words_ * sizeof(uint32_t));
-  stack[0] = s;
-  const int32_t n = static_cast<int32_t>(trie_byte_.size());
-  const uint8_t* byte = trie_byte_.data();
-  const int32_t* depth = trie_depth_.data();
-  const int32_t* end = trie_end_.data();
-  const int32_t* off = trie_tok_off_.data();
-  const int32_t* tok = trie_tok_.data();
-  for (int32_t i = 0; i < n;) {
-    const int32_t d = depth[i];
-    const int32_t cur = tr.next(stack[d - 1], byte[i]);
-    if (cur < 0) {
-      i = end[i];
-      continue;
-    }
-    stack[d] = cur;
-    for (int32_t k = off[i]; k < off[i + 1]; ++k) out[tok[k] >> 5] |= 1u << (tok[k] & 31);
-    ++i;
-  }
+  walk_mask([&tr](int32_t q, uint8_t b) { return tr.next(q, b); }, s, out, stack);
 }
 
 void Vocab::state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,30 @@ class Vocab {
   // a whole subtree as soon as its prefix dies, so a state that allows few bytes costs little.
   // `stack` must hold max_len() + 1 entries.
   void state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t* stack) const;
+  // The same walk over any automaton: next(q, byte) is the next state (-1: dead), e.g. one built as
+  // it is walked (lazy_dfa.h).
+  template <class Next>
+  void walk_mask(Next&& next, int32_t s, uint32_t* out, int32_t* stack) const {
+    std::memset(out, 0, words_ * sizeof(uint32_t));
+    stack[0] = s;
+    const int32_t n = static_cast<int32_t>(trie_byte_.size());
+    const uint8_t* byte = trie_byte_.data();
+    const int32_t* depth = trie_depth_.data();
+    const int32_t* end = trie_end_.data();
+    const int32_t* off = trie_tok_off_.data();
+    const int32_t* tok = trie_tok_.data();
+    for (int32_t i = 0; i < n;) {
+      const int32_t d = depth[i];
+      const int32_t cur = next(stack[d - 1], byte[i]);
+      if (cur < 0) {
+        i = end[i];
+        continue;
+      }
+      stack[d] = cur;
+      for (int32_t k = off[i]; k < off[i + 1]; ++k) out[tok[k] >> 5] |= 1u << (tok[k] & 31);
+      ++i;
+    }
+  }
   // The same walk, keeping only the tokens that end in a state q with dist[q] <= k: the tokens that
   // still let the answer end within k more tokens (dist: fewest tokens to an accepting state).
   void state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
