@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 
 #include "apply.h"
@@ -18,6 +19,7 @@
 #include "dfa.h"
 #include "finisher.h"
 #include "grammar.h"
+#include "lazy_dfa.h"
 #include "thread_pool.h"
 #include "vocab_trie.h"
 
@@ -97,6 +99,16 @@ T& cast_to(const py::object& o, const char* what) {
 
 struct PyVocab {
   std::shared_ptr<Vocab> v;
+};
+
+// A LazyDfa shared by Python threads: every call that builds states holds the lock (without the GIL).
+struct PyLazyDfa {
+  std::unique_ptr<LazyDfa> d;
+  std::unique_ptr<std::mutex> lock = std::make_unique<std::mutex>();
+  int32_t checked(int64_t s) const {
+    if (s < 0 || s >= d->found()) throw std::invalid_argument("state out of range");
+    return static_cast<int32_t>(s);
+  }
 };
 
 // Lower dist[S] in place to the fewest tokens to an accepting state (see the bindings' docstrings).
@@ -703,6 +715,78 @@ PYBIND11_MODULE(_core, m) {
       py::arg("budget_bytes") = 0, py::arg("classes") = false,
       "Regular-expression AST (serialised, see dfa.h) -> minimal byte DFA: (table int32[S,256], accept uint8[S]), "
       "or with classes=True (classes uint8[256], table int32[S,C], accept uint8[S]), C the byte classes.");
+
+  py::class_<PyLazyDfa>(m, "LazyDfa")
+      .def(py::init([](py::array ast, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
+                       int64_t budget_bytes) {
+             const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
+             const int64_t n = ast.shape(0);
+             if (max_states <= 0 || max_nfa_states <= 0 || max_states >= (int64_t(1) << 31) ||
+                 max_nfa_states >= (int64_t(1) << 31))
+               throw std::invalid_argument("max_states and max_nfa_states must be in [1, 2^31)");
+             PyLazyDfa out;
+             try {
+               py::gil_scoped_release nogil;
+               out.d = std::make_unique<LazyDfa>(a, n, max_states, max_nfa_states, budget_ms, budget_bytes);
+             } catch (const DfaError& e) {
+               throw py::value_error(e.message);
+             }
+             return out;
+           }),
+           py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"), py::arg("budget_ms") = 0,
+           py::arg("budget_bytes") = 0,
+           "Regular-expression AST (serialised, see dfa.h) -> its byte DFA, states built as walks reach them "
+           "(csrc/lazy_dfa.h); the NFA is built now, within budget_ms.")
+      .def(
+          "walk",
+          [](PyLazyDfa& self, py::bytes data, int64_t state) {
+            const std::string bytes = data;
+            int32_t s = -1;
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              s = self.checked(state);
+              for (unsigned char b : bytes) {
+                s = self.d->next(s, b);
+                if (s < 0) break;
+              }
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+            return s;
+          },
+          py::arg("data"), py::arg("state") = 0, "The state after `data` from `state` (-1: dead).")
+      .def(
+          "mask_row",
+          [](PyLazyDfa& self, const PyVocab& v, int64_t state, py::array out) {
+            uint32_t* o = buffer_of<uint32_t>(out, 1, "out", true);
+            if (out.shape(0) != v.v->words()) throw std::invalid_argument("out must hold vocab.words words");
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              self.d->mask_row(*v.v, self.checked(state), o);
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+          },
+          py::arg("vocab"), py::arg("state"), py::arg("out"),
+          "Write the packed mask row of `state` into out (uint32[vocab.words]), as a Grammar computes it.")
+      .def("accepting",
+           [](const PyLazyDfa& self, int64_t s) {
+             std::lock_guard<std::mutex> hold(*self.lock);
+             return self.d->accepting(self.checked(s));
+           })
+      .def_property_readonly("found",
+                             [](const PyLazyDfa& self) {
+                               std::lock_guard<std::mutex> hold(*self.lock);
+                               return self.d->found();
+                             })
+      .def_property_readonly("expanded",
+                             [](const PyLazyDfa& self) {
+                               std::lock_guard<std::mutex> hold(*self.lock);
+                               return self.d->expanded();
+                             })
+      .def_property_readonly("letters", [](const PyLazyDfa& self) { return self.d->letters(); });
 
   m.def(
       "checksum",

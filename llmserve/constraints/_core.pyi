@@ -274,6 +274,32 @@ def build_dfa(
     ("constraint compile time budget (N ms) exceeded" after ``budget_ms``; "... memory budget ..."
     past ``budget_bytes`` of construction memory; 0: no limit)."""
 
+class LazyDfa:
+    """A byte DFA whose states are built as walks reach them (csrc/lazy_dfa.h): the NFA is built
+    here (within ``budget_ms``; ValueError as ``build_dfa`` for a malformed or empty language, or an
+    NFA over ``max_nfa_states``), states later, numbered as found (start 0), not minimal, each one
+    reaching acceptance. Calls that build states raise ValueError past ``max_states`` states or
+    ``budget_bytes`` of memory. Thread-safe (one call at a time); releases the GIL."""
+
+    def __init__(
+        self, ast: NDArray[np.int32], max_states: int, max_nfa_states: int, budget_ms: int = 0, budget_bytes: int = 0
+    ) -> None: ...
+    def walk(self, data: bytes, state: int = 0) -> int:
+        """The state after ``data`` from ``state`` (-1: dead)."""
+    def mask_row(self, vocab: Vocab, state: int, out: NDArray[np.uint32]) -> None:
+        """Write the packed mask row of ``state`` into ``out`` (uint32[vocab.words]), as a Grammar
+        computes a row (end-of-sequence rule included)."""
+    def accepting(self, state: int) -> bool: ...
+    @property
+    def found(self) -> int:
+        """States numbered so far."""
+    @property
+    def expanded(self) -> int:
+        """States whose moves are built."""
+    @property
+    def letters(self) -> int:
+        """Byte classes of the NFA's edges (a row's width)."""
+
 def checksum(data: object, seed: int = 0) -> int:
     """64-bit checksum of a C-contiguous buffer (definition in csrc/checksum.h; the cache files'
     check). Releases the GIL. ValueError: a strided buffer."""

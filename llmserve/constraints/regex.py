@@ -1176,9 +1176,7 @@ def compile_words(words: np.ndarray, *, started: float | None = None, classes: b
 
 def _native_dfa(words: np.ndarray, lim: Limits, deadline: float, classes: bool) -> ByteDFA:
     require_native()
-    left_ms = int((deadline - time.monotonic()) * 1000)
-    if left_ms <= 0:
-        raise _time_budget_error(lim.compile_ms)
+    left_ms = _left_ms(deadline, lim)
     try:
         built = core.build_dfa(
             words, lim.max_states * SUBSET_FACTOR, lim.max_nfa_states, left_ms, lim.compile_mb << 20, classes=classes
@@ -1192,6 +1190,13 @@ def _native_dfa(words: np.ndarray, lim: Limits, deadline: float, classes: bool) 
         return ByteDFA(table, accept, 0, classes=letter_of)
     table, accept = built
     return ByteDFA(table, accept, 0)
+
+
+def _left_ms(deadline: float, lim: Limits) -> int:
+    left_ms = int((deadline - time.monotonic()) * 1000)
+    if left_ms <= 0:
+        raise _time_budget_error(lim.compile_ms)
+    return left_ms
 
 
 def _native_error(message: str, lim: Limits) -> ConstraintError:
@@ -1225,10 +1230,7 @@ def compile_ast(
     (a ``time.monotonic()``; default now), is spent. ``sizes``: ``expanded_size``'s memo for that
     check, counted to the limits' ``max_nfa_states`` (the JSON-schema converter's)."""
     lim = limits()
-    deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
-    _check_size(node, lim, sizes)
-    if time.monotonic() > deadline:
-        raise _time_budget_error(lim.compile_ms)
+    deadline = _checked_deadline(node, lim, started, sizes)
     if backend == "native":
         words = serialize_ast(node, deadline, lim.compile_ms)  # counted in the budget: before left_ms is taken
         return _native_dfa(words, lim, deadline, classes)
@@ -1241,6 +1243,32 @@ def compile_ast(
     if dfa.num_states > lim.max_states:
         raise _states_error(lim.max_states)
     return dfa
+
+
+def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> core.LazyDfa:
+    """``node``'s automaton built as it is walked (``csrc/lazy_dfa.h``): only its NFA now, within the
+    limits as ``compile_ast`` counts them (same arguments), its states as walks and mask rows reach
+    them, at most as many as a whole construction may find (``max_states`` x SUBSET_FACTOR) and within
+    ``compile_mb``: a walk past those raises ValueError. The states are not minimal; each reaches
+    acceptance."""
+    lim = limits()
+    deadline = _checked_deadline(node, lim, started, sizes)
+    words = serialize_ast(node, deadline, lim.compile_ms)
+    left_ms = _left_ms(deadline, lim)
+    try:
+        return core.LazyDfa(words, lim.max_states * SUBSET_FACTOR, lim.max_nfa_states, left_ms, lim.compile_mb << 20)
+    except ValueError as exc:
+        raise _native_error(str(exc), lim) from None
+
+
+def _checked_deadline(node, lim: Limits, started: float | None, sizes: dict[int, tuple[int, Any]] | None) -> float:
+    """The compile time budget's deadline counted from ``started`` (default now), once ``node``'s
+    expanded size is checked against the limits and the budget is not spent already."""
+    deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
+    _check_size(node, lim, sizes)
+    if time.monotonic() > deadline:
+        raise _time_budget_error(lim.compile_ms)
+    return deadline
 
 
 def compile_regex(pattern: str, backend: str = "native") -> ByteDFA:

@@ -1,0 +1,58 @@
+// A byte DFA built as it is walked. The whole automaton of a JSON schema has thousands of states and
+// its construction and minimisation are most of a new constraint's compile time, while the start
+// state's mask row reaches two or three of them: here each state of the subset construction is
+// expanded the first time a walk leaves it, so a constraint costs its NFA and the states its
+// answers actually pass through.
+//
+// States are numbered as found (start 0) and are not minimal: two of them may be equivalent, which
+// only costs a mask row more. Every state reaches acceptance: the NFA states that cannot reach the
+// final state never enter a subset, so a walk never enters a dead end and a mask never allows a
+// token after which the answer cannot be completed (what minimize's trimming gives the whole
+// automaton). Not thread-safe: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dfa.h"
+#include "vocab_trie.h"
+
+namespace llmserve {
+
+class LazyDfa {
+ public:
+  // ast: as for build_nfa. The NFA is built now, within budget_ms and max_nfa_states; states are
+  // built as walks reach them, at most max_states of them, within max_bytes of memory in all (a
+  // DfaError beyond). A language with no string is refused here.
+  LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
+          int64_t max_bytes);
+  LazyDfa(const LazyDfa&) = delete;  // the construction points into the NFA
+  LazyDfa& operator=(const LazyDfa&) = delete;
+
+  int32_t next(int32_t s, uint8_t byte) {
+    if (!expanded_[s]) expand(s);
+    const Dfa& d = subsets_->dfa();
+    return d.table[static_cast<int64_t>(s) * d.letters + d.letter_of[byte]];
+  }
+  bool accepting(int32_t s) const { return subsets_->dfa().accept[s] != 0; }
+  int64_t found() const { return subsets_->found(); }  // states numbered so far
+  int64_t expanded() const { return expanded_count_; }  // states whose moves are built
+  int32_t letters() const { return subsets_->dfa().letters; }
+  // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
+  // of sequence where the rule in grammar.h allows it. out: vocab.words() words.
+  void mask_row(const Vocab& v, int32_t s, uint32_t* out);
+
+ private:
+  void expand(int32_t s);
+
+  Nfa nfa_;
+  NfaView view_;
+  std::vector<uint8_t> live_;  // per NFA state: the final state is reachable from it
+  Budget budget_;              // memory only: states are built long after the NFA's time budget
+  std::unique_ptr<SubsetConstruction> subsets_;
+  std::vector<uint8_t> expanded_;
+  int64_t expanded_count_ = 0;
+};
+
+}  // namespace llmserve

@@ -1,0 +1,162 @@
+"""The automaton built as it is walked (csrc/lazy_dfa.h, ``regex.lazy_ast``) is the whole automaton's
+language, state for state along any walk: the same mask row as the complete (trimmed, minimal) form
+at every step, so no token leads into a dead end; and it builds only what walks reach."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmserve.constraints import regex
+from llmserve.constraints.compiled import compile_dfa
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.jsonschema import schema_to_dfa
+from llmserve.constraints.limits import Limits, set_limits
+from llmserve.constraints.native import native, native_vocab
+from llmserve.constraints.vocab import Vocab
+
+ALPHABET = ["a", "b", "é", "€", "😀", '"', "0", "{", "}", ":", ","]
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def patterns():
+    atom = st.sampled_from([re.escape(c) for c in ALPHABET] + ["[ab]", "[^a]", "[é€]", "[0-9]", ".", "(?:ab){0}"])
+
+    def extend(inner):
+        return st.one_of(
+            st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
+            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
+            inner.map(lambda r: f"(?:{r})*"),
+            inner.map(lambda r: f"(?:{r})?"),
+            st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(lambda t: f"(?:{t[0]}){{{t[1]},{t[1] + t[2]}}}"),
+        )
+
+    return st.recursive(atom, extend, max_leaves=8)
+
+
+@st.composite
+def vocabs(draw):
+    encoded = b"".join(c.encode() for c in ALPHABET)
+    pieces = draw(
+        st.lists(
+            st.integers(0, len(encoded) - 1).flatmap(
+                lambda i: st.integers(i + 1, min(len(encoded), i + 5)).map(lambda j: encoded[i:j])
+            ),
+            min_size=3,
+            max_size=40,
+        )
+    )
+    # single bytes of some characters only: tokens that split a character, and bytes no token starts
+    singles = draw(st.lists(st.sampled_from(sorted(set(encoded))), max_size=12, unique=True))
+    tokens: list[bytes | None] = [bytes([b]) for b in singles] + pieces + [None]
+    eos = len(tokens) - 1
+    return Vocab(tokens, (eos,), len(tokens) + draw(st.integers(0, 40)))
+
+
+def lazy_row(lazy, vocab: Vocab, state: int) -> np.ndarray:
+    out = np.empty(vocab.words, dtype=np.uint32)
+    lazy.mask_row(native_vocab(vocab), state, out)
+    return out
+
+
+def assert_same_walks(lazy, complete, vocab: Vocab, choose, steps: int = 14) -> None:
+    """Walk tokens both forms allow (``choose`` picks one), comparing each step's mask row."""
+    state, full = 0, complete.start
+    for _ in range(steps):
+        row = lazy_row(lazy, vocab, state)
+        np.testing.assert_array_equal(row, complete.mask_row(full))
+        assert lazy.accepting(state) == complete.is_accepting(full)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: vocab.size]
+        allowed = [t for t in np.flatnonzero(bits) if t not in vocab.eos_ids]
+        if not allowed:
+            return
+        token = int(choose(allowed))
+        state = lazy.walk(vocab.token_bytes(token), state)
+        full = complete.step(full, token)
+        assert state >= 0 and full >= 0
+
+
+@SETTINGS
+@given(patterns(), vocabs(), st.data())
+def test_lazy_rows_are_the_complete_forms_rows_along_any_walk(pattern, vocab, data):
+    try:
+        complete = compile_dfa(regex.compile_regex(pattern), vocab)
+    except ConstraintError as exc:  # an empty language: the lazy form refuses it too
+        with pytest.raises(ConstraintError, match="no string"):
+            regex.lazy_ast(regex.parse(pattern))
+        assert "no string" in exc.message
+        return
+    lazy = regex.lazy_ast(regex.parse(pattern))
+    assert_same_walks(lazy, complete, vocab, lambda allowed: data.draw(st.sampled_from(allowed)))
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "ç"]}, "maxItems": 3},
+        "size": {"type": "integer", "minimum": -5, "maximum": 300},
+        "when": {"type": "string", "format": "date"},
+        "child": {"$ref": "#/$defs/node"},
+        "kind": {"anyOf": [{"const": "x"}, {"type": "number"}, {"type": "null"}]},
+    },
+    "required": ["name"],
+    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "boolean"}}, "additionalProperties": False}},
+}
+
+
+def lazy_schema(schema):
+    # schema_to_dfa hands its builder the converted AST: built lazily instead of whole
+    return schema_to_dfa(
+        schema, build=lambda ast, _backend, started, sizes: regex.lazy_ast(ast, started=started, sizes=sizes)
+    )
+
+
+@pytest.fixture(scope="module")
+def json_vocab():
+    text = json.dumps({"name": "ab", "tags": ["a", "ç"], "size": -3, "when": "2024-02-29", "kind": 1.5e3}) + "ntrue"
+    pieces = {text[i : i + n].encode() for n in (1, 2, 3) for i in range(len(text) - n + 1)}
+    tokens = [bytes([b]) for b in range(32, 127)] + sorted(pieces) + ["ç".encode(), b"\xc3", None]
+    return Vocab(tokens, (len(tokens) - 1,), len(tokens) + 7)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_schemas_lazy_rows_are_its_complete_rows(json_vocab, seed):
+    complete = compile_dfa(schema_to_dfa(SCHEMA), json_vocab)
+    lazy = lazy_schema(SCHEMA)
+    rng = np.random.default_rng(seed)
+    assert_same_walks(lazy, complete, json_vocab, lambda allowed: rng.choice(allowed), steps=60)
+
+
+def test_the_first_mask_builds_a_few_states_of_hundreds(json_vocab):
+    whole = schema_to_dfa(SCHEMA)
+    assert whole.num_states > 200
+    lazy = lazy_schema(SCHEMA)
+    lazy_row(lazy, json_vocab, 0)
+    assert lazy.expanded <= 3 and lazy.found <= 4  # "{" then '{"'; nothing past what tokens reach
+
+
+def test_a_walk_past_the_state_limit_is_an_error_not_a_crash():
+    words = regex.serialize_ast(regex.parse("[ab]*a[ab]{12}"))
+    lazy = native.LazyDfa(words, 64, 10_000)
+    with pytest.raises(ValueError, match="more than 64 automaton states"):
+        for _ in range(200):
+            lazy.walk(bytes(np.random.default_rng(0).choice([97, 98], 40).tolist()), 0)
+            lazy.walk(b"ab" * 20, 0)
+            lazy.walk(b"ba" * 20 + b"abbabbba", 0)
+
+
+def test_the_nfa_is_bounded_by_the_compile_limits():
+    set_limits(Limits(max_nfa_states=50))
+    try:
+        with pytest.raises(ConstraintError, match="50 states"):
+            regex.lazy_ast(regex.parse("[a-z]{100}"))
+    finally:
+        set_limits(None)
+    with pytest.raises(ValueError, match="state out of range"):
+        regex.lazy_ast(regex.parse("abc")).walk(b"a", 5)
