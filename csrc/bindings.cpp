@@ -746,6 +746,7 @@ PYBIND11_MODULE(_core, m) {
               py::gil_scoped_release nogil;
               std::lock_guard<std::mutex> hold(*self.lock);
               s = self.checked(state);
+              self.d->restart();
               for (unsigned char b : bytes) {
                 s = self.d->next(s, b);
                 if (s < 0) break;

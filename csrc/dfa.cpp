@@ -22,6 +22,11 @@ void Budget::check_time() {
     throw DfaError{"constraint compile time budget (" + std::to_string(ms_) + " ms) exceeded"};
 }
 
+void Budget::restart() {
+  deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms_);
+  polls_ = 0;
+}
+
 void Budget::fail_memory() const {
   throw DfaError{"constraint compile memory budget (" + std::to_string(max_bytes_ >> 20) + " MiB) exceeded"};
 }

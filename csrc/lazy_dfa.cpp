@@ -41,11 +41,8 @@ std::vector<uint8_t> reaching_final(const NfaView& nfa) {
 
 LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
                  int64_t max_bytes)
-    : budget_(0, max_bytes) {
-  {
-    Budget build(budget_ms, max_bytes);
-    nfa_ = build_nfa(ast, n, max_nfa_states, build);
-  }
+    : budget_(budget_ms, max_bytes) {
+  nfa_ = build_nfa(ast, n, max_nfa_states, budget_);
   view_ = nfa_.view();
   live_ = reaching_final(view_);
   subsets_ = std::make_unique<SubsetConstruction>(view_, max_states, budget_, live_.data());
@@ -54,13 +51,21 @@ LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_
 }
 
 void LazyDfa::expand(int32_t s) {
-  subsets_->expand(s);
+  try {
+    subsets_->expand(s);
+  } catch (...) {
+    // states found before the limit stopped the row exist: a later call may name them (s itself
+    // stays unexpanded, its row built again in full next time)
+    expanded_.resize(subsets_->found(), 0);
+    throw;
+  }
   expanded_.resize(subsets_->found(), 0);
   expanded_[s] = 1;
   ++expanded_count_;
 }
 
 void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {
+  restart();
   v.walk_mask([this](int32_t q, uint8_t b) { return next(q, b); }, s, out, walk_stack(v));
   add_end_of_sequence(v, accepting(s), out);
 }

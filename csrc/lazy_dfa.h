@@ -23,13 +23,16 @@ namespace llmserve {
 class LazyDfa {
  public:
   // ast: as for build_nfa. The NFA is built now, within budget_ms and max_nfa_states; states are
-  // built as walks reach them, at most max_states of them, within max_bytes of memory in all (a
-  // DfaError beyond). A language with no string is refused here.
+  // built as walks reach them, at most max_states of them, within max_bytes of memory in all (the
+  // NFA included) and budget_ms per call of mask_row or between restarts (a DfaError beyond). A
+  // language with no string is refused here.
   LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
           int64_t max_bytes);
   LazyDfa(const LazyDfa&) = delete;  // the construction points into the NFA
   LazyDfa& operator=(const LazyDfa&) = delete;
 
+  // Counts the time budget again from now: before each walk a caller makes (mask_row does).
+  void restart() { budget_.restart(); }
   int32_t next(int32_t s, uint8_t byte) {
     if (!expanded_[s]) expand(s);
     const Dfa& d = subsets_->dfa();
@@ -49,7 +52,7 @@ class LazyDfa {
   Nfa nfa_;
   NfaView view_;
   std::vector<uint8_t> live_;  // per NFA state: the final state is reachable from it
-  Budget budget_;              // memory only: states are built long after the NFA's time budget
+  Budget budget_;              // the NFA's, then restarted per call: states are built long after
   std::unique_ptr<SubsetConstruction> subsets_;
   std::vector<uint8_t> expanded_;
   int64_t expanded_count_ = 0;

@@ -278,8 +278,9 @@ class LazyDfa:
     """A byte DFA whose states are built as walks reach them (csrc/lazy_dfa.h): the NFA is built
     here (within ``budget_ms``; ValueError as ``build_dfa`` for a malformed or empty language, or an
     NFA over ``max_nfa_states``), states later, numbered as found (start 0), not minimal, each one
-    reaching acceptance. Calls that build states raise ValueError past ``max_states`` states or
-    ``budget_bytes`` of memory. Thread-safe (one call at a time); releases the GIL."""
+    reaching acceptance. Calls that build states raise ValueError past ``max_states`` states,
+    ``budget_bytes`` of memory (the NFA's included) or ``budget_ms`` within one call. Thread-safe
+    (one call at a time); releases the GIL."""
 
     def __init__(
         self, ast: NDArray[np.int32], max_states: int, max_nfa_states: int, budget_ms: int = 0, budget_bytes: int = 0

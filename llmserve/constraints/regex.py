@@ -1248,9 +1248,11 @@ def compile_ast(
 def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> core.LazyDfa:
     """``node``'s automaton built as it is walked (``csrc/lazy_dfa.h``): only its NFA now, within the
     limits as ``compile_ast`` counts them (same arguments), its states as walks and mask rows reach
-    them, at most as many as a whole construction may find (``max_states`` x SUBSET_FACTOR) and within
-    ``compile_mb``: a walk past those raises ValueError. The states are not minimal; each reaches
-    acceptance."""
+    them, at most as many as a whole construction may find (``max_states`` x SUBSET_FACTOR), within
+    ``compile_mb`` in all and ``compile_ms`` per walk or mask row: a call past those raises
+    ValueError. The states are not minimal (the state limit is on these, not on a minimal count);
+    each reaches acceptance."""
+    require_native()
     lim = limits()
     deadline = _checked_deadline(node, lim, started, sizes)
     words = serialize_ast(node, deadline, lim.compile_ms)

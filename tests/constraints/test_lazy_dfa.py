@@ -141,14 +141,21 @@ def test_the_first_mask_builds_a_few_states_of_hundreds(json_vocab):
     assert lazy.expanded <= 3 and lazy.found <= 4  # "{" then '{"'; nothing past what tokens reach
 
 
-def test_a_walk_past_the_state_limit_is_an_error_not_a_crash():
+def test_a_walk_past_the_state_limit_is_an_error_and_leaves_the_automaton_whole():
     words = regex.serialize_ast(regex.parse("[ab]*a[ab]{12}"))
-    lazy = native.LazyDfa(words, 64, 10_000)
-    with pytest.raises(ValueError, match="more than 64 automaton states"):
-        for _ in range(200):
-            lazy.walk(bytes(np.random.default_rng(0).choice([97, 98], 40).tolist()), 0)
-            lazy.walk(b"ab" * 20, 0)
-            lazy.walk(b"ba" * 20 + b"abbabbba", 0)
+    rng = np.random.default_rng(0)
+    for limit in (3, 5, 64):
+        lazy = native.LazyDfa(words, limit, 10_000)
+        with pytest.raises(ValueError, match=f"more than {limit} automaton states"):
+            for _ in range(200):
+                lazy.walk(bytes(rng.choice([97, 98], 40).tolist()), 0)
+        # states found by the row the limit stopped: each still walks, every one of them is live
+        # (every state here allows "a"), or the walk meets the limit again; never a wrong "dead"
+        for state in range(lazy.found):
+            try:
+                assert lazy.walk(b"a", state) >= 0
+            except ValueError as exc:
+                assert "automaton states" in str(exc)
 
 
 def test_the_nfa_is_bounded_by_the_compile_limits():
