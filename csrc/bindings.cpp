@@ -772,6 +772,35 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("vocab"), py::arg("state"), py::arg("out"),
           "Write the packed mask row of `state` into out (uint32[vocab.words]), as a Grammar computes it.")
+      .def(
+          "byte_distance",
+          [](PyLazyDfa& self, int64_t state, py::array usable) {
+            const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+            if (usable.shape(0) != 256) throw std::invalid_argument("usable must hold 256 flags");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> hold(*self.lock);
+            return self.d->byte_distance(self.checked(state), u);
+          },
+          py::arg("state"), py::arg("usable"),
+          "The fewest bytes from `state` to acceptance over the bytes b with usable[b] (uint8[256]); "
+          "2**31 - 1: none. Builds no state.")
+      .def(
+          "fewest_tokens",
+          [](PyLazyDfa& self, const PyVocab& v, int64_t state, int64_t budget_ms) {
+            FewestTokens f{};
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              const int32_t s = self.checked(state);
+              self.d->restart();
+              f = fewest_tokens_in(*v.v, *self.d, s, budget_ms);
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+            return std::make_pair(f.tokens, f.explored);
+          },
+          py::arg("vocab"), py::arg("state") = 0, py::arg("budget_ms") = 0,
+          "As fewest_tokens over a whole automaton (same result), building the states the search reaches.")
       .def("accepting",
            [](const PyLazyDfa& self, int64_t s) {
              std::lock_guard<std::mutex> hold(*self.lock);

@@ -609,6 +609,10 @@ const Dfa& SubsetConstruction::dfa() const { return impl_->out; }
 Dfa SubsetConstruction::take() { return std::move(impl_->out); }
 int64_t SubsetConstruction::found() const { return static_cast<int64_t>(impl_->hashes.size()); }
 void SubsetConstruction::expand(int32_t i) { impl_->expand(i); }
+std::pair<const int32_t*, const int32_t*> SubsetConstruction::members(int32_t i) const {
+  const int32_t* pool = impl_->pool.data();
+  return {pool + impl_->off[i], pool + impl_->off[i + 1]};
+}
 
 Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget) {
   SubsetConstruction sc(nfa, max_states, budget);

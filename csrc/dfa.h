@@ -113,6 +113,9 @@ class SubsetConstruction {
   Dfa take();
   int64_t found() const;
   void expand(int32_t state);  // once per state
+  // the NFA states that make a state's identity: those of its subset with byte edges, and the final
+  // state if it is one
+  std::pair<const int32_t*, const int32_t*> members(int32_t state) const;
 
  private:
   struct Impl;

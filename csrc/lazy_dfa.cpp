@@ -1,50 +1,49 @@
 #include "lazy_dfa.h"
 
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
 #include "grammar.h"
 
 namespace llmserve {
-
-namespace {
-
-// Per NFA state, whether the final state is reachable from it (by any moves): a search backwards.
-std::vector<uint8_t> reaching_final(const NfaView& nfa) {
-  const int64_t n = nfa.n;
-  // the moves reversed, in compressed rows: into[in_off[q] .. in_off[q + 1]) enter q
-  std::vector<int64_t> in_off(n + 1, 0);
-  const int64_t eps = nfa.eps_off[n], edges = nfa.edge_off[n];
-  for (int64_t k = 0; k < eps; ++k) ++in_off[nfa.eps[k] + 1];
-  for (int64_t k = 0; k < edges; ++k) ++in_off[nfa.edges[3 * k + 2] + 1];
-  for (int64_t q = 0; q < n; ++q) in_off[q + 1] += in_off[q];
-  std::vector<int32_t> into(in_off[n]);
-  std::vector<int64_t> fill(in_off.begin(), in_off.end() - 1);
-  for (int64_t q = 0; q < n; ++q) {
-    for (int64_t k = nfa.eps_off[q]; k < nfa.eps_off[q + 1]; ++k) into[fill[nfa.eps[k]]++] = static_cast<int32_t>(q);
-    for (int64_t k = nfa.edge_off[q]; k < nfa.edge_off[q + 1]; ++k)
-      into[fill[nfa.edges[3 * k + 2]]++] = static_cast<int32_t>(q);
-  }
-  std::vector<uint8_t> live(n, 0);
-  std::vector<int32_t> todo{nfa.final_state};
-  live[nfa.final_state] = 1;
-  while (!todo.empty()) {
-    const int32_t q = todo.back();
-    todo.pop_back();
-    for (int64_t k = in_off[q]; k < in_off[q + 1]; ++k)
-      if (!live[into[k]]) {
-        live[into[k]] = 1;
-        todo.push_back(into[k]);
-      }
-  }
-  return live;
-}
-
-}  // namespace
 
 LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
                  int64_t max_bytes)
     : budget_(budget_ms, max_bytes) {
   nfa_ = build_nfa(ast, n, max_nfa_states, budget_);
   view_ = nfa_.view();
-  live_ = reaching_final(view_);
+  const int64_t n_states = view_.n;
+  in_off_.assign(n_states + 1, 0);
+  const int64_t eps = view_.eps_off[n_states], edges = view_.edge_off[n_states];
+  for (int64_t k = 0; k < eps; ++k) ++in_off_[view_.eps[k] + 1];
+  for (int64_t k = 0; k < edges; ++k) ++in_off_[view_.edges[3 * k + 2] + 1];
+  for (int64_t q = 0; q < n_states; ++q) in_off_[q + 1] += in_off_[q];
+  in_from_.resize(in_off_[n_states]);
+  in_lo_.resize(in_off_[n_states]);
+  in_hi_.resize(in_off_[n_states]);
+  budget_.charge(static_cast<int64_t>(in_from_.size()) * 8);
+  std::vector<int64_t> fill(in_off_.begin(), in_off_.end() - 1);
+  for (int64_t q = 0; q < n_states; ++q) {
+    for (int64_t k = view_.eps_off[q]; k < view_.eps_off[q + 1]; ++k) {
+      const int64_t at = fill[view_.eps[k]]++;
+      in_from_[at] = static_cast<int32_t>(q);
+      in_lo_[at] = in_hi_[at] = -1;
+    }
+    for (int64_t k = view_.edge_off[q]; k < view_.edge_off[q + 1]; ++k) {
+      const int64_t at = fill[view_.edges[3 * k + 2]]++;
+      in_from_[at] = static_cast<int32_t>(q);
+      in_lo_[at] = static_cast<int16_t>(view_.edges[3 * k]);
+      in_hi_[at] = static_cast<int16_t>(view_.edges[3 * k + 1]);
+    }
+  }
+  {
+    uint8_t every[256];
+    std::fill(every, every + 256, 1);
+    const std::vector<int32_t> d = nfa_distances(every);
+    live_.resize(n_states);
+    for (int64_t q = 0; q < n_states; ++q) live_[q] = d[q] != INT32_MAX;
+  }
   subsets_ = std::make_unique<SubsetConstruction>(view_, max_states, budget_, live_.data());
   if (subsets_->found() == 0) throw DfaError{"the constraint matches no string at all"};
   expanded_.assign(subsets_->found(), 0);
@@ -62,6 +61,41 @@ void LazyDfa::expand(int32_t s) {
   expanded_.resize(subsets_->found(), 0);
   expanded_[s] = 1;
   ++expanded_count_;
+}
+
+std::vector<int32_t> LazyDfa::nfa_distances(const uint8_t* usable) const {
+  int32_t below[257] = {};  // usable bytes below b
+  for (int b = 0; b < 256; ++b) below[b + 1] = below[b] + (usable[b] ? 1 : 0);
+  // a breadth-first search backwards where epsilon moves cost nothing: a deque, free moves in front
+  std::vector<int32_t> dist(view_.n, INT32_MAX);
+  std::deque<int32_t> todo{view_.final_state};
+  dist[view_.final_state] = 0;
+  while (!todo.empty()) {
+    const int32_t q = todo.front();
+    todo.pop_front();
+    for (int64_t k = in_off_[q]; k < in_off_[q + 1]; ++k) {
+      const bool free = in_lo_[k] < 0;
+      if (!free && below[in_hi_[k] + 1] == below[in_lo_[k]]) continue;  // no usable byte on it
+      const int32_t d = dist[q] + (free ? 0 : 1), p = in_from_[k];
+      if (d >= dist[p]) continue;
+      dist[p] = d;
+      if (free)
+        todo.push_front(p);
+      else
+        todo.push_back(p);
+    }
+  }
+  return dist;
+}
+
+int32_t LazyDfa::byte_distance(int32_t s, const uint8_t* usable) {
+  if (dist_.empty() || std::memcmp(usable, dist_usable_, 256) != 0) {
+    dist_ = nfa_distances(usable);
+    std::memcpy(dist_usable_, usable, 256);
+  }
+  int32_t best = INT32_MAX;
+  for (auto [q, end] = subsets_->members(s); q < end; ++q) best = std::min(best, dist_[*q]);
+  return best;
 }
 
 void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {

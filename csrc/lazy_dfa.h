@@ -42,6 +42,10 @@ class LazyDfa {
   int64_t found() const { return subsets_->found(); }  // states numbered so far
   int64_t expanded() const { return expanded_count_; }  // states whose moves are built
   int32_t letters() const { return subsets_->dfa().letters; }
+  // The fewest bytes from s to acceptance over the bytes with usable[b] != 0 (INT32_MAX: none): the
+  // whole automaton's byte_distances (vocab_trie.h) for this state, read off the NFA (one search
+  // backwards from its final state per set of usable bytes) without building any state.
+  int32_t byte_distance(int32_t s, const uint8_t* usable);
   // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
   // of sequence where the rule in grammar.h allows it. out: vocab.words() words.
   void mask_row(const Vocab& v, int32_t s, uint32_t* out);
@@ -51,7 +55,16 @@ class LazyDfa {
 
   Nfa nfa_;
   NfaView view_;
+  // the NFA's moves reversed, in compressed rows: move k in [in_off_[q], in_off_[q + 1]) enters q
+  // from in_from_[k], on bytes in_lo_[k] .. in_hi_[k] (in_lo_ -1: an epsilon move)
+  std::vector<int64_t> in_off_;
+  std::vector<int32_t> in_from_;
+  std::vector<int16_t> in_lo_, in_hi_;
+  // per NFA state, the fewest bytes to the final state over the usable bytes (INT32_MAX: none)
+  std::vector<int32_t> nfa_distances(const uint8_t* usable) const;
   std::vector<uint8_t> live_;  // per NFA state: the final state is reachable from it
+  std::vector<int32_t> dist_;  // nfa_distances(dist_usable_), kept for byte_distance
+  uint8_t dist_usable_[256] = {};
   Budget budget_;              // the NFA's, then restarted per call: states are built long after
   std::unique_ptr<SubsetConstruction> subsets_;
   std::vector<uint8_t> expanded_;

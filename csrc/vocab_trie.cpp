@@ -237,33 +237,13 @@ int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* acce
 
 FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
                            int64_t budget_ms) {
-  if (accept[start]) return {0, 0};
-  // at most a day: a larger budget would overflow the clock's arithmetic
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<int64_t>(budget_ms, 86400000));
-  std::vector<int32_t> stack(v.max_len() + 2);
-  std::vector<uint8_t> seen(S, 0);
-  std::vector<int32_t> frontier{start}, next;
-  seen[start] = 1;
-  for (int32_t level = 0; !frontier.empty(); ++level) {
-    // every state in `frontier` is `level` tokens from the start, none fewer
-    bool found = false;
-    for (const int32_t s : frontier) {
-      if (budget_ms > 0 && std::chrono::steady_clock::now() > deadline) return {-1, level};
-      v.each_successor(tr, s, stack.data(), [&](int32_t q, int32_t) {
-        if (accept[q]) return found = true;
-        if (!seen[q]) {
-          seen[q] = 1;
-          next.push_back(q);
-        }
-        return false;
-      });
-      if (found) return {level + 1, level};
-    }
-    frontier.swap(next);
-    next.clear();
-  }
-  return {INT32_MAX, 0};
+  struct Table {
+    const Transitions& tr;
+    const uint8_t* accept;
+    int32_t next(int32_t s, uint8_t b) const { return tr.next(s, b); }
+    bool accepting(int32_t s) const { return accept[s] != 0; }
+  } table{tr, accept};
+  return fewest_tokens_in(v, table, start, budget_ms);
 }
 
 }  // namespace llmserve

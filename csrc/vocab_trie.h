@@ -5,6 +5,8 @@
 //   offsets int64[size+1], data uint8: token i = data[offsets[i]:offsets[i+1]] (empty: never allowed)
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -83,8 +85,9 @@ class Vocab {
   int64_t longest_token(const uint8_t* s, int64_t n) const;
   // Calls stop(q, node) with the end state q of the tokens that walk from s, once per trie node
   // where tokens end (their ids: node_tokens(node)), until it returns true. `stack` as for state_mask.
-  template <class Stop>
-  void each_successor(const Transitions& tr, int32_t s, int32_t* stack, Stop&& stop) const {
+  // (tr: Transitions, or any automaton with next(state, byte))
+  template <class Tr, class Stop>
+  void each_successor(Tr&& tr, int32_t s, int32_t* stack, Stop&& stop) const {
     stack[0] = s;
     const int32_t n = static_cast<int32_t>(trie_byte_.size());
     for (int32_t i = 0; i < n;) {
@@ -127,6 +130,39 @@ struct FewestTokens {
 };
 FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
                            int64_t budget_ms);
+// The same search over any automaton a: a.next(state, byte) (-1: dead), a.accepting(state); states
+// may be numbered as the search finds them (an automaton built as it is walked).
+template <class Automaton>
+FewestTokens fewest_tokens_in(const Vocab& v, Automaton& a, int32_t start, int64_t budget_ms) {
+  if (a.accepting(start)) return {0, 0};
+  // at most a day: a larger budget would overflow the clock's arithmetic
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min<int64_t>(budget_ms, 86400000));
+  std::vector<int32_t> stack(v.max_len() + 2);
+  std::vector<uint8_t> seen(static_cast<size_t>(start) + 1, 0);
+  std::vector<int32_t> frontier{start}, next;
+  seen[start] = 1;
+  for (int32_t level = 0; !frontier.empty(); ++level) {
+    // every state in `frontier` is `level` tokens from the start, none fewer
+    bool found = false;
+    for (const int32_t s : frontier) {
+      if (budget_ms > 0 && std::chrono::steady_clock::now() > deadline) return {-1, level};
+      v.each_successor(a, s, stack.data(), [&](int32_t q, int32_t) {
+        if (a.accepting(q)) return found = true;
+        if (static_cast<size_t>(q) >= seen.size()) seen.resize(static_cast<size_t>(q) + 1, 0);
+        if (!seen[q]) {
+          seen[q] = 1;
+          next.push_back(q);
+        }
+        return false;
+      });
+      if (found) return {level + 1, level};
+    }
+    frontier.swap(next);
+    next.clear();
+  }
+  return {INT32_MAX, 0};
+}
 
 // Per state, the fewest steps over the bytes with usable[b] != 0 to an accepting state (INT32_MAX:
 // none), into dist[S]: a breadth-first search backwards from the accepting states.

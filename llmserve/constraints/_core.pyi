@@ -290,6 +290,13 @@ class LazyDfa:
     def mask_row(self, vocab: Vocab, state: int, out: NDArray[np.uint32]) -> None:
         """Write the packed mask row of ``state`` into ``out`` (uint32[vocab.words]), as a Grammar
         computes a row (end-of-sequence rule included)."""
+    def byte_distance(self, state: int, usable: NDArray[np.uint8]) -> int:
+        """The fewest bytes from ``state`` to acceptance over the bytes b with ``usable[b]``
+        (uint8[256]), as ``byte_distances`` gives for the whole automaton; 2**31 - 1: none. Read off
+        the NFA: builds no state."""
+    def fewest_tokens(self, vocab: Vocab, state: int = 0, budget_ms: int = 0) -> tuple[int, int]:
+        """As ``fewest_tokens`` over the whole automaton (the same result), building the states the
+        search reaches."""
     def accepting(self, state: int) -> bool: ...
     @property
     def found(self) -> int:

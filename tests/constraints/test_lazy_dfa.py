@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmserve.constraints import regex
+from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.jsonschema import schema_to_dfa
@@ -95,6 +96,35 @@ def test_lazy_rows_are_the_complete_forms_rows_along_any_walk(pattern, vocab, da
     assert_same_walks(lazy, complete, vocab, lambda allowed: data.draw(st.sampled_from(allowed)))
 
 
+@SETTINGS
+@given(patterns(), vocabs(), st.data())
+def test_lazy_distances_and_fewest_tokens_are_the_complete_automatons(pattern, vocab, data):
+    """Byte distances read off the NFA (any set of usable bytes) and the token search over the lazy
+    automaton give what they give over the whole automaton, state for state along a walk."""
+    try:
+        whole = regex.compile_regex(pattern)
+    except ConstraintError:
+        return
+    complete = compile_dfa(whole, vocab)
+    lazy = regex.lazy_ast(regex.parse(pattern))
+    nv = native_vocab(vocab)
+    drawn = np.frombuffer(data.draw(st.binary(min_size=256, max_size=256)), np.uint8)
+    usable_sets = [np.asarray(u, dtype=np.uint8) for u in (vocab.single_bytes, np.ones(256), drawn)]
+    expected = [byte_distances(whole.table, whole.accept, u) for u in usable_sets]
+    state, full = 0, complete.start
+    for _ in range(10):
+        for usable, dist in zip(usable_sets, expected, strict=True):
+            assert lazy.byte_distance(state, usable) == dist[full]
+        assert lazy.fewest_tokens(nv, state)[0] == native.fewest_tokens(nv, whole.table, whole.accept, full)[0]
+        row = lazy_row(lazy, vocab, state)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: vocab.size]
+        allowed = [t for t in np.flatnonzero(bits) if t not in vocab.eos_ids]
+        if not allowed:
+            return
+        token = int(data.draw(st.sampled_from(allowed)))
+        state, full = lazy.walk(vocab.token_bytes(token), state), complete.step(full, token)
+
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -139,6 +169,11 @@ def test_the_first_mask_builds_a_few_states_of_hundreds(json_vocab):
     lazy = lazy_schema(SCHEMA)
     lazy_row(lazy, json_vocab, 0)
     assert lazy.expanded <= 3 and lazy.found <= 4  # "{" then '{"'; nothing past what tokens reach
+    # the shortest answer, '{"name":""}', in bytes off the NFA (no state built) and in tokens
+    assert lazy.byte_distance(0, np.ones(256, np.uint8)) == 11
+    assert lazy.found <= 4
+    whole_tokens = native.fewest_tokens(native_vocab(json_vocab), whole.table, whole.accept, whole.start)[0]
+    assert lazy.fewest_tokens(native_vocab(json_vocab))[0] == whole_tokens
 
 
 def test_a_walk_past_the_state_limit_is_an_error_and_leaves_the_automaton_whole():
