@@ -118,12 +118,14 @@ import numpy as np
 from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
+from llmserve.constraints.native import native as core
 from llmserve.constraints.regex import (
     ByteDFA,
     _time_budget_error,
     compile_ast,
     compile_words,
     expanded_size,
+    lazy_ast,
     literal,
     parse,
     serialized,
@@ -280,8 +282,17 @@ def any_value(depth: int = ANY_DEPTH):
 
 
 class _Converter:
-    def __init__(self, root: Any, if_chains: bool = True, started: float | None = None, narrow: bool = False):
+    def __init__(
+        self,
+        root: Any,
+        if_chains: bool = True,
+        started: float | None = None,
+        narrow: bool = False,
+        embed_at: int | None = EMBED_AT,
+    ):
         self.root = root
+        # a $ref tree expanding past this is built into an automaton of its own (None: never)
+        self.embed_at = embed_at
         self.narrow = narrow  # the NARROW_* subset (schema_to_dfa's last try)
         self.max_recursion = NARROW_RECURSION if narrow else MAX_RECURSION
         self.if_chains = if_chains  # _if_chain in use (schema_to_dfa retries without when too large)
@@ -588,6 +599,12 @@ class _Converter:
             raise
         return ("dfa", dfa)
 
+    def _embeds(self, tree: tuple) -> bool:
+        """Whether a reference's tree is built into an automaton of its own (EMBED_AT)."""
+        if self.embed_at is None or tree[0] == "dfa":
+            return False
+        return expanded_size(tree, self.size_cap, self.sizes) > self.embed_at
+
     def _embedded(self, tree: tuple) -> ByteDFA:
         """``compile_ast(tree)``, built once per conversion for each tree: a reference met on many
         paths converts on each (``converted`` is by path) to the same tree, whose automaton is then
@@ -628,7 +645,7 @@ class _Converter:
             if key not in self.converted:
                 tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
                 # a large tree is built once, here; one built already stays as it is
-                if tree[0] != "dfa" and expanded_size(tree, self.size_cap, self.sizes) > EMBED_AT:
+                if self._embeds(tree):
                     tree = ("dfa", self._embedded(tree))
                 self.converted[key] = tree
             return self.converted[key]
@@ -2128,6 +2145,26 @@ def _convert(converter: _Converter, schema: Any) -> tuple:
 def schema_to_ast(schema, *, if_chains: bool = True) -> tuple:
     schema = _parsed(schema)
     return _convert(_Converter(schema, if_chains), schema)
+
+
+def schema_to_lazy(schema, *, started: float | None = None) -> core.LazyDfa:
+    """The schema's automaton built as it is walked (``regex.lazy_ast``): not yet what requests are
+    served from (``benchmarks/constraints/lazy_first_mask.py`` measures it against ``schema_to_dfa``).
+    References are inlined, not built into automata of their own (EMBED_AT): an embedded automaton is
+    a whole construction, where an inlined tree costs NFA states, built in linear time, and only the
+    states walks reach are built. When the inlined tree is over the NFA state limit, references are
+    embedded as ``schema_to_dfa`` embeds them. There is no narrower subset here: that is for
+    automata over the state limit, which counts whole automata."""
+    schema = _parsed(schema)
+    started = time.monotonic() if started is None else started
+    inlined = _Converter(schema, started=started, embed_at=None)
+    try:
+        return lazy_ast(_convert(inlined, schema), started=started, sizes=inlined.size_memo())
+    except ConstraintError as exc:
+        if not _too_large(exc):
+            raise
+    embedding = _Converter(schema, started=started)
+    return lazy_ast(_convert(embedding, schema), started=started, sizes=embedding.size_memo())
 
 
 def _too_large(exc: ConstraintError) -> bool:

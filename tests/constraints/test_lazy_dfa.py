@@ -16,7 +16,7 @@ from llmserve.constraints import regex
 from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.jsonschema import schema_to_dfa
+from llmserve.constraints.jsonschema import schema_to_dfa, schema_to_lazy
 from llmserve.constraints.limits import Limits, set_limits
 from llmserve.constraints.native import native, native_vocab
 from llmserve.constraints.vocab import Vocab
@@ -140,11 +140,14 @@ SCHEMA = {
 }
 
 
-def lazy_schema(schema):
-    # schema_to_dfa hands its builder the converted AST: built lazily instead of whole
-    return schema_to_dfa(
-        schema, build=lambda ast, _backend, started, sizes: regex.lazy_ast(ast, started=started, sizes=sizes)
-    )
+# references to a tree large enough to be built into an automaton of its own by schema_to_dfa
+# (EMBED_AT), which schema_to_lazy inlines
+ITEM = {"type": "object", "properties": {f"k{i}": {"type": "string", "maxLength": 40} for i in range(8)}}
+EMBEDDING = {
+    "type": "object",
+    "properties": {"a": {"$ref": "#/$defs/item"}, "b": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
+    "$defs": {"item": ITEM},
+}
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +158,11 @@ def json_vocab():
     return Vocab(tokens, (len(tokens) - 1,), len(tokens) + 7)
 
 
+@pytest.mark.parametrize("schema", [SCHEMA, EMBEDDING], ids=["schema", "embedding"])
 @pytest.mark.parametrize("seed", range(6))
-def test_a_schemas_lazy_rows_are_its_complete_rows(json_vocab, seed):
-    complete = compile_dfa(schema_to_dfa(SCHEMA), json_vocab)
-    lazy = lazy_schema(SCHEMA)
+def test_a_schemas_lazy_rows_are_its_complete_rows(json_vocab, schema, seed):
+    complete = compile_dfa(schema_to_dfa(schema), json_vocab)
+    lazy = schema_to_lazy(schema)
     rng = np.random.default_rng(seed)
     assert_same_walks(lazy, complete, json_vocab, lambda allowed: rng.choice(allowed), steps=60)
 
@@ -166,7 +170,7 @@ def test_a_schemas_lazy_rows_are_its_complete_rows(json_vocab, seed):
 def test_the_first_mask_builds_a_few_states_of_hundreds(json_vocab):
     whole = schema_to_dfa(SCHEMA)
     assert whole.num_states > 200
-    lazy = lazy_schema(SCHEMA)
+    lazy = schema_to_lazy(SCHEMA)
     lazy_row(lazy, json_vocab, 0)
     assert lazy.expanded <= 3 and lazy.found <= 4  # "{" then '{"'; nothing past what tokens reach
     # the shortest answer, '{"name":""}', in bytes off the NFA (no state built) and in tokens
