@@ -88,7 +88,7 @@ void BatchState::fill_apply(float* logits, int64_t B, int64_t V, int64_t stride,
           const int64_t mw = std::min(w1, vw);
           float* p = logits + r * stride;
           if (!g.compact) {
-            apply_words(p, g.masks + s * vw, w0, mw, V);
+            apply_words(p, g.row_ptr(s), w0, mw, V);
           } else if (w0 < mw) {
             // the chunk's words expanded where the logits pass reads them (4 KiB, in L1)
             uint32_t buf[kChunkWords];

@@ -101,10 +101,11 @@ struct PyVocab {
   std::shared_ptr<Vocab> v;
 };
 
-// A LazyDfa shared by Python threads: every call that builds states holds the lock (without the GIL).
+// A LazyDfa shared by Python threads and the grammars over it: every use holds the lock (without the
+// GIL).
 struct PyLazyDfa {
-  std::unique_ptr<LazyDfa> d;
-  std::unique_ptr<std::mutex> lock = std::make_unique<std::mutex>();
+  std::shared_ptr<LazyDfa> d;
+  std::shared_ptr<std::mutex> lock = std::make_shared<std::mutex>();
   int32_t checked(int64_t s) const {
     if (s < 0 || s >= d->found()) throw std::invalid_argument("state out of range");
     return static_cast<int32_t>(s);
@@ -188,7 +189,13 @@ py::tuple compact_to_numpy(CompactArrays&& a) {
 
 // A state id from Python: one of the grammar's states, or -1 (dead; stepping it stays dead).
 void check_state(const Grammar& g, int64_t state) {
-  if (state < -1 || state >= g.S) throw std::invalid_argument("state " + std::to_string(state) + " out of range");
+  if (state < -1 || state >= g.states())
+    throw std::invalid_argument("state " + std::to_string(state) + " out of range");
+}
+
+// The calls that read a whole automaton or every row refuse a grammar over a lazy one.
+void check_whole(const Grammar& g, const char* what) {
+  if (g.lazy) throw std::invalid_argument(std::string(what) + ": not for a grammar over a lazy automaton");
 }
 
 struct RowPy {
@@ -428,6 +435,17 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("masks"), py::arg("start") = 0,
            py::arg("ready") = true, py::arg("classes") = py::none())
+      .def_static(
+          "over_lazy",
+          [](const PyVocab& v, const PyLazyDfa& lazy) {
+            PyGrammar g;
+            g.g = Grammar::over_lazy(v.v, lazy.d, lazy.lock, lazy.d->max_states());
+            return g;
+          },
+          py::arg("vocab"), py::arg("lazy"),
+          "A grammar over a LazyDfa (shared: states the grammar builds are the LazyDfa's), rows computed on "
+          "first use; its num_states is the automaton's state limit. compress, rows_into, budget_row and "
+          "token_distances refuse it.")
       .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("classes"), py::arg("table"),
                   py::arg("accept"), py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"),
                   py::arg("start") = 0)
@@ -443,6 +461,7 @@ PYBIND11_MODULE(_core, m) {
           "compress",
           [](const PyGrammar& g, int nthreads) {
             Grammar& gr = *g.g;
+            check_whole(gr, "compress");
             if (gr.compact) return g;
             for (int64_t r = 0; r <= gr.S; ++r)
               if (!gr.ready(r)) throw std::invalid_argument("compress: the grammar is not complete");
@@ -468,6 +487,7 @@ PYBIND11_MODULE(_core, m) {
           "rows_into",
           [](const PyGrammar& g, py::array out, int64_t first) {
             const Grammar& gr = *g.g;
+            check_whole(gr, "rows_into");
             uint32_t* o = buffer_of<uint32_t>(out, 2, "out", true);
             const int64_t W = gr.vocab->words();
             if (out.shape(1) != W || out.strides(0) != W * 4 || first < 0 || first + out.shape(0) > gr.S + 1)
@@ -484,8 +504,8 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "ensure",
           [](const PyGrammar& g, int64_t state) {
+            check_state(*g.g, state);
             const int64_t r = state < 0 ? g.g->S : state;
-            if (r > g.g->S) throw std::invalid_argument("state " + std::to_string(state) + " out of range");
             py::gil_scoped_release nogil;
             g.g->ensure(r);
           },
@@ -500,7 +520,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("ready_rows", [](const PyGrammar& g) { return g.g->ready_rows(); })
       .def(
           "finish_later",
-          [](const PyGrammar& g, int64_t id) { Finisher::global().enqueue(id, g.g); }, py::arg("id"),
+          [](const PyGrammar& g, int64_t id) {
+            check_whole(*g.g, "finish_later");
+            Finisher::global().enqueue(id, g.g);
+          },
+          py::arg("id"),
           "Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then.")
       .def("step",
            [](const PyGrammar& g, int64_t state, int64_t token) {
@@ -519,6 +543,7 @@ PYBIND11_MODULE(_core, m) {
           [](const PyGrammar& g, int64_t state, py::array dist, int32_t k, py::array out) {
             check_state(*g.g, state);
             const Grammar& gr = *g.g;
+            check_whole(gr, "budget_row");
             const int32_t* d = buffer_of<int32_t>(dist, 1, "dist", false);
             uint32_t* o = buffer_of<uint32_t>(out, 1, "out", true);
             if (dist.shape(0) != gr.S || out.shape(0) != gr.vocab->words())
@@ -538,6 +563,7 @@ PYBIND11_MODULE(_core, m) {
           "token_distances",
           [](const PyGrammar& g, py::array dist, py::array order) {
             const Grammar& gr = *g.g;
+            check_whole(gr, "token_distances");
             int32_t* d = buffer_of<int32_t>(dist, 1, "dist", true);
             const int32_t* ord = buffer_of<int32_t>(order, 1, "order", false);
             if (dist.shape(0) != gr.S || order.shape(0) != gr.S)
@@ -727,7 +753,7 @@ PYBIND11_MODULE(_core, m) {
              PyLazyDfa out;
              try {
                py::gil_scoped_release nogil;
-               out.d = std::make_unique<LazyDfa>(a, n, max_states, max_nfa_states, budget_ms, budget_bytes);
+               out.d = std::make_shared<LazyDfa>(a, n, max_states, max_nfa_states, budget_ms, budget_bytes);
              } catch (const DfaError& e) {
                throw py::value_error(e.message);
              }

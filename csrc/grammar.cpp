@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lazy_dfa.h"
 #include "thread_pool.h"
 
 namespace llmserve {
@@ -55,7 +56,62 @@ void Grammar::init(bool ready) {
   if (!ready) ensure(S);
 }
 
-void Grammar::compute(int64_t r) const { state_row(*vocab, tr, accept, S, r, masks + r * vocab->words()); }
+Grammar::~Grammar() {
+  if (blocks)
+    for (int64_t b = 0; b <= S / kRowBlock; ++b) delete[] blocks[b].load(std::memory_order_relaxed);
+}
+
+std::shared_ptr<Grammar> Grammar::over_lazy(std::shared_ptr<Vocab> v, std::shared_ptr<LazyDfa> lazy,
+                                            std::shared_ptr<std::mutex> lock, int64_t max_states) {
+  auto g = std::make_shared<Grammar>();
+  g->vocab = std::move(v);
+  g->lazy = std::move(lazy);
+  g->lazy_lock = std::move(lock);
+  g->S = max_states;
+  g->start = 0;
+  g->blocks.reset(new std::atomic<uint32_t*>[max_states / kRowBlock + 1]);
+  for (int64_t b = 0; b <= max_states / kRowBlock; ++b) g->blocks[b].store(nullptr, std::memory_order_relaxed);
+  g->init(false);
+  return g;
+}
+
+uint32_t* Grammar::row_ptr(int64_t r) const {
+  const int64_t W = vocab->words();
+  if (!lazy) return masks + r * W;
+  std::atomic<uint32_t*>& slot = blocks[r / kRowBlock];
+  uint32_t* block = slot.load(std::memory_order_acquire);
+  if (block == nullptr) {
+    // uninitialised: a row is written whole before it is marked ready (the pages of rows never
+    // computed are never touched)
+    auto* fresh = new uint32_t[kRowBlock * W];
+    if (slot.compare_exchange_strong(block, fresh, std::memory_order_acq_rel)) {
+      block = fresh;
+    } else {
+      delete[] fresh;  // another thread's block is in place: `block` holds it
+    }
+  }
+  return block + (r % kRowBlock) * W;
+}
+
+int64_t Grammar::states() const {
+  if (!lazy) return S;
+  std::lock_guard<std::mutex> hold(*lazy_lock);
+  return lazy->found();
+}
+
+void Grammar::compute(int64_t r) const {
+  uint32_t* out = row_ptr(r);
+  if (!lazy || r == S) {
+    state_row(*vocab, tr, accept, S, r, out);  // (the dead row reads no automaton)
+    return;
+  }
+  std::lock_guard<std::mutex> hold(*lazy_lock);
+  try {
+    lazy->mask_row(*vocab, static_cast<int32_t>(r), out);
+  } catch (const DfaError&) {  // past the automaton's limits: the answer ends here
+    state_row(*vocab, tr, accept, S, S, out);
+  }
+}
 
 void Grammar::ensure(int64_t r) const {
   std::atomic<uint8_t>& st = status[r];
@@ -87,6 +143,7 @@ void Grammar::ensure(int64_t r) const {
 }
 
 void Grammar::complete(int nthreads) const {
+  if (lazy) throw std::invalid_argument("a grammar over a lazy automaton has no complete set of rows");
   if (nthreads == 1) {
     for (int64_t r = 0; r <= S; ++r) ensure(r);
     return;
@@ -100,7 +157,7 @@ void Grammar::row_words(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const 
   if (compact) {
     rows.expand(r, w0, w1, out);
   } else {
-    std::memcpy(out, masks + r * vocab->words() + w0, (w1 - w0) * sizeof(uint32_t));
+    std::memcpy(out, row_ptr(r) + w0, (w1 - w0) * sizeof(uint32_t));
   }
 }
 
@@ -271,10 +328,22 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
 int32_t Grammar::step(int32_t state, int64_t token) const {
   if (state < 0) return -1;
   if (token < 0 || token >= vocab->size()) return -1;
-  if (vocab->is_eos(token)) return accept[state] ? state : -1;
   const int64_t n = vocab->len(token);
-  if (n == 0) return -1;
   const uint8_t* p = vocab->ptr(token);
+  if (lazy) {
+    std::lock_guard<std::mutex> hold(*lazy_lock);
+    if (vocab->is_eos(token)) return lazy->accepting(state) ? state : -1;
+    if (n == 0) return -1;
+    try {
+      lazy->restart();
+      for (int64_t i = 0; i < n && state >= 0; ++i) state = lazy->next(state, p[i]);
+    } catch (const DfaError&) {  // past the automaton's limits: the answer ends here
+      return -1;
+    }
+    return state;
+  }
+  if (vocab->is_eos(token)) return accept[state] ? state : -1;
+  if (n == 0) return -1;
   for (int64_t i = 0; i < n && state >= 0; ++i) state = tr.next(state, p[i]);
   return state;
 }

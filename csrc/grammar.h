@@ -10,11 +10,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "vocab_trie.h"
 
 namespace llmserve {
+
+class LazyDfa;
 
 // The end-of-sequence rule of a state's mask row, given the tokens that walk from it: end of sequence
 // is allowed when the state accepts, or when nothing else is.
@@ -85,6 +88,27 @@ struct Grammar {
   // set: the rows are complete and compressed (`masks` is null); a compressed grammar is never lazy
   bool compact = false;
   CompactRows rows;
+  // set: the automaton itself is built as steps and rows reach it (lazy_dfa.h; `tr`, `accept` and
+  // `masks` are unused): S is its state limit (row S the dead row, as always), rows are allocated
+  // in blocks of kRowBlock on first use, and every use of the automaton holds `lazy_lock` (shared
+  // with its other users). A step or row past the automaton's limits ends the answer: the state is
+  // dead (end of sequence only).
+  std::shared_ptr<LazyDfa> lazy;
+  std::shared_ptr<std::mutex> lazy_lock;
+  static constexpr int64_t kRowBlock = 64;
+  std::unique_ptr<std::atomic<uint32_t*>[]> blocks;  // [S / kRowBlock + 1], lazy only
+
+  Grammar() = default;
+  Grammar(const Grammar&) = delete;
+  Grammar& operator=(const Grammar&) = delete;
+  ~Grammar();
+  // a grammar over `lazy`, rows computed on first use; its state limit `max_states`
+  static std::shared_ptr<Grammar> over_lazy(std::shared_ptr<Vocab> v, std::shared_ptr<LazyDfa> lazy,
+                                            std::shared_ptr<std::mutex> lock, int64_t max_states);
+  // where mask row r is (a lazy grammar's block is allocated on first use)
+  uint32_t* row_ptr(int64_t r) const;
+  // states numbered so far: S, or a lazy automaton's found states
+  int64_t states() const;
 
   // all rows ready (`masks` complete, may be read-only) or only the dead row (`masks` writable)
   void init(bool ready);

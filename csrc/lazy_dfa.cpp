@@ -10,7 +10,7 @@ namespace llmserve {
 
 LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
                  int64_t max_bytes)
-    : budget_(budget_ms, max_bytes) {
+    : budget_(budget_ms, max_bytes), max_states_(max_states) {
   nfa_ = build_nfa(ast, n, max_nfa_states, budget_);
   view_ = nfa_.view();
   const int64_t n_states = view_.n;

@@ -42,6 +42,7 @@ class LazyDfa {
   int64_t found() const { return subsets_->found(); }  // states numbered so far
   int64_t expanded() const { return expanded_count_; }  // states whose moves are built
   int32_t letters() const { return subsets_->dfa().letters; }
+  int64_t max_states() const { return max_states_; }
   // The fewest bytes from s to acceptance over the bytes with usable[b] != 0 (INT32_MAX: none): the
   // whole automaton's byte_distances (vocab_trie.h) for this state, read off the NFA (one search
   // backwards from its final state per set of usable bytes) without building any state.
@@ -69,6 +70,7 @@ class LazyDfa {
   std::unique_ptr<SubsetConstruction> subsets_;
   std::vector<uint8_t> expanded_;
   int64_t expanded_count_ = 0;
+  int64_t max_states_;
 };
 
 }  // namespace llmserve

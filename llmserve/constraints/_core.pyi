@@ -108,6 +108,13 @@ class Grammar:
         """table int32[S, 256] (or int32[S, C] with its ``classes``), accept uint8[S],
         masks uint32[S + 1, vocab.words]."""
     @staticmethod
+    def over_lazy(vocab: Vocab, lazy: LazyDfa) -> Grammar:
+        """A grammar over an automaton built as it is walked (the states its steps and rows build
+        are ``lazy``'s): rows computed on first use, ``num_states`` the automaton's state limit
+        (row ``num_states``: the dead row). A step or row past the automaton's limits ends the
+        answer (the dead state). ``compress``, ``rows_into``, ``budget_row``, ``token_distances``,
+        ``complete`` and ``finish_later`` refuse it (they need the whole automaton)."""
+    @staticmethod
     def compressed(
         vocab: Vocab,
         classes: NDArray[np.uint8],

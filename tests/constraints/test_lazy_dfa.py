@@ -125,6 +125,99 @@ def test_lazy_distances_and_fewest_tokens_are_the_complete_automatons(pattern, v
         state, full = lazy.walk(vocab.token_bytes(token), state), complete.step(full, token)
 
 
+@st.composite
+def batch_programs(draw):
+    """Rows added (with earlier output: a preempted request), removed, moved, given tokens, stepped."""
+    ops = []
+    for _ in range(draw(st.integers(1, 25))):
+        ops.append(
+            draw(
+                st.one_of(
+                    st.tuples(st.just("add"), st.integers(0, 4), st.integers(0, 2), st.integers(0, 3)),
+                    st.tuples(st.just("remove"), st.integers(0, 4)),
+                    st.tuples(st.just("move"), st.integers(0, 4), st.integers(0, 4)),
+                    st.tuples(st.just("allowed"), st.integers(0, 4), st.integers(0, 10**6)),
+                    st.tuples(st.just("any"), st.integers(0, 4), st.integers(0, 10**6)),
+                    st.tuples(st.just("step"), st.integers(1, 5)),
+                )
+            )
+        )
+    return ops
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(patterns(), min_size=2, max_size=2), vocabs(), batch_programs())
+def test_a_batch_over_lazy_grammars_fills_what_whole_grammars_fill(pattern_pair, vocab, program):
+    """The same batch program over grammars on lazy automata and over the complete forms: every fill
+    and fill_apply equal bit for bit, dead rows alike (states are numbered differently)."""
+    try:
+        whole = [compile_dfa(regex.compile_regex(p), vocab).native for p in pattern_pair]
+    except ConstraintError:
+        return
+    nv = native_vocab(vocab)
+    lazy = [native.Grammar.over_lazy(nv, regex.lazy_ast(regex.parse(p))) for p in pattern_pair]
+    batches = native.Batch(nv), native.Batch(nv)
+    lists: dict[int, list[int]] = {}
+    for op in program:
+        kind = op[0]
+        if kind == "add":
+            _, i, gi, prior = op
+            lists[i] = [int(t) % vocab.size for t in range(prior)]
+            for batch, grammars in zip(batches, (whole, lazy), strict=True):
+                batch.set_row(i, grammars[gi] if gi < 2 else None, lists[i])
+        elif kind == "remove":
+            lists.pop(op[1], None)
+            for batch in batches:
+                batch.clear_row(op[1])
+        elif kind == "move":
+            lists.pop(op[2], None)
+            if op[1] in lists:
+                lists[op[2]] = lists.pop(op[1])
+            for batch in batches:
+                batch.move(op[1], op[2])
+        elif kind in ("allowed", "any") and op[1] in lists:
+            lists[op[1]].append(next_token(batches[0], vocab, op[1], kind == "allowed", op[2]))
+        elif kind == "step":
+            assert_same_fills(batches, vocab, op[1])
+
+
+def next_token(batch, vocab: Vocab, i: int, allowed_only: bool, pick: int) -> int:
+    """Row i's next token: one it allows (the usual case), or any (a dead row follows)."""
+    mask = np.zeros((i + 1, vocab.words + 1), np.uint32)
+    batch.fill(mask, np.zeros(i + 1, np.uint8), i + 1)
+    allowed = np.flatnonzero(np.unpackbits(mask[i].view(np.uint8), bitorder="little")[: vocab.size])
+    choices = allowed if allowed_only and allowed.size else np.arange(vocab.size)
+    return int(choices[pick % choices.size])
+
+
+def assert_same_fills(batches, vocab: Vocab, B: int) -> None:
+    assert batches[0].sync(B) == batches[1].sync(B)
+    for i in range(B):
+        states = [batch.row(i)[0] for batch in batches]
+        assert (states[0] is None) == (states[1] is None)
+        if states[0] is not None:
+            assert (states[0] < 0) == (states[1] < 0)
+    masks = [np.zeros((B, vocab.words + 1), np.uint32) for _ in batches]
+    for batch, m in zip(batches, masks, strict=True):
+        batch.fill(m, np.zeros(B, np.uint8), B)
+    np.testing.assert_array_equal(masks[0], masks[1])
+    logits = np.random.default_rng(B).standard_normal((B, vocab.size + 3)).astype(np.float32)
+    outs = [logits.copy() for _ in batches]
+    for batch, out in zip(batches, outs, strict=True):
+        batch.fill_apply(out)  # the path without a bitmask output reads the rows in place
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_lazy_grammar_refuses_what_needs_the_whole_automaton():
+    g = native.Grammar.over_lazy(native_vocab(Vocab([b"a", b"b", None], (2,), 3)), regex.lazy_ast(regex.parse("ab")))
+    for call in (g.complete, g.compress, lambda: g.token_distances(np.zeros(1, np.int32), np.zeros(1, np.int32))):
+        with pytest.raises(ValueError, match="lazy"):
+            call()
+    with pytest.raises(ValueError, match="out of range"):
+        g.step(5, 0)  # a state not built yet
+    assert g.step(0, 0) >= 0 and g.step(g.step(0, 0), 1) >= 0 and g.step(0, 1) == -1
+
+
 SCHEMA = {
     "type": "object",
     "properties": {
