@@ -9,53 +9,25 @@ import re
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.strategies import batch_programs
+from support.strategies import regexes as shared_regexes
+from support.strategies import vocabs as shared_vocabs
 
 from llmserve.constraints import reference
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.native import native, native_vocab
 from llmserve.constraints.regex import compile_regex
-from llmserve.constraints.vocab import Vocab
 
 ALPHABET = ["a", "b", "é", "€", "😀", '"', "0"]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def regexes():
-    atom = st.sampled_from([re.escape(c) for c in ALPHABET] + ["[ab]", "[^a]", "[é€]", "[0-9]", "."])
-
-    def extend(inner):
-        return st.one_of(
-            st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
-            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
-            inner.map(lambda r: f"(?:{r})*"),
-            inner.map(lambda r: f"(?:{r})?"),
-            st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(lambda t: f"(?:{t[0]}){{{t[1]},{t[1] + t[2]}}}"),
-        )
-
-    return st.recursive(atom, extend, max_leaves=6)
+    return shared_regexes(ALPHABET)
 
 
-@st.composite
-def vocabs(draw, full_bytes=True):
-    encoded = b"".join(c.encode() for c in ALPHABET)
-    pieces = draw(
-        st.lists(
-            st.integers(0, len(encoded) - 1).flatmap(
-                lambda i: st.integers(i + 1, min(len(encoded), i + 5)).map(lambda j: encoded[i:j])
-            ),
-            min_size=3,
-            max_size=40,
-        )
-    )
-    tokens: list[bytes | None] = []
-    if full_bytes:
-        tokens += [bytes([b]) for b in sorted(set(encoded))]
-    tokens += pieces
-    tokens += [None, None]  # specials without bytes
-    pad = draw(st.integers(0, 40))  # model vocabulary wider than the tokenizer's
-    eos = len(tokens)
-    tokens.append(None)
-    return Vocab(tokens, (eos,), len(tokens) + pad)
+def vocabs(full_bytes=True):
+    return shared_vocabs(ALPHABET, "all" if full_bytes else "none")
 
 
 def strings():
@@ -108,26 +80,6 @@ def test_allowed_tokens_keep_a_match_reachable(pattern, vocab, data):
         assert nxt >= 0
         out += vocab.token_bytes(tok)
         state = nxt
-
-
-@st.composite
-def batch_programs(draw):
-    ops = []
-    for _ in range(draw(st.integers(1, 25))):
-        ops.append(
-            draw(
-                st.one_of(
-                    st.tuples(st.just("add"), st.integers(0, 5), st.integers(0, 2), st.integers(0, 3)),
-                    st.tuples(st.just("remove"), st.integers(0, 5)),
-                    st.tuples(st.just("move"), st.integers(0, 5), st.integers(0, 5)),
-                    st.tuples(st.just("swap"), st.integers(0, 5), st.integers(0, 5)),
-                    st.tuples(st.just("append"), st.integers(0, 5), st.integers(0, 10**6)),
-                    st.tuples(st.just("truncate"), st.integers(0, 5), st.integers(0, 3)),
-                    st.tuples(st.just("step"), st.integers(1, 6)),
-                )
-            )
-        )
-    return ops
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,12 +5,13 @@ at every step, so no token leads into a dead end; and it builds only what walks 
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.strategies import batch_programs, regexes
+from support.strategies import vocabs as shared_vocabs
 
 from llmserve.constraints import regex
 from llmserve.constraints.budget import distances as byte_distances
@@ -26,37 +27,11 @@ SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[Healt
 
 
 def patterns():
-    atom = st.sampled_from([re.escape(c) for c in ALPHABET] + ["[ab]", "[^a]", "[é€]", "[0-9]", ".", "(?:ab){0}"])
-
-    def extend(inner):
-        return st.one_of(
-            st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
-            st.tuples(inner, inner).map(lambda t: f"(?:{t[0]}|{t[1]})"),
-            inner.map(lambda r: f"(?:{r})*"),
-            inner.map(lambda r: f"(?:{r})?"),
-            st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(lambda t: f"(?:{t[0]}){{{t[1]},{t[1] + t[2]}}}"),
-        )
-
-    return st.recursive(atom, extend, max_leaves=8)
+    return regexes(ALPHABET, ("(?:ab){0}",), max_leaves=8)
 
 
-@st.composite
-def vocabs(draw):
-    encoded = b"".join(c.encode() for c in ALPHABET)
-    pieces = draw(
-        st.lists(
-            st.integers(0, len(encoded) - 1).flatmap(
-                lambda i: st.integers(i + 1, min(len(encoded), i + 5)).map(lambda j: encoded[i:j])
-            ),
-            min_size=3,
-            max_size=40,
-        )
-    )
-    # single bytes of some characters only: tokens that split a character, and bytes no token starts
-    singles = draw(st.lists(st.sampled_from(sorted(set(encoded))), max_size=12, unique=True))
-    tokens: list[bytes | None] = [bytes([b]) for b in singles] + pieces + [None]
-    eos = len(tokens) - 1
-    return Vocab(tokens, (eos,), len(tokens) + draw(st.integers(0, 40)))
+def vocabs():
+    return shared_vocabs(ALPHABET, "some")
 
 
 def lazy_row(lazy, vocab: Vocab, state: int) -> np.ndarray:
@@ -125,26 +100,6 @@ def test_lazy_distances_and_fewest_tokens_are_the_complete_automatons(pattern, v
         state, full = lazy.walk(vocab.token_bytes(token), state), complete.step(full, token)
 
 
-@st.composite
-def batch_programs(draw):
-    """Rows added (with earlier output: a preempted request), removed, moved, given tokens, stepped."""
-    ops = []
-    for _ in range(draw(st.integers(1, 25))):
-        ops.append(
-            draw(
-                st.one_of(
-                    st.tuples(st.just("add"), st.integers(0, 4), st.integers(0, 2), st.integers(0, 3)),
-                    st.tuples(st.just("remove"), st.integers(0, 4)),
-                    st.tuples(st.just("move"), st.integers(0, 4), st.integers(0, 4)),
-                    st.tuples(st.just("allowed"), st.integers(0, 4), st.integers(0, 10**6)),
-                    st.tuples(st.just("any"), st.integers(0, 4), st.integers(0, 10**6)),
-                    st.tuples(st.just("step"), st.integers(1, 5)),
-                )
-            )
-        )
-    return ops
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(patterns(), min_size=2, max_size=2), vocabs(), batch_programs())
 def test_a_batch_over_lazy_grammars_fills_what_whole_grammars_fill(pattern_pair, vocab, program):
@@ -157,34 +112,50 @@ def test_a_batch_over_lazy_grammars_fills_what_whole_grammars_fill(pattern_pair,
     nv = native_vocab(vocab)
     lazy = [native.Grammar.over_lazy(nv, regex.lazy_ast(regex.parse(p))) for p in pattern_pair]
     batches = native.Batch(nv), native.Batch(nv)
-    lists: dict[int, list[int]] = {}
+    rows: dict[int, list[int]] = {}  # each row's token list, as the batches hold them (shared by both)
     for op in program:
         kind = op[0]
         if kind == "add":
             _, i, gi, prior = op
-            lists[i] = [int(t) % vocab.size for t in range(prior)]
+            rows[i] = [int(t) % vocab.size for t in range(prior)]
             for batch, grammars in zip(batches, (whole, lazy), strict=True):
-                batch.set_row(i, grammars[gi] if gi < 2 else None, lists[i])
-        elif kind == "remove":
-            lists.pop(op[1], None)
+                batch.set_row(i, grammars[gi] if gi < 2 else None, rows[i])
+        elif kind in ("remove", "move", "swap"):
             for batch in batches:
-                batch.clear_row(op[1])
-        elif kind == "move":
-            lists.pop(op[2], None)
-            if op[1] in lists:
-                lists[op[2]] = lists.pop(op[1])
-            for batch in batches:
-                batch.move(op[1], op[2])
-        elif kind in ("allowed", "any") and op[1] in lists:
-            lists[op[1]].append(next_token(batches[0], vocab, op[1], kind == "allowed", op[2]))
+                getattr(batch, "clear_row" if kind == "remove" else kind)(*op[1:])
+            _follow(rows, kind, *op[1:])
+        elif kind == "append" and op[1] in rows:
+            # a token the row allows (mostly: the usual case), or any (a dead row follows)
+            rows[op[1]].append(next_token(batches, vocab, op[1], op[2] % 4 != 0, op[2]))
+        elif kind == "truncate" and op[1] in rows:
+            del rows[op[1]][max(0, len(rows[op[1]]) - op[2]) :]
         elif kind == "step":
             assert_same_fills(batches, vocab, op[1])
 
 
-def next_token(batch, vocab: Vocab, i: int, allowed_only: bool, pick: int) -> int:
-    """Row i's next token: one it allows (the usual case), or any (a dead row follows)."""
+def _follow(rows: dict[int, list[int]], kind: str, a: int, b: int | None = None) -> None:
+    """``rows`` after the batch change ``kind``: a row cleared, moved from a to b, or swapped."""
+    if kind == "remove":
+        rows.pop(a, None)
+    elif kind == "move" and a != b:
+        moved = rows.pop(a, None)
+        rows.pop(b, None)
+        if moved is not None:
+            rows[b] = moved
+    elif kind == "swap":
+        first, second = rows.pop(a, None), rows.pop(b, None)
+        if first is not None:
+            rows[b] = first
+        if second is not None:
+            rows[a] = second
+
+
+def next_token(batches, vocab: Vocab, i: int, allowed_only: bool, pick: int) -> int:
+    """Row i's next token: one it allows now (both batches brought up to date first), or any."""
+    for batch in batches:
+        batch.sync(i + 1)
     mask = np.zeros((i + 1, vocab.words + 1), np.uint32)
-    batch.fill(mask, np.zeros(i + 1, np.uint8), i + 1)
+    batches[0].fill(mask, np.zeros(i + 1, np.uint8), i + 1)
     allowed = np.flatnonzero(np.unpackbits(mask[i].view(np.uint8), bitorder="little")[: vocab.size])
     choices = allowed if allowed_only and allowed.size else np.arange(vocab.size)
     return int(choices[pick % choices.size])
@@ -258,6 +229,25 @@ def test_a_schemas_lazy_rows_are_its_complete_rows(json_vocab, schema, seed):
     lazy = schema_to_lazy(schema)
     rng = np.random.default_rng(seed)
     assert_same_walks(lazy, complete, json_vocab, lambda allowed: rng.choice(allowed), steps=60)
+
+
+def test_batch_rows_walking_a_schema_fill_what_the_whole_form_fills(json_vocab):
+    """Three rows of a batch each walk their own allowed tokens through a schema: at every step the
+    lazy grammar's fill equals the complete form's (row by row, past the start state)."""
+    nv = native_vocab(json_vocab)
+    whole = compile_dfa(schema_to_dfa(SCHEMA), json_vocab).native
+    lazy = native.Grammar.over_lazy(nv, schema_to_lazy(SCHEMA))  # one form, shared by the rows
+    batches = native.Batch(nv), native.Batch(nv)
+    rows: list[list[int]] = [[], [], []]
+    for i, tokens in enumerate(rows):
+        batches[0].set_row(i, whole, tokens)
+        batches[1].set_row(i, lazy, tokens)
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        assert_same_fills(batches, json_vocab, len(rows))
+        for i, tokens in enumerate(rows):
+            tokens.append(next_token(batches, json_vocab, i, True, int(rng.integers(1 << 30))))
+    assert max(len(t) for t in rows) == 40 and any(batches[1].row(i)[0] > 3 for i in range(3))
 
 
 def test_the_first_mask_builds_a_few_states_of_hundreds(json_vocab):
