@@ -243,7 +243,7 @@ def test_batch_rows_walking_a_schema_fill_what_the_whole_form_fills(json_vocab):
         batches[0].set_row(i, whole, tokens)
         batches[1].set_row(i, lazy, tokens)
     rng = np.random.default_rng(0)
-    for step in range(40):
+    for _ in range(40):
         assert_same_fills(batches, json_vocab, len(rows))
         for i, tokens in enumerate(rows):
             tokens.append(next_token(batches, json_vocab, i, True, int(rng.integers(1 << 30))))
