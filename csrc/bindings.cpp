@@ -504,8 +504,9 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "ensure",
           [](const PyGrammar& g, int64_t state) {
-            check_state(*g.g, state);
             const int64_t r = state < 0 ? g.g->S : state;
+            if (r > g.g->S || (g.g->lazy && r < g.g->S && r >= g.g->states()))
+              throw std::invalid_argument("state " + std::to_string(state) + " out of range");
             py::gil_scoped_release nogil;
             g.g->ensure(r);
           },
@@ -744,7 +745,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyLazyDfa>(m, "LazyDfa")
       .def(py::init([](py::array ast, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
-                       int64_t budget_bytes) {
+                       int64_t budget_bytes, int64_t call_ms) {
              const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
              const int64_t n = ast.shape(0);
              if (max_states <= 0 || max_nfa_states <= 0 || max_states >= (int64_t(1) << 31) ||
@@ -753,16 +754,16 @@ PYBIND11_MODULE(_core, m) {
              PyLazyDfa out;
              try {
                py::gil_scoped_release nogil;
-               out.d = std::make_shared<LazyDfa>(a, n, max_states, max_nfa_states, budget_ms, budget_bytes);
+               out.d = std::make_shared<LazyDfa>(a, n, max_states, max_nfa_states, budget_ms, budget_bytes, call_ms);
              } catch (const DfaError& e) {
                throw py::value_error(e.message);
              }
              return out;
            }),
            py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"), py::arg("budget_ms") = 0,
-           py::arg("budget_bytes") = 0,
+           py::arg("budget_bytes") = 0, py::arg("call_ms") = 0,
            "Regular-expression AST (serialised, see dfa.h) -> its byte DFA, states built as walks reach them "
-           "(csrc/lazy_dfa.h); the NFA is built now, within budget_ms.")
+           "(csrc/lazy_dfa.h); the NFA is built now, within budget_ms; each later call within call_ms.")
       .def(
           "walk",
           [](PyLazyDfa& self, py::bytes data, int64_t state) {
@@ -821,6 +822,8 @@ PYBIND11_MODULE(_core, m) {
               self.d->restart();
               f = fewest_tokens_in(*v.v, *self.d, s, budget_ms);
             } catch (const DfaError& e) {
+              // the automaton's own time limit ran out first: a lower bound, as when budget_ms does
+              if (e.message.find("time budget") != std::string::npos) return std::make_pair(-1, 0);
               throw py::value_error(e.message);
             }
             return std::make_pair(f.tokens, f.explored);
@@ -829,16 +832,15 @@ PYBIND11_MODULE(_core, m) {
           "As fewest_tokens over a whole automaton (same result), building the states the search reaches.")
       .def("accepting",
            [](const PyLazyDfa& self, int64_t s) {
+             const int32_t state = self.checked(s);
+             py::gil_scoped_release nogil;
              std::lock_guard<std::mutex> hold(*self.lock);
-             return self.d->accepting(self.checked(s));
+             return self.d->accepting(state);
            })
-      .def_property_readonly("found",
-                             [](const PyLazyDfa& self) {
-                               std::lock_guard<std::mutex> hold(*self.lock);
-                               return self.d->found();
-                             })
+      .def_property_readonly("found", [](const PyLazyDfa& self) { return self.d->found(); })
       .def_property_readonly("expanded",
                              [](const PyLazyDfa& self) {
+                               py::gil_scoped_release nogil;
                                std::lock_guard<std::mutex> hold(*self.lock);
                                return self.d->expanded();
                              })

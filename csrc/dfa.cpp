@@ -22,8 +22,9 @@ void Budget::check_time() {
     throw DfaError{"constraint compile time budget (" + std::to_string(ms_) + " ms) exceeded"};
 }
 
-void Budget::restart() {
-  deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms_);
+void Budget::restart(int64_t ms) {
+  ms_ = ms;
+  deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   polls_ = 0;
 }
 

@@ -80,8 +80,9 @@ class Budget {
     if (max_bytes_ > 0 && used_ > max_bytes_) fail_memory();
   }
   void check_time();
-  // the time limit counted again from now (memory stays charged): for work done call by call
-  void restart();
+  // the time limit, ms (<= 0: none), counted again from now (memory stays charged): for work done
+  // call by call
+  void restart(int64_t ms);
 
  private:
   [[noreturn]] void fail_memory() const;

@@ -93,11 +93,7 @@ uint32_t* Grammar::row_ptr(int64_t r) const {
   return block + (r % kRowBlock) * W;
 }
 
-int64_t Grammar::states() const {
-  if (!lazy) return S;
-  std::lock_guard<std::mutex> hold(*lazy_lock);
-  return lazy->found();
-}
+int64_t Grammar::states() const { return lazy ? lazy->found() : S; }
 
 void Grammar::compute(int64_t r) const {
   uint32_t* out = row_ptr(r);

@@ -9,8 +9,8 @@
 namespace llmserve {
 
 LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
-                 int64_t max_bytes)
-    : budget_(budget_ms, max_bytes), max_states_(max_states) {
+                 int64_t max_bytes, int64_t call_ms)
+    : budget_(budget_ms, max_bytes), max_states_(max_states), call_ms_(call_ms) {
   nfa_ = build_nfa(ast, n, max_nfa_states, budget_);
   view_ = nfa_.view();
   const int64_t n_states = view_.n;
@@ -47,6 +47,7 @@ LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_
   subsets_ = std::make_unique<SubsetConstruction>(view_, max_states, budget_, live_.data());
   if (subsets_->found() == 0) throw DfaError{"the constraint matches no string at all"};
   expanded_.assign(subsets_->found(), 0);
+  found_.store(subsets_->found(), std::memory_order_release);
 }
 
 void LazyDfa::expand(int32_t s) {
@@ -56,9 +57,11 @@ void LazyDfa::expand(int32_t s) {
     // states found before the limit stopped the row exist: a later call may name them (s itself
     // stays unexpanded, its row built again in full next time)
     expanded_.resize(subsets_->found(), 0);
+    found_.store(subsets_->found(), std::memory_order_release);
     throw;
   }
   expanded_.resize(subsets_->found(), 0);
+  found_.store(subsets_->found(), std::memory_order_release);
   expanded_[s] = 1;
   ++expanded_count_;
 }

@@ -1,6 +1,6 @@
 // A byte DFA built as it is walked. The whole automaton of a JSON schema has thousands of states and
-// its construction and minimisation are most of a new constraint's compile time, while the start
-// state's mask row reaches two or three of them: here each state of the subset construction is
+// its construction and minimisation are about half of a new constraint's compile time, while the
+// start state's mask row reaches two or three of them: here each state of the subset construction is
 // expanded the first time a walk leaves it, so a constraint costs its NFA and the states its
 // answers actually pass through.
 //
@@ -11,6 +11,7 @@
 // automaton). Not thread-safe: one thread at a time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -24,22 +25,26 @@ class LazyDfa {
  public:
   // ast: as for build_nfa. The NFA is built now, within budget_ms and max_nfa_states; states are
   // built as walks reach them, at most max_states of them, within max_bytes of memory in all (the
-  // NFA included) and budget_ms per call of mask_row or between restarts (a DfaError beyond). A
-  // language with no string is refused here.
+  // NFA included) and call_ms per call of mask_row or between restarts (<= 0: no limit; a DfaError
+  // beyond). A language with no string is refused here.
+  //
+  // The lock its users share (bindings, Grammar::over_lazy) is a plain mutex: a process forked while
+  // another thread held it must not use this automaton (build another from the same AST).
   LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,
-          int64_t max_bytes);
+          int64_t max_bytes, int64_t call_ms);
   LazyDfa(const LazyDfa&) = delete;  // the construction points into the NFA
   LazyDfa& operator=(const LazyDfa&) = delete;
 
   // Counts the time budget again from now: before each walk a caller makes (mask_row does).
-  void restart() { budget_.restart(); }
+  void restart() { budget_.restart(call_ms_); }
   int32_t next(int32_t s, uint8_t byte) {
     if (!expanded_[s]) expand(s);
     const Dfa& d = subsets_->dfa();
     return d.table[static_cast<int64_t>(s) * d.letters + d.letter_of[byte]];
   }
   bool accepting(int32_t s) const { return subsets_->dfa().accept[s] != 0; }
-  int64_t found() const { return subsets_->found(); }  // states numbered so far
+  // states numbered so far; readable without the lock (a state below it exists)
+  int64_t found() const { return found_.load(std::memory_order_acquire); }
   int64_t expanded() const { return expanded_count_; }  // states whose moves are built
   int32_t letters() const { return subsets_->dfa().letters; }
   int64_t max_states() const { return max_states_; }
@@ -70,7 +75,8 @@ class LazyDfa {
   std::unique_ptr<SubsetConstruction> subsets_;
   std::vector<uint8_t> expanded_;
   int64_t expanded_count_ = 0;
-  int64_t max_states_;
+  int64_t max_states_, call_ms_;
+  std::atomic<int64_t> found_{0};
 };
 
 }  // namespace llmserve

@@ -286,11 +286,18 @@ class LazyDfa:
     here (within ``budget_ms``; ValueError as ``build_dfa`` for a malformed or empty language, or an
     NFA over ``max_nfa_states``), states later, numbered as found (start 0), not minimal, each one
     reaching acceptance. Calls that build states raise ValueError past ``max_states`` states,
-    ``budget_bytes`` of memory (the NFA's included) or ``budget_ms`` within one call. Thread-safe
-    (one call at a time); releases the GIL."""
+    ``budget_bytes`` of memory (the NFA's included) or ``call_ms`` within one call (0: no limit).
+    Thread-safe (one call at a time); releases the GIL. Not to be used in a process forked while
+    another thread used it (its lock may be held there forever)."""
 
     def __init__(
-        self, ast: NDArray[np.int32], max_states: int, max_nfa_states: int, budget_ms: int = 0, budget_bytes: int = 0
+        self,
+        ast: NDArray[np.int32],
+        max_states: int,
+        max_nfa_states: int,
+        budget_ms: int = 0,
+        budget_bytes: int = 0,
+        call_ms: int = 0,
     ) -> None: ...
     def walk(self, data: bytes, state: int = 0) -> int:
         """The state after ``data`` from ``state`` (-1: dead)."""
@@ -303,7 +310,7 @@ class LazyDfa:
         the NFA: builds no state."""
     def fewest_tokens(self, vocab: Vocab, state: int = 0, budget_ms: int = 0) -> tuple[int, int]:
         """As ``fewest_tokens`` over the whole automaton (the same result), building the states the
-        search reaches."""
+        search reaches; (-1, 0) when the automaton's ``call_ms`` runs out first."""
     def accepting(self, state: int) -> bool: ...
     @property
     def found(self) -> int:

@@ -1249,8 +1249,8 @@ def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, 
     """``node``'s automaton built as it is walked (``csrc/lazy_dfa.h``): only its NFA now, within the
     limits as ``compile_ast`` counts them (same arguments), its states as walks and mask rows reach
     them, at most as many as a whole construction may find (``max_states`` x SUBSET_FACTOR), within
-    ``compile_mb`` in all and ``compile_ms`` per walk or mask row: a call past those raises
-    ValueError. The states are not minimal (the state limit is on these, not on a minimal count);
+    ``compile_mb`` in all and the whole ``compile_ms`` per walk or mask row (not what was left of it
+    when the NFA was built): a call past those raises ValueError. The states are not minimal (the state limit is on these, not on a minimal count);
     each reaches acceptance."""
     require_native()
     lim = limits()
@@ -1258,7 +1258,9 @@ def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, 
     words = serialize_ast(node, deadline, lim.compile_ms)
     left_ms = _left_ms(deadline, lim)
     try:
-        return core.LazyDfa(words, lim.max_states * SUBSET_FACTOR, lim.max_nfa_states, left_ms, lim.compile_mb << 20)
+        return core.LazyDfa(
+            words, lim.max_states * SUBSET_FACTOR, lim.max_nfa_states, left_ms, lim.compile_mb << 20, lim.compile_ms
+        )
     except ValueError as exc:
         raise _native_error(str(exc), lim) from None
 

@@ -17,7 +17,7 @@ from llmserve.constraints import regex
 from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.jsonschema import schema_to_dfa, schema_to_lazy
+from llmserve.constraints.jsonschema import _Converter, schema_to_dfa, schema_to_lazy
 from llmserve.constraints.limits import Limits, set_limits
 from llmserve.constraints.native import native, native_vocab
 from llmserve.constraints.vocab import Vocab
@@ -179,9 +179,72 @@ def assert_same_fills(batches, vocab: Vocab, B: int) -> None:
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_rows_past_the_first_blocks_fill_as_the_whole_form():
+    """A row walks 140 states of a chain: rows land in three blocks of 64, each as the whole form's."""
+    vocab = Vocab([b"a", b"aa", b"b", None], (3,), 4)
+    nv = native_vocab(vocab)
+    pattern = "a{0,150}b?"
+    batches = native.Batch(nv), native.Batch(nv)
+    tokens: list[int] = []
+    batches[0].set_row(0, compile_dfa(regex.compile_regex(pattern), vocab).native, tokens)
+    batches[1].set_row(0, native.Grammar.over_lazy(nv, regex.lazy_ast(regex.parse(pattern))), tokens)
+    for _ in range(140):
+        assert_same_fills(batches, vocab, 1)
+        tokens.append(0)
+    assert batches[1].row(0)[0] >= 128
+
+
+def test_a_row_past_the_automatons_state_limit_ends_the_answer():
+    """The lazy automaton's state limit (max_states x SUBSET_FACTOR) reached mid-answer: that step is
+    dead, and its row allows end of sequence only, never an error inside the batch."""
+    vocab = Vocab([b"a", None], (1,), 2)
+    nv = native_vocab(vocab)
+    set_limits(Limits(max_states=2))  # 16 states for a lazy automaton
+    try:
+        grammar = native.Grammar.over_lazy(nv, regex.lazy_ast(regex.parse("a{0,40}")))
+    finally:
+        set_limits(None)
+    batch = native.Batch(nv)
+    tokens: list[int] = []
+    batch.set_row(0, grammar, tokens)
+    states = []
+    for _ in range(30):
+        batch.sync(1)
+        states.append(batch.row(0)[0])
+        mask = np.zeros((1, vocab.words), np.uint32)
+        batch.fill(mask, np.zeros(1, np.uint8), 1)
+        allowed = np.flatnonzero(np.unpackbits(mask[0].view(np.uint8), bitorder="little")[: vocab.size])
+        if states[-1] < 0:
+            assert allowed.tolist() == [1]  # the dead row: end of sequence only
+            break
+        tokens.append(0)
+    assert states[-1] == -1 and max(states) < 16
+
+
+def test_schema_to_lazy_embeds_references_when_inlined_they_are_over_the_nfa_limit(json_vocab):
+    set_limits(Limits(max_nfa_states=40_000))  # inlined, the tree counts 67k (34k per use); embedded, 9k
+    try:
+        with pytest.raises(ConstraintError, match="40000"):
+            regex.lazy_ast(_Converter(EMBEDDING, embed_at=None).convert(EMBEDDING))
+        lazy = schema_to_lazy(EMBEDDING)
+    finally:
+        set_limits(None)
+    complete = compile_dfa(schema_to_dfa(EMBEDDING), json_vocab)
+    rng = np.random.default_rng(1)
+    assert_same_walks(lazy, complete, json_vocab, lambda allowed: rng.choice(allowed), steps=30)
+
+
 def test_a_lazy_grammar_refuses_what_needs_the_whole_automaton():
     g = native.Grammar.over_lazy(native_vocab(Vocab([b"a", b"b", None], (2,), 3)), regex.lazy_ast(regex.parse("ab")))
-    for call in (g.complete, g.compress, lambda: g.token_distances(np.zeros(1, np.int32), np.zeros(1, np.int32))):
+    one = np.zeros(1, np.int32)
+    for call in (
+        g.complete,
+        g.compress,
+        lambda: g.token_distances(one, one),
+        lambda: g.budget_row(0, one, 1, np.zeros(1, np.uint32)),
+        lambda: g.rows_into(np.zeros((1, 1), np.uint32)),
+        lambda: g.finish_later(1),
+    ):
         with pytest.raises(ValueError, match="lazy"):
             call()
     with pytest.raises(ValueError, match="out of range"):
@@ -267,7 +330,7 @@ def test_a_walk_past_the_state_limit_is_an_error_and_leaves_the_automaton_whole(
     words = regex.serialize_ast(regex.parse("[ab]*a[ab]{12}"))
     rng = np.random.default_rng(0)
     for limit in (3, 5, 64):
-        lazy = native.LazyDfa(words, limit, 10_000)
+        lazy = native.LazyDfa(words, limit, 10_000)  # no time limit per call
         with pytest.raises(ValueError, match=f"more than {limit} automaton states"):
             for _ in range(200):
                 lazy.walk(bytes(rng.choice([97, 98], 40).tolist()), 0)
