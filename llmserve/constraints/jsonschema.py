@@ -2153,8 +2153,8 @@ def schema_to_lazy(schema, *, started: float | None = None) -> core.LazyDfa:
     References are inlined, not built into automata of their own (EMBED_AT): an embedded automaton is
     a whole construction, where an inlined tree costs NFA states, built in linear time, and only the
     states walks reach are built. When the inlined tree is over the NFA state limit, references are
-    embedded as ``schema_to_dfa`` embeds them. There is no narrower subset here: that is for
-    automata over the state limit, which counts whole automata."""
+    embedded as ``schema_to_dfa`` embeds them. There is no narrower subset here yet (schema_to_dfa's
+    last try, past the limits or MAX_DEPTH): a schema that needs one is refused."""
     schema = _parsed(schema)
     started = time.monotonic() if started is None else started
     inlined = _Converter(schema, started=started, embed_at=None)

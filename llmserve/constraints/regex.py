@@ -1250,8 +1250,8 @@ def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, 
     limits as ``compile_ast`` counts them (same arguments), its states as walks and mask rows reach
     them, at most as many as a whole construction may find (``max_states`` x SUBSET_FACTOR), within
     ``compile_mb`` in all and the whole ``compile_ms`` per walk or mask row (not what was left of it
-    when the NFA was built): a call past those raises ValueError. The states are not minimal (the state limit is on these, not on a minimal count);
-    each reaches acceptance."""
+    when the NFA was built): a call past those raises ValueError. The states are not minimal (the
+    state limit counts these, not a minimal automaton's); each reaches acceptance."""
     require_native()
     lim = limits()
     deadline = _checked_deadline(node, lim, started, sizes)
