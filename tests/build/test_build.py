@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -176,6 +177,32 @@ def test_a_failing_step_is_named_with_its_last_lines(
 FULL_IMAGE_TIMEOUT = 2400
 
 
+def container_output(docker_client, image_id: str, cmd: list[str]) -> str:
+    """stdout of ``cmd`` run to completion in a container of the image (exit status 0 asserted).
+    Podman's Docker API may fail to read the logs of a container that has only just exited, and say
+    so inside the log stream it already answered with ('{"cause":"no such process","message":"failed
+    to obtain logs for Container ...'), which docker-py's run(remove=True) returned as the output in
+    CI: the logs are read again once the container has settled."""
+    import docker
+
+    container = docker_client.containers.run(image_id, entrypoint=cmd, detach=True, network_mode="host")
+    try:
+        status = container.wait(timeout=300)
+        for _ in range(10):
+            try:
+                out = container.logs(stdout=True, stderr=False).decode()
+            except docker.errors.APIError as exc:
+                out = str(exc)
+            if "failed to obtain logs" not in out:
+                break
+            time.sleep(0.5)
+        assert "failed to obtain logs" not in out, out
+        assert status["StatusCode"] == 0, (cmd, status, out)
+        return out
+    finally:
+        container.remove(force=True)
+
+
 @pytest.mark.full_image
 @pytest.mark.timeout(FULL_IMAGE_TIMEOUT)
 def test_full_image_is_tagged_labelled_and_carries_the_locked_versions(full_image, docker_client, tiny_vllm_package):
@@ -202,8 +229,7 @@ def test_full_image_is_tagged_labelled_and_carries_the_locked_versions(full_imag
 
     # the image's own Python: every locked version as installed, llmserve and the package baked in, non-root
     def run(*cmd: str) -> str:
-        out = docker_client.containers.run(image.id, entrypoint=list(cmd), remove=True, network_mode="host")
-        return out.decode()
+        return container_output(docker_client, image.id, list(cmd))
 
     from packaging.utils import canonicalize_name
 
