@@ -193,6 +193,13 @@ void check_state(const Grammar& g, int64_t state) {
     throw std::invalid_argument("state " + std::to_string(state) + " out of range");
 }
 
+// An automaton construction's limits (build_dfa, LazyDfa): state ids are int32.
+void check_state_limits(int64_t max_states, int64_t max_nfa_states) {
+  constexpr int64_t kIds = int64_t(1) << 31;
+  if (max_states <= 0 || max_nfa_states <= 0 || max_states >= kIds || max_nfa_states >= kIds)
+    throw std::invalid_argument("max_states and max_nfa_states must be in [1, 2^31)");
+}
+
 // The calls that read a whole automaton or every row refuse a grammar over a lazy one.
 void check_whole(const Grammar& g, const char* what) {
   if (g.lazy) throw std::invalid_argument(std::string(what) + ": not for a grammar over a lazy automaton");
@@ -444,8 +451,8 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("vocab"), py::arg("lazy"),
           "A grammar over a LazyDfa (shared: states the grammar builds are the LazyDfa's), rows computed on "
-          "first use; its num_states is the automaton's state limit. compress, rows_into, budget_row and "
-          "token_distances refuse it.")
+          "first use; its num_states is the automaton's state limit. complete, compress, rows_into, budget_row, "
+          "token_distances and finish_later refuse it.")
       .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("classes"), py::arg("table"),
                   py::arg("accept"), py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"),
                   py::arg("start") = 0)
@@ -694,9 +701,7 @@ PYBIND11_MODULE(_core, m) {
          bool classes) -> py::tuple {
         const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
         const int64_t n = ast.shape(0);
-        if (max_states <= 0 || max_nfa_states <= 0 || max_states >= (int64_t(1) << 31) ||
-            max_nfa_states >= (int64_t(1) << 31))
-          throw std::invalid_argument("max_states and max_nfa_states must be in [1, 2^31)");
+        check_state_limits(max_states, max_nfa_states);
         Dfa d;
         // The byte table is allocated here and handed to numpy, not allocated by numpy: numpy asks
         // for transparent huge pages on large arrays (madvise), and on a machine whose memory is
@@ -748,9 +753,7 @@ PYBIND11_MODULE(_core, m) {
                        int64_t budget_bytes, int64_t call_ms) {
              const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
              const int64_t n = ast.shape(0);
-             if (max_states <= 0 || max_nfa_states <= 0 || max_states >= (int64_t(1) << 31) ||
-                 max_nfa_states >= (int64_t(1) << 31))
-               throw std::invalid_argument("max_states and max_nfa_states must be in [1, 2^31)");
+             check_state_limits(max_states, max_nfa_states);
              PyLazyDfa out;
              try {
                py::gil_scoped_release nogil;
