@@ -815,6 +815,37 @@ PYBIND11_MODULE(_core, m) {
           "The fewest bytes from `state` to acceptance over the bytes b with usable[b] (uint8[256]); "
           "2**31 - 1: none. Builds no state.")
       .def(
+          "max_byte_distance",
+          [](PyLazyDfa& self, py::array usable) {
+            const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+            if (usable.shape(0) != 256) throw std::invalid_argument("usable must hold 256 flags");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> hold(*self.lock);
+            return self.d->max_byte_distance(u);
+          },
+          py::arg("usable"),
+          "An upper bound (not the exact maximum) of byte_distance(q, usable) over every state q the "
+          "automaton can build whose distance is finite; 0 when none is. Builds no state.")
+      .def(
+          "budget_row",
+          [](PyLazyDfa& self, const PyVocab& v, int64_t state, py::array usable, int32_t k, py::array out) {
+            const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+            if (usable.shape(0) != 256) throw std::invalid_argument("usable must hold 256 flags");
+            uint32_t* o = buffer_of<uint32_t>(out, 1, "out", true);
+            if (out.shape(0) != v.v->words()) throw std::invalid_argument("out must hold vocab.words words");
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              self.d->budget_row(*v.v, self.checked(state), u, k, o);
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+          },
+          py::arg("vocab"), py::arg("state"), py::arg("usable"), py::arg("k"), py::arg("out"),
+          "out (uint32[vocab.words]) = the tokens whose bytes walk from `state` to a state q with "
+          "byte_distance(q, usable) <= k, and end of sequence when `state` accepts: Grammar.budget_row "
+          "with dist = byte_distances(usable), building the states the walk reaches.")
+      .def(
           "fewest_tokens",
           [](PyLazyDfa& self, const PyVocab& v, int64_t state, int64_t budget_ms) {
             FewestTokens f{};

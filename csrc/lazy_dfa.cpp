@@ -91,14 +91,48 @@ std::vector<int32_t> LazyDfa::nfa_distances(const uint8_t* usable) const {
   return dist;
 }
 
-int32_t LazyDfa::byte_distance(int32_t s, const uint8_t* usable) {
-  if (dist_.empty() || std::memcmp(usable, dist_usable_, 256) != 0) {
-    dist_ = nfa_distances(usable);
-    std::memcpy(dist_usable_, usable, 256);
+void LazyDfa::use_usable(const uint8_t* usable) {
+  if (!dist_.empty() && std::memcmp(usable, dist_usable_, 256) == 0) return;
+  dist_ = nfa_distances(usable);
+  std::memcpy(dist_usable_, usable, 256);
+  state_dist_.clear();
+}
+
+int32_t LazyDfa::state_distance(int32_t s) {
+  if (static_cast<size_t>(s) >= state_dist_.size()) state_dist_.resize(found(), kUnknown);
+  int32_t& cached = state_dist_[s];
+  if (cached == kUnknown) {
+    int32_t best = INT32_MAX;
+    for (auto [q, end] = subsets_->members(s); q < end; ++q) best = std::min(best, dist_[*q]);
+    cached = best;
   }
-  int32_t best = INT32_MAX;
-  for (auto [q, end] = subsets_->members(s); q < end; ++q) best = std::min(best, dist_[*q]);
-  return best;
+  return cached;
+}
+
+int32_t LazyDfa::byte_distance(int32_t s, const uint8_t* usable) {
+  use_usable(usable);
+  return state_distance(s);
+}
+
+int32_t LazyDfa::max_byte_distance(const uint8_t* usable) {
+  use_usable(usable);
+  int32_t most = 0;
+  for (int64_t q = 0; q < view_.n; ++q)
+    if (live_[q] && dist_[q] != INT32_MAX) most = std::max(most, dist_[q]);
+  return most;
+}
+
+void LazyDfa::budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32_t k, uint32_t* out) {
+  restart();
+  use_usable(usable);
+  std::memset(out, 0, v.words() * sizeof(uint32_t));
+  v.each_successor(*this, s, walk_stack(v), [&](int32_t q, int32_t node) {
+    if (state_distance(q) <= k)
+      for (auto [t, end] = v.node_tokens(node); t < end; ++t) out[*t >> 5] |= 1u << (*t & 31);
+    return false;
+  });
+  if (accepting(s))
+    for (int32_t e : v.eos()) out[e >> 5] |= 1u << (e & 31);
 }
 
 void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {

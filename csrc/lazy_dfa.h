@@ -52,6 +52,15 @@ class LazyDfa {
   // whole automaton's byte_distances (vocab_trie.h) for this state, read off the NFA (one search
   // backwards from its final state per set of usable bytes) without building any state.
   int32_t byte_distance(int32_t s, const uint8_t* usable);
+  // An upper bound of byte_distance(q, usable) over every state q this automaton can build whose
+  // distance is finite (0: none is): the largest finite distance of a live NFA state. A state's
+  // distance is the least of its members', so a state whose far members always come with a near one
+  // ("[ab]*|a{50}": every state holds the loop, at distance 0) lies below it. Builds no state.
+  int32_t max_byte_distance(const uint8_t* usable);
+  // Grammar::budget_row over this automaton with dist[q] = byte_distance(q, usable): out = the tokens
+  // whose bytes walk from s to a state within k bytes of acceptance, plus every end-of-sequence id
+  // when s accepts. out: vocab.words() words.
+  void budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32_t k, uint32_t* out);
   // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
   // of sequence where the rule in grammar.h allows it. out: vocab.words() words.
   void mask_row(const Vocab& v, int32_t s, uint32_t* out);
@@ -69,8 +78,16 @@ class LazyDfa {
   // per NFA state, the fewest bytes to the final state over the usable bytes (INT32_MAX: none)
   std::vector<int32_t> nfa_distances(const uint8_t* usable) const;
   std::vector<uint8_t> live_;  // per NFA state: the final state is reachable from it
-  std::vector<int32_t> dist_;  // nfa_distances(dist_usable_), kept for byte_distance
+  std::vector<int32_t> dist_;  // nfa_distances(dist_usable_), kept for byte_distance and budget_row
   uint8_t dist_usable_[256] = {};
+  // per state found, its byte_distance over dist_usable_ (kUnknown: not read yet): a budget row asks
+  // for the end state of every trie node where tokens end (~100k at a 128k vocabulary), mostly the
+  // same few states, and a state's members never change once it is found (4 bytes a state beside
+  // its row of letters() entries: not counted against max_bytes)
+  static constexpr int32_t kUnknown = -1;
+  std::vector<int32_t> state_dist_;
+  void use_usable(const uint8_t* usable);  // dist_ and state_dist_ for this set of usable bytes
+  int32_t state_distance(int32_t s);
   Budget budget_;              // the NFA's, then restarted per call: states are built long after
   std::unique_ptr<SubsetConstruction> subsets_;
   std::vector<uint8_t> expanded_;

@@ -308,6 +308,17 @@ class LazyDfa:
         """The fewest bytes from ``state`` to acceptance over the bytes b with ``usable[b]``
         (uint8[256]), as ``byte_distances`` gives for the whole automaton; 2**31 - 1: none. Read off
         the NFA: builds no state."""
+    def max_byte_distance(self, usable: NDArray[np.uint8]) -> int:
+        """An upper bound, not the exact maximum, of ``byte_distance(q, usable)`` over every state q
+        this automaton can build whose distance is finite (0: none is): the largest finite distance of
+        an NFA state, which needs no state built. A state's distance is the least of its NFA states',
+        so far ones that always come with a near one (``[ab]*|a{50}``) leave the real maximum below it."""
+    def budget_row(self, vocab: Vocab, state: int, usable: NDArray[np.uint8], k: int, out: NDArray[np.uint32]) -> None:
+        """``Grammar.budget_row`` for this automaton with ``dist = byte_distances(..., usable)``: out
+        (uint32[vocab.words]) = the tokens whose bytes walk from ``state`` to a state within ``k``
+        bytes of acceptance, plus end of sequence when ``state`` accepts. Builds the states the walk
+        reaches. Each state's distance is kept for the latest ``usable`` (a row asks for one per trie
+        node where tokens end, mostly the same few states), so pass the same set every time."""
     def fewest_tokens(self, vocab: Vocab, state: int = 0, budget_ms: int = 0) -> tuple[int, int]:
         """As ``fewest_tokens`` over the whole automaton (the same result), building the states the
         search reaches; (-1, 0) when the automaton's ``call_ms`` runs out first."""

@@ -14,6 +14,7 @@ from support.strategies import batch_programs, regexes
 from support.strategies import vocabs as shared_vocabs
 
 from llmserve.constraints import regex
+from llmserve.constraints.budget import UNREACHABLE
 from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.errors import ConstraintError
@@ -98,6 +99,97 @@ def test_lazy_distances_and_fewest_tokens_are_the_complete_automatons(pattern, v
             return
         token = int(data.draw(st.sampled_from(allowed)))
         state, full = lazy.walk(vocab.token_bytes(token), state), complete.step(full, token)
+
+
+def assert_same_budget_rows(lazy, whole, complete, vocab: Vocab, choose, ks, steps: int = 10) -> None:
+    """Along a walk both forms allow, ``LazyDfa.budget_row`` is the whole grammar's ``budget_row`` over
+    its byte distances, for every k in ``ks``: with the vocabulary's single bytes usable (what steering
+    passes) and with every byte, alternately, so that each row follows a change of the usable set.
+    ``max_byte_distance`` bounds every finite distance of the whole automaton and of the states walked."""
+    nv = native_vocab(vocab)
+    usable_sets = [np.asarray(vocab.single_bytes, dtype=np.uint8), np.ones(256, np.uint8)]
+    expected = [byte_distances(whole.table, whole.accept, u) for u in usable_sets]
+    bounds = [lazy.max_byte_distance(u) for u in usable_sets]
+    for dist, bound in zip(expected, bounds, strict=True):
+        finite = dist[dist != UNREACHABLE]
+        assert bound >= (int(finite.max()) if finite.size else 0)
+    got, want = np.empty(vocab.words, np.uint32), np.empty(vocab.words, np.uint32)
+    state, full = 0, complete.start
+    for _ in range(steps):
+        for k in ks:
+            for usable, dist in zip(usable_sets, expected, strict=True):
+                got.fill(0xDEADBEEF)  # every word written, not only the allowed ones
+                lazy.budget_row(nv, state, usable, k, got)
+                want.fill(0)
+                complete.native.budget_row(full, dist, k, want)
+                np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
+        for usable, dist, bound in zip(usable_sets, expected, bounds, strict=True):
+            assert lazy.byte_distance(state, usable) == dist[full]
+            assert dist[full] == UNREACHABLE or dist[full] <= bound
+        bits = np.unpackbits(lazy_row(lazy, vocab, state).view(np.uint8), bitorder="little")[: vocab.size]
+        allowed = [t for t in np.flatnonzero(bits) if t not in vocab.eos_ids]
+        if not allowed:
+            return
+        token = int(choose(allowed))
+        state, full = lazy.walk(vocab.token_bytes(token), state), complete.step(full, token)
+
+
+@SETTINGS
+@given(patterns(), vocabs(), st.data())
+def test_lazy_budget_rows_are_the_whole_grammars_over_byte_distances(pattern, vocab, data):
+    try:
+        whole = regex.compile_regex(pattern)
+    except ConstraintError:
+        return
+    complete = compile_dfa(whole, vocab)
+    lazy = regex.lazy_ast(regex.parse(pattern))
+    assert_same_budget_rows(lazy, whole, complete, vocab, lambda allowed: data.draw(st.sampled_from(allowed)), range(5))
+
+
+@pytest.mark.parametrize("pattern", ["", "(?:ab){0}", "a{0}", "(?:)|(?:[ab]{3}){0}"])
+def test_the_empty_strings_max_byte_distance_is_0(pattern):
+    lazy = regex.lazy_ast(regex.parse(pattern))
+    assert lazy.accepting(0) and lazy.walk(b"a") == -1
+    assert lazy.max_byte_distance(np.ones(256, np.uint8)) == 0
+    assert lazy.max_byte_distance(np.zeros(256, np.uint8)) == 0
+
+
+def test_max_byte_distance_is_an_upper_bound_read_off_the_nfa():
+    """Every state of "[ab]*|a{50}" holds the loop, which accepts: each is at distance 0, while the
+    chain's NFA states are up to 50 bytes away. The bound is theirs, and it builds no state."""
+    lazy = regex.lazy_ast(regex.parse("[ab]*|a{50}"))
+    every = np.ones(256, np.uint8)
+    assert lazy.max_byte_distance(every) == 50
+    assert lazy.found == 1
+    state = 0
+    for _ in range(60):
+        assert lazy.byte_distance(state, every) == 0
+        state = lazy.walk(b"a", state)
+    only_b = np.zeros(256, np.uint8)
+    only_b[ord("b")] = 1
+    assert lazy.max_byte_distance(only_b) == 1  # the chain needs "a": the loop's states alone, one byte at most
+
+
+OPTIONAL = {
+    "type": "object",
+    "properties": {
+        "size": {"type": "integer", "minimum": 0, "maximum": 99},
+        "name": {"type": "string", "maxLength": 3},
+    },
+    "required": ["size"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_schemas_lazy_budget_rows_are_its_whole_grammars(json_vocab, seed):
+    whole = schema_to_dfa(OPTIONAL)
+    complete = compile_dfa(whole, json_vocab)
+    lazy = schema_to_lazy(OPTIONAL)
+    rng = np.random.default_rng(seed)
+    assert_same_budget_rows(
+        lazy, whole, complete, json_vocab, lambda allowed: rng.choice(allowed), (0, 1, 2, 3, 8, 30), 25
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
