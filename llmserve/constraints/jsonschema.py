@@ -122,10 +122,11 @@ from llmserve.constraints.native import native as core
 from llmserve.constraints.regex import (
     ByteDFA,
     _time_budget_error,
+    ast_words,
     compile_ast,
     compile_words,
     expanded_size,
-    lazy_ast,
+    lazy_words,
     literal,
     parse,
     serialized,
@@ -2147,27 +2148,35 @@ def schema_to_ast(schema, *, if_chains: bool = True) -> tuple:
     return _convert(_Converter(schema, if_chains), schema)
 
 
-def schema_to_lazy(schema, *, started: float | None = None) -> core.LazyDfa:
-    """The schema's automaton built as it is walked (``regex.lazy_ast``): not yet what requests are
-    served from (``benchmarks/constraints/lazy_first_mask.py`` measures it against ``schema_to_dfa``).
-    References are inlined, not built into automata of their own (EMBED_AT): an embedded automaton is
-    a whole construction, where an inlined tree costs NFA states, built in linear time, and only the
-    states walks reach are built. When the inlined tree is over the NFA state limit, references are
-    embedded as ``schema_to_dfa`` embeds them. There is no narrower subset here yet (schema_to_dfa's
-    last try, past the limits or MAX_DEPTH): a schema that needs one is refused."""
+def schema_words(schema, *, started: float | None = None) -> np.ndarray:
+    """The schema's tree serialised for the core (``regex.ast_words``), what an automaton built as it
+    is walked (``regex.lazy_words``) or a whole one (``regex.compile_words``) is built from, within
+    the compile time budget counted from ``started``. References are inlined, not built into
+    automata of their own (EMBED_AT): an embedded automaton is a whole construction, where an inlined
+    tree costs NFA states, built in linear time, and only the states walks reach are built. When the
+    inlined tree is over the NFA state limit, references are embedded as ``schema_to_dfa`` embeds
+    them. There is no narrower subset here (schema_to_dfa's last try, past the limits or MAX_DEPTH):
+    a schema that needs one is refused (``too_large`` says which refusals a caller may retry with
+    ``schema_to_dfa``)."""
     schema = _parsed(schema)
     started = time.monotonic() if started is None else started
     inlined = _Converter(schema, started=started, embed_at=None)
     try:
-        return lazy_ast(_convert(inlined, schema), started=started, sizes=inlined.size_memo())
+        return ast_words(_convert(inlined, schema), started=started, sizes=inlined.size_memo())
     except ConstraintError as exc:
-        if not _too_large(exc):
+        if not too_large(exc) or "time budget" in exc.message:
             raise
     embedding = _Converter(schema, started=started)
-    return lazy_ast(_convert(embedding, schema), started=started, sizes=embedding.size_memo())
+    return ast_words(_convert(embedding, schema), started=started, sizes=embedding.size_memo())
 
 
-def _too_large(exc: ConstraintError) -> bool:
+def schema_to_lazy(schema, *, started: float | None = None) -> core.LazyDfa:
+    """The schema's automaton built as it is walked: ``regex.lazy_words`` of ``schema_words``."""
+    started = time.monotonic() if started is None else started
+    return lazy_words(schema_words(schema, started=started), started=started)
+
+
+def too_large(exc: ConstraintError) -> bool:
     """Whether a narrower subset may fit where ``exc`` refused: the limits, and nesting (recursion
     unrolled MAX_RECURSION levels deep nests the converter that many times over)."""
     return any(
@@ -2204,7 +2213,7 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
         at = wide_started if not converter.chained else wide_started - WIDE_SHARE / 2 * budget_s
         return build(ast, backend, started=at, sizes=converter.size_memo())
     except ConstraintError as exc:
-        if not _too_large(exc):
+        if not too_large(exc):
             raise
         first = exc
     if converter.chained:
@@ -2213,7 +2222,7 @@ def schema_to_dfa(schema, backend: str = "native", *, started: float | None = No
             ast = _convert(unchained, schema)
             return build(ast, backend, started=wide_started, sizes=unchained.size_memo())
         except ConstraintError as exc:
-            if not _too_large(exc):
+            if not too_large(exc):
                 raise
             first = exc
     if time.monotonic() - started > limits().compile_ms / 1000:

@@ -1245,24 +1245,40 @@ def compile_ast(
     return dfa
 
 
-def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> core.LazyDfa:
-    """``node``'s automaton built as it is walked (``csrc/lazy_dfa.h``): only its NFA now, within the
-    limits as ``compile_ast`` counts them (same arguments), its states as walks and mask rows reach
-    them, at most as many as a whole construction may find (``max_states`` x SUBSET_FACTOR), within
-    ``compile_mb`` in all and the whole ``compile_ms`` per walk or mask row (not what was left of it
-    when the NFA was built): a call past those raises ValueError. The states are not minimal (the
-    state limit counts these, not a minimal automaton's); each reaches acceptance."""
-    require_native()
+def ast_words(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> np.ndarray:
+    """``node`` serialised for the core (``serialize_ast``), once its expanded size is checked
+    against the limits, within the compile time budget counted from ``started`` (arguments as for
+    ``compile_ast``): the form an automaton is built from, whole or as it is walked, and kept."""
     lim = limits()
     deadline = _checked_deadline(node, lim, started, sizes)
-    words = serialize_ast(node, deadline, lim.compile_ms)
-    left_ms = _left_ms(deadline, lim)
+    return serialize_ast(node, deadline, lim.compile_ms)
+
+
+def lazy_words(words: np.ndarray, *, started: float | None = None) -> core.LazyDfa:
+    """The automaton of the tree ``words`` holds (``ast_words``), built as it is walked
+    (``csrc/lazy_dfa.h``): only its NFA now, within what is left of the compile time budget counted
+    from ``started``; its states as walks and mask rows reach them, at most as many as a whole
+    construction may find (``max_states`` x SUBSET_FACTOR), within ``compile_mb`` in all and the
+    whole ``compile_ms`` per walk or mask row (not what was left of it when the NFA was built): a
+    call past those raises ValueError. The states are not minimal (the state limit counts these,
+    not a minimal automaton's); each reaches acceptance."""
+    require_native()
+    lim = limits()
+    left_ms = _left_ms((time.monotonic() if started is None else started) + lim.compile_ms / 1000, lim)
     try:
         return core.LazyDfa(
             words, lim.max_states * SUBSET_FACTOR, lim.max_nfa_states, left_ms, lim.compile_mb << 20, lim.compile_ms
         )
     except ValueError as exc:
         raise _native_error(str(exc), lim) from None
+
+
+def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> core.LazyDfa:
+    """``node``'s automaton built as it is walked: ``lazy_words`` of ``ast_words`` (same arguments
+    and limits)."""
+    require_native()
+    started = time.monotonic() if started is None else started
+    return lazy_words(ast_words(node, started=started, sizes=sizes), started=started)
 
 
 def _checked_deadline(node, lim: Limits, started: float | None, sizes: dict[int, tuple[int, Any]] | None) -> float:
