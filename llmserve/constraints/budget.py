@@ -157,6 +157,16 @@ def fewest_tokens(
     return Shortest(int(tokens))
 
 
+def lazy_fewest_tokens(lazy, vocab, *, budget_ms: int = 0) -> Shortest:
+    """``fewest_tokens`` from the start of an automaton built as it is walked (a ``_core.LazyDfa``),
+    building only the states the search reaches; "at least" when ``budget_ms`` (or the automaton's
+    own time limit per call) ran out first."""
+    tokens, explored = lazy.fewest_tokens(native_vocab(vocab), 0, int(budget_ms))
+    if tokens < 0:
+        return Shortest(explored + 1, "at least")
+    return Shortest(int(tokens))
+
+
 def check_fits(shortest: int | Shortest, max_tokens: int | None) -> None:
     """Refuse a request whose shortest answer (``shortest`` tokens, end of sequence not counted)
     cannot fit in ``max_tokens``. A lower bound refuses only when even the bound does not fit; an

@@ -1,36 +1,46 @@
-"""``compile_constraint``: a spec (or its request form) to its compiled form, through an in-memory
-cache and the disk cache; ``dfa_for``: a spec to its byte automaton, the part that frontend
-validation and the engine share.
+"""From a spec (or its request form) to what a batch row is served from, through an in-memory cache
+and the disk cache.
 
-A new constraint is compiled once per request, wherever the request is checked first: frontend
-validation builds the automaton (``dfa_for``, bounded by the limits in ``limits.py``), keeps it in
-memory and writes it to the disk cache; the engine's processor (another process) finds it there and
-only compiles it against the vocabulary. A constraint that failed is remembered too (the same bad
-constraint sent again costs nothing). A time budget failure is remembered (under that budget) only
-when the compile used at least half the budget in CPU time: one starved of CPU by a busy machine
-may pass later, one that really needs more is not compiled again for every request that sends it.
+A new constraint is checked where the request arrives first, the frontend (``check_constraint``):
+it is converted to its tree (``words_for``: the serialised AST, bounded by the limits in
+``limits.py``) and its NFA is built (``lazy_automaton``), not its whole automaton; the tree is kept
+in memory and on disk (``words-<dfa key>.bin``). The engine's processor (another process) reads the
+tree back and serves the rows from the automaton built as it is walked (``serving_form``, a
+``lazy_form.LazyConstraint``: the NFA and the states answers reach), while its background builder
+builds the complete form from the same tree (``compile_constraint``'s form: the whole minimal
+automaton, mask rows completed and compressed, cached on disk) for the requests after. What the
+lazy path cannot take (nesting past MAX_DEPTH, an NFA over the limit: it has no narrower subset)
+is built whole on the request path as before (``dfa_for``). A constraint that failed is remembered
+too (the same bad constraint sent again costs nothing). A time budget failure is remembered (under
+that budget) only when the compile used at least half the budget in CPU time: one starved of CPU by
+a busy machine may pass later, one that really needs more is not compiled again for every request
+that sends it.
 
 A budget check (``shortest_answer``) needs only how many tokens the shortest answer takes: it reads
 the exact distances when this process or the disk cache holds them, and otherwise searches forward
-from the start state over the automaton and the vocabulary (``budget.fewest_tokens``), without mask
-tables (a frontend process would otherwise hold a second copy of a table the engine builds anyway:
-megabytes per constraint at a 128k vocabulary) and within the compile time budget. The distances of
-every state, which steering needs, are the engine's to compute, in the background, steering by the
-single-byte figure until then; once it has them they are kept in the disk cache too
-(``dist-<key>.bin``, a few KB), where a later compile in another process picks them up instead of
-walking the vocabulary again (seconds for a large schema). Only a request whose answer fits
-``max_tokens`` while that single-byte figure does not needs them at once: its check computes and
-keeps them (``_steerable``), and the engine's form takes them from there.
+from the start state over the automaton built as it is walked (``budget.lazy_fewest_tokens``), or
+the whole one where only that exists, without mask tables (a frontend process would otherwise hold
+a second copy of a table the engine builds anyway: megabytes per constraint at a 128k vocabulary)
+and within the compile time budget. The distances of every state, which steering by the complete
+form needs, are the engine's to compute, in the background, steering by the single-byte figure
+until then; once it has them they are kept in the disk cache too (``dist-<key>.bin``, a few KB),
+where a later compile in another process picks them up instead of walking the vocabulary again
+(seconds for a large schema). Only a request whose answer fits ``max_tokens`` while that
+single-byte figure does not needs them at once: its check builds the whole automaton and computes
+and keeps them (``_steerable``), and the engine serves that request from the complete form, which
+takes them from there (``serving_form``'s ``within``).
 
-A form miss compiles lazily (``CompiledConstraint.lazy``): it returns once the DFA and the start
-state's row exist, so a new constraint is usable within about a millisecond; the background finisher
-completes the rest and writes the cache file. ``CompiledConstraint.complete()`` waits for all of it.
+``compile_constraint`` on a miss compiles lazily too, in its own way (``CompiledConstraint.lazy``):
+the whole automaton now, the mask rows as rows reach them; the background finisher completes the
+rest and writes the cache file. ``CompiledConstraint.complete()`` waits for all of it.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +48,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from llmserve.constraints.budget import Shortest, fewest_tokens, token_distances
+from llmserve.constraints.background import Background
+from llmserve.constraints.budget import Shortest, fewest_tokens, lazy_fewest_tokens, token_distances
 from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.disk_cache import (
@@ -54,10 +65,12 @@ from llmserve.constraints.disk_cache import (
 )
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.finisher import FINISHER
-from llmserve.constraints.jsonschema import schema_to_dfa
+from llmserve.constraints.jsonschema import schema_to_dfa, schema_words, too_large
+from llmserve.constraints.lazy_form import LazyConstraint
 from llmserve.constraints.limits import limits
 from llmserve.constraints.memory_cache import MemoryCache
-from llmserve.constraints.regex import ByteDFA, compile_ast
+from llmserve.constraints.native import native as core
+from llmserve.constraints.regex import ByteDFA, ast_words, compile_ast, compile_words, lazy_words
 from llmserve.constraints.spec import ConstraintSpec, spec_from_request
 from llmserve.constraints.vocab import Vocab
 
@@ -170,6 +183,151 @@ def compile_constraint(
     return compiled
 
 
+# a constraint the lazy path refuses for its size (it has no narrower subset): the whole path serves it
+_WHOLE = "whole"
+# the complete forms of constraints first served lazily, built one at a time off the request path
+_BUILDER = Background("llmserve-constraint-whole")
+# a build is bounded by the compile time budget: waited for at exit (background.py says why)
+atexit.register(lambda: _BUILDER.close(limits().compile_ms / 1000 + 5))
+
+
+def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> NDArray[np.int32] | None:
+    """The constraint's tree serialised for the core (``regex.ast_words``; ``jsonschema.schema_words``
+    inlines references), what its automaton is built from, whole or as it is walked: from memory,
+    from the disk cache (``words-<dfa key>.bin``, kept by the process that converted it first, a
+    frontend's check, so that the engine does not convert it again) or converted now, within the
+    compile limits. None when it is too large or too deep for the lazy path, which has no narrower
+    subset: ``dfa_for`` serves it then. ConstraintError for an invalid constraint (remembered)."""
+    key = dfa_key(spec)
+    memo = ("words", key)
+    hit = _MEMORY.get(memo)
+    if isinstance(hit, ConstraintError):
+        raise hit
+    if hit is not None:
+        return None if isinstance(hit, str) else hit
+    path = None if cache_dir is False else _cache_root(cache_dir) / f"words-{key}.bin"
+    found = read_arrays(path, path.stem) if path is not None else None
+    words = found[1].get("words") if found is not None else None
+    if words is None or words.dtype != np.int32 or words.ndim != 1:
+        started = time.monotonic()
+        try:
+            if spec.kind == "json_schema":
+                words = schema_words(spec.value, started=started)
+            else:
+                words = ast_words(spec.to_ast(), started=started)
+        except ConstraintError as exc:
+            if too_large(exc) and "time budget" not in exc.message:
+                _MEMORY.put(memo, _WHOLE, 256)
+                return None
+            if "time budget" not in exc.message:
+                _MEMORY.put(memo, exc, len(exc.message) + 256)
+            raise
+        if path is not None:
+            try:
+                write_arrays(path, path.stem, {"words": words}, {})
+            except OSError as exc:
+                log.warning("constraint words not cached (%s): %s", path, exc)
+    _MEMORY.put(memo, words, int(words.nbytes) + 256)
+    return words
+
+
+def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> core.LazyDfa | None:
+    """The constraint's automaton built as it is walked, from ``words_for``: its NFA now (what
+    checks the constraint: a malformed tree or an empty language is refused here), its states as
+    walks reach them; one per process, shared by the budget check and the forms serving rows (it
+    is thread-safe). None as ``words_for`` (and when its NFA is over the limit)."""
+    memo = ("lazy-dfa", dfa_key(spec))
+    held = _MEMORY.get(memo)
+    if held is not None and held[0] == os.getpid():  # a forked child builds its own (lazy_form.py)
+        return held[1]
+    words = words_for(spec, cache_dir=cache_dir)
+    if words is None:
+        return None
+    try:
+        lazy = lazy_words(words)
+    except ConstraintError as exc:
+        if too_large(exc) and "time budget" not in exc.message:
+            _MEMORY.put(("words", dfa_key(spec)), _WHOLE, 256)
+            return None
+        raise
+    # counted at its NFA's size, about a dozen bytes per word of the tree; the states it builds
+    # are counted by the forms that serve rows from it
+    _MEMORY.put(memo, (os.getpid(), lazy), 16 * int(words.nbytes) + 256)
+    return lazy
+
+
+def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> None:
+    """A frontend's check of a new constraint, without its whole automaton: conversion and NFA
+    (``lazy_automaton``), kept for the engine (``words_for``); one the lazy path cannot take is
+    built whole (``dfa_for``, with its narrower subsets). ConstraintError when refused."""
+    key = dfa_key(spec)
+    if _MEMORY.get(("checked", key)) is not None:
+        return
+    lazy = lazy_automaton(spec, cache_dir=cache_dir)
+    if lazy is None:
+        dfa_for(spec, cache_dir=cache_dir)
+    else:
+        _MEMORY.put(("checked", key), True, 128)
+
+
+def serving_form(
+    spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | None = None, within: int | None = None
+) -> CompiledConstraint | LazyConstraint:
+    """What a batch row is served from: the complete form when this process or the disk cache has
+    it (``compile_constraint``); on a miss, a ``LazyConstraint`` (``lazy_form.py``), usable once the
+    constraint's NFA and start row exist, while its complete form is built in the background and
+    kept for later requests. ``within``: the request's answer must end within that many tokens
+    (end of sequence not counted); a lazy form whose steering figure cannot keep it there gives way
+    to the complete form, which steers by exact distances. Refusals as ``compile_constraint``'s."""
+    spec = spec_from_request(spec)
+    key = cache_key(spec, vocab)
+    path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
+    memo = (key, id(vocab), str(path))
+    if core is None or _held_form(memo, vocab) is not None or (path is not None and path.is_file()):
+        return compile_constraint(spec, vocab, cache_dir=cache_dir)
+    lazy_memo = ("lazy-form", key, id(vocab))
+    form = _MEMORY.get(lazy_memo)
+    if not isinstance(form, LazyConstraint) or form.vocab is not vocab or form.pid != os.getpid():
+        lazy = lazy_automaton(spec, cache_dir=cache_dir)
+        if lazy is None:
+            return compile_constraint(spec, vocab, cache_dir=cache_dir)
+        form = LazyConstraint(vocab, lazy, key)
+        words = words_for(spec, cache_dir=cache_dir)
+        assert words is not None
+        _BUILDER.submit(functools.partial(_build_complete, form, words, path, memo, cache_dir))
+    _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)  # counted again at each use: it grows
+    if within is not None and not form.steerable_within(within):
+        return compile_constraint(spec, vocab, cache_dir=cache_dir)
+    return form
+
+
+def _build_complete(
+    form: LazyConstraint, words: NDArray[np.int32], path: Path | None, memo: tuple, cache_dir: Path | str | bool | None
+) -> None:
+    """In the background: the complete form of a constraint served lazily, built from the same tree
+    (native: no GIL held), held in memory for later requests and completed and cached as any new
+    complete form is. A constraint whose whole automaton is over the limits stays lazy, in full:
+    the lazy path builds only the states answers reach."""
+    if _held_form(memo, form.vocab) is not None:
+        return
+    try:
+        dfa = compile_words(words, classes=True)
+    except ConstraintError as exc:
+        log.info(
+            "constraint %s: its whole automaton is not built (%s); it is served from the automaton built as "
+            "it is walked",
+            form.key[:12],
+            exc.message.splitlines()[0],
+        )
+        return
+    compiled = CompiledConstraint.lazy(form.vocab, dfa, form.key)
+    _reuse_distances(compiled, form.key, cache_dir)
+    _hold(memo, compiled)
+    _MEMORY.discard(("lazy-form", form.key, id(form.vocab)))  # rows served from it hold their own reference
+    if path is not None:
+        _complete_later(compiled, path)
+
+
 def shortest_answer(
     spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | None = None, within: int | None = None
 ) -> Shortest:
@@ -189,13 +347,19 @@ def shortest_answer(
     found: Shortest | None = _MEMORY.get(memo)
     dfa: ByteDFA | None = None
     if found is None or not _decides(found, within):
-        dfa = dfa_for(spec, cache_dir=cache_dir)
-        dist = _known_distances(key, cache_dir, dfa.num_states)
-        if dist is not None:
-            return Shortest(int(dist[dfa.start]))
-        table, classes = _columns(dfa)
         budget_ms = limits().compile_ms
-        found = fewest_tokens(table, dfa.accept, dfa.start, vocab, classes, within=within, budget_ms=budget_ms)
+        whole = _MEMORY.get(("dfa", dfa_key(spec), "native"))
+        lazy = lazy_automaton(spec, cache_dir=cache_dir) if not isinstance(whole, ByteDFA) else None
+        if lazy is not None:
+            # a search over the states it reaches: the whole automaton is not built for a check
+            found = lazy_fewest_tokens(lazy, vocab, budget_ms=budget_ms)
+        else:
+            dfa = dfa_for(spec, cache_dir=cache_dir)
+            dist = _known_distances(key, cache_dir, dfa.num_states)
+            if dist is not None:
+                return Shortest(int(dist[dfa.start]))
+            table, classes = _columns(dfa)
+            found = fewest_tokens(table, dfa.accept, dfa.start, vocab, classes, within=within, budget_ms=budget_ms)
         if found.bound == "at least":
             log.warning(
                 "constraint %s: the search for its shortest answer ran out of its %d ms; every answer "
@@ -239,9 +403,13 @@ def _steerable(
     bound_memo = ("start-bound", key)
     bound: int | None = _MEMORY.get(bound_memo)
     if bound is None:
-        dfa = dfa or dfa_for(spec, cache_dir=cache_dir)
-        table, classes = _columns(dfa)
-        bound = int(byte_distances(table, dfa.accept, vocab.single_bytes, classes)[dfa.start])
+        lazy = lazy_automaton(spec, cache_dir=cache_dir) if dfa is None else None
+        if lazy is not None:  # the same figure, read off the NFA
+            bound = int(lazy.byte_distance(0, vocab.single_bytes.view(np.uint8)))
+        else:
+            dfa = dfa or dfa_for(spec, cache_dir=cache_dir)
+            table, classes = _columns(dfa)
+            bound = int(byte_distances(table, dfa.accept, vocab.single_bytes, classes)[dfa.start])
         _MEMORY.put(bound_memo, bound, 64)
     if bound <= within:
         return None

@@ -53,6 +53,14 @@ class MemoryCache:
                 _, (_, size) = self._items.popitem(last=False)
                 self.nbytes -= size
 
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key`` (a value superseded by a better one kept under another key)."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            self._live.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

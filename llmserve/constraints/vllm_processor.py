@@ -27,8 +27,9 @@ answers HTTP 400. Requests without these keys are not touched.
 
 Answers that complete within ``max_tokens``
 ------------------------------------------
-Each compiled constraint knows, per automaton state, the fewest tokens to an accepting state
-(``budget.py``). While a row has more tokens left than its constraint's largest such distance
+Each constraint's form knows, per automaton state, the fewest tokens to an accepting state
+(``budget.py``; a new constraint, served from its automaton built as it is walked, a single-byte
+bound on it: ``lazy_form.py``). While a row has more tokens left than its constraint's largest such distance
 nothing changes; past that, only the tokens after which the answer can still end in time (end of
 sequence included) are allowed, so the model is steered to close strings, arrays and objects and to
 stop adding optional members: the answer ends with ``finish_reason: "stop"``. A request whose
@@ -65,8 +66,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from llmserve.constraints import reference
 from llmserve.constraints.budget import check_fits
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
-from llmserve.constraints.compiler import compile_constraint, dfa_for, shortest_answer
+from llmserve.constraints.compiler import check_constraint, compile_constraint, serving_form, shortest_answer
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.lazy_form import LazyConstraint
 from llmserve.constraints.machine import (
     ByteAutomaton,
     PythonRow,
@@ -158,11 +160,11 @@ def request_constraint(extra_args: dict | None):
 
 
 def validate_constraint(obj) -> None:
-    """The constraint's check: a machine must be registered; any other constraint is compiled to
-    its automaton, within the compile limits (``limits.py``), and kept (``compiler.dfa_for``: in
-    memory and on disk), so that the engine compiles it only against the vocabulary. Run it off the
-    event loop (``llmserve.serve.constraint_keys.validation_problem_async``): a new constraint can
-    take up to the compile time budget."""
+    """The constraint's check: a machine must be registered; any other constraint is converted and
+    its NFA built, within the compile limits (``limits.py``), and its tree kept (``compiler.
+    check_constraint``: in memory and on disk), so that the engine builds its automaton without
+    converting it again. Run it off the event loop (``llmserve.serve.constraint_keys.
+    validation_problem_async``): a new constraint can take up to the compile time budget."""
     if "machine" in obj:
         if (
             not isinstance(obj["machine"], str)
@@ -173,7 +175,7 @@ def validate_constraint(obj) -> None:
         if obj["machine"] not in registered_machines():
             raise ConstraintError(f"unknown constraint machine {obj['machine']!r}")
         return
-    dfa_for(spec_from_request(obj))
+    check_constraint(spec_from_request(obj))
 
 
 _VOCABS: dict[tuple, Vocab] = {}
@@ -247,7 +249,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             self.batch = core.Batch(native_vocab(self.vocab))
         # rows handled by self.batch -> their compiled form: the processor holds its own reference, so
         # the compiled-constraint cache may evict a form while a request still uses it (memory.py)
-        self.constrained: dict[int, CompiledConstraint] = {}
+        self.constrained: dict[int, CompiledConstraint | LazyConstraint] = {}
         self.python_rows: dict[int, PythonRow] = {}  # TokenStateMachine rows
         # rows steered to end within their budget -> (most output tokens, the output-token list)
         self.budgets: dict[int, tuple[int, list[int]]] = {}
@@ -274,7 +276,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     # ------------------------------------------------------------------ membership
 
-    def _compile(self, obj):
+    def _compile(self, obj, within: int | None):
+        """The form a row is served from; ``within``: the answer must end within that many tokens
+        (see ``compiler.serving_form``)."""
         if "machine" in obj:
             machine = make_machine(obj["machine"], self.vocab, obj.get("args"))
             if isinstance(machine, ByteAutomaton):
@@ -282,7 +286,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                     automaton_to_dfa(machine), self.vocab, backend="python" if self.backend == "python" else "native"
                 )
             return machine
-        return compile_constraint(obj, self.vocab, backend="python" if self.backend == "python" else "native")
+        if self.backend == "python":
+            return compile_constraint(obj, self.vocab, backend="python")
+        return serving_form(obj, self.vocab, within=within)
 
     def _clear(self, i: int) -> None:
         self.batch.clear_row(i)
@@ -304,14 +310,16 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                 continue
             st["added"] += 1
             st["readded"] += 1 if output_tokens else 0
-            compiled = self._compile(obj)
+            limit = self._token_limit(params, prompt)
+            if limit is None or not budget_enabled(params.extra_args):
+                limit = None
+            compiled = self._compile(obj, None if limit is None else limit - 1)
             if isinstance(compiled, TokenStateMachine):
                 self.python_rows[i] = PythonRow(compiled, output_tokens, self.vocab.size)
             else:
                 self.batch.set_row(i, compiled if self.backend == "python" else compiled.native, output_tokens)
                 self.constrained[i] = compiled
-                limit = self._token_limit(params, prompt)
-                if limit is not None and budget_enabled(params.extra_args):
+                if limit is not None:
                     self.budgets[i] = (limit, output_tokens)
         for a, b, direction in batch_update.moved:
             if direction == MoveDirectionality.SWAP:

@@ -50,18 +50,21 @@ def empty_memory():
 
 
 def test_shortest_answer_compiles_no_mask_table_and_walks_no_state_it_need_not(monkeypatch, tmp_path):
-    """The check searches forward from the start state: no mask table, no distance of every state
-    (seconds for a large schema), and once per process."""
+    """The check searches forward from the start state of the automaton built as it is walked: no
+    whole automaton, no mask table, no distance of every state (seconds for a large schema), and
+    once per process."""
     v = vocab()
     searches = []
-    searched = budget.fewest_tokens
+    searched = budget.lazy_fewest_tokens
 
     def counting(*args, **kwargs):
         searches.append(1)
         return searched(*args, **kwargs)
 
-    monkeypatch.setattr(compiler, "fewest_tokens", counting)
+    monkeypatch.setattr(compiler, "lazy_fewest_tokens", counting)
     with monkeypatch.context() as m:
+        m.setattr(compiler, "dfa_for", refuse)
+        m.setattr(compiler, "fewest_tokens", refuse)
         m.setattr(compiler.CompiledConstraint, "lazy", refuse)
         m.setattr(compiler, "compile_dfa", refuse)
         m.setattr(native, "compile_masks", refuse)
@@ -73,7 +76,7 @@ def test_shortest_answer_compiles_no_mask_table_and_walks_no_state_it_need_not(m
     assert shortest.bound == "exact"
     # `{"name":"` and `","n":` are single tokens: `{"name":"","n":0}` takes at most 4 tokens
     assert 1 <= shortest.tokens <= 4
-    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)  # what the engine's processor does
+    form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)  # the complete form, exact distances
     assert int(form.distances[form.start]) == shortest.tokens
 
 
@@ -154,15 +157,16 @@ def test_a_refusal_from_a_search_out_of_time_is_remembered(monkeypatch, tmp_path
     searches = []
 
     def out_of_time(*args, **kwargs):
-        searches.append(kwargs.get("within"))
+        searches.append(1)
         return budget.Shortest(7, "at least")
 
     monkeypatch.setattr(compiler, "fewest_tokens", out_of_time)
+    monkeypatch.setattr(compiler, "lazy_fewest_tokens", out_of_time)
     for _ in range(3):  # refused: even 7 tokens do not fit in 5
         assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=5) == (7, "at least")
-    assert searches == [5]
+    assert len(searches) == 1
     shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=50)  # the bound would admit: searched again
-    assert searches == [5, 50]
+    assert len(searches) == 2
 
 
 def test_native_token_distances_check_their_inputs():

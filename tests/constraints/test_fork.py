@@ -133,3 +133,41 @@ def test_a_fork_while_a_parent_thread_waits_on_a_completion_does_not_hold_the_ch
         assert codes == [0] * 20, codes
         """
     )
+
+
+def test_a_lazy_form_the_parent_was_walking_is_rebuilt_by_the_child():
+    """A child forked while another thread held a lazy form's automaton (computing a row) serves the
+    same constraint from an automaton of its own, with the same masks, and its background builder
+    completes the whole form there."""
+    run(
+        """
+        from llmserve.constraints import compiler
+        from llmserve.constraints.lazy_form import LazyConstraint
+        from llmserve.constraints.native import native, native_vocab
+
+        obj = {"regex": PATTERN % 1000}
+        compiler._BUILDER.submit(threading.Event().wait)  # the parent's builder stays busy
+        form = compiler.serving_form(obj, vocab, cache_dir=False)
+        assert isinstance(form, LazyConstraint)
+        want = np.zeros(vocab.words, np.uint32)
+        form.lazy.mask_row(native_vocab(vocab), 0, want)
+        codes = []
+        for trial in range(4):
+            t = threading.Thread(target=lambda: [form.lazy.walk(b"a" * n) for n in range(1, 400)])
+            t.start()
+            time.sleep(0.001 * (trial + 1))
+
+            def check():
+                mine = compiler.serving_form(obj, vocab, cache_dir=False)
+                assert isinstance(mine, LazyConstraint) and mine is not form and mine.lazy is not form.lazy
+                got = np.zeros(vocab.words, np.uint32)
+                mine.lazy.mask_row(native_vocab(vocab), 0, got)
+                assert np.array_equal(got, want)
+                assert compiler._BUILDER.drain(30)
+                assert not isinstance(compiler.serving_form(obj, vocab, cache_dir=False), LazyConstraint)
+
+            codes.append(in_child(check))
+            t.join()
+        assert codes == [0] * 4, codes
+        """
+    )

@@ -267,28 +267,34 @@ def test_the_cores_own_variables_are_checked_too():
 # ---- 1. once per request ------------------------------------------------------------------------
 
 
-def test_validation_compiles_once_and_the_engine_reuses_it(tmp_path, monkeypatch, vocab):
-    """Frontend validation builds the automaton and keeps it (memory and disk); the engine process
-    (here: the same process with its memory cleared) compiles only against the vocabulary."""
-    from llmserve.constraints import regex
+def test_validation_converts_once_and_the_engine_reuses_it(tmp_path, monkeypatch, vocab):
+    """Frontend validation converts the constraint and builds its NFA, not its whole automaton, and
+    keeps the converted tree (memory and disk); the engine process (here: the same process with its
+    memory cleared) builds its automaton from that tree as rows walk it, and the whole automaton
+    in the background, without converting again."""
+    from llmserve.constraints import jsonschema
+    from llmserve.constraints.lazy_form import LazyConstraint
     from llmserve.constraints.vllm_processor import validate_constraint
 
     monkeypatch.setenv("LLMSERVE_CACHE", str(tmp_path))
-    calls = []
-    real = regex.compile_ast
-
-    def counting(node, backend="native", **kw):
-        calls.append(backend)
-        return real(node, backend, **kw)
-
-    monkeypatch.setattr(compiler_mod, "compile_ast", counting)
+    converted = []
+    real = jsonschema.schema_words
+    monkeypatch.setattr(compiler_mod, "schema_words", lambda *a, **kw: converted.append(1) or real(*a, **kw))
+    monkeypatch.setattr(compiler_mod, "compile_ast", refuse_whole)
     obj = {"json_schema": optional_schema(12)}
     validate_constraint(obj)
     validate_constraint(obj)  # vLLM's validate_params, after the frontend's check
-    assert len(calls) == 1
+    assert len(converted) == 1
     compiler_mod._MEMORY.clear()  # the engine core is another process
-    compiled = compiler_mod.compile_constraint(obj, vocab)
-    assert len(calls) == 1 and compiled.num_states > 10
+    form = compiler_mod.serving_form(obj, vocab)
+    assert isinstance(form, LazyConstraint) and len(converted) == 1
+    assert compiler_mod._BUILDER.drain(60)
+    complete = compiler_mod.serving_form(obj, vocab)  # built from the same tree in the background
+    assert not isinstance(complete, LazyConstraint) and complete.num_states > 10 and len(converted) == 1
+
+
+def refuse_whole(*args, **kwargs):
+    raise AssertionError("the whole automaton was built on the request path")
 
 
 def test_a_refused_constraint_is_remembered(monkeypatch, limits_of):

@@ -1,0 +1,116 @@
+"""A constraint served from its automaton built as it is walked, while its complete form is built.
+
+A new constraint's complete form (``compiled.py``) needs the whole automaton first: its subset
+construction and minimisation are about half of a new JSON schema's compile time, while the first
+mask row reaches two or three of its thousands of states (``benchmarks/constraints``, "An automaton
+built as it is walked"). ``LazyConstraint`` serves batch rows from the NFA and the states walks
+reach (``csrc/lazy_dfa.h``, through ``_core.Grammar.over_lazy``), so a new constraint costs its
+conversion and NFA on the request path; ``compiler.serving_form`` builds the complete form in the
+background and serves later requests from it (rows already served from this form stay on it: its
+states are numbered as found, not as the complete form's).
+
+Steering towards an answer that ends within max_tokens uses the single-byte figure (the fewest bytes
+to an accepting state, read off the NFA): an achievable upper bound on the fewest tokens, so steering
+by it keeps the answer finishable, only earlier than the exact figure would. A request whose
+shortest answer fits its budget while that figure does not is served from the complete form, with
+exact distances (``steerable_within``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numpy.typing import NDArray
+
+from llmserve.constraints.native import native as core
+from llmserve.constraints.native import native_vocab, require_native
+from llmserve.constraints.vocab import Vocab
+
+UNREACHABLE = 2**31 - 1
+
+
+class LazyConstraint:
+    """A constraint over ``vocab`` served from ``lazy`` (a ``_core.LazyDfa``, start state 0): what
+    the batch processor reads of a compiled form (``native``, ``start``, ``max_distance``,
+    ``budget_row``), and what the memory cache counts (``nbytes``). ``key``: the compiled form's
+    cache key. A process forked from this one builds its own (``pid``): the automaton's lock may
+    have been held by another thread at the fork."""
+
+    # Budget rows kept (each is one mask row: 16 KB at a 128k vocabulary), as the complete form keeps.
+    BUDGET_ROWS_KEPT = 32
+
+    def __init__(self, vocab: Vocab, lazy: core.LazyDfa, key: str = ""):
+        require_native()
+        self.vocab = vocab
+        self.lazy = lazy
+        self.key = key
+        self.start = 0
+        self.pid = os.getpid()
+        self.native = core.Grammar.over_lazy(native_vocab(vocab), lazy)
+        self._max_distance: int | None = None
+        self._budget_rows: dict[tuple[int, int], NDArray[np.uint32] | None] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """What this form holds now, near enough for the cache's budget: the mask rows in the blocks
+        the grammar allocated (rows are numbered as states are found, and blocks hold 64 rows, the
+        dead row's block included) and the automaton's states (one column per byte class each). The
+        NFA is not counted: it is linear in the constraint's size, what its conversion cost."""
+        found = int(self.lazy.found)
+        row_bytes = self.vocab.words * 4
+        blocks = -(-found // 64) + 1
+        return blocks * 64 * row_bytes + found * int(self.lazy.letters) * 4
+
+    def steering_bound(self, state: int | None = None) -> int:
+        """The single-byte figure of ``state`` (default the start): the fewest tokens to an accepting
+        state using single-byte tokens only, UNREACHABLE when they cannot get there."""
+        return int(
+            self.lazy.byte_distance(self.start if state is None else state, self.vocab.single_bytes.view(np.uint8))
+        )
+
+    def steerable_within(self, tokens: int) -> bool:
+        """Whether steering from the start can end an answer within ``tokens`` tokens."""
+        return self.steering_bound() <= tokens
+
+    @property
+    def max_distance(self) -> int:
+        """An upper bound on every state's steering figure: a row with more tokens left than this
+        needs no steering. Read off the NFA once."""
+        if self._max_distance is None:
+            self._max_distance = int(self.lazy.max_byte_distance(self.vocab.single_bytes.view(np.uint8)))
+        return self._max_distance
+
+    def budget_row(self, state: int, k: int) -> NDArray[np.uint32] | None:
+        """The tokens allowed in ``state`` after which the answer can still end within ``k`` more
+        tokens by the steering figure, plus end of sequence when ``state`` accepts; None when no
+        token qualifies, or when the automaton's limits stop the walk (the grammar's next step then
+        ends the answer anyway). The latest rows are kept, as the complete form keeps them."""
+        key = (int(state), int(k))
+        if key in self._budget_rows:
+            return self._budget_rows[key]
+        row = np.zeros(self.vocab.words, dtype=np.uint32)
+        try:
+            self.lazy.budget_row(native_vocab(self.vocab), state, self.vocab.single_bytes.view(np.uint8), k, row)
+        except ValueError:
+            return None
+        found = row if row.any() else None
+        if len(self._budget_rows) >= self.BUDGET_ROWS_KEPT:
+            self._budget_rows.pop(next(iter(self._budget_rows)), None)
+        self._budget_rows[key] = found
+        return found
+
+    def step(self, state: int, token: int) -> int:
+        """Next state after ``token`` (-1: not allowed, or past the automaton's limits)."""
+        return int(self.native.step(state, token))
+
+    def walk(self, tokens, state: int | None = None) -> int:
+        s = self.start if state is None else state
+        for t in tokens:
+            if s < 0:
+                return s
+            s = self.step(s, t)
+        return s
+
+    def is_accepting(self, state: int) -> bool:
+        return state >= 0 and bool(self.lazy.accepting(state))

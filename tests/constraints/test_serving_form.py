@@ -1,0 +1,220 @@
+"""What the engine's processor serves a row from (``compiler.serving_form``, ``lazy_form.py``): a new
+constraint is served from its automaton built as it is walked, with the very masks its complete
+form gives, while the complete form is built in the background for later requests; the frontend's
+check converts it once and builds no whole automaton; what the lazy path cannot take (nesting past
+MAX_DEPTH, a tight budget) is served whole, as before."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from llmserve.constraints import compiler
+from llmserve.constraints.budget import distances as byte_distances
+from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.finisher import FINISHER
+from llmserve.constraints.lazy_form import LazyConstraint
+from llmserve.constraints.limits import Limits, set_limits
+from llmserve.constraints.native import native, native_vocab
+from llmserve.constraints.spec import spec_from_request
+from llmserve.constraints.vocab import Vocab
+
+SCHEMA = {
+    "json_schema": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 3},
+            "n": {"type": "integer"},
+        },
+        "required": ["name"],
+    }
+}
+
+
+def vocab() -> Vocab:
+    rng = np.random.default_rng(5)
+    letters = np.frombuffer(b'abnmexyz{}[]":,0123456789 ', dtype=np.uint8)
+    tokens: list[bytes | None] = [bytes([b]) for b in range(256)]
+    tokens += [bytes(rng.choice(letters, int(rng.integers(2, 6)))) for _ in range(2000)]
+    tokens += [b'{"name":"', b'","tags":[', b'"],"n":', None]
+    return Vocab(tokens, (len(tokens) - 1,), len(tokens))
+
+
+GATES: list[threading.Event] = []
+
+
+def hold_builder() -> threading.Event:
+    """Keep the background builder busy until the event is set (at the latest when the test ends)."""
+    gate = threading.Event()
+    GATES.append(gate)
+    compiler._BUILDER.submit(gate.wait)
+    return gate
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    compiler._MEMORY.clear()
+    yield
+    for gate in GATES:
+        gate.set()
+    GATES.clear()
+    compiler._BUILDER.drain(60)
+    FINISHER.wait_all(60)
+    set_limits(None)
+    compiler._MEMORY.clear()
+
+
+def fills(grammar, v: Vocab, tokens: list[int]) -> np.ndarray:
+    """The mask a batch row over ``grammar`` gets after ``tokens``."""
+    batch = native.Batch(native_vocab(v))
+    batch.set_row(0, grammar, list(tokens))
+    out = np.zeros((1, v.words), np.uint32)
+    batch.sync(1)
+    batch.fill(out, np.zeros(1, np.uint8), 1)
+    return out[0]
+
+
+def walk_both(lazy: LazyConstraint, whole, v: Vocab, steps: int, seed: int) -> int:
+    """Random tokens both forms allow, comparing the batch's mask at each step; the steps walked."""
+    rng = np.random.default_rng(seed)
+    tokens: list[int] = []
+    for step in range(steps):
+        row = fills(lazy.native, v, tokens)
+        np.testing.assert_array_equal(row, fills(whole.native, v, tokens))
+        allowed = [int(t) for t in np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[: v.size])]
+        allowed = [t for t in allowed if t not in v.eos_ids]
+        if not allowed:
+            return step
+        tokens.append(int(rng.choice(allowed)))
+    return steps
+
+
+def test_a_new_constraint_is_served_lazily_then_from_its_complete_form(tmp_path):
+    v = vocab()
+    gate = hold_builder()
+    form = compiler.serving_form(SCHEMA, v, cache_dir=tmp_path)
+    assert isinstance(form, LazyConstraint)
+    assert form.lazy.found <= 8, "more than the first mask's states were built on the request path"
+    assert compiler.serving_form(SCHEMA, v, cache_dir=tmp_path) is form  # shared until the complete one
+    whole = compiler.compile_constraint(SCHEMA, v, cache_dir=False)
+    for seed in range(4):
+        assert walk_both(form, whole, v, 30, seed) > 3
+    gate.set()
+    assert compiler._BUILDER.drain(60)
+    later = compiler.serving_form(SCHEMA, v, cache_dir=tmp_path)
+    assert not isinstance(later, LazyConstraint), "the complete form was not built in the background"
+    assert later.num_states == whole.num_states
+    later.complete()
+    assert list(tmp_path.glob("[0-9a-f]*.bin")), "the complete form was not cached"
+    key = compiler.cache_key(spec_from_request(SCHEMA), v)
+    assert compiler._MEMORY.get(("lazy-form", key, id(v))) is None, "the superseded lazy form is still counted"
+
+
+def test_steering_rows_of_the_lazy_form_keep_the_answer_finishable():
+    """The lazy form steers by the single-byte figure, read off its NFA: the tokens of a budget row
+    all lead to states that can still end within k tokens, and they are the whole automaton's
+    budget row under that figure, state for state."""
+    v = vocab()
+    form = compiler.serving_form(SCHEMA, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    whole = compiler.compile_constraint(SCHEMA, v, cache_dir=False)
+    table, classes = whole._search_form()
+    bound = byte_distances(table, whole.accept, v.single_bytes, classes)
+    assert form.steering_bound() == bound[whole.start]
+    assert form.max_distance >= int(bound[bound < 2**31 - 1].max())
+    rng = np.random.default_rng(1)
+    tokens: list[int] = []
+    for _ in range(12):
+        state, full = form.walk(tokens), whole.walk(tokens)
+        for k in (0, 1, 3, 8):
+            got = form.budget_row(state, k)
+            want = np.zeros(v.words, np.uint32)
+            whole.native.budget_row(full, bound, k, want)
+            np.testing.assert_array_equal(got if got is not None else np.zeros(v.words, np.uint32), want)
+        row = form.budget_row(state, 4)
+        if row is None:
+            break
+        allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[: v.size])
+        allowed = [int(t) for t in allowed if t not in v.eos_ids]
+        if not allowed:
+            break
+        tokens.append(int(rng.choice(allowed)))
+
+
+def test_a_tight_budget_is_served_from_the_complete_form():
+    """Where the single-byte figure cannot end the answer within the request's budget (but tokens
+    can: the check admitted it), the lazy form would steer too late: the complete form steers by
+    exact distances."""
+    v = vocab()
+    hold_builder()
+    form = compiler.serving_form(SCHEMA, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    figure = form.steering_bound()
+    assert compiler.serving_form(SCHEMA, v, cache_dir=False, within=figure) is form
+    tight = compiler.serving_form(SCHEMA, v, cache_dir=False, within=figure - 1)
+    assert not isinstance(tight, LazyConstraint)
+
+
+def test_the_check_converts_once_and_builds_no_whole_automaton(monkeypatch, tmp_path):
+    converted = []
+    real = compiler.schema_words
+    monkeypatch.setattr(compiler, "schema_words", lambda *a, **kw: converted.append(1) or real(*a, **kw))
+    monkeypatch.setattr(compiler, "dfa_for", lambda *a, **kw: pytest.fail("the check built the whole automaton"))
+    spec = spec_from_request(SCHEMA)
+    compiler.check_constraint(spec, cache_dir=tmp_path)
+    compiler.check_constraint(spec, cache_dir=tmp_path)
+    assert len(converted) == 1
+    assert list(tmp_path.glob("words-dfa-*.bin")), "the converted tree was not kept for the engine"
+    compiler._MEMORY.clear()  # another process: the tree is read back, not converted again
+    assert isinstance(compiler.serving_form(SCHEMA, vocab(), cache_dir=tmp_path), LazyConstraint)
+    assert len(converted) == 1
+
+
+def test_an_invalid_constraint_is_refused_by_the_check_and_remembered(monkeypatch):
+    spec = spec_from_request({"json_schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}})
+    converted = []
+    real = compiler.schema_words
+    monkeypatch.setattr(compiler, "schema_words", lambda *a, **kw: converted.append(1) or real(*a, **kw))
+    for _ in range(3):
+        with pytest.raises(ConstraintError, match="nonsense"):
+            compiler.check_constraint(spec, cache_dir=False)
+    assert len(converted) == 1
+
+
+def test_nesting_past_the_lazy_paths_depth_is_served_whole_from_its_narrower_subset():
+    """Recursion unrolled past MAX_DEPTH: the lazy path has no narrower subset, the whole one has."""
+    inner: dict = {"$ref": "#/$defs/n"}
+    for _ in range(11):
+        inner = {"type": "object", "properties": {"a": inner}}
+    obj = {"json_schema": {"$defs": {"n": inner}, "$ref": "#/$defs/n"}}
+    spec = spec_from_request(obj)
+    assert compiler.words_for(spec, cache_dir=False) is None
+    compiler.check_constraint(spec, cache_dir=False)  # refused by the lazy path, taken by dfa_for
+    form = compiler.serving_form(obj, vocab(), cache_dir=False)
+    assert not isinstance(form, LazyConstraint)
+
+
+def test_a_whole_automaton_over_the_state_limit_stays_lazy_and_serves_in_full(caplog):
+    """The lazy path builds only the states answers reach: a constraint whose whole automaton is over
+    the limit is served in full instead of refused (the whole path refuses it)."""
+    set_limits(Limits(max_states=200))
+    obj = {"regex": "[ab]*a[ab]{9}"}  # 2^10 states whole
+    v = vocab()
+    with pytest.raises(ConstraintError, match="more than 200 automaton states"):
+        compiler.dfa_for(spec_from_request(obj), cache_dir=False)
+    compiler._MEMORY.clear()
+    compiler.check_constraint(spec_from_request(obj), cache_dir=False)
+    form = compiler.serving_form(obj, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    with caplog.at_level(logging.INFO, logger="llmserve.constraints.compiler"):
+        assert compiler._BUILDER.drain(60)
+    assert "whole automaton is not built" in caplog.text
+    assert isinstance(compiler.serving_form(obj, v, cache_dir=False), LazyConstraint)
+    a, b = v.tokens.index(b"a"), v.tokens.index(b"b")
+    answer = [a] + [b] * 9
+    state = form.walk(answer)
+    assert state >= 0 and form.is_accepting(state)
