@@ -878,7 +878,10 @@ PYBIND11_MODULE(_core, m) {
                                std::lock_guard<std::mutex> hold(*self.lock);
                                return self.d->expanded();
                              })
-      .def_property_readonly("letters", [](const PyLazyDfa& self) { return self.d->letters(); });
+      .def_property_readonly("letters", [](const PyLazyDfa& self) { return self.d->letters(); })
+      .def_property_readonly(
+          "exhausted", [](const PyLazyDfa& self) { return self.d->exhausted(); },
+          "A state could not be built for the state or memory limit: states not built yet never will be.");
 
   m.def(
       "checksum",

@@ -53,11 +53,18 @@ LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_
 void LazyDfa::expand(int32_t s) {
   try {
     subsets_->expand(s);
-  } catch (...) {
+  } catch (const DfaError& e) {
     // states found before the limit stopped the row exist: a later call may name them (s itself
-    // stays unexpanded, its row built again in full next time)
+    // stays unexpanded, its row built again in full next time). Past the time budget a later call
+    // may succeed (its budget is counted again); past the state or memory limit none will.
     expanded_.resize(subsets_->found(), 0);
     found_.store(subsets_->found(), std::memory_order_release);
+    if (e.message.find("time budget") == std::string::npos) exhausted_.store(true, std::memory_order_release);
+    throw;
+  } catch (...) {
+    expanded_.resize(subsets_->found(), 0);
+    found_.store(subsets_->found(), std::memory_order_release);
+    exhausted_.store(true, std::memory_order_release);
     throw;
   }
   expanded_.resize(subsets_->found(), 0);

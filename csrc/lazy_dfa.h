@@ -46,6 +46,9 @@ class LazyDfa {
   // states numbered so far; readable without the lock (a state below it exists)
   int64_t found() const { return found_.load(std::memory_order_acquire); }
   int64_t expanded() const { return expanded_count_; }  // states whose moves are built
+  // a state could not be built for its state or memory limit: states not built yet never will be
+  // (a walk reaching one ends there), so new answers need a new automaton; readable without the lock
+  bool exhausted() const { return exhausted_.load(std::memory_order_acquire); }
   int32_t letters() const { return subsets_->dfa().letters; }
   int64_t max_states() const { return max_states_; }
   // The fewest bytes from s to acceptance over the bytes with usable[b] != 0 (INT32_MAX: none): the
@@ -94,6 +97,7 @@ class LazyDfa {
   int64_t expanded_count_ = 0;
   int64_t max_states_, call_ms_;
   std::atomic<int64_t> found_{0};
+  std::atomic<bool> exhausted_{false};
 };
 
 }  // namespace llmserve

@@ -332,6 +332,11 @@ class LazyDfa:
     @property
     def letters(self) -> int:
         """Byte classes of the NFA's edges (a row's width)."""
+    @property
+    def exhausted(self) -> bool:
+        """A state could not be built for the state or memory limit: the states not built yet never
+        will be (a walk reaching one ends there), so new answers need a new automaton. Past the time
+        budget alone a later call may still build it."""
 
 def checksum(data: object, seed: int = 0) -> int:
     """64-bit checksum of a C-contiguous buffer (definition in csrc/checksum.h; the cache files'

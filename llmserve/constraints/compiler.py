@@ -238,7 +238,9 @@ def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None 
     is thread-safe). None as ``words_for`` (and when its NFA is over the limit)."""
     memo = ("lazy-dfa", dfa_key(spec))
     held = _MEMORY.get(memo)
-    if held is not None and held[0] == os.getpid():  # a forked child builds its own (lazy_form.py)
+    # a forked child builds its own (lazy_form.py); one at its state or memory limit serves the
+    # answers already on it, and new ones get a new one
+    if held is not None and held[0] == os.getpid() and not held[1].exhausted:
         return held[1]
     words = words_for(spec, cache_dir=cache_dir)
     if words is None:
@@ -287,14 +289,21 @@ def serving_form(
         return compile_constraint(spec, vocab, cache_dir=cache_dir)
     lazy_memo = ("lazy-form", key, id(vocab))
     form = _MEMORY.get(lazy_memo)
-    if not isinstance(form, LazyConstraint) or form.vocab is not vocab or form.pid != os.getpid():
+    if (
+        not isinstance(form, LazyConstraint)
+        or form.vocab is not vocab
+        or form.pid != os.getpid()
+        or form.lazy.exhausted
+    ):
         lazy = lazy_automaton(spec, cache_dir=cache_dir)
         if lazy is None:
             return compile_constraint(spec, vocab, cache_dir=cache_dir)
+        renewed = isinstance(form, LazyConstraint) and form.vocab is vocab and form.pid == os.getpid()
         form = LazyConstraint(vocab, lazy, key)
-        words = words_for(spec, cache_dir=cache_dir)
-        assert words is not None
-        _BUILDER.submit(functools.partial(_build_complete, form, words, path, memo, cache_dir))
+        if not renewed:  # an exhausted form's complete form is being built, or over the limits already
+            words = words_for(spec, cache_dir=cache_dir)
+            assert words is not None
+            _BUILDER.submit(functools.partial(_build_complete, form, words, path, memo, cache_dir))
     _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)  # counted again at each use: it grows
     if within is not None and not form.steerable_within(within):
         return compile_constraint(spec, vocab, cache_dir=cache_dir)

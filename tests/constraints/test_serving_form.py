@@ -218,3 +218,24 @@ def test_a_whole_automaton_over_the_state_limit_stays_lazy_and_serves_in_full(ca
     answer = [a] + [b] * 9
     state = form.walk(answer)
     assert state >= 0 and form.is_accepting(state)
+
+
+def test_new_answers_get_a_new_automaton_once_one_is_at_its_state_limit():
+    """The states of a lazy form are shared by every answer served from it: once its automaton is at
+    the state limit, answers on it end where they reach a state it could not build, and the next
+    request gets an automaton of its own instead of inheriting that."""
+    set_limits(Limits(max_states=10))  # 80 states built as walked (SUBSET_FACTOR)
+    obj = {"regex": "[ab]*a[ab]{9}"}
+    v = vocab()
+    form = compiler.serving_form(obj, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    with pytest.raises(ValueError, match="more than 80 automaton states"):
+        for n in range(1, 4096):  # every a/b string up to 11 letters: 2^10 states whole
+            form.lazy.walk(format(n, "b").translate(str.maketrans("01", "ab")).encode())
+    assert form.lazy.exhausted
+    again = compiler.serving_form(obj, v, cache_dir=False)
+    assert isinstance(again, LazyConstraint) and again is not form and again.lazy is not form.lazy
+    assert not again.lazy.exhausted
+    a, b = v.tokens.index(b"a"), v.tokens.index(b"b")
+    state = again.walk([b, b, a] + [a, b] * 4 + [b])
+    assert state >= 0 and again.is_accepting(state)
