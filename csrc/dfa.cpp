@@ -195,9 +195,28 @@ class NfaBuilder {
     return static_cast<int32_t>(nfa_.states++);
   }
   void eps(int32_t from, int32_t to) { nfa_.eps_list.emplace_back(from, to); }
+  // Every word is read through at(): the array may come from a cache file a hostile writer crafted,
+  // so a position outside it (past the end, or before the start after a bad count) is refused.
   int32_t at(int64_t i) const {
-    if (i >= n_) throw std::invalid_argument("truncated AST");
+    if (i < 0 || i >= n_) throw std::invalid_argument("truncated AST");
     return ast_[i];
+  }
+  // A count of items read at `pos` (advanced past it): not negative, and no more than the rest of
+  // the array holds at `words` words an item at least, so that any loop or allocation it drives is
+  // bounded by the array's length.
+  int32_t count_at(int64_t& pos, int64_t words, const char* what) {
+    const int32_t c = at(pos++);
+    if (c < 0) throw std::invalid_argument(std::string(what) + ": negative count");
+    if (static_cast<int64_t>(c) * words > n_ - pos)
+      throw std::invalid_argument(std::string(what) + ": count past the end of the AST");
+    return c;
+  }
+  // lo, hi of a repetition or list (hi -1: unbounded), `pos` advanced past them
+  std::pair<int32_t, int32_t> bounds_at(int64_t& pos, const char* what) {
+    const int32_t lo = at(pos), hi = at(pos + 1);
+    pos += 2;
+    if (lo < 0 || hi < -1 || (hi >= 0 && hi < lo)) throw std::invalid_argument(what);
+    return {lo, hi};
   }
   void edge(int32_t from, int lo, int hi, int32_t to) {
     nfa_.edge_list.push_back({from, lo, hi, to});
@@ -213,11 +232,12 @@ class NfaBuilder {
     } depth(depth_);
     const int32_t kind = at(pos++);
     if (kind == 0) {  // set
-      const int32_t count = at(pos++);
+      const int32_t count = count_at(pos, 2, "set");
       const int32_t s = state(), e = state();
       std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
       std::vector<std::vector<std::pair<int, int>>> seqs;
       for (int32_t k = 0; k < count; ++k) {
+        budget_.poll();  // a set is walked again for each copy of a repetition
         const int32_t lo = at(pos), hi = at(pos + 1);
         pos += 2;
         if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
@@ -244,7 +264,7 @@ class NfaBuilder {
       return {s, e};
     }
     if (kind == 1) {  // cat
-      const int32_t count = at(pos++);
+      const int32_t count = count_at(pos, 2, "cat");  // a node takes 2 words at least
       const int32_t s = state();
       int32_t e = s;
       for (int32_t k = 0; k < count; ++k) {
@@ -255,7 +275,7 @@ class NfaBuilder {
       return {s, e};
     }
     if (kind == 2) {  // alt
-      const int32_t count = at(pos++);
+      const int32_t count = count_at(pos, 2, "alt");
       const int32_t s = state(), e = state();
       for (int32_t k = 0; k < count; ++k) {
         auto [cs, ce] = node(pos);
@@ -265,9 +285,8 @@ class NfaBuilder {
       return {s, e};
     }
     if (kind == 3) {  // rep
-      const int32_t lo = at(pos), hi = at(pos + 1);
-      pos += 2;
-      if (lo < 0 || (hi >= 0 && hi < lo)) throw std::invalid_argument("repetition bounds");
+      // each copy of the child takes one state at least: the copies are bounded by the state limit
+      const auto [lo, hi] = bounds_at(pos, "repetition bounds");
       const int64_t child = pos;
       auto again = [&]() {
         int64_t p = child;
@@ -304,17 +323,18 @@ class NfaBuilder {
       return {s, end};
     }
     if (kind == 4) {  // an automaton over bytes, embedded as it is (an intersection built in Python)
-      const int32_t count = at(pos), start = at(pos + 1);
-      pos += 2;
-      if (count <= 0 || start < 0 || start >= count) throw std::invalid_argument("embedded DFA: bad size or start");
-      std::vector<int32_t> ids(count);
-      for (int32_t q = 0; q < count; ++q) ids[q] = state();
+      const auto [count, start] = dfa_size_at(pos);
+      // grown state by state, so that a large count stops at the state limit, not after allocating
+      std::vector<int32_t> ids;
+      ids.reserve(static_cast<size_t>(std::min<int64_t>(count, limit_ - nfa_.states)));
+      for (int32_t q = 0; q < count; ++q) ids.push_back(state());
       const int32_t e = state();
       for (int32_t q = 0; q < count; ++q)
         if (at(pos + q)) eps(ids[q], e);
       pos += count;
       for (int32_t q = 0; q < count; ++q) {
-        const int32_t ranges = at(pos++);
+        budget_.poll();
+        const int32_t ranges = count_at(pos, 3, "embedded DFA");
         for (int32_t k = 0; k < ranges; ++k) {
           const int32_t lo = at(pos), hi = at(pos + 1), to = at(pos + 2);
           pos += 3;
@@ -329,14 +349,31 @@ class NfaBuilder {
     if (kind == 6) return comma_list(pos);
     throw std::invalid_argument("unknown AST node kind");
   }
+  // the size S of an embedded automaton and its start, checked, `pos` advanced past them: S accept
+  // flags and S rows (a count each at least) must fit in the rest of the array
+  std::pair<int32_t, int32_t> dfa_size_at(int64_t& pos) {
+    const int32_t count = at(pos), start = at(pos + 1);
+    pos += 2;
+    if (count <= 0 || start < 0 || start >= count) throw std::invalid_argument("embedded DFA: bad size or start");
+    if (2 * static_cast<int64_t>(count) > n_ - pos)
+      throw std::invalid_argument("embedded DFA: count past the end of the AST");
+    return {count, start};
+  }
+  // the count of members and the at-least-one flag, checked, `pos` advanced past them: a member
+  // takes 3 words at least (its flag and a node)
+  std::pair<int32_t, int32_t> members_at(int64_t& pos) {
+    const int32_t n = at(pos), at_least_one = at(pos + 1);
+    pos += 2;
+    if (n < 0) throw std::invalid_argument("members: bad count");
+    if (3 * static_cast<int64_t>(n) > n_ - pos) throw std::invalid_argument("members: count past the end of the AST");
+    return {n, at_least_one};
+  }
   // JSON object members, each built once (see regex.py, _NFA.members, which this mirrors state for
   // state): a[i] no member before i, p[i] after a comma (member i or a later one), after member i
   // one state that takes the comma or ends, so the subset after a member holds one state, not one
   // per later optional member.
   std::pair<int32_t, int32_t> members(int64_t& pos) {
-    const int32_t n = at(pos), at_least_one = at(pos + 1);
-    pos += 2;
-    if (n < 0) throw std::invalid_argument("members: bad count");
+    const auto [n, at_least_one] = members_at(pos);
     const int32_t s = state(), end = state();
     std::vector<int32_t> a{s}, p, e;
     for (int32_t i = 0; i < n; ++i) a.push_back(state());
@@ -365,9 +402,7 @@ class NfaBuilder {
   }
   // child lo..hi times, comma-separated; unbounded: max(lo, 1) copies, the last looping back
   std::pair<int32_t, int32_t> comma_list(int64_t& pos) {
-    const int32_t lo = at(pos), hi = at(pos + 1);
-    pos += 2;
-    if (lo < 0 || (hi >= 0 && hi < lo)) throw std::invalid_argument("list bounds");
+    const auto [lo, hi] = bounds_at(pos, "list bounds");  // copies bounded by the state limit, as a repetition's
     const int64_t child = pos;
     const int32_t s = state(), end = state();
     if (lo == 0) eps(s, end);
@@ -387,31 +422,34 @@ class NfaBuilder {
     if (copies == 0) skip(pos);
     return {s, end};
   }
+  // Step over the subtree at `pos` without building it (a repetition or list of at most 0 copies).
+  // Its counts are checked as node() checks them: each item then takes words of the array, so the
+  // walk is bounded by the array's length, and it polls the time budget as it goes.
   void skip(int64_t& pos) {
     if (++skip_depth_ > kMaxAstDepth) throw std::invalid_argument("AST nested deeper than " + std::to_string(kMaxAstDepth));
+    budget_.poll();
     const int32_t kind = at(pos++);
     if (kind == 0) {
-      pos += 2 * static_cast<int64_t>(at(pos)) + 1;
+      pos += 2 * static_cast<int64_t>(count_at(pos, 2, "set"));
     } else if (kind == 1 || kind == 2) {
-      const int32_t count = at(pos++);
+      const int32_t count = count_at(pos, 2, kind == 1 ? "cat" : "alt");
       for (int32_t k = 0; k < count; ++k) skip(pos);
-    } else if (kind == 3) {
-      pos += 2;
+    } else if (kind == 3 || kind == 6) {
+      bounds_at(pos, kind == 3 ? "repetition bounds" : "list bounds");
       skip(pos);
     } else if (kind == 4) {
-      const int32_t count = at(pos);
-      pos += 2 + static_cast<int64_t>(count);
-      for (int32_t q = 0; q < count; ++q) pos += 3 * static_cast<int64_t>(at(pos)) + 1;
+      const int32_t count = dfa_size_at(pos).first;
+      pos += count;  // the accept flags
+      for (int32_t q = 0; q < count; ++q) {
+        budget_.poll();
+        pos += 3 * static_cast<int64_t>(count_at(pos, 3, "embedded DFA"));
+      }
     } else if (kind == 5) {
-      const int32_t count = at(pos);
-      pos += 2;
-      for (int32_t k = 0; k < count; ++k) {
+      const int32_t n = members_at(pos).first;
+      for (int32_t k = 0; k < n; ++k) {
         ++pos;  // the member's required flag
         skip(pos);
       }
-    } else if (kind == 6) {
-      pos += 2;
-      skip(pos);
     } else {
       throw std::invalid_argument("unknown AST node kind");
     }
