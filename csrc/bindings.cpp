@@ -881,7 +881,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("letters", [](const PyLazyDfa& self) { return self.d->letters(); })
       .def_property_readonly(
           "exhausted", [](const PyLazyDfa& self) { return self.d->exhausted(); },
-          "A state could not be built for the state or memory limit: states not built yet never will be.");
+          "A state could not be built within a limit: answers reaching it over a grammar have ended.")
+      .def_property_readonly("nbytes", [](const PyLazyDfa& self) {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> hold(*self.lock);
+        return self.d->bytes();
+      });
 
   m.def(
       "checksum",

@@ -80,6 +80,7 @@ class Budget {
     if (max_bytes_ > 0 && used_ > max_bytes_) fail_memory();
   }
   void check_time();
+  int64_t used() const { return used_; }  // bytes charged so far
   // the time limit, ms (<= 0: none), counted again from now (memory stays charged): for work done
   // call by call
   void restart(int64_t ms);

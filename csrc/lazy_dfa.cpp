@@ -53,15 +53,10 @@ LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_
 void LazyDfa::expand(int32_t s) {
   try {
     subsets_->expand(s);
-  } catch (const DfaError& e) {
-    // states found before the limit stopped the row exist: a later call may name them (s itself
-    // stays unexpanded, its row built again in full next time). Past the time budget a later call
-    // may succeed (its budget is counted again); past the state or memory limit none will.
-    expanded_.resize(subsets_->found(), 0);
-    found_.store(subsets_->found(), std::memory_order_release);
-    if (e.message.find("time budget") == std::string::npos) exhausted_.store(true, std::memory_order_release);
-    throw;
   } catch (...) {
+    // states found before the limit stopped the row exist: a later call may name them (s itself
+    // stays unexpanded). Whatever the limit, a grammar over this automaton has ended the answers
+    // that reached s for good (its row or step is dead): new answers need a new automaton.
     expanded_.resize(subsets_->found(), 0);
     found_.store(subsets_->found(), std::memory_order_release);
     exhausted_.store(true, std::memory_order_release);

@@ -46,9 +46,11 @@ class LazyDfa {
   // states numbered so far; readable without the lock (a state below it exists)
   int64_t found() const { return found_.load(std::memory_order_acquire); }
   int64_t expanded() const { return expanded_count_; }  // states whose moves are built
-  // a state could not be built for its state or memory limit: states not built yet never will be
-  // (a walk reaching one ends there), so new answers need a new automaton; readable without the lock
+  // a state could not be built within a limit (states, memory, or a call's time): a grammar over
+  // this automaton ends the answers that reach it, so new answers need a new automaton; readable
+  // without the lock
   bool exhausted() const { return exhausted_.load(std::memory_order_acquire); }
+  int64_t bytes() const { return budget_.used(); }  // memory charged: the NFA and the states built
   int32_t letters() const { return subsets_->dfa().letters; }
   int64_t max_states() const { return max_states_; }
   // The fewest bytes from s to acceptance over the bytes with usable[b] != 0 (INT32_MAX: none): the

@@ -334,9 +334,12 @@ class LazyDfa:
         """Byte classes of the NFA's edges (a row's width)."""
     @property
     def exhausted(self) -> bool:
-        """A state could not be built for the state or memory limit: the states not built yet never
-        will be (a walk reaching one ends there), so new answers need a new automaton. Past the time
-        budget alone a later call may still build it."""
+        """A state could not be built within a limit (states, memory, or one call's time): a grammar
+        over this automaton has ended the answers that reached it (its row or step is dead), so new
+        answers need a new automaton."""
+    @property
+    def nbytes(self) -> int:
+        """Memory charged to the automaton's budget: its NFA and the states built so far."""
 
 def checksum(data: object, seed: int = 0) -> int:
     """64-bit checksum of a C-contiguous buffer (definition in csrc/checksum.h; the cache files'

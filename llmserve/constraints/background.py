@@ -20,10 +20,13 @@ log = logging.getLogger(__name__)
 
 class Background:
     """Runs submitted calls on one daemon thread (started on first use, and again in a forked child,
-    which has not got the parent's thread nor its queue)."""
+    which has not got the parent's thread nor its queue). ``max_pending``: calls waiting beyond that
+    many are dropped (``submit`` says so); 0: no bound."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, max_pending: int = 0) -> None:
         self._name = name
+        self._max_pending = max_pending
+        self._pending = 0
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -39,22 +42,27 @@ class Background:
         self._lock = threading.Lock()
         self._queue = queue.SimpleQueue()
         self._thread = None
+        self._pending = 0
         self._idle = threading.Event()
         self._idle.set()
 
-    def submit(self, call: Callable[[], None]) -> None:
+    def submit(self, call: Callable[[], None]) -> bool:
+        """Queue ``call``; False when it was dropped (closed, or ``max_pending`` calls waiting)."""
         with self._lock:
-            if self._closed:
-                return
+            if self._closed or (self._max_pending and self._pending >= self._max_pending):
+                return False
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, args=(self._queue,), name=self._name, daemon=True)
                 self._thread.start()
+            self._pending += 1
             self._queue.put(call)
+            return True
 
     def _run(self, calls: queue.SimpleQueue[Callable[[], None]]) -> None:
         while True:
             call = calls.get()
             with self._lock:  # close() either sees this call running or it never starts
+                self._pending -= 1
                 if self._closed:
                     continue
                 self._idle.clear()
@@ -68,7 +76,13 @@ class Background:
     def drain(self, timeout: float) -> bool:
         """Wait until every call submitted so far has run (tests); False when ``timeout`` passed first."""
         done = threading.Event()
-        self.submit(done.set)
+        with self._lock:  # past the bound too: a drain must not be dropped
+            bound, self._max_pending = self._max_pending, 0
+        try:
+            self.submit(done.set)
+        finally:
+            with self._lock:
+                self._max_pending = bound
         return done.wait(timeout)
 
     def close(self, timeout: float) -> None:

@@ -160,8 +160,12 @@ def fewest_tokens(
 def lazy_fewest_tokens(lazy, vocab, *, budget_ms: int = 0) -> Shortest:
     """``fewest_tokens`` from the start of an automaton built as it is walked (a ``_core.LazyDfa``),
     building only the states the search reaches; "at least" when ``budget_ms`` (or the automaton's
-    own time limit per call) ran out first."""
-    tokens, explored = lazy.fewest_tokens(native_vocab(vocab), 0, int(budget_ms))
+    own time limit per call) ran out first. ConstraintError when it reaches the automaton's state or
+    memory limit first."""
+    try:
+        tokens, explored = lazy.fewest_tokens(native_vocab(vocab), 0, int(budget_ms))
+    except ValueError as exc:  # the automaton's state or memory limit: the constraint's to answer for
+        raise ConstraintError(str(exc)) from None
     if tokens < 0:
         return Shortest(explored + 1, "at least")
     return Shortest(int(tokens))

@@ -42,6 +42,7 @@ import functools
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +132,7 @@ def dfa_for(
             else:
                 dfa = build(spec.to_ast(), backend, started=started)
         except ConstraintError as exc:
-            if "time budget" not in exc.message:
-                _MEMORY.put(memo, exc, len(exc.message) + 256)
-            elif (time.thread_time() - cpu_started) * 1000 >= budget_ms / 2:  # not merely starved of CPU
-                _MEMORY.put(over_time, exc, len(exc.message) + 256)
+            _remember(memo, over_time, exc, cpu_started)
             raise
         if path is not None and keep_on_disk:
             try_write_dfa(path, key, dfa)
@@ -185,10 +183,23 @@ def compile_constraint(
 
 # a constraint the lazy path refuses for its size (it has no narrower subset): the whole path serves it
 _WHOLE = "whole"
-# the complete forms of constraints first served lazily, built one at a time off the request path
-_BUILDER = Background("llmserve-constraint-whole")
+# the complete forms of constraints first served lazily, built one at a time off the request path;
+# past this many waiting, a new constraint stays served as it is walked (the queue must not hold
+# every burst's forms alive)
+_BUILDER = Background("llmserve-constraint-whole", max_pending=64)
 # a build is bounded by the compile time budget: waited for at exit (background.py says why)
 atexit.register(lambda: _BUILDER.close(limits().compile_ms / 1000 + 5))
+
+
+def _remember(memo: tuple, over_time: tuple, exc: ConstraintError, cpu_started: float) -> None:
+    """Remember a refusal so that the same constraint sent again costs nothing: at once, unless it is
+    a time budget's; that one (under that budget: ``over_time``) only when the work used at least
+    half the budget in CPU time (``time.thread_time`` since ``cpu_started``): one starved of CPU by a
+    busy machine may pass later, one that really needs more is not tried again for every request."""
+    if "time budget" not in exc.message:
+        _MEMORY.put(memo, exc, len(exc.message) + 256)
+    elif (time.thread_time() - cpu_started) * 1000 >= limits().compile_ms / 2:
+        _MEMORY.put(over_time, exc, len(exc.message) + 256)
 
 
 def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> NDArray[np.int32] | None:
@@ -197,19 +208,22 @@ def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = Non
     from the disk cache (``words-<dfa key>.bin``, kept by the process that converted it first, a
     frontend's check, so that the engine does not convert it again) or converted now, within the
     compile limits. None when it is too large or too deep for the lazy path, which has no narrower
-    subset: ``dfa_for`` serves it then. ConstraintError for an invalid constraint (remembered)."""
+    subset: ``dfa_for`` serves it then. ConstraintError for an invalid constraint (remembered).
+    A refusal learnt later (``_refuse_later``) is the check's, not this: a request admitted before
+    it must still be served."""
     key = dfa_key(spec)
     memo = ("words", key)
-    hit = _MEMORY.get(memo)
-    if isinstance(hit, ConstraintError):
-        raise hit
-    if hit is not None:
-        return None if isinstance(hit, str) else hit
-    path = None if cache_dir is False else _cache_root(cache_dir) / f"words-{key}.bin"
+    over_time = ("words-over-time", key, limits().compile_ms)
+    for hit in (_MEMORY.get(memo), _MEMORY.get(over_time)):
+        if isinstance(hit, ConstraintError):
+            raise hit
+        if hit is not None:
+            return None if isinstance(hit, str) else hit
+    path = _words_path(key, cache_dir)
     found = read_arrays(path, path.stem) if path is not None else None
     words = found[1].get("words") if found is not None else None
     if words is None or words.dtype != np.int32 or words.ndim != 1:
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         try:
             if spec.kind == "json_schema":
                 words = schema_words(spec.value, started=started)
@@ -219,8 +233,7 @@ def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = Non
             if too_large(exc) and "time budget" not in exc.message:
                 _MEMORY.put(memo, _WHOLE, 256)
                 return None
-            if "time budget" not in exc.message:
-                _MEMORY.put(memo, exc, len(exc.message) + 256)
+            _remember(memo, over_time, exc, cpu_started)
             raise
         if path is not None:
             try:
@@ -231,56 +244,78 @@ def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = Non
     return words
 
 
-def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> core.LazyDfa | None:
-    """The constraint's automaton built as it is walked, from ``words_for``: its NFA now (what
-    checks the constraint: a malformed tree or an empty language is refused here), its states as
-    walks reach them; one per process, shared by the budget check and the forms serving rows (it
-    is thread-safe). None as ``words_for`` (and when its NFA is over the limit)."""
-    memo = ("lazy-dfa", dfa_key(spec))
-    held = _MEMORY.get(memo)
-    # a forked child builds its own (lazy_form.py); one at its state or memory limit serves the
-    # answers already on it, and new ones get a new one
-    if held is not None and held[0] == os.getpid() and not held[1].exhausted:
-        return held[1]
+def _words_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:
+    return None if cache_dir is False else _cache_root(cache_dir) / f"words-{key}.bin"
+
+
+def _new_lazy(spec: ConstraintSpec, cache_dir: Path | str | bool | None) -> core.LazyDfa | None:
+    """A new automaton built as it is walked, from ``words_for`` (its NFA now: a malformed tree or an
+    empty language is refused here). None as ``words_for``, and when its NFA is over the limit."""
     words = words_for(spec, cache_dir=cache_dir)
     if words is None:
         return None
+    cpu_started = time.thread_time()
     try:
-        lazy = lazy_words(words)
+        return lazy_words(words)
     except ConstraintError as exc:
+        key = dfa_key(spec)
         if too_large(exc) and "time budget" not in exc.message:
-            _MEMORY.put(("words", dfa_key(spec)), _WHOLE, 256)
+            _MEMORY.put(("words", key), _WHOLE, 256)
             return None
+        _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)
         raise
-    # counted at its NFA's size, about a dozen bytes per word of the tree; the states it builds
-    # are counted by the forms that serve rows from it
-    _MEMORY.put(memo, (os.getpid(), lazy), 16 * int(words.nbytes) + 256)
+
+
+def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> core.LazyDfa | None:
+    """The budget check's automaton built as it is walked (``_new_lazy``), one per process. Not the
+    one rows are served from: a check's search holds its lock for up to the compile time budget on
+    a low-priority thread, and the states it builds count against its limits, neither of which may
+    reach a batch row. None as ``_new_lazy``."""
+    memo = ("lazy-dfa", dfa_key(spec))
+    held = _MEMORY.get(memo)
+    # a forked child builds its own (lazy_form.py), and one past a limit is built again
+    if held is not None and held[0] == os.getpid() and not held[1].exhausted:
+        _MEMORY.put(memo, held, int(held[1].nbytes) + 256)  # counted again at each use: it grows
+        return held[1]
+    lazy = _new_lazy(spec, cache_dir)
+    if lazy is not None:
+        _MEMORY.put(memo, (os.getpid(), lazy), int(lazy.nbytes) + 256)
     return lazy
 
 
 def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> None:
     """A frontend's check of a new constraint, without its whole automaton: conversion and NFA
-    (``lazy_automaton``), kept for the engine (``words_for``); one the lazy path cannot take is
-    built whole (``dfa_for``, with its narrower subsets). ConstraintError when refused."""
+    (``lazy_automaton``), the tree kept for the engine (``words_for``); one the lazy path cannot
+    take is built whole (``dfa_for``, with its narrower subsets). ConstraintError when refused,
+    including a constraint refused since it was admitted (``_refuse_later``)."""
     key = dfa_key(spec)
+    refused = _MEMORY.get(("refused", key)) or _refused_on_disk(key, cache_dir)
+    if refused is not None:
+        raise refused
     if _MEMORY.get(("checked", key)) is not None:
         return
-    lazy = lazy_automaton(spec, cache_dir=cache_dir)
-    if lazy is None:
+    if lazy_automaton(spec, cache_dir=cache_dir) is None:
         dfa_for(spec, cache_dir=cache_dir)
     else:
         _MEMORY.put(("checked", key), True, 128)
 
 
 def serving_form(
-    spec: Any, vocab: Vocab, *, cache_dir: Path | str | bool | None = None, within: int | None = None
+    spec: Any,
+    vocab: Vocab,
+    *,
+    cache_dir: Path | str | bool | None = None,
+    within: int | None = None,
+    tokens: list[int] | None = None,
 ) -> CompiledConstraint | LazyConstraint:
     """What a batch row is served from: the complete form when this process or the disk cache has
     it (``compile_constraint``); on a miss, a ``LazyConstraint`` (``lazy_form.py``), usable once the
     constraint's NFA and start row exist, while its complete form is built in the background and
-    kept for later requests. ``within``: the request's answer must end within that many tokens
-    (end of sequence not counted); a lazy form whose steering figure cannot keep it there gives way
-    to the complete form, which steers by exact distances. Refusals as ``compile_constraint``'s."""
+    kept for later requests. ``within``: the answer must end within that many more tokens (end of
+    sequence not counted) after ``tokens``, its output so far (a request coming back after
+    preemption); a lazy form whose steering figure cannot keep it there gives way to the complete
+    form, which steers by exact distances, when that can be built. Refusals as
+    ``compile_constraint``'s."""
     spec = spec_from_request(spec)
     key = cache_key(spec, vocab)
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
@@ -288,53 +323,110 @@ def serving_form(
     if core is None or _held_form(memo, vocab) is not None or (path is not None and path.is_file()):
         return compile_constraint(spec, vocab, cache_dir=cache_dir)
     lazy_memo = ("lazy-form", key, id(vocab))
-    form = _MEMORY.get(lazy_memo)
-    if (
-        not isinstance(form, LazyConstraint)
-        or form.vocab is not vocab
-        or form.pid != os.getpid()
-        or form.lazy.exhausted
-    ):
-        lazy = lazy_automaton(spec, cache_dir=cache_dir)
+    found = _MEMORY.get(lazy_memo)
+    held = found if isinstance(found, LazyConstraint) and found.vocab is vocab and found.pid == os.getpid() else None
+    form: LazyConstraint
+    if held is not None and not held.lazy.exhausted:
+        form = held
+        _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)  # counted again at each use: it grows
+    else:
+        lazy = _new_lazy(spec, cache_dir)
         if lazy is None:
             return compile_constraint(spec, vocab, cache_dir=cache_dir)
-        renewed = isinstance(form, LazyConstraint) and form.vocab is vocab and form.pid == os.getpid()
         form = LazyConstraint(vocab, lazy, key)
-        if not renewed:  # an exhausted form's complete form is being built, or over the limits already
+        _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)
+        if held is None:  # a form renewed past its limits: its complete form is built already, or cannot be
             words = words_for(spec, cache_dir=cache_dir)
             assert words is not None
-            _BUILDER.submit(functools.partial(_build_complete, form, words, path, memo, cache_dir))
-    _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)  # counted again at each use: it grows
-    if within is not None and not form.steerable_within(within):
-        return compile_constraint(spec, vocab, cache_dir=cache_dir)
+            _BUILDER.submit(
+                functools.partial(_build_complete, weakref.ref(form), dfa_key(spec), words, path, memo, cache_dir)
+            )
+    if within is not None and not form.steerable_within(within, tokens or ()):
+        try:
+            return compile_constraint(spec, vocab, cache_dir=cache_dir)
+        except ConstraintError as exc:  # a row cannot be refused here: steered as far as the figure allows
+            log.warning(
+                "constraint %s: served from its automaton built as it is walked, which may not end the answer "
+                "within max_tokens; its complete form is refused: %s",
+                key[:12],
+                exc.message.splitlines()[0],
+            )
     return form
 
 
 def _build_complete(
-    form: LazyConstraint, words: NDArray[np.int32], path: Path | None, memo: tuple, cache_dir: Path | str | bool | None
+    held: weakref.ref[LazyConstraint],
+    key: str,
+    words: NDArray[np.int32],
+    path: Path | None,
+    memo: tuple,
+    cache_dir: Path | str | bool | None,
 ) -> None:
     """In the background: the complete form of a constraint served lazily, built from the same tree
     (native: no GIL held), held in memory for later requests and completed and cached as any new
-    complete form is. A constraint whose whole automaton is over the limits stays lazy, in full:
-    the lazy path builds only the states answers reach."""
-    if _held_form(memo, form.vocab) is not None:
+    complete form is. Skipped when the lazy form is gone already (evicted, its requests done). A
+    constraint whose whole automaton is over the state limit stays lazy, in full: the lazy path
+    builds only the states answers reach; one whose whole automaton is over the time budget, CPU
+    spent, is refused from now on (``_refuse_later``), as the check refused it before the lazy path."""
+    form = held()
+    if form is None or _held_form(memo, form.vocab) is not None:
         return
+    vocab, form_key = form.vocab, form.key
+    del form  # the build below may take seconds: the form must not be kept alive by it
+    cpu_started = time.thread_time()
     try:
         dfa = compile_words(words, classes=True)
     except ConstraintError as exc:
+        if "time budget" in exc.message and (time.thread_time() - cpu_started) * 1000 >= limits().compile_ms / 2:
+            _refuse_later(key, exc, cache_dir)
         log.info(
             "constraint %s: its whole automaton is not built (%s); it is served from the automaton built as "
             "it is walked",
-            form.key[:12],
+            form_key[:12],
             exc.message.splitlines()[0],
         )
         return
-    compiled = CompiledConstraint.lazy(form.vocab, dfa, form.key)
-    _reuse_distances(compiled, form.key, cache_dir)
+    compiled = CompiledConstraint.lazy(vocab, dfa, form_key)
+    _reuse_distances(compiled, form_key, cache_dir)
     _hold(memo, compiled)
-    _MEMORY.discard(("lazy-form", form.key, id(form.vocab)))  # rows served from it hold their own reference
+    _MEMORY.discard(("lazy-form", form_key, id(vocab)))  # rows served from it hold their own reference
+    _MEMORY.discard(("lazy-dfa", key))
     if path is not None:
         _complete_later(compiled, path)
+
+
+def _refuse_later(key: str, exc: ConstraintError, cache_dir: Path | str | bool | None) -> None:
+    """From now on, refuse the constraint ``key`` names at the check, in this process and (through
+    ``refused-<key>.bin``) in the others sharing the disk cache: its whole automaton is over the
+    time budget, which once meant a refusal at the check, and the automaton built as it is walked
+    costs such a constraint as much, row by row, on the batch's time. Requests admitted already are
+    served."""
+    _MEMORY.put(("refused", key), exc, len(exc.message) + 256)
+    _MEMORY.discard(("checked", key))
+    path = _refused_path(key, cache_dir)
+    if path is not None:
+        try:
+            write_arrays(path, path.stem, {}, {"message": exc.message})
+        except OSError as err:
+            log.warning("constraint refusal not cached (%s): %s", path, err)
+
+
+def _refused_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:
+    return None if cache_dir is False else _cache_root(cache_dir) / f"refused-{key}.bin"
+
+
+def _refused_on_disk(key: str, cache_dir: Path | str | bool | None) -> ConstraintError | None:
+    """The refusal another process kept for ``key`` (``_refuse_later``), if any: a stat per check."""
+    path = _refused_path(key, cache_dir)
+    if path is None or not path.is_file():
+        return None
+    found = read_arrays(path, path.stem)
+    message = found[0].get("message") if found is not None else None
+    if not isinstance(message, str):
+        return None
+    exc = ConstraintError(message)
+    _MEMORY.put(("refused", key), exc, len(message) + 256)
+    return exc
 
 
 def shortest_answer(

@@ -19,6 +19,7 @@ exact distances (``steerable_within``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,37 +49,37 @@ class LazyConstraint:
         self.start = 0
         self.pid = os.getpid()
         self.native = core.Grammar.over_lazy(native_vocab(vocab), lazy)
+        self._usable = vocab.single_bytes.view(np.uint8)  # the bytes single tokens are, as flags
         self._max_distance: int | None = None
         self._budget_rows: dict[tuple[int, int], NDArray[np.uint32] | None] = {}
 
     @property
     def nbytes(self) -> int:
-        """What this form holds now, near enough for the cache's budget: the mask rows in the blocks
-        the grammar allocated (rows are numbered as states are found, and blocks hold 64 rows, the
-        dead row's block included) and the automaton's states (one column per byte class each). The
-        NFA is not counted: it is linear in the constraint's size, what its conversion cost."""
-        found = int(self.lazy.found)
-        row_bytes = self.vocab.words * 4
-        blocks = -(-found // 64) + 1
-        return blocks * 64 * row_bytes + found * int(self.lazy.letters) * 4
+        """What this form holds now: its automaton as charged to its memory budget (the NFA and the
+        states built), the mask rows computed, and the grammar's per-row status and block index,
+        sized by the automaton's state limit. (Row blocks are allocated 64 rows at a time but their
+        pages are backed only as rows are written.)"""
+        limit = int(self.native.num_states) + 1
+        status = limit + (limit // 64 + 1) * 8
+        return int(self.lazy.nbytes) + int(self.native.ready_rows) * self.vocab.words * 4 + status
 
     def steering_bound(self, state: int | None = None) -> int:
         """The single-byte figure of ``state`` (default the start): the fewest tokens to an accepting
         state using single-byte tokens only, UNREACHABLE when they cannot get there."""
-        return int(
-            self.lazy.byte_distance(self.start if state is None else state, self.vocab.single_bytes.view(np.uint8))
-        )
+        return int(self.lazy.byte_distance(self.start if state is None else state, self._usable))
 
-    def steerable_within(self, tokens: int) -> bool:
-        """Whether steering from the start can end an answer within ``tokens`` tokens."""
-        return self.steering_bound() <= tokens
+    def steerable_within(self, tokens: int, output: Sequence[int] = ()) -> bool:
+        """Whether steering can end an answer within ``tokens`` more tokens after ``output`` (its
+        tokens so far). An answer already ended or refused by its output has nothing to steer."""
+        state = self.walk(output)
+        return state < 0 or self.steering_bound(state) <= tokens
 
     @property
     def max_distance(self) -> int:
         """An upper bound on every state's steering figure: a row with more tokens left than this
         needs no steering. Read off the NFA once."""
         if self._max_distance is None:
-            self._max_distance = int(self.lazy.max_byte_distance(self.vocab.single_bytes.view(np.uint8)))
+            self._max_distance = int(self.lazy.max_byte_distance(self._usable))
         return self._max_distance
 
     def budget_row(self, state: int, k: int) -> NDArray[np.uint32] | None:
@@ -91,9 +92,9 @@ class LazyConstraint:
             return self._budget_rows[key]
         row = np.zeros(self.vocab.words, dtype=np.uint32)
         try:
-            self.lazy.budget_row(native_vocab(self.vocab), state, self.vocab.single_bytes.view(np.uint8), k, row)
+            self.lazy.budget_row(native_vocab(self.vocab), state, self._usable, k, row)
         except ValueError:
-            return None
+            row[:] = 0  # kept: walking again would cost the same time to fail again
         found = row if row.any() else None
         if len(self._budget_rows) >= self.BUDGET_ROWS_KEPT:
             self._budget_rows.pop(next(iter(self._budget_rows)), None)

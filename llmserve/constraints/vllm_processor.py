@@ -276,9 +276,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     # ------------------------------------------------------------------ membership
 
-    def _compile(self, obj, within: int | None):
-        """The form a row is served from; ``within``: the answer must end within that many tokens
-        (see ``compiler.serving_form``)."""
+    def _compile(self, obj, within: int | None, output_tokens: list[int]):
+        """The form a row is served from; ``within``: the answer must end within that many more
+        tokens after ``output_tokens`` (see ``compiler.serving_form``)."""
         if "machine" in obj:
             machine = make_machine(obj["machine"], self.vocab, obj.get("args"))
             if isinstance(machine, ByteAutomaton):
@@ -288,7 +288,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             return machine
         if self.backend == "python":
             return compile_constraint(obj, self.vocab, backend="python")
-        return serving_form(obj, self.vocab, within=within)
+        return serving_form(obj, self.vocab, within=within, tokens=output_tokens)
 
     def _clear(self, i: int) -> None:
         self.batch.clear_row(i)
@@ -313,7 +313,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             limit = self._token_limit(params, prompt)
             if limit is None or not budget_enabled(params.extra_args):
                 limit = None
-            compiled = self._compile(obj, None if limit is None else limit - 1)
+            within = None if limit is None else limit - len(output_tokens or ()) - 1  # end of sequence: one more
+            compiled = self._compile(obj, within, output_tokens or [])
             if isinstance(compiled, TokenStateMachine):
                 self.python_rows[i] = PythonRow(compiled, output_tokens, self.vocab.size)
             else:

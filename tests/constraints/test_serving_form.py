@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -239,3 +240,104 @@ def test_new_answers_get_a_new_automaton_once_one_is_at_its_state_limit():
     a, b = v.tokens.index(b"a"), v.tokens.index(b"b")
     state = again.walk([b, b, a] + [a, b] * 4 + [b])
     assert state >= 0 and again.is_accepting(state)
+
+
+def test_a_complete_form_over_the_limits_leaves_a_tight_budget_steered_lazily(caplog):
+    """The complete form a tight budget asks for may be refused where the lazy one serves (here:
+    over the state limit): the row is served, steered as far as the single-byte figure allows,
+    instead of an error inside the engine's batch update."""
+    set_limits(Limits(max_states=200))
+    obj = {"regex": "[ab]*a[ab]{9}"}
+    v = vocab()
+    compiler.check_constraint(spec_from_request(obj), cache_dir=False)
+    hold_builder()
+    with caplog.at_level(logging.WARNING, logger="llmserve.constraints.compiler"):
+        form = compiler.serving_form(obj, v, cache_dir=False, within=5)
+    assert isinstance(form, LazyConstraint)
+    assert "may not end the answer within max_tokens" in caplog.text
+
+
+def test_a_request_back_from_preemption_is_gated_on_the_state_its_output_reached():
+    """Steerable from the start is not enough for a request coming back with output: the state its
+    tokens reached must be steerable within what is left."""
+    v = vocab()
+    hold_builder()
+    form = compiler.serving_form(SCHEMA, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    output = [v.tokens.index(bytes([b])) for b in b'{"name":"abc']  # 12 tokens for 12 bytes
+    assert form.steering_bound(form.walk(output)) == 2  # `"}` to go
+    # the start's figure (11) fits 1 + 12 tokens: the state the output reached decides
+    assert compiler.serving_form(SCHEMA, v, cache_dir=False, within=2, tokens=output) is form
+    whole = compiler.serving_form(SCHEMA, v, cache_dir=False, within=1, tokens=output)
+    assert not isinstance(whole, LazyConstraint)
+
+
+def test_a_budget_check_past_the_automatons_limits_is_the_constraints_error():
+    set_limits(Limits(max_states=4))
+    with pytest.raises(ConstraintError, match="automaton states"):
+        compiler.shortest_answer({"regex": "[ab]*a[ab]{9}"}, vocab(), cache_dir=False)
+
+
+def test_a_lazy_row_out_of_time_retires_its_automaton_for_new_answers():
+    """A row that runs out of its time ends the answers on it (the grammar's dead row, for good):
+    the next request gets a new automaton, whose rows are timed afresh."""
+    set_limits(Limits(compile_ms=30))  # its NFA takes about a millisecond, the row after x 100 ms or more
+    obj = {"regex": "x((a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p)?){300}y"}
+    v = vocab()
+    form = compiler.serving_form(obj, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    row = np.zeros(v.words, np.uint32)
+    with pytest.raises(ValueError, match="time budget"):
+        form.lazy.mask_row(native_vocab(v), form.lazy.walk(b"x"), row)
+    assert form.lazy.exhausted
+    again = compiler.serving_form(obj, v, cache_dir=False)
+    assert isinstance(again, LazyConstraint) and again.lazy is not form.lazy and not again.lazy.exhausted
+
+
+def test_a_constraint_whose_whole_automaton_is_over_the_time_budget_is_refused_from_then_on(monkeypatch, tmp_path):
+    """The check admitted it (conversion and NFA fit); its whole automaton then ran out of the time
+    budget, CPU spent: later requests are refused at the check, in this process and in another one
+    sharing the disk cache, as the check refused such a constraint before the lazy path. The request
+    admitted already is served."""
+    set_limits(Limits(compile_ms=40))
+
+    def over_time(*args, **kwargs):
+        until = time.thread_time() + 0.03
+        while time.thread_time() < until:
+            pass
+        raise ConstraintError("constraint compile time budget (40 ms) exceeded")
+
+    monkeypatch.setattr(compiler, "compile_words", over_time)
+    v = vocab()
+    spec = spec_from_request(SCHEMA)
+    compiler.check_constraint(spec, cache_dir=tmp_path)
+    form = compiler.serving_form(SCHEMA, v, cache_dir=tmp_path)
+    assert isinstance(form, LazyConstraint)
+    assert compiler._BUILDER.drain(60)
+    with pytest.raises(ConstraintError, match="time budget"):
+        compiler.check_constraint(spec, cache_dir=tmp_path)
+    compiler._MEMORY.clear()  # another process
+    with pytest.raises(ConstraintError, match="time budget"):
+        compiler.check_constraint(spec, cache_dir=tmp_path)
+    assert form.walk([v.tokens.index(b'{"name":"')]) >= 0  # the admitted request goes on
+    # and one admitted before the refusal reaches an engine (here: the memory emptied) is served
+    assert isinstance(compiler.serving_form(SCHEMA, v, cache_dir=tmp_path), LazyConstraint)
+
+
+def test_a_check_out_of_time_is_remembered_when_it_used_the_cpu(monkeypatch):
+    set_limits(Limits(compile_ms=40))
+    calls = []
+
+    def over_time(*args, **kwargs):
+        calls.append(1)
+        until = time.thread_time() + 0.03
+        while time.thread_time() < until:
+            pass
+        raise ConstraintError("constraint compile time budget (40 ms) exceeded")
+
+    monkeypatch.setattr(compiler, "schema_words", over_time)
+    spec = spec_from_request(SCHEMA)
+    for _ in range(3):
+        with pytest.raises(ConstraintError, match="time budget"):
+            compiler.check_constraint(spec, cache_dir=False)
+    assert len(calls) == 1
