@@ -41,6 +41,16 @@ def lazy_row(lazy, vocab: Vocab, state: int) -> np.ndarray:
     return out
 
 
+def all_forms(pattern: str, vocab: Vocab):
+    """(whole automaton, its complete form, the lazy automaton) of ``pattern``; None when the whole
+    automaton is refused (over a limit: the strategies draw some)."""
+    try:
+        whole = regex.compile_regex(pattern)
+    except ConstraintError:
+        return None
+    return whole, compile_dfa(whole, vocab), regex.lazy_ast(regex.parse(pattern))
+
+
 def assert_same_walks(lazy, complete, vocab: Vocab, choose, steps: int = 14) -> None:
     """Walk tokens both forms allow (``choose`` picks one), comparing each step's mask row."""
     state, full = 0, complete.start
@@ -77,12 +87,10 @@ def test_lazy_rows_are_the_complete_forms_rows_along_any_walk(pattern, vocab, da
 def test_lazy_distances_and_fewest_tokens_are_the_complete_automatons(pattern, vocab, data):
     """Byte distances read off the NFA (any set of usable bytes) and the token search over the lazy
     automaton give what they give over the whole automaton, state for state along a walk."""
-    try:
-        whole = regex.compile_regex(pattern)
-    except ConstraintError:
+    forms = all_forms(pattern, vocab)
+    if forms is None:
         return
-    complete = compile_dfa(whole, vocab)
-    lazy = regex.lazy_ast(regex.parse(pattern))
+    whole, complete, lazy = forms
     nv = native_vocab(vocab)
     drawn = np.frombuffer(data.draw(st.binary(min_size=256, max_size=256)), np.uint8)
     usable_sets = [np.asarray(u, dtype=np.uint8) for u in (vocab.single_bytes, np.ones(256), drawn)]
@@ -137,12 +145,10 @@ def assert_same_budget_rows(lazy, whole, complete, vocab: Vocab, choose, ks, ste
 @SETTINGS
 @given(patterns(), vocabs(), st.data())
 def test_lazy_budget_rows_are_the_whole_grammars_over_byte_distances(pattern, vocab, data):
-    try:
-        whole = regex.compile_regex(pattern)
-    except ConstraintError:
+    forms = all_forms(pattern, vocab)
+    if forms is None:
         return
-    complete = compile_dfa(whole, vocab)
-    lazy = regex.lazy_ast(regex.parse(pattern))
+    whole, complete, lazy = forms
     assert_same_budget_rows(lazy, whole, complete, vocab, lambda allowed: data.draw(st.sampled_from(allowed)), range(5))
 
 
