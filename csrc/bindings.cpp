@@ -882,6 +882,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly(
           "exhausted", [](const PyLazyDfa& self) { return self.d->exhausted(); },
           "A state could not be built within a limit: answers reaching it over a grammar have ended.")
+      .def_property_readonly(
+          "full", [](const PyLazyDfa& self) { return self.d->full(); },
+          "A state could not be built for the state or memory limit: no later call builds one either.")
       .def_property_readonly("nbytes", [](const PyLazyDfa& self) {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> hold(*self.lock);

@@ -53,13 +53,20 @@ LazyDfa::LazyDfa(const int32_t* ast, int64_t n, int64_t max_states, int64_t max_
 void LazyDfa::expand(int32_t s) {
   try {
     subsets_->expand(s);
-  } catch (...) {
+  } catch (const DfaError& e) {
     // states found before the limit stopped the row exist: a later call may name them (s itself
-    // stays unexpanded). Whatever the limit, a grammar over this automaton has ended the answers
-    // that reached s for good (its row or step is dead): new answers need a new automaton.
+    // stays unexpanded, built again by a later call if it can be). Whatever the limit, a grammar
+    // over this automaton has ended the answers that reached s for good (its row or step is dead).
     expanded_.resize(subsets_->found(), 0);
     found_.store(subsets_->found(), std::memory_order_release);
     exhausted_.store(true, std::memory_order_release);
+    if (e.message.find("time budget") == std::string::npos) full_.store(true, std::memory_order_release);
+    throw;
+  } catch (...) {
+    expanded_.resize(subsets_->found(), 0);
+    found_.store(subsets_->found(), std::memory_order_release);
+    exhausted_.store(true, std::memory_order_release);
+    full_.store(true, std::memory_order_release);
     throw;
   }
   expanded_.resize(subsets_->found(), 0);

@@ -50,6 +50,9 @@ class LazyDfa {
   // this automaton ends the answers that reach it, so new answers need a new automaton; readable
   // without the lock
   bool exhausted() const { return exhausted_.load(std::memory_order_acquire); }
+  // a state could not be built for the state or memory limit: no later call will build one either
+  // (past a call's time alone, a later call, timed afresh, may)
+  bool full() const { return full_.load(std::memory_order_acquire); }
   int64_t bytes() const { return budget_.used(); }  // memory charged: the NFA and the states built
   int32_t letters() const { return subsets_->dfa().letters; }
   int64_t max_states() const { return max_states_; }
@@ -99,7 +102,7 @@ class LazyDfa {
   int64_t expanded_count_ = 0;
   int64_t max_states_, call_ms_;
   std::atomic<int64_t> found_{0};
-  std::atomic<bool> exhausted_{false};
+  std::atomic<bool> exhausted_{false}, full_{false};
 };
 
 }  // namespace llmserve

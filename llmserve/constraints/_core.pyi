@@ -338,6 +338,10 @@ class LazyDfa:
         over this automaton has ended the answers that reached it (its row or step is dead), so new
         answers need a new automaton."""
     @property
+    def full(self) -> bool:
+        """A state could not be built for the state or memory limit: no later call builds one either
+        (past one call's time alone, a later call, timed afresh, may)."""
+    @property
     def nbytes(self) -> int:
         """Memory charged to the automaton's budget: its NFA and the states built so far."""
 

@@ -46,10 +46,11 @@ class Background:
         self._idle = threading.Event()
         self._idle.set()
 
-    def submit(self, call: Callable[[], None]) -> bool:
-        """Queue ``call``; False when it was dropped (closed, or ``max_pending`` calls waiting)."""
+    def submit(self, call: Callable[[], None], *, bounded: bool = True) -> bool:
+        """Queue ``call``; False when it was dropped (closed, or ``max_pending`` calls waiting and
+        ``bounded``)."""
         with self._lock:
-            if self._closed or (self._max_pending and self._pending >= self._max_pending):
+            if self._closed or (bounded and self._max_pending and self._pending >= self._max_pending):
                 return False
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, args=(self._queue,), name=self._name, daemon=True)
@@ -76,13 +77,8 @@ class Background:
     def drain(self, timeout: float) -> bool:
         """Wait until every call submitted so far has run (tests); False when ``timeout`` passed first."""
         done = threading.Event()
-        with self._lock:  # past the bound too: a drain must not be dropped
-            bound, self._max_pending = self._max_pending, 0
-        try:
-            self.submit(done.set)
-        finally:
-            with self._lock:
-                self._max_pending = bound
+        if not self.submit(done.set, bounded=False):  # closed
+            return False
         return done.wait(timeout)
 
     def close(self, timeout: float) -> None:

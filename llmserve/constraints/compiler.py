@@ -42,7 +42,6 @@ import functools
 import logging
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +183,7 @@ def compile_constraint(
 # a constraint the lazy path refuses for its size (it has no narrower subset): the whole path serves it
 _WHOLE = "whole"
 # the complete forms of constraints first served lazily, built one at a time off the request path;
-# past this many waiting, a new constraint stays served as it is walked (the queue must not hold
-# every burst's forms alive)
+# past this many waiting, a constraint stays on its lazy form until a later request queues it again
 _BUILDER = Background("llmserve-constraint-whole", max_pending=64)
 # a build is bounded by the compile time budget: waited for at exit (background.py says why)
 atexit.register(lambda: _BUILDER.close(limits().compile_ms / 1000 + 5))
@@ -202,19 +200,24 @@ def _remember(memo: tuple, over_time: tuple, exc: ConstraintError, cpu_started: 
         _MEMORY.put(over_time, exc, len(exc.message) + 256)
 
 
-def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> NDArray[np.int32] | None:
+def words_for(
+    spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None, check: bool = True
+) -> NDArray[np.int32] | None:
     """The constraint's tree serialised for the core (``regex.ast_words``; ``jsonschema.schema_words``
     inlines references), what its automaton is built from, whole or as it is walked: from memory,
     from the disk cache (``words-<dfa key>.bin``, kept by the process that converted it first, a
     frontend's check, so that the engine does not convert it again) or converted now, within the
-    compile limits. None when it is too large or too deep for the lazy path, which has no narrower
-    subset: ``dfa_for`` serves it then. ConstraintError for an invalid constraint (remembered).
-    A refusal learnt later (``_refuse_later``) is the check's, not this: a request admitted before
-    it must still be served."""
+    compile limits. None when the lazy path does not take it: too large or too deep (it has no
+    narrower subset), or routed to the whole path since (``_route_whole``); ``dfa_for`` serves it
+    then. ConstraintError for an invalid constraint, remembered (``_remember``); ``check`` False
+    (the engine serving a request the check admitted) neither remembers a time budget refusal nor
+    takes the route to the whole path."""
     key = dfa_key(spec)
     memo = ("words", key)
     over_time = ("words-over-time", key, limits().compile_ms)
-    for hit in (_MEMORY.get(memo), _MEMORY.get(over_time)):
+    if check and _routed_whole(key, cache_dir):
+        return None
+    for hit in (_MEMORY.get(memo), _MEMORY.get(over_time) if check else None):
         if isinstance(hit, ConstraintError):
             raise hit
         if hit is not None:
@@ -233,7 +236,8 @@ def words_for(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = Non
             if too_large(exc) and "time budget" not in exc.message:
                 _MEMORY.put(memo, _WHOLE, 256)
                 return None
-            _remember(memo, over_time, exc, cpu_started)
+            if check or "time budget" not in exc.message:
+                _remember(memo, over_time, exc, cpu_started)
             raise
         if path is not None:
             try:
@@ -248,21 +252,25 @@ def _words_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:
     return None if cache_dir is False else _cache_root(cache_dir) / f"words-{key}.bin"
 
 
-def _new_lazy(spec: ConstraintSpec, cache_dir: Path | str | bool | None) -> core.LazyDfa | None:
-    """A new automaton built as it is walked, from ``words_for`` (its NFA now: a malformed tree or an
-    empty language is refused here). None as ``words_for``, and when its NFA is over the limit."""
-    words = words_for(spec, cache_dir=cache_dir)
+def _new_lazy(
+    spec: ConstraintSpec, cache_dir: Path | str | bool | None, *, check: bool = True
+) -> tuple[core.LazyDfa, NDArray[np.int32]] | None:
+    """A new automaton built as it is walked, and the tree it is built from (``words_for``, same
+    ``check``): its NFA now (a malformed tree or an empty language is refused here). None as
+    ``words_for``, and when its NFA is over the limit."""
+    words = words_for(spec, cache_dir=cache_dir, check=check)
     if words is None:
         return None
     cpu_started = time.thread_time()
     try:
-        return lazy_words(words)
+        return lazy_words(words), words
     except ConstraintError as exc:
         key = dfa_key(spec)
         if too_large(exc) and "time budget" not in exc.message:
             _MEMORY.put(("words", key), _WHOLE, 256)
             return None
-        _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)
+        if check:
+            _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)
         raise
 
 
@@ -270,29 +278,27 @@ def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None 
     """The budget check's automaton built as it is walked (``_new_lazy``), one per process. Not the
     one rows are served from: a check's search holds its lock for up to the compile time budget on
     a low-priority thread, and the states it builds count against its limits, neither of which may
-    reach a batch row. None as ``_new_lazy``."""
+    reach a batch row. Kept after a search ran out of time (the states it built serve the next
+    search); built again once at its state or memory limit. None as ``_new_lazy``."""
     memo = ("lazy-dfa", dfa_key(spec))
     held = _MEMORY.get(memo)
-    # a forked child builds its own (lazy_form.py), and one past a limit is built again
-    if held is not None and held[0] == os.getpid() and not held[1].exhausted:
+    if held is not None and held[0] == os.getpid() and not held[1].full:  # a forked child builds its own
         _MEMORY.put(memo, held, int(held[1].nbytes) + 256)  # counted again at each use: it grows
         return held[1]
-    lazy = _new_lazy(spec, cache_dir)
-    if lazy is not None:
-        _MEMORY.put(memo, (os.getpid(), lazy), int(lazy.nbytes) + 256)
-    return lazy
+    built = _new_lazy(spec, cache_dir)
+    if built is None:
+        return None
+    _MEMORY.put(memo, (os.getpid(), built[0]), int(built[0].nbytes) + 256)
+    return built[0]
 
 
 def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> None:
     """A frontend's check of a new constraint, without its whole automaton: conversion and NFA
-    (``lazy_automaton``), the tree kept for the engine (``words_for``); one the lazy path cannot
-    take is built whole (``dfa_for``, with its narrower subsets). ConstraintError when refused,
-    including a constraint refused since it was admitted (``_refuse_later``)."""
+    (``lazy_automaton``), the tree kept for the engine (``words_for``); one the lazy path does not
+    take is built whole (``dfa_for``, with its narrower subsets, or refused there).
+    ConstraintError when refused."""
     key = dfa_key(spec)
-    refused = _MEMORY.get(("refused", key)) or _refused_on_disk(key, cache_dir)
-    if refused is not None:
-        raise refused
-    if _MEMORY.get(("checked", key)) is not None:
+    if _MEMORY.get(("checked", key)) is not None and not _routed_whole(key, cache_dir):
         return
     if lazy_automaton(spec, cache_dir=cache_dir) is None:
         dfa_for(spec, cache_dir=cache_dir)
@@ -314,33 +320,29 @@ def serving_form(
     kept for later requests. ``within``: the answer must end within that many more tokens (end of
     sequence not counted) after ``tokens``, its output so far (a request coming back after
     preemption); a lazy form whose steering figure cannot keep it there gives way to the complete
-    form, which steers by exact distances, when that can be built. Refusals as
-    ``compile_constraint``'s."""
+    form, which steers by exact distances, when that can be built. A constraint the check admitted
+    is served even when a later check would refuse it: refusals here are ``compile_constraint``'s
+    for what the lazy path does not take."""
     spec = spec_from_request(spec)
-    key = cache_key(spec, vocab)
+    key, dkey = cache_key(spec, vocab), dfa_key(spec)
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
     memo = (key, id(vocab), str(path))
     if core is None or _held_form(memo, vocab) is not None or (path is not None and path.is_file()):
         return compile_constraint(spec, vocab, cache_dir=cache_dir)
+    if _routed_whole(dkey, cache_dir):
+        try:  # the check built its whole automaton (dfa_for) for requests admitted since
+            return compile_constraint(spec, vocab, cache_dir=cache_dir)
+        except ConstraintError:  # admitted before the route was taken: served as it was admitted
+            pass
     lazy_memo = ("lazy-form", key, id(vocab))
     found = _MEMORY.get(lazy_memo)
-    held = found if isinstance(found, LazyConstraint) and found.vocab is vocab and found.pid == os.getpid() else None
-    form: LazyConstraint
-    if held is not None and not held.lazy.exhausted:
-        form = held
-        _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)  # counted again at each use: it grows
-    else:
-        lazy = _new_lazy(spec, cache_dir)
-        if lazy is None:
+    form = found if isinstance(found, LazyConstraint) and found.vocab is vocab and found.pid == os.getpid() else None
+    words = None
+    if form is None or form.lazy.exhausted:
+        built = _new_lazy(spec, cache_dir, check=False)
+        if built is None:
             return compile_constraint(spec, vocab, cache_dir=cache_dir)
-        form = LazyConstraint(vocab, lazy, key)
-        _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)
-        if held is None:  # a form renewed past its limits: its complete form is built already, or cannot be
-            words = words_for(spec, cache_dir=cache_dir)
-            assert words is not None
-            _BUILDER.submit(
-                functools.partial(_build_complete, weakref.ref(form), dfa_key(spec), words, path, memo, cache_dir)
-            )
+        form, words = LazyConstraint(vocab, built[0], key), built[1]
     if within is not None and not form.steerable_within(within, tokens or ()):
         try:
             return compile_constraint(spec, vocab, cache_dir=cache_dir)
@@ -351,12 +353,23 @@ def serving_form(
                 key[:12],
                 exc.message.splitlines()[0],
             )
+    _MEMORY.put(lazy_memo, form, form.nbytes, weak=True)  # counted again at each use: it grows
+    # queued at most once per process (a forked child has not got the parent's builder); again if
+    # dropped from a full queue
+    build = ("building", key, id(vocab), os.getpid())
+    if _MEMORY.get(build) is None:
+        words = words if words is not None else words_for(spec, cache_dir=cache_dir, check=False)
+        if words is not None and _BUILDER.submit(
+            functools.partial(_build_complete, vocab, key, dkey, words, path, memo, cache_dir)
+        ):
+            _MEMORY.put(build, "queued", 128)
     return form
 
 
 def _build_complete(
-    held: weakref.ref[LazyConstraint],
+    vocab: Vocab,
     key: str,
+    dkey: str,
     words: NDArray[np.int32],
     path: Path | None,
     memo: tuple,
@@ -364,69 +377,67 @@ def _build_complete(
 ) -> None:
     """In the background: the complete form of a constraint served lazily, built from the same tree
     (native: no GIL held), held in memory for later requests and completed and cached as any new
-    complete form is. Skipped when the lazy form is gone already (evicted, its requests done). A
-    constraint whose whole automaton is over the state limit stays lazy, in full: the lazy path
-    builds only the states answers reach; one whose whole automaton is over the time budget, CPU
-    spent, is refused from now on (``_refuse_later``), as the check refused it before the lazy path."""
-    form = held()
-    if form is None or _held_form(memo, form.vocab) is not None:
+    complete form is. A constraint whose whole automaton is over the state limit stays lazy, in
+    full: the lazy path builds only the states answers reach. One whose whole automaton is over the
+    time budget, CPU spent, takes the whole path at later checks (``_route_whole``): what the check
+    did with it before the lazy path (a JSON schema's narrower subset, or a refusal)."""
+    if _held_form(memo, vocab) is not None:
         return
-    vocab, form_key = form.vocab, form.key
-    del form  # the build below may take seconds: the form must not be kept alive by it
     cpu_started = time.thread_time()
     try:
         dfa = compile_words(words, classes=True)
     except ConstraintError as exc:
-        if "time budget" in exc.message and (time.thread_time() - cpu_started) * 1000 >= limits().compile_ms / 2:
-            _refuse_later(key, exc, cache_dir)
+        over_time = "time budget" in exc.message
+        if over_time and (time.thread_time() - cpu_started) * 1000 >= limits().compile_ms / 2:
+            _route_whole(dkey, cache_dir)
         log.info(
             "constraint %s: its whole automaton is not built (%s); it is served from the automaton built as "
-            "it is walked",
-            form_key[:12],
+            "it is walked%s",
+            key[:12],
             exc.message.splitlines()[0],
+            ", and checked whole from now on" if over_time else "",
         )
-        return
-    compiled = CompiledConstraint.lazy(vocab, dfa, form_key)
-    _reuse_distances(compiled, form_key, cache_dir)
+        return  # the "building" mark stays: the same build would fail the same way
+    compiled = CompiledConstraint.lazy(vocab, dfa, key)
+    _reuse_distances(compiled, key, cache_dir)
     _hold(memo, compiled)
-    _MEMORY.discard(("lazy-form", form_key, id(vocab)))  # rows served from it hold their own reference
-    _MEMORY.discard(("lazy-dfa", key))
+    _MEMORY.discard(("lazy-form", key, id(vocab)))  # rows served from it hold their own reference
+    _MEMORY.discard(("lazy-dfa", dkey))
     if path is not None:
         _complete_later(compiled, path)
 
 
-def _refuse_later(key: str, exc: ConstraintError, cache_dir: Path | str | bool | None) -> None:
-    """From now on, refuse the constraint ``key`` names at the check, in this process and (through
-    ``refused-<key>.bin``) in the others sharing the disk cache: its whole automaton is over the
-    time budget, which once meant a refusal at the check, and the automaton built as it is walked
-    costs such a constraint as much, row by row, on the batch's time. Requests admitted already are
-    served."""
-    _MEMORY.put(("refused", key), exc, len(exc.message) + 256)
+def _route_whole(key: str, cache_dir: Path | str | bool | None) -> None:
+    """From now on, check the constraint ``key`` names whole (``dfa_for``, within this time budget),
+    in this process and, through ``whole-<key>-<ms>.bin``, in the others sharing the disk cache:
+    its whole automaton is over the time budget, and the automaton built as it is walked would cost
+    it as much, row by row, on the batch's time. ``dfa_for`` serves a JSON schema's narrower subset
+    or refuses, as the check did before the lazy path. Requests admitted already are served."""
+    _MEMORY.put(("route-whole", key, limits().compile_ms), True, 128)
     _MEMORY.discard(("checked", key))
-    path = _refused_path(key, cache_dir)
+    _MEMORY.discard(("lazy-dfa", key))
+    path = _route_path(key, cache_dir)
     if path is not None:
         try:
-            write_arrays(path, path.stem, {}, {"message": exc.message})
+            write_arrays(path, path.stem, {}, {})
         except OSError as err:
-            log.warning("constraint refusal not cached (%s): %s", path, err)
+            log.warning("constraint route not cached (%s): %s", path, err)
 
 
-def _refused_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:
-    return None if cache_dir is False else _cache_root(cache_dir) / f"refused-{key}.bin"
+def _route_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:
+    return None if cache_dir is False else _cache_root(cache_dir) / f"whole-{key}-{limits().compile_ms}.bin"
 
 
-def _refused_on_disk(key: str, cache_dir: Path | str | bool | None) -> ConstraintError | None:
-    """The refusal another process kept for ``key`` (``_refuse_later``), if any: a stat per check."""
-    path = _refused_path(key, cache_dir)
+def _routed_whole(key: str, cache_dir: Path | str | bool | None) -> bool:
+    """Whether ``_route_whole`` was taken for ``key`` here or in another process: a stat per check."""
+    memo = ("route-whole", key, limits().compile_ms)
+    if _MEMORY.get(memo) is not None:
+        return True
+    path = _route_path(key, cache_dir)
     if path is None or not path.is_file():
-        return None
-    found = read_arrays(path, path.stem)
-    message = found[0].get("message") if found is not None else None
-    if not isinstance(message, str):
-        return None
-    exc = ConstraintError(message)
-    _MEMORY.put(("refused", key), exc, len(message) + 256)
-    return exc
+        return False
+    _MEMORY.put(memo, True, 128)
+    return True
 
 
 def shortest_answer(

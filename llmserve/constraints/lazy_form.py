@@ -57,11 +57,12 @@ class LazyConstraint:
     def nbytes(self) -> int:
         """What this form holds now: its automaton as charged to its memory budget (the NFA and the
         states built), the mask rows computed, and the grammar's per-row status and block index,
-        sized by the automaton's state limit. (Row blocks are allocated 64 rows at a time but their
-        pages are backed only as rows are written.)"""
+        sized by the automaton's state limit, and the budget rows kept. (Row blocks are allocated 64
+        rows at a time but their pages are backed only as rows are written.)"""
         limit = int(self.native.num_states) + 1
         status = limit + (limit // 64 + 1) * 8
-        return int(self.lazy.nbytes) + int(self.native.ready_rows) * self.vocab.words * 4 + status
+        rows = int(self.native.ready_rows) + len(self._budget_rows)
+        return int(self.lazy.nbytes) + rows * self.vocab.words * 4 + status
 
     def steering_bound(self, state: int | None = None) -> int:
         """The single-byte figure of ``state`` (default the start): the fewest tokens to an accepting
@@ -72,11 +73,13 @@ class LazyConstraint:
         """Whether steering can end an answer within ``tokens`` more tokens after ``output`` (its
         tokens so far). An answer already ended or refused by its output has nothing to steer."""
         state = self.walk(output)
-        return state < 0 or self.steering_bound(state) <= tokens
+        if state < 0:  # refused by the constraint (nothing to steer), or past the automaton's limits
+            return not self.lazy.exhausted
+        return self.steering_bound(state) <= tokens
 
     @property
     def max_distance(self) -> int:
-        """An upper bound on every state's steering figure: a row with more tokens left than this
+        """An upper bound on every finite steering figure: a row with more tokens left than this
         needs no steering. Read off the NFA once."""
         if self._max_distance is None:
             self._max_distance = int(self.lazy.max_byte_distance(self._usable))

@@ -294,11 +294,14 @@ def test_a_lazy_row_out_of_time_retires_its_automaton_for_new_answers():
     assert isinstance(again, LazyConstraint) and again.lazy is not form.lazy and not again.lazy.exhausted
 
 
-def test_a_constraint_whose_whole_automaton_is_over_the_time_budget_is_refused_from_then_on(monkeypatch, tmp_path):
+def test_a_constraint_whose_whole_automaton_is_over_the_time_budget_is_checked_whole_from_then_on(
+    monkeypatch, tmp_path
+):
     """The check admitted it (conversion and NFA fit); its whole automaton then ran out of the time
-    budget, CPU spent: later requests are refused at the check, in this process and in another one
-    sharing the disk cache, as the check refused such a constraint before the lazy path. The request
-    admitted already is served."""
+    budget, CPU spent, and the lazy one would cost it as much row by row: later checks, in this
+    process and in another one sharing the disk cache, take the whole path (a JSON schema's narrower
+    subset, or a refusal), as the check did before the lazy path. A request admitted already is
+    served, whatever the whole path says."""
     set_limits(Limits(compile_ms=40))
 
     def over_time(*args, **kwargs):
@@ -314,14 +317,25 @@ def test_a_constraint_whose_whole_automaton_is_over_the_time_budget_is_refused_f
     form = compiler.serving_form(SCHEMA, v, cache_dir=tmp_path)
     assert isinstance(form, LazyConstraint)
     assert compiler._BUILDER.drain(60)
+    whole_checks = []
+    real_dfa_for = compiler.dfa_for
+    monkeypatch.setattr(compiler, "dfa_for", lambda *a, **kw: whole_checks.append(1) or real_dfa_for(*a, **kw))
+    compiler.check_constraint(spec, cache_dir=tmp_path)  # this process
+    compiler._MEMORY.clear()
+    compiler.check_constraint(spec, cache_dir=tmp_path)  # another one
+    assert len(whole_checks) == 2
+    assert not isinstance(compiler.serving_form(SCHEMA, v, cache_dir=tmp_path), LazyConstraint)
+    # where the whole path refuses, the check refuses; a request admitted before is served
+    FINISHER.wait_all(60)
+    for complete in tmp_path.glob("[0-9a-f]*.bin"):  # the complete form just cached: not this case
+        complete.unlink()
+    compiler._MEMORY.clear()
+    monkeypatch.setattr(compiler, "dfa_for", lambda *a, **kw: over_time())
     with pytest.raises(ConstraintError, match="time budget"):
         compiler.check_constraint(spec, cache_dir=tmp_path)
-    compiler._MEMORY.clear()  # another process
-    with pytest.raises(ConstraintError, match="time budget"):
-        compiler.check_constraint(spec, cache_dir=tmp_path)
-    assert form.walk([v.tokens.index(b'{"name":"')]) >= 0  # the admitted request goes on
-    # and one admitted before the refusal reaches an engine (here: the memory emptied) is served
+    monkeypatch.setattr(compiler, "compile_constraint", lambda *a, **kw: over_time())
     assert isinstance(compiler.serving_form(SCHEMA, v, cache_dir=tmp_path), LazyConstraint)
+    assert form.walk([v.tokens.index(b'{"name":"')]) >= 0
 
 
 def test_a_check_out_of_time_is_remembered_when_it_used_the_cpu(monkeypatch):
@@ -341,3 +355,38 @@ def test_a_check_out_of_time_is_remembered_when_it_used_the_cpu(monkeypatch):
         with pytest.raises(ConstraintError, match="time budget"):
             compiler.check_constraint(spec, cache_dir=False)
     assert len(calls) == 1
+
+
+def test_a_build_dropped_from_a_full_queue_is_queued_again_by_the_next_request(monkeypatch):
+    v = vocab()
+    queued = []
+    real = compiler._BUILDER.submit
+
+    def full_once(call, **kw):
+        if getattr(call, "func", None) is not compiler._build_complete:  # the test's own drain
+            return real(call, **kw)
+        queued.append(call)
+        return len(queued) > 1 and real(call, **kw)
+
+    monkeypatch.setattr(compiler._BUILDER, "submit", full_once)
+    form = compiler.serving_form(SCHEMA, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint) and len(queued) == 1  # dropped: a full queue
+    assert compiler.serving_form(SCHEMA, v, cache_dir=False) is form and len(queued) == 2
+    assert compiler._BUILDER.drain(60)
+    assert not isinstance(compiler.serving_form(SCHEMA, v, cache_dir=False), LazyConstraint)
+    assert len(queued) == 2  # queued once it was taken
+
+
+def test_the_queued_build_does_not_depend_on_the_form_that_queued_it():
+    """The form that queued the complete form's build may be gone by the time the builder reaches it
+    (its requests done and the cache's entry evicted, or renewed past its automaton's limits): the
+    build still happens, for the requests after."""
+    v = vocab()
+    gate = hold_builder()
+    form = compiler.serving_form(SCHEMA, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    compiler._MEMORY.discard(("lazy-form", form.key, id(v)))
+    del form
+    gate.set()
+    assert compiler._BUILDER.drain(60)
+    assert not isinstance(compiler.serving_form(SCHEMA, v, cache_dir=False), LazyConstraint)
