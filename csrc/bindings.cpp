@@ -864,6 +864,20 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("vocab"), py::arg("state") = 0, py::arg("budget_ms") = 0,
           "As fewest_tokens over a whole automaton (same result), building the states the search reaches.")
+      .def(
+          "greedy_tokens",
+          [](PyLazyDfa& self, const PyVocab& v, int64_t state) {
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              return self.d->greedy_tokens(*v.v, self.checked(state));
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+          },
+          py::arg("vocab"), py::arg("state") = 0,
+          "As greedy_tokens over a whole automaton: the tokens of one answer (an upper bound of the fewest); "
+          "2**31 - 1: none; -1: a byte of it starts no token.")
       .def("accepting",
            [](const PyLazyDfa& self, int64_t s) {
              const int32_t state = self.checked(s);

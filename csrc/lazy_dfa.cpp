@@ -144,6 +144,43 @@ void LazyDfa::budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32
     for (int32_t e : v.eos()) out[e >> 5] |= 1u << (e & 31);
 }
 
+int32_t LazyDfa::greedy_tokens(const Vocab& v, int32_t s) {
+  restart();
+  uint8_t usable[256];
+  for (int b = 0; b < 256; ++b) {
+    const uint8_t byte = static_cast<uint8_t>(b);
+    usable[b] = v.longest_token(&byte, 1) == 1 ? 1 : 0;
+  }
+  int32_t d = byte_distance(s, usable);
+  if (d == INT32_MAX) {  // single-byte tokens cannot end it: any bytes, the cut may then fail
+    std::fill(usable, usable + 256, 1);
+    d = byte_distance(s, usable);
+    if (d == INT32_MAX) return INT32_MAX;
+  }
+  std::vector<uint8_t> answer;
+  answer.reserve(d);
+  for (; d > 0; --d) {  // a byte one step nearer acceptance: there is one at every state of the path
+    int b = 0;
+    for (; b < 256; ++b) {
+      if (!usable[b]) continue;
+      const int32_t q = next(s, static_cast<uint8_t>(b));
+      if (q >= 0 && byte_distance(q, usable) == d - 1) {
+        s = q;
+        break;
+      }
+    }
+    if (b == 256) return -1;  // not reached: distances are exact
+    answer.push_back(static_cast<uint8_t>(b));
+  }
+  int32_t tokens = 0;
+  for (size_t p = 0; p < answer.size(); ++tokens) {
+    const int64_t n = v.longest_token(answer.data() + p, static_cast<int64_t>(answer.size() - p));
+    if (n == 0) return -1;
+    p += static_cast<size_t>(n);
+  }
+  return tokens;
+}
+
 void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {
   restart();
   v.walk_mask([this](int32_t q, uint8_t b) { return next(q, b); }, s, out, walk_stack(v));

@@ -69,6 +69,12 @@ class LazyDfa {
   // whose bytes walk from s to a state within k bytes of acceptance, plus every end-of-sequence id
   // when s accepts. out: vocab.words() words.
   void budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32_t k, uint32_t* out);
+  // As greedy_tokens (vocab_trie.h) over this automaton: the tokens of one answer from s, an upper
+  // bound of the fewest, at the cost of the states along one shortest answer in bytes (over the
+  // vocabulary's single-byte tokens where they reach acceptance, so that every byte starts a
+  // token), cut into the longest token at each point. INT32_MAX: no answer; -1: the cut reached a
+  // byte that starts no token.
+  int32_t greedy_tokens(const Vocab& v, int32_t s);
   // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
   // of sequence where the rule in grammar.h allows it. out: vocab.words() words.
   void mask_row(const Vocab& v, int32_t s, uint32_t* out);

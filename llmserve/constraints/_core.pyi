@@ -322,6 +322,11 @@ class LazyDfa:
     def fewest_tokens(self, vocab: Vocab, state: int = 0, budget_ms: int = 0) -> tuple[int, int]:
         """As ``fewest_tokens`` over the whole automaton (the same result), building the states the
         search reaches; (-1, 0) when the automaton's ``call_ms`` runs out first."""
+    def greedy_tokens(self, vocab: Vocab, state: int = 0) -> int:
+        """As ``greedy_tokens`` over the whole automaton: the tokens of one answer from ``state`` (a
+        shortest one in bytes, over single-byte tokens where they reach acceptance, cut into the
+        longest token at each point), an upper bound of the fewest; 2**31 - 1: none; -1: a byte of
+        it starts no token. Builds the states along that answer."""
     def accepting(self, state: int) -> bool: ...
     @property
     def found(self) -> int:

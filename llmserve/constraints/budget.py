@@ -157,12 +157,19 @@ def fewest_tokens(
     return Shortest(int(tokens))
 
 
-def lazy_fewest_tokens(lazy, vocab, *, budget_ms: int = 0) -> Shortest:
+def lazy_fewest_tokens(lazy, vocab, *, within: int | None = None, budget_ms: int = 0) -> Shortest:
     """``fewest_tokens`` from the start of an automaton built as it is walked (a ``_core.LazyDfa``),
-    building only the states the search reaches; "at least" when ``budget_ms`` (or the automaton's
-    own time limit per call) ran out first. ConstraintError when it reaches the automaton's state or
-    memory limit first."""
+    building only the states the search reaches (``within``: an answer of at most that many tokens,
+    found along one shortest answer in bytes, is enough: "at most"); "at least" when ``budget_ms``
+    (or the automaton's own time limit per call) ran out first. ConstraintError when it reaches the
+    automaton's state or memory limit first."""
     try:
+        if within is not None:
+            greedy = lazy.greedy_tokens(native_vocab(vocab), 0)
+            if greedy == UNREACHABLE:
+                return Shortest(greedy)
+            if 0 <= greedy <= within:
+                return Shortest(greedy, "at most")
         tokens, explored = lazy.fewest_tokens(native_vocab(vocab), 0, int(budget_ms))
     except ValueError as exc:  # the automaton's state or memory limit: the constraint's to answer for
         raise ConstraintError(str(exc)) from None

@@ -464,7 +464,7 @@ def shortest_answer(
         lazy = lazy_automaton(spec, cache_dir=cache_dir) if not isinstance(whole, ByteDFA) else None
         if lazy is not None:
             # a search over the states it reaches: the whole automaton is not built for a check
-            found = lazy_fewest_tokens(lazy, vocab, budget_ms=budget_ms)
+            found = lazy_fewest_tokens(lazy, vocab, within=within, budget_ms=budget_ms)
         else:
             dfa = dfa_for(spec, cache_dir=cache_dir)
             dist = _known_distances(key, cache_dir, dfa.num_states)

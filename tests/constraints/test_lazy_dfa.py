@@ -450,3 +450,24 @@ def test_the_nfa_is_bounded_by_the_compile_limits():
         set_limits(None)
     with pytest.raises(ValueError, match="state out of range"):
         regex.lazy_ast(regex.parse("abc")).walk(b"a", 5)
+
+
+@SETTINGS
+@given(patterns(), vocabs(), st.data())
+def test_the_lazy_greedy_answer_bounds_the_fewest_tokens_from_above(pattern, vocab, data):
+    """One shortest answer in bytes cut into the longest tokens, read off the lazy automaton: never
+    fewer tokens than the fewest (the whole automaton's search), none only when no string of bytes
+    answers, and a count whenever the vocabulary's single bytes spell one (the cut cannot fail)."""
+    forms = all_forms(pattern, vocab)
+    if forms is None:
+        return
+    whole, _, lazy = forms
+    nv = native_vocab(vocab)
+    fewest = native.fewest_tokens(nv, whole.table, whole.accept, whole.start)[0]
+    greedy = lazy.greedy_tokens(nv, 0)
+    if greedy == UNREACHABLE:  # no answer in bytes: none in tokens
+        assert fewest == UNREACHABLE
+    elif greedy != -1:  # an answer in tokens
+        assert fewest != UNREACHABLE and greedy >= fewest
+    if byte_distances(whole.table, whole.accept, vocab.single_bytes)[whole.start] != UNREACHABLE:
+        assert greedy != -1
