@@ -14,6 +14,13 @@ to an accepting state, read off the NFA): an achievable upper bound on the fewes
 by it keeps the answer finishable, only earlier than the exact figure would. A request whose
 shortest answer fits its budget while that figure does not is served from the complete form, with
 exact distances (``steerable_within``).
+
+Limits: an automaton's states are shared by every answer served from it, and built within the
+compile limits (states, memory, and the time of each call that builds some). A state that cannot
+be built ends the answers that reach it (the grammar's dead row: end of sequence only), and the
+automaton is retired for new requests (``LazyDfa.exhausted``; ``compiler.serving_form`` builds
+another). Constraints that meet these limits in practice are those whose whole automaton is over
+the time budget too, and those are checked whole once the background build has shown it.
 """
 
 from __future__ import annotations
@@ -27,8 +34,6 @@ from numpy.typing import NDArray
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.vocab import Vocab
-
-UNREACHABLE = 2**31 - 1
 
 
 class LazyConstraint:
@@ -66,7 +71,7 @@ class LazyConstraint:
 
     def steering_bound(self, state: int | None = None) -> int:
         """The single-byte figure of ``state`` (default the start): the fewest tokens to an accepting
-        state using single-byte tokens only, UNREACHABLE when they cannot get there."""
+        state using single-byte tokens only, ``budget.UNREACHABLE`` when they cannot get there."""
         return int(self.lazy.byte_distance(self.start if state is None else state, self._usable))
 
     def steerable_within(self, tokens: int, output: Sequence[int] = ()) -> bool:
