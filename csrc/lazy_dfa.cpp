@@ -172,13 +172,7 @@ int32_t LazyDfa::greedy_tokens(const Vocab& v, int32_t s) {
     if (b == 256) return -1;  // not reached: distances are exact
     answer.push_back(static_cast<uint8_t>(b));
   }
-  int32_t tokens = 0;
-  for (size_t p = 0; p < answer.size(); ++tokens) {
-    const int64_t n = v.longest_token(answer.data() + p, static_cast<int64_t>(answer.size() - p));
-    if (n == 0) return -1;
-    p += static_cast<size_t>(n);
-  }
-  return tokens;
+  return v.longest_cut(answer.data(), static_cast<int64_t>(answer.size()));
 }
 
 void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {

@@ -134,6 +134,16 @@ int32_t Vocab::min_successor(const Transitions& tr, int32_t s, const int32_t* di
   return best;
 }
 
+int32_t Vocab::longest_cut(const uint8_t* s, int64_t n) const {
+  int32_t tokens = 0;
+  for (int64_t p = 0; p < n; ++tokens) {
+    const int64_t len = longest_token(s + p, n - p);
+    if (len == 0) return -1;
+    p += len;
+  }
+  return tokens;
+}
+
 int64_t Vocab::longest_token(const uint8_t* s, int64_t n) const {
   int64_t best = 0;
   // the children of a node are the nodes after it, each next one past the previous one's subtree
@@ -226,13 +236,7 @@ int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* acce
   std::vector<uint8_t> answer;
   for (int32_t q = end; parent[q] >= 0; q = parent[q]) answer.push_back(via[q]);
   std::reverse(answer.begin(), answer.end());
-  int32_t tokens = 0;
-  for (size_t p = 0; p < answer.size(); ++tokens) {
-    const int64_t n = v.longest_token(answer.data() + p, static_cast<int64_t>(answer.size() - p));
-    if (n == 0) return -1;
-    p += static_cast<size_t>(n);
-  }
-  return tokens;
+  return v.longest_cut(answer.data(), static_cast<int64_t>(answer.size()));
 }
 
 FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,

