@@ -53,6 +53,7 @@ end-of-sequence is allowed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import weakref
@@ -85,6 +86,8 @@ from llmserve.constraints.vocab import Vocab
 if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.config import VllmConfig
+
+log = logging.getLogger(__name__)
 
 PROCESSOR_PATH = "llmserve.constraints.vllm_processor:ConstraintLogitsProcessor"
 # Model Runner V2 has its own processor interface and rejects V1 processors. Until the V2 adapter
@@ -265,6 +268,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             "rebuilt": 0,
             "applied": 0,
             "steered": 0,  # row-steps whose tokens were narrowed to end within max_tokens
+            "failed": 0,  # rows whose constraint could not be built here: ended at once (``_ended``)
         }
         # the packed bitmask of the non-float32 path, allocated on first use (empty: none yet)
         self._bitmask_host = torch.empty((0, 0), dtype=torch.uint8)
@@ -290,6 +294,21 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             return compile_constraint(obj, self.vocab, backend="python")
         return serving_form(obj, self.vocab, within=within, tokens=output_tokens)
 
+    def _ended(self, obj, exc: Exception) -> CompiledConstraint:
+        """The form of a row whose constraint the frontend admitted but this process cannot build (a
+        conversion out of its time budget on a loaded engine whose disk cache lost the frontend's
+        tree, a custom machine failing here): end of sequence only, so the answer ends at once
+        instead of running unconstrained, and an error in the engine's log. Raising instead would
+        stop the engine and fail every request in the batch."""
+        self.stats["failed"] += 1
+        reason = exc.message.splitlines()[0] if isinstance(exc, ConstraintError) else f"{type(exc).__name__}: {exc}"
+        log.error(
+            "constraint %s could not be built in the engine, the answer ends here: %s",
+            json.dumps(obj, sort_keys=True, default=str)[:200],
+            reason,
+        )
+        return compile_constraint({"regex": ""}, self.vocab, backend="python" if self.backend == "python" else "native")
+
     def _clear(self, i: int) -> None:
         self.batch.clear_row(i)
         self.constrained.pop(i, None)
@@ -314,7 +333,10 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             if limit is None or not budget_enabled(params.extra_args):
                 limit = None
             within = None if limit is None else limit - len(output_tokens or ()) - 1  # end of sequence: one more
-            compiled = self._compile(obj, within, output_tokens or [])
+            try:
+                compiled = self._compile(obj, within, output_tokens or [])
+            except Exception as exc:  # one request must not take the engine (every request) down
+                compiled = self._ended(obj, exc)
             if isinstance(compiled, TokenStateMachine):
                 self.python_rows[i] = PythonRow(compiled, output_tokens, self.vocab.size)
             else:
