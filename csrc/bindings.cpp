@@ -1,6 +1,7 @@
 // Python binding of the constraint core (module llmserve.constraints._core, typed in
-// llmserve/constraints/_core.pyi), the only file that knows about Python. The pure-Python reference
-// with the same interface is llmserve/constraints/reference.py (property tests check they agree exactly).
+// llmserve/constraints/_core.pyi); with tree_bindings.cpp (walkers over Python trees) the only files
+// that know about Python. The pure-Python reference with the same interface is
+// llmserve/constraints/reference.py (property tests check they agree exactly).
 // Every call that touches [B, V]-sized memory releases the GIL; Python lists (the engine's running
 // output-token lists) are only read in sync(), with the GIL held.
 
@@ -351,7 +352,12 @@ class PyBatch {
 
 }  // namespace
 
+namespace llmserve {
+void bind_tree_walkers(py::module_& m);  // tree_bindings.cpp
+}
+
 PYBIND11_MODULE(_core, m) {
+  bind_tree_walkers(m);
   m.doc() = "llmserve constraint core (C++; native thread pool, GIL released on the hot path)";
   m.def("default_threads", &default_threads);
   m.def("pool_size", [] { return ThreadPool::global().size(); });

@@ -1,4 +1,5 @@
-# Typed interface of the native constraint core, the module csrc/bindings.cpp builds (C++ in csrc/).
+# Typed interface of the native constraint core, the module csrc/bindings.cpp and csrc/tree_bindings.cpp
+# build (C++ in csrc/).
 #
 # Shapes and dtypes (every array C-contiguous in its last dimension; the bindings check dtypes,
 # shapes, lengths, row indices and state ids, and raise ValueError (TypeError for an object of the
@@ -15,8 +16,8 @@
 # GIL: the calls marked "releases the GIL" run on the core's native thread pool without it; the
 # others hold it (they are O(1) or read Python objects).
 
-from collections.abc import Sequence
-from typing import Literal, overload
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -359,3 +360,16 @@ def apply_bitmask(
 ) -> None:
     """logits float32[B, V] in place: tokens whose bit in bitmask uint32[>= B, W'] is clear become -inf
     (only rows with active[r] set, when given). Releases the GIL. Threads as for ``Batch.fill``."""
+
+class TreeSizes:
+    """``tree_expanded_size``'s memo across calls: sizes by node, holding the nodes it counted."""
+    def __init__(self) -> None: ...
+    def __len__(self) -> int: ...
+
+def tree_expanded_size(node: tuple, cap: int, sizes: TreeSizes | None = None) -> int:
+    """``regex.expanded_size`` of a converter tree (the same counts, capped at cap + 1; csrc/tree_bindings.cpp).
+    ValueError: a malformed node."""
+
+def tree_words(node: tuple, dfa_words: Callable[[Any], NDArray[np.int32]]) -> NDArray[np.int32]:
+    """``regex.serialize_ast`` of a converter tree; an embedded automaton's words are
+    ``dfa_words(automaton)``. ValueError: a malformed node; OverflowError: a count past int32."""

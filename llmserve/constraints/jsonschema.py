@@ -121,6 +121,7 @@ from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
 from llmserve.constraints.regex import (
     ByteDFA,
+    SizeMemo,
     _time_budget_error,
     ast_words,
     compile_ast,
@@ -128,6 +129,7 @@ from llmserve.constraints.regex import (
     expanded_size,
     lazy_words,
     literal,
+    new_size_memo,
     parse,
     serialized,
 )
@@ -310,7 +312,7 @@ class _Converter:
         self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
         # expanded_size's counts by node, to the NFA state limit (above EMBED_AT): the same counts
         # serve both the choice to embed and the limit's check before a build
-        self.sizes: dict[int, tuple[int, Any]] = {}
+        self.sizes = new_size_memo()
         self.size_cap = max(limits().max_nfa_states, EMBED_AT)
         self._any: tuple | None = None
         # automata built along the way share the compile time budget, counted from here
@@ -318,7 +320,7 @@ class _Converter:
         self.budget_ms = limits().compile_ms
         self.deadline = self.started + self.budget_ms / 1000
 
-    def size_memo(self) -> dict[int, tuple[int, Any]] | None:
+    def size_memo(self) -> SizeMemo | None:
         """``sizes`` where a check against the NFA state limit may read it (the limits in force
         are the ones it was counted to)."""
         return self.sizes if limits().max_nfa_states == self.size_cap else None

@@ -991,16 +991,33 @@ def _time_budget_error(ms: int | None = None) -> ConstraintError:
     return budget_error(f"constraint compile time budget ({ms} ms) exceeded", f"{ms} ms", ENV["compile_ms"])
 
 
-def expanded_size(node, cap: int, sizes: dict[int, tuple[int, Any]] | None = None) -> int:
+# expanded_size's memo across calls (``new_size_memo``): the core's, or the reference's dict by node identity
+SizeMemo = Any
+
+
+def new_size_memo() -> SizeMemo:
+    """A new memo for ``expanded_size``, for the implementation in use."""
+    return {} if core is None else core.TreeSizes()
+
+
+def expanded_size(node, cap: int, sizes: SizeMemo | None = None) -> int:
     """About how many NFA states ``node`` becomes once counted repetitions are unrolled (the
     builder's count, within a small factor), counted without unrolling anything; stops counting
     past ``cap``. Nodes may be shared (the JSON-schema converter reuses a ``$ref``'s tree): each
     use counts, as each is built. Iterative: the tree may be deeper than Python's stack.
 
-    ``sizes``: the sizes earlier calls with the same ``cap`` found, by node identity, each with its
-    node (which keeps the identity from being reused); found sizes are added. The converter asks
-    about each reference's tree, which holds the trees it asked about before: without this, nested
-    references were walked once per level."""
+    ``sizes`` (``new_size_memo()``): the sizes earlier calls with the same ``cap`` found, by node,
+    holding the nodes (so that their identities are not reused); found sizes are added. The
+    converter asks about each reference's tree, which holds the trees it asked about before:
+    without this, nested references were walked once per level. The core counts
+    (``tree_bindings.cpp``); ``_expanded_size`` is the reference, without the core."""
+    if core is not None:
+        return core.tree_expanded_size(node, cap, sizes)
+    return _expanded_size(node, cap, sizes)
+
+
+def _expanded_size(node, cap: int, sizes: dict[int, tuple[int, Any]] | None = None) -> int:
+    """``expanded_size`` in Python (the reference): ``sizes`` by node identity, each with its node."""
     sizes = {} if sizes is None else sizes
     stack = [(node, False)]
     while stack:
@@ -1042,7 +1059,15 @@ def expanded_size(node, cap: int, sizes: dict[int, tuple[int, Any]] | None = Non
 def serialize_ast(node, deadline: float | None = None, budget_ms: int = 0) -> np.ndarray:
     """The AST in the prefix int32 form the native builder reads (layout in csrc/dfa.h).
     ``deadline`` (a ``time.monotonic()``): the compile time budget of ``budget_ms``, checked while
-    large embedded automata are encoded."""
+    large embedded automata are encoded. The core writes it (``tree_bindings.cpp``);
+    ``_serialize_ast`` is the reference."""
+    if core is not None:
+        return core.tree_words(node, lambda dfa: _dfa_words(dfa, deadline, budget_ms))
+    return _serialize_ast(node, deadline, budget_ms)
+
+
+def _serialize_ast(node, deadline: float | None = None, budget_ms: int = 0) -> np.ndarray:
+    """``serialize_ast`` in Python (the reference)."""
     chunks: list[np.ndarray] = []
     out: list[int] = []
     stack = [node]
@@ -1145,7 +1170,7 @@ def _rows_words(t: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
     return body
 
 
-def _check_size(node, lim: Limits, sizes: dict[int, tuple[int, Any]] | None = None) -> None:
+def _check_size(node, lim: Limits, sizes: SizeMemo | None = None) -> None:
     if expanded_size(node, lim.max_nfa_states, sizes) > lim.max_nfa_states:
         raise budget_error(
             f"constraint too large: more than {lim.max_nfa_states} automaton states once its repetitions "
@@ -1155,7 +1180,7 @@ def _check_size(node, lim: Limits, sizes: dict[int, tuple[int, Any]] | None = No
         )
 
 
-def serialized(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> np.ndarray:
+def serialized(node, *, started: float | None = None, sizes: SizeMemo | None = None) -> np.ndarray:
     """``serialize_ast(node)`` for ``compile_words``: the expanded size checked first, as
     ``compile_ast`` does (a shared subtree is written once per use), within the compile time budget
     counted from ``started``. The words are the tree's identity where a caller looks built automata
@@ -1218,7 +1243,7 @@ def compile_ast(
     *,
     started: float | None = None,
     classes: bool = False,
-    sizes: dict[int, tuple[int, Any]] | None = None,
+    sizes: SizeMemo | None = None,
 ) -> ByteDFA:
     """``backend``: "native" (the C++ core) or "python" (the reference; same table, tests compare).
     ``classes``: the native core gives the automaton over byte classes (``ByteDFA``): for a whole
@@ -1245,7 +1270,7 @@ def compile_ast(
     return dfa
 
 
-def ast_words(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> np.ndarray:
+def ast_words(node, *, started: float | None = None, sizes: SizeMemo | None = None) -> np.ndarray:
     """``node`` serialised for the core (``serialize_ast``), once its expanded size is checked
     against the limits, within the compile time budget counted from ``started`` (arguments as for
     ``compile_ast``): the form an automaton is built from, whole or as it is walked, and kept."""
@@ -1273,14 +1298,14 @@ def lazy_words(words: np.ndarray, *, started: float | None = None) -> core.LazyD
         raise _native_error(str(exc), lim) from None
 
 
-def lazy_ast(node, *, started: float | None = None, sizes: dict[int, tuple[int, Any]] | None = None) -> core.LazyDfa:
+def lazy_ast(node, *, started: float | None = None, sizes: SizeMemo | None = None) -> core.LazyDfa:
     """``node``'s automaton built as it is walked: ``lazy_words`` of ``ast_words`` (same arguments
     and limits)."""
     started = time.monotonic() if started is None else started
     return lazy_words(ast_words(node, started=started, sizes=sizes), started=started)
 
 
-def _checked_deadline(node, lim: Limits, started: float | None, sizes: dict[int, tuple[int, Any]] | None) -> float:
+def _checked_deadline(node, lim: Limits, started: float | None, sizes: SizeMemo | None) -> float:
     """The compile time budget's deadline counted from ``started`` (default now), once ``node``'s
     expanded size is checked against the limits and the budget is not spent already."""
     deadline = (time.monotonic() if started is None else started) + lim.compile_ms / 1000
