@@ -13,7 +13,6 @@ from llmserve.constraints import jsonschema, regex
 from llmserve.constraints.native import native
 
 
-
 def _leaf():
     ranges = st.lists(st.tuples(st.integers(0, 255), st.integers(0, 255)).map(lambda r: (min(r), max(r))), max_size=4)
     return ranges.map(lambda rs: ("set", rs))
@@ -89,7 +88,11 @@ def test_an_embedded_automaton_counts_its_states_and_writes_its_words():
         {
             "$defs": {"s": {"enum": ["x", "yy", 3]}},
             "type": "object",
-            "properties": {"a": {"type": "integer", "minimum": 3}, "b": {"$ref": "#/$defs/s"}, "c": {"$ref": "#/$defs/s"}},
+            "properties": {
+                "a": {"type": "integer", "minimum": 3},
+                "b": {"$ref": "#/$defs/s"},
+                "c": {"$ref": "#/$defs/s"},
+            },
         },
         {"$defs": {"s": {"type": "string", "pattern": "^[a-z]+$"}}, "type": "array", "items": {"$ref": "#/$defs/s"}},
         {"anyOf": [{"type": "null"}, {"type": "object", "additionalProperties": {"type": "number"}}]},
