@@ -194,6 +194,39 @@ void check_state(const Grammar& g, int64_t state) {
     throw std::invalid_argument("state " + std::to_string(state) + " out of range");
 }
 
+// A built automaton's byte table (none with `classes`: its rows over letters are handed over), charged
+// to the budget either way: it is what the construction leaves behind, or may be expanded to later.
+// The table is allocated here and handed to numpy, not allocated by numpy: numpy asks for transparent
+// huge pages on large arrays (madvise), and on a machine whose memory is fragmented the kernel then
+// compacts and zeroes 2 MiB pages on first touch, which cost seconds for a 300 MB table where
+// ordinary pages cost a tenth of a second.
+std::unique_ptr<int32_t[]> byte_table(const Dfa& d, bool classes, Budget& budget) {
+  budget.charge(d.states() * 256 * static_cast<int64_t>(sizeof(int32_t)));
+  if (classes) return nullptr;
+  std::unique_ptr<int32_t[]> bytes(new int32_t[static_cast<size_t>(d.states()) * 256]);
+  d.expand(bytes.get());  // rows over letters -> rows over bytes
+  return bytes;
+}
+
+// build_dfa's result: (table int32[S, 256], accept) or, with `classes`, (letter_of, table int32[S, C],
+// accept), the construction's own rows handed over as they are (no copy, no fresh pages to fault in).
+py::tuple dfa_arrays(Dfa& d, std::unique_ptr<int32_t[]> bytes, bool classes) {
+  const auto S = static_cast<py::ssize_t>(d.states());
+  py::array_t<uint8_t> accept(S);
+  std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
+  if (!classes) {
+    py::capsule owner(bytes.get(), [](void* p) { delete[] static_cast<int32_t*>(p); });
+    py::array_t<int32_t> table({S, static_cast<py::ssize_t>(256)}, bytes.release(), owner);
+    return py::make_tuple(table, accept);
+  }
+  auto* rows = new std::vector<int32_t>(std::move(d.table));
+  py::capsule owner(rows, [](void* p) { delete static_cast<std::vector<int32_t>*>(p); });
+  py::array_t<int32_t> table({S, static_cast<py::ssize_t>(d.letters)}, rows->data(), owner);
+  py::array_t<uint8_t> letter_of(256);
+  std::memcpy(letter_of.mutable_data(), d.letter_of, 256);
+  return py::make_tuple(letter_of, table, accept);
+}
+
 // An automaton construction's limits (build_dfa, LazyDfa): state ids are int32.
 void check_state_limits(int64_t max_states, int64_t max_nfa_states) {
   constexpr int64_t kIds = int64_t(1) << 31;
@@ -709,10 +742,6 @@ PYBIND11_MODULE(_core, m) {
         const int64_t n = ast.shape(0);
         check_state_limits(max_states, max_nfa_states);
         Dfa d;
-        // The byte table is allocated here and handed to numpy, not allocated by numpy: numpy asks
-        // for transparent huge pages on large arrays (madvise), and on a machine whose memory is
-        // fragmented the kernel then compacts and zeroes 2 MiB pages on first touch, which cost
-        // seconds for a 300 MB table where ordinary pages cost a tenth of a second.
         std::unique_ptr<int32_t[]> bytes;
         try {
           py::gil_scoped_release nogil;
@@ -723,36 +752,58 @@ PYBIND11_MODULE(_core, m) {
             budget.check_time();
             d = minimize(raw, budget);
           }
-          // the byte table is what the construction leaves behind, or may be expanded to later:
-          // within the memory budget too
-          budget.charge(d.states() * 256 * static_cast<int64_t>(sizeof(int32_t)));
-          if (!classes) {
-            bytes.reset(new int32_t[static_cast<size_t>(d.states()) * 256]);
-            d.expand(bytes.get());  // rows over letters -> rows over bytes
-          }
+          bytes = byte_table(d, classes, budget);
         } catch (const DfaError& e) {
           throw py::value_error(e.message);
         }
-        const auto S = static_cast<py::ssize_t>(d.states());
-        py::array_t<uint8_t> accept(S);
-        std::memcpy(accept.mutable_data(), d.accept.data(), d.accept.size());
-        if (!classes) {
-          py::capsule owner(bytes.get(), [](void* p) { delete[] static_cast<int32_t*>(p); });
-          py::array_t<int32_t> table({S, static_cast<py::ssize_t>(256)}, bytes.release(), owner);
-          return py::make_tuple(table, accept);
-        }
-        // the construction's own rows, handed over as they are (no copy, no fresh pages to fault in)
-        auto* rows = new std::vector<int32_t>(std::move(d.table));
-        py::capsule owner(rows, [](void* p) { delete static_cast<std::vector<int32_t>*>(p); });
-        py::array_t<int32_t> table({S, static_cast<py::ssize_t>(d.letters)}, rows->data(), owner);
-        py::array_t<uint8_t> letter_of(256);
-        std::memcpy(letter_of.mutable_data(), d.letter_of, 256);
-        return py::make_tuple(letter_of, table, accept);
+        return dfa_arrays(d, std::move(bytes), classes);
       },
       py::arg("ast"), py::arg("max_states"), py::arg("max_nfa_states"), py::arg("budget_ms") = 0,
       py::arg("budget_bytes") = 0, py::arg("classes") = false,
       "Regular-expression AST (serialised, see dfa.h) -> minimal byte DFA: (table int32[S,256], accept uint8[S]), "
       "or with classes=True (classes uint8[256], table int32[S,C], accept uint8[S]), C the byte classes.");
+
+  m.def(
+      "intersect_dfas",
+      [](const std::vector<py::array>& tables, const std::vector<py::array>& accepts, const std::vector<int64_t>& starts,
+         int64_t max_product_states, int64_t budget_ms, int64_t budget_bytes, bool classes) -> py::tuple {
+        if (tables.empty() || accepts.size() != tables.size() || starts.size() != tables.size())
+          throw std::invalid_argument("intersect_dfas: one table, accept array and start per automaton");
+        if (max_product_states <= 0 || max_product_states >= (int64_t(1) << 31))
+          throw std::invalid_argument("max_product_states must be in [1, 2^31)");
+        std::vector<ByteTableView> inputs;
+        for (size_t i = 0; i < tables.size(); ++i) {
+          py::array table = tables[i], accept = accepts[i];
+          ByteTableView in;
+          in.table = buffer_of<int32_t>(table, 2, "table", false);
+          in.accept = buffer_of<uint8_t>(accept, 1, "accept", false);
+          in.states = table.shape(0);
+          if (table.shape(1) != 256 || (in.states > 1 && table.strides(0) != 256 * 4) || accept.shape(0) != in.states)
+            throw std::invalid_argument("intersect_dfas: tables int32[S, 256] (C-contiguous) with accept uint8[S]");
+          if (starts[i] < 0 || starts[i] >= in.states) throw std::invalid_argument("intersect_dfas: start out of range");
+          in.start = static_cast<int32_t>(starts[i]);
+          for (int64_t j = 0; j < in.states * 256; ++j)
+            if (in.table[j] < -1 || in.table[j] >= in.states)
+              throw std::invalid_argument("intersect_dfas: a transition out of range");
+          inputs.push_back(in);
+        }
+        Dfa d;
+        std::unique_ptr<int32_t[]> bytes;
+        try {
+          py::gil_scoped_release nogil;
+          Budget budget(budget_ms, budget_bytes);
+          d = intersect(inputs, max_product_states, budget);
+          bytes = byte_table(d, classes, budget);
+        } catch (const DfaError& e) {
+          throw py::value_error(e.message);
+        }
+        return dfa_arrays(d, std::move(bytes), classes);
+      },
+      py::arg("tables"), py::arg("accepts"), py::arg("starts"), py::arg("max_product_states"),
+      py::arg("budget_ms") = 0, py::arg("budget_bytes") = 0, py::arg("classes") = false,
+      "Byte DFAs (tables int32[S_i,256], accepts uint8[S_i], starts) -> the minimal DFA of the strings all accept, "
+      "as build_dfa returns it. ValueError past max_product_states product states, a budget, or when no string "
+      "is accepted by all.");
 
   py::class_<PyLazyDfa>(m, "LazyDfa")
       .def(py::init([](py::array ast, int64_t max_states, int64_t max_nfa_states, int64_t budget_ms,

@@ -9,8 +9,9 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
-#include <tuple>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 
 namespace llmserve {
 
@@ -912,6 +913,71 @@ Dfa minimize(const Dfa& raw, Budget& budget) {
     out.accept.push_back(accept[rep[queue[qi]]]);
   }
   return out;
+}
+
+Dfa intersect(const std::vector<ByteTableView>& inputs, int64_t max_product_states, Budget& budget) {
+  const size_t k = inputs.size();
+  // letters: the byte intervals between the places where some input's row changes
+  std::bitset<256> cut;
+  cut.set(0);
+  for (const auto& in : inputs)
+    for (int64_t s = 0; s < in.states; ++s) {
+      budget.poll();
+      const int32_t* row = in.table + s * 256;
+      for (int b = 1; b < 256; ++b)
+        if (row[b] != row[b - 1]) cut.set(b);
+    }
+  Dfa raw;
+  std::vector<int> first_byte;
+  for (int b = 0; b < 256; ++b) {
+    if (cut[b]) first_byte.push_back(b);
+    raw.letter_of[b] = static_cast<uint8_t>(first_byte.size() - 1);
+  }
+  const int64_t L = static_cast<int64_t>(first_byte.size());
+  raw.letters = static_cast<int32_t>(L);
+  // product states: their tuples (k states each), found by hash; numbered as the search meets them
+  std::vector<int32_t> tuples, chain;
+  std::unordered_map<uint64_t, int32_t> head;
+  const int64_t per_state = static_cast<int64_t>(k * sizeof(int32_t) + L * sizeof(int32_t) + 2 * sizeof(int32_t) + 24);
+  auto find_or_add = [&](const int32_t* q) -> int32_t {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < k; ++i) h = (h ^ static_cast<uint32_t>(q[i])) * 1099511628211ull;
+    auto it = head.try_emplace(h, -1).first;
+    for (int32_t id = it->second; id >= 0; id = chain[id])
+      if (std::equal(q, q + k, tuples.data() + static_cast<int64_t>(id) * k)) return id;
+    const auto id = static_cast<int32_t>(chain.size());
+    if (id >= max_product_states)
+      throw DfaError{"constraint too large: more than " + std::to_string(max_product_states) + " automaton states"};
+    budget.charge(per_state);
+    tuples.insert(tuples.end(), q, q + k);
+    chain.push_back(it->second);
+    it->second = id;
+    return id;
+  };
+  std::vector<int32_t> at(k), next(k);
+  for (size_t i = 0; i < k; ++i) at[i] = inputs[i].start;
+  find_or_add(at.data());
+  for (int64_t s = 0; s < static_cast<int64_t>(chain.size()); ++s) {
+    budget.poll();
+    std::copy(tuples.begin() + s * k, tuples.begin() + (s + 1) * k, at.begin());
+    bool accepts = true;
+    for (size_t i = 0; i < k; ++i) accepts &= inputs[i].accept[at[i]] != 0;
+    raw.accept.push_back(accepts ? 1 : 0);
+    raw.table.resize(static_cast<size_t>((s + 1) * L), -1);
+    for (int64_t l = 0; l < L; ++l) {
+      bool live = true;
+      for (size_t i = 0; i < k && live; ++i) {
+        next[i] = inputs[i].table[static_cast<int64_t>(at[i]) * 256 + first_byte[l]];
+        live = next[i] >= 0;
+      }
+      if (live) {
+        const int32_t target = find_or_add(next.data());
+        raw.table[s * L + l] = target;
+      }
+    }
+  }
+  budget.check_time();
+  return minimize(raw, budget);
 }
 
 }  // namespace llmserve

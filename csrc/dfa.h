@@ -129,4 +129,17 @@ Dfa determinize(const NfaView& nfa, int64_t max_states, Budget& budget);
 // the output's letters are the input's classes of identical columns.
 Dfa minimize(const Dfa& raw, Budget& budget);
 
+// One input of intersect(): a byte table [states * 256] (-1: dead), its accept flags, its start.
+struct ByteTableView {
+  const int32_t* table = nullptr;
+  const uint8_t* accept = nullptr;
+  int64_t states = 0;
+  int32_t start = 0;
+};
+// The automaton of the strings every input accepts, minimal: the product of the inputs (the tuples of
+// their states reachable from the starts, over the byte intervals where no input's row changes),
+// then minimize(). DfaError past max_product_states tuples, past the budget, or when no string is
+// accepted by all. JSON Schema puts several conditions on one value (pattern, format, length).
+Dfa intersect(const std::vector<ByteTableView>& inputs, int64_t max_product_states, Budget& budget);
+
 }  // namespace llmserve

@@ -373,3 +373,16 @@ def tree_expanded_size(node: tuple, cap: int, sizes: TreeSizes | None = None) ->
 def tree_words(node: tuple, dfa_words: Callable[[Any], NDArray[np.int32]]) -> NDArray[np.int32]:
     """``regex.serialize_ast`` of a converter tree; an embedded automaton's words are
     ``dfa_words(automaton)``. ValueError: a malformed node; OverflowError: a count past int32."""
+
+def intersect_dfas(
+    tables: Sequence[NDArray[np.int32]],
+    accepts: Sequence[NDArray[np.uint8]],
+    starts: Sequence[int],
+    max_product_states: int,
+    budget_ms: int = 0,
+    budget_bytes: int = 0,
+    classes: bool = False,
+) -> tuple[NDArray, ...]:
+    """Byte DFAs (tables int32[S_i, 256], C-contiguous; accepts uint8[S_i]; starts) -> the minimal DFA of
+    the strings every one accepts, as ``build_dfa`` returns it (csrc/dfa.h ``intersect``). Releases the
+    GIL. ValueError: past ``max_product_states`` product states or a budget, or no string accepted by all."""

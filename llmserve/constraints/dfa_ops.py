@@ -14,191 +14,51 @@ import numpy as np
 
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.limits import limits
+from llmserve.constraints.native import native as core
+from llmserve.constraints.native import require_native
 from llmserve.constraints.regex import (
     SUBSET_FACTOR,
     ByteDFA,
     _equivalence_classes,
+    _left_ms,
+    _native_error,
     _states_error,
     _time_budget_error,
     compile_ast,
 )
 
-# successors a product builds between two checks of the clock and the state limit (~2 MB of arrays)
-PRODUCT_CHUNK = 1 << 16
-# rows of a product turned from byte classes into bytes between two checks of the clock (8 MB)
-EXPAND_CHUNK = 8192
-
-
-def _byte_classes(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes that every table treats alike share a class: (class of each byte [256], one byte per class).
-    The product then steps once per class rather than once per byte. Classes are numbered in the
-    order of their columns (lexicographic, as ``np.unique(columns, axis=0)`` numbers them): the
-    distinct columns are found by their bytes and only those few are sorted."""
-    columns = np.ascontiguousarray(np.concatenate([t.T for t in tables], axis=1), dtype=np.int32)  # [256, sum of S]
-    seen: dict[bytes, int] = {}
-    first_of: list[int] = []
-    group = np.empty(256, dtype=np.int64)
-    for b in range(256):
-        g = seen.setdefault(columns[b].tobytes(), len(seen))
-        if g == len(first_of):
-            first_of.append(b)
-        group[b] = g
-    distinct = columns[first_of]  # [G, sum of S], in order of first byte
-    rank = np.lexsort(distinct.T[::-1]) if distinct.shape[1] else np.arange(len(first_of))  # sorted order of groups
-    class_of_group = np.empty(len(first_of), dtype=np.int64)
-    class_of_group[rank] = np.arange(len(first_of))
-    return class_of_group[group], np.asarray(first_of, dtype=np.int64)[rank]
-
-
-def _product(
-    dfas: list[ByteDFA],
-    tables: list[np.ndarray],
-    cls_of: np.ndarray,
-    reps: np.ndarray,
-    limit: int,
-    deadline: float,
-    budget_ms: int,
-) -> ByteDFA:
-    """The product automaton of ``dfas`` (reachable pairs from the starts, untrimmed), its states
-    numbered as a breadth-first search from the start meets them (state by state, class by class).
-    One frontier at a time with arrays: a product state is the mixed-radix number of its states."""
-    sizes = [t.shape[0] for t in tables]
-    weights: list[int] = []
-    radix = 1
-    for n in sizes:
-        weights.append(radix)
-        radix *= n
-    if radix >= 1 << 62:  # the numbers would overflow: state by state
-        return _product_by_state(dfas, tables, cls_of, reps, limit, deadline, budget_ms)
-    steps = [t[:, reps].astype(np.int64) for t in tables]  # [S_i, classes]
-    accepts = [np.asarray(d.accept) != 0 for d in dfas]
-    k, width = len(dfas), len(reps)
-    start = sum(d.start * w for d, w in zip(dfas, weights, strict=True))
-    index = {start: 0}
-    cur = np.array([[d.start for d in dfas]], dtype=np.int64)  # the frontier's states' states, [n, k]
-    rows: list[np.ndarray] = []
-    accept: list[np.ndarray] = []
-    total = 1
-    # a frontier is expanded in ordered chunks of at most PRODUCT_CHUNK successors, each checked
-    # against the clock and the state limit before the next is built: one wide frontier would
-    # otherwise build arrays of millions of entries past both. States found by an earlier chunk are
-    # in `index` already, so the numbering is the same as over the whole frontier at once.
-    chunk = max(1, PRODUCT_CHUNK // max(width, 1))
-    while len(cur):
-        found_parts: list[np.ndarray] = []
-        for at in range(0, len(cur), chunk):
-            if time.monotonic() > deadline:
-                raise _time_budget_error(budget_ms)
-            part = cur[at : at + chunk]
-            frontier = len(part)
-            ok = np.ones(frontier, dtype=bool)
-            keys = np.zeros((frontier, width), dtype=np.int64)
-            live = np.ones((frontier, width), dtype=bool)
-            for i in range(k):
-                ok &= accepts[i][part[:, i]]
-                nxt = steps[i][part[:, i]]  # [frontier, classes]
-                live &= nxt >= 0
-                keys += nxt * weights[i]
-            flat = keys.ravel()
-            where = np.flatnonzero(live.ravel())
-            uniq, first, inverse = np.unique(flat[where], return_index=True, return_inverse=True)
-            ids = np.empty(len(uniq), dtype=np.int64)
-            fresh: list[int] = []
-            for u, key in enumerate(uniq.tolist()):
-                j = index.get(key)
-                if j is None:
-                    fresh.append(u)
-                else:
-                    ids[u] = j
-            if fresh:
-                new = np.asarray(fresh, dtype=np.int64)
-                new = new[np.argsort(first[new], kind="stable")]  # numbered as the search meets them
-                if total + len(new) > limit * SUBSET_FACTOR:  # minimised below, then held to the limit
-                    raise _states_error(limit)
-                ids[new] = np.arange(total, total + len(new))
-                found = uniq[new]
-                index.update(zip(found.tolist(), range(total, total + len(new)), strict=True))
-                total += len(new)
-                found_parts.append(found)
-            out = np.full(frontier * width, -1, dtype=np.int32)  # state numbers stay under the limit
-            out[where] = ids[inverse.reshape(-1)]
-            rows.append(out.reshape(frontier, width))  # by class: bytes only once the product is whole
-            accept.append(ok)
-        if found_parts:
-            found = found_parts[0] if len(found_parts) == 1 else np.concatenate(found_parts)
-            cur = np.stack([(found // w) % n for w, n in zip(weights, sizes, strict=True)], axis=1)
-        else:
-            cur = cur[:0]
-    narrow = rows[0] if len(rows) == 1 else np.concatenate(rows)
-    # by byte, EXPAND_CHUNK rows at a time between checks of the clock: hundreds of thousands of
-    # states make hundreds of MB
-    table = np.empty((narrow.shape[0], 256), dtype=np.int32)
-    for at in range(0, narrow.shape[0], EXPAND_CHUNK):
-        if time.monotonic() > deadline:
-            raise _time_budget_error(budget_ms)
-        table[at : at + EXPAND_CHUNK] = narrow[at : at + EXPAND_CHUNK][:, cls_of]
-    return ByteDFA(table, np.concatenate(accept).astype(np.uint8), 0)
-
-
-def _product_by_state(
-    dfas: list[ByteDFA],
-    tables: list[np.ndarray],
-    cls_of: np.ndarray,
-    reps: np.ndarray,
-    limit: int,
-    deadline: float,
-    budget_ms: int,
-) -> ByteDFA:
-    """``_product`` one state at a time (tuples of states: any number of automata of any size)."""
-    start = tuple(d.start for d in dfas)
-    index = {start: 0}
-    order = [start]
-    rows: list[list[int]] = []
-    accept: list[bool] = []
-    i = 0
-    while i < len(order):
-        cur = order[i]
-        i += 1
-        if not i & 255 and time.monotonic() > deadline:
-            raise _time_budget_error(budget_ms)
-        accept.append(all(bool(d.accept[q]) for d, q in zip(dfas, cur, strict=True)))
-        by_class = np.full(len(reps), -1, dtype=np.int64)
-        nxt = np.stack([t[q, reps] for t, q in zip(tables, cur, strict=True)])  # [k, classes]
-        live = (nxt >= 0).all(axis=0)
-        for c in np.flatnonzero(live):
-            key = tuple(int(x) for x in nxt[:, c])
-            j = index.get(key)
-            if j is None:
-                if len(order) >= limit * SUBSET_FACTOR:  # minimised below, then held to the limit
-                    raise _states_error(limit)
-                j = index[key] = len(order)
-                order.append(key)
-            by_class[c] = j
-        rows.append(by_class[cls_of].tolist())
-    return ByteDFA(np.array(rows, dtype=np.int32), np.array(accept, dtype=np.uint8), 0)
-
 
 def intersect(dfas: list[ByteDFA], max_states: int | None = None, *, started: float | None = None) -> ByteDFA:
-    """The automaton of the strings every one of ``dfas`` accepts (trimmed, minimal).
-    ConstraintError when no string is accepted by all, or past the state limit or the compile time
-    budget (counted from ``started``, a ``time.monotonic()``; default now)."""
+    """The automaton of the strings every one of ``dfas`` accepts (trimmed, minimal), built by the
+    core (``intersect_dfas``: the product over byte intervals, then the minimisation every automaton
+    gets; the numpy product it replaces took most of a schema's conversion where strings carry a
+    pattern and a length). ConstraintError when no string is accepted by all, or past the state
+    limit, the compile memory budget or the compile time budget (counted from ``started``, a
+    ``time.monotonic()``; default now)."""
     if len(dfas) == 1:
         return dfas[0]
+    require_native()
     lim = limits()
     started = time.monotonic() if started is None else started
-    deadline = started + lim.compile_ms / 1000
     limit = lim.max_states if max_states is None else max_states
-    tables = [np.asarray(d.table) for d in dfas]
-    cls_of, reps = _byte_classes(tables)
-    product = _product(dfas, tables, cls_of, reps, limit, deadline, lim.compile_ms)
+    left_ms = _left_ms(started + lim.compile_ms / 1000, lim)
     try:
-        # trimmed and minimised by the core, inside the same budget (Python's minimisation took
-        # seconds on a product of a few thousand states)
-        out = compile_ast(("dfa", product), started=started)
-    except ConstraintError as exc:
-        if "matches no string" not in exc.message:
-            raise
-        raise ConstraintError("no string satisfies all of the conditions on this value at once") from None
+        table, accept = core.intersect_dfas(
+            [np.ascontiguousarray(d.table, dtype=np.int32) for d in dfas],
+            [np.ascontiguousarray(d.accept, dtype=np.uint8) for d in dfas],
+            [int(d.start) for d in dfas],
+            limit * SUBSET_FACTOR,  # product states, minimised below, then held to the limit
+            left_ms,
+            lim.compile_mb << 20,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        if "matches no string" in message:
+            raise ConstraintError("no string satisfies all of the conditions on this value at once") from None
+        if "automaton states" in message:
+            raise _states_error(limit) from None
+        raise _native_error(message, lim) from None
+    out = ByteDFA(table, accept, 0)
     if out.num_states > limit:
         raise _states_error(limit)
     return out

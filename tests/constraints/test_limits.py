@@ -194,9 +194,9 @@ def test_the_byte_table_counts_against_the_memory_budget(limits_of):
 
 
 def test_a_wide_intersection_keeps_the_time_budget(limits_of):
-    """Three patterns whose product has hundreds of thousands of states: the product is built a
-    bounded chunk at a time, the clock checked between, and refused near the budget (it ran 3x past
-    it when each breadth-first level was built whole)."""
+    """Three patterns whose product has hundreds of thousands of states: the core polls the clock
+    as it builds the product, and refuses near the budget (a product built one breadth-first level
+    at a time once ran 3x past it)."""
     limits_of(compile_ms=500)
     chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567"
     any_char = f"[{chars}]"

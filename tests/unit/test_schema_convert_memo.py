@@ -121,58 +121,6 @@ def test_a_large_one_of_converts_as_its_branches_say():
     assert not dfa.matches(b'{"kind":"k60"}') and not dfa.matches(b'"w"')
 
 
-def _random_dfa(rng, states: int):
-    import numpy as np
-
-    from llmserve.constraints.regex import ByteDFA
-
-    steps = rng.integers(-1, states, size=(states, 8)).astype(np.int32)
-    table = np.ascontiguousarray(steps[:, rng.integers(0, 8, size=256)])
-    return ByteDFA(table, rng.integers(0, 2, size=states).astype(np.uint8), int(rng.integers(0, states)))
-
-
-def test_byte_classes_are_numbered_as_np_unique_numbers_them():
-    import numpy as np
-
-    from llmserve.constraints.dfa_ops import _byte_classes
-
-    rng = np.random.default_rng(0)
-    for _ in range(300):
-        tables = [_random_dfa(rng, int(rng.integers(1, 30))).table for _ in range(int(rng.integers(1, 4)))]
-        _, first, inverse = np.unique(
-            np.concatenate([t.T for t in tables], axis=1), axis=0, return_index=True, return_inverse=True
-        )
-        cls_of, reps = _byte_classes(tables)
-        assert np.array_equal(cls_of, inverse.reshape(-1)) and np.array_equal(reps, first)
-
-
-def test_the_product_by_frontier_is_the_product_state_by_state():
-    import time
-
-    import numpy as np
-
-    from llmserve.constraints.dfa_ops import _byte_classes, _product, _product_by_state
-    from llmserve.constraints.regex import compile_regex
-
-    rng = np.random.default_rng(1)
-    cases = [[_random_dfa(rng, int(rng.integers(1, 12))) for _ in range(int(rng.integers(2, 4)))] for _ in range(200)]
-    patterns = ["[a-z]+", "[a-z0-9]{0,63}", "(ab|cd)*x", ".*foo.*", "\\d{4}-\\d{2}", ".{3,50}"]
-    cases += [[compile_regex(p), compile_regex(q)] for p in patterns for q in patterns]
-    deadline = time.monotonic() + 600
-    for dfas in cases:
-        tables = [np.asarray(d.table) for d in dfas]
-        cls_of, reps = _byte_classes(tables)
-        a = _product(dfas, tables, cls_of, reps, 10**6, deadline, 1)
-        b = _product_by_state(dfas, tables, cls_of, reps, 10**6, deadline, 1)
-        assert np.array_equal(a.table, b.table) and np.array_equal(a.accept, b.accept) and a.start == b.start
-    dfas = [compile_regex(".{0,300}"), compile_regex("[a-z]*q[a-z]*")]
-    tables = [d.table for d in dfas]
-    cls_of, reps = _byte_classes(tables)
-    for product in (_product, _product_by_state):
-        with pytest.raises(ConstraintError, match="more than 2 automaton states"):
-            product(dfas, tables, cls_of, reps, 10 // 8 + 1, deadline, 1)
-
-
 def test_a_reference_met_on_two_paths_is_built_once(monkeypatch):
     big = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 1500}}, "required": ["text"]}
     schema = {
