@@ -189,12 +189,16 @@ def _fraction_multiples(schema: dict, multiple: float):
     lo = -FRACTION_RANGE if lo is None else max(lo, -FRACTION_RANGE)
     hi = FRACTION_RANGE if hi is None else min(hi, FRACTION_RANGE)
 
-    def whole(k: int) -> bool:
-        q = k / multiple
-        return int(q) == q
+    def whole(ks: np.ndarray) -> np.ndarray:
+        # float64 division as Python's int / float does it (every k here is exact as a float)
+        q = ks.astype(np.float64) / multiple
+        return q == np.trunc(q)
 
-    step = next((k for k in range(1, FRACTION_RANGE + 1) if whole(k)), None)
-    if step is None or step > MAX_MULTIPLE or any(whole(k) != (k % step == 0) for k in range(lo, hi + 1)):
+    candidates = np.arange(1, FRACTION_RANGE + 1, dtype=np.int64)
+    found = np.flatnonzero(whole(candidates))
+    step = int(candidates[found[0]]) if len(found) else None
+    ks = np.arange(lo, hi + 1, dtype=np.int64)
+    if step is None or step > MAX_MULTIPLE or bool(np.any(whole(ks) != (ks % step == 0))):
         raise ConstraintError(f"json_schema: multipleOf {multiple} is not supported (its multiples are not regular)")
     node = parse(integer_range(lo, hi))
     if step == 1:

@@ -137,6 +137,22 @@ def test_number_bounds_and_multiple_of_one():
     assert_samples_valid({"type": "number", "multipleOf": 0.1})
 
 
+@pytest.mark.parametrize("multiple", [0.1, 0.25, 0.5, 0.2, 0.05, 1.5, 2.5, 0.125])
+def test_a_fractional_multiple_of_admits_the_integers_jsonschema_admits(multiple):
+    """Integers k whose k / multiple is whole as floats (jsonschema's test), within bounds."""
+    schema = {"type": "number", "multipleOf": multiple, "minimum": -300, "maximum": 300}
+    dfa = dfa_of(schema)
+    for k in range(-320, 320):
+        admitted = -300 <= k <= 300 and int(k / multiple) == k / multiple
+        assert dfa.matches(str(k).encode()) == admitted, k
+
+
+def test_a_fractional_multiple_of_whose_multiples_are_not_regular_is_refused_by_name():
+    # 7 / 0.7 is whole as floats but 21 / 0.7 is not (30.000000000000004): no integer step gives jsonschema's verdicts
+    with pytest.raises(ConstraintError, match=r"multipleOf 0\.7 is not supported"):
+        dfa_of({"type": "number", "multipleOf": 0.7})
+
+
 @pytest.mark.parametrize(
     "schema",
     [
