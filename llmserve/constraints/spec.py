@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
@@ -44,14 +45,16 @@ class ConstraintSpec:
         if self.kind == "json_schema" and not isinstance(self.value, dict):
             raise ConstraintError("json_schema must be a JSON object")
 
-    @property
+    # cached: a request's spec is keyed several times over (its automaton, its words, its form), and
+    # a large schema's canonical text costs milliseconds; a spec's value is not changed once parsed
+    @cached_property
     def canonical(self) -> str:
         value = list(self.value) if self.kind == "choice" else self.value
         return json.dumps(
             {"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
         )
 
-    @property
+    @cached_property
     def digest(self) -> str:
         return hashlib.sha256(self.canonical.encode()).hexdigest()
 
