@@ -222,7 +222,10 @@ _UNSUPPORTED_OF_TYPE = {
     "object": {"unevaluatedProperties"},
 }
 _SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
-_STRUCTURE = {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", NOT_TEXT, ABSENT}
+_STRUCTURE = {
+    *("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", "if", "then", "else"),
+    *(NOT_TEXT, ABSENT),
+}
 
 
 def _lit(text: str):
@@ -308,6 +311,10 @@ class _Converter:
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
         self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
+        # the same, by the identity of the branch objects (held in the value, so that their ids stay
+        # theirs): a $ref'd oneOf met again arrives as the same objects, and its key above costs a
+        # canonical text per branch (most of a conversion for schemas with hundreds of such uses)
+        self.one_of_seen: dict[tuple, tuple[tuple, int, list, list]] = {}
         self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
         self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
         # expanded_size's counts by node, to the NFA state limit (above EMBED_AT): the same counts
@@ -641,7 +648,7 @@ class _Converter:
             raise _time_budget_error(self.budget_ms)
         if depth > MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
-        if isinstance(schema, dict) and set(schema) == {"$ref"}:
+        if isinstance(schema, dict) and "$ref" in schema and _annotates_only(schema, besides="$ref"):
             ref = schema["$ref"]
             self._check_recursion(ref, refs)
             key = (ref, refs)  # the same reference on the same path converts alike: built once
@@ -757,6 +764,23 @@ class _Converter:
         expressed. Two branches alike (the same schema) match the same values: neither is generated.
         A branch normalized through a subset (if/then/else, 'not', recursion cut short) may admit
         values its schema here does not: the others see it as admitting every value."""
+        seen = (
+            tuple(id(m) for m, _ in merged),
+            tuple(sub_refs for _, sub_refs in merged),
+            tuple((id(sub), exact) for sub, _, exact in plain),
+            depth,
+        )
+        found = self.one_of_seen.get(seen)
+        if found is not None:
+            self.inexact += found[1]
+            return list(found[0])
+        before = self.inexact
+        kept = self._one_of_new(merged, plain, depth)
+        self.one_of_seen[seen] = (tuple(kept), self.inexact - before, merged, plain)
+        return kept
+
+    def _one_of_new(self, merged: list, plain: list, depth: int) -> list:
+        """``_one_of`` for branch objects not seen before (they may still be equal to some seen)."""
         listed = _one_of_values(merged, plain)
         if listed is not None:
             return listed
@@ -1603,11 +1627,17 @@ def _search(pattern: str, name: str) -> bool:
         raise ConstraintError(f"json_schema: patternProperties {pattern!r}: {exc}") from None
 
 
+def _annotates_only(schema: dict, besides: str | None = None) -> bool:
+    """Whether every keyword of ``schema`` (but ``besides``) only annotates: a ``$ref`` beside its
+    ``description``, as schemas in the wild write most references, is the reference alone."""
+    return not any(k in _STRUCTURE or k in _ALL_TYPE_KEYWORDS or k in _UNSUPPORTED for k in schema if k != besides)
+
+
 def _constrains(schema: Any) -> bool:
     """Whether ``schema`` has any keyword that may reject a value."""
     if not isinstance(schema, dict):
         return schema is False
-    return any(k in _STRUCTURE or k in _ALL_TYPE_KEYWORDS or k in _UNSUPPORTED for k in schema)
+    return not _annotates_only(schema)
 
 
 def _one_of_values(merged: list, plain: list) -> list | None:

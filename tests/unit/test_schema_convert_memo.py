@@ -10,7 +10,7 @@ import pytest
 
 from llmserve.constraints import jsonschema as js
 from llmserve.constraints.errors import ConstraintError
-from llmserve.constraints.regex import compile_ast
+from llmserve.constraints.regex import compile_ast, serialize_ast
 from llmserve.constraints.schema_merge import canonical
 from llmserve.constraints.schema_strings import string_ast
 
@@ -141,3 +141,64 @@ def test_a_reference_met_on_two_paths_is_built_once(monkeypatch):
     assert len(built) == 1  # big, converted on the paths w1 and w2, built once (w1, w2: as built)
     assert dfa.matches(b'{"a":{"text":"x"},"b":{"text":""}}')
     assert not dfa.matches(('{"a":{"text":"' + "x" * 1501 + '"},"b":{"text":""}}').encode())
+
+
+RULE = {"oneOf": [{"enum": [0, 1, 2]}, {"type": "array", "items": [{"enum": [0, 1, 2]}], "minItems": 1}]}
+RULES = {
+    "$defs": {"rule": RULE},
+    "type": "object",
+    # as linters' schemas write them: a reference beside its description, hundreds of times
+    "properties": {f"r{i}": {"$ref": "#/$defs/rule", "description": f"rule {i}"} for i in range(40)},
+}
+
+
+def test_a_reference_beside_annotations_converts_once(monkeypatch):
+    calls = []
+    original = js._Converter._branches
+
+    def counting(self, schema, depth, refs):
+        calls.append(refs)
+        return original(self, schema, depth, refs)
+
+    monkeypatch.setattr(js._Converter, "_branches", counting)
+    dfa = js.schema_to_dfa(RULES)
+    assert len(calls) == 1  # the rule's oneOf, once for 40 uses
+    assert dfa.matches(b'{"r0":2,"r39":[1]}') and not dfa.matches(b'{"r0":3}')
+
+
+def test_a_one_of_met_again_as_the_same_objects_answers_as_first_analysed(monkeypatch):
+    """Uses of a rule with a constraining keyword beside the reference are not the reference alone:
+    their oneOf is analysed at each use, found again by its branch objects; the tree is the one
+    built without that memo."""
+    schema = json.loads(json.dumps(RULES))
+    for i in range(0, 40, 2):
+        schema["properties"][f"r{i}"]["maxItems"] = 1
+    conv = js._Converter(js._parsed(schema), embed_at=None)
+    with_memo = serialize_ast(js._convert(conv, js._parsed(schema)))
+    assert conv.one_of_seen
+    original = js._Converter._one_of
+
+    def forgetting(self, merged, plain, depth):
+        self.one_of_seen.clear()
+        return original(self, merged, plain, depth)
+
+    monkeypatch.setattr(js._Converter, "_one_of", forgetting)
+    without = serialize_ast(js._convert(js._Converter(js._parsed(schema), embed_at=None), js._parsed(schema)))
+    assert with_memo.tolist() == without.tolist()
+
+
+def test_a_reference_beside_if_then_keeps_its_condition():
+    """``if``/``then`` beside a ``$ref`` constrain the value: they were once taken for annotations
+    and dropped, and the engine answered objects the schema refuses."""
+    import jsonschema as validator
+
+    schema = {
+        "$defs": {"o": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}},
+        "$ref": "#/$defs/o",
+        "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+        "then": {"required": ["b"]},
+    }
+    dfa = js.schema_to_dfa(schema)
+    assert not validator.Draft202012Validator(schema).is_valid({"a": 1})
+    assert not dfa.matches(b'{"a":1}')
+    assert dfa.matches(b'{"a":1,"b":2}')
