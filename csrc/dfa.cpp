@@ -233,36 +233,18 @@ class NfaBuilder {
     } depth(depth_);
     const int32_t kind = at(pos++);
     if (kind == 0) {  // set
-      const int32_t count = count_at(pos, 2, "set");
-      const int32_t s = state(), e = state();
-      std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
-      std::vector<std::vector<std::pair<int, int>>> seqs;
-      for (int32_t k = 0; k < count; ++k) {
-        budget_.poll();  // a set is walked again for each copy of a repetition
-        const int32_t lo = at(pos), hi = at(pos + 1);
-        pos += 2;
-        if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
-        seqs.clear();
-        utf8_sequences(lo, hi, seqs);
-        for (const auto& seq : seqs) {
-          int32_t cur = s;
-          for (size_t i = 0; i < seq.size(); ++i) {
-            if (i + 1 == seq.size()) {
-              edge(cur, seq[i].first, seq[i].second, e);
-            } else {
-              auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
-              auto it = shared.find(key);
-              if (it == shared.end()) {
-                const int32_t nxt = state();
-                it = shared.emplace(key, nxt).first;
-                edge(cur, seq[i].first, seq[i].second, nxt);
-              }
-              cur = it->second;
-            }
-          }
-        }
-      }
-      return {s, e};
+      // a set's UTF-8 paths are worked out once per position in the AST: a set inside a counted
+      // repetition (a string's characters up to maxLength) is built once per copy
+      const int64_t at_set = pos - 1;
+      auto found = set_shapes_.find(at_set);
+      if (found == set_shapes_.end()) found = set_shapes_.emplace(at_set, set_shape(pos)).first;
+      const SetShape& shape = found->second;
+      pos = shape.end;
+      std::vector<int32_t>& ids = set_ids_;
+      ids.resize(static_cast<size_t>(shape.states));
+      for (int32_t q = 0; q < shape.states; ++q) ids[q] = state();
+      for (const auto& [from, lo, hi, to] : shape.edges) edge(ids[from], lo, hi, ids[to]);
+      return {ids[0], ids[1]};
     }
     if (kind == 1) {  // cat
       const int32_t count = count_at(pos, 2, "cat");  // a node takes 2 words at least
@@ -349,6 +331,46 @@ class NfaBuilder {
     if (kind == 5) return members(pos);
     if (kind == 6) return comma_list(pos);
     throw std::invalid_argument("unknown AST node kind");
+  }
+  // A set's states and byte edges, its states numbered locally in the order they are made (0 its
+  // start, 1 its end; shared leading byte ranges of its UTF-8 sequences share a state), read from
+  // `pos` (just past the kind word); `end`: the position after the set.
+  struct SetShape {
+    int32_t states = 2;
+    std::vector<std::array<int32_t, 4>> edges;  // (from, lo, hi, to)
+    int64_t end = 0;
+  };
+  SetShape set_shape(int64_t pos) {
+    SetShape shape;
+    const int32_t count = count_at(pos, 2, "set");
+    std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
+    std::vector<std::vector<std::pair<int, int>>> seqs;
+    for (int32_t k = 0; k < count; ++k) {
+      budget_.poll();
+      const int32_t lo = at(pos), hi = at(pos + 1);
+      pos += 2;
+      if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
+      seqs.clear();
+      utf8_sequences(lo, hi, seqs);
+      for (const auto& seq : seqs) {
+        int32_t cur = 0;
+        for (size_t i = 0; i < seq.size(); ++i) {
+          if (i + 1 == seq.size()) {
+            shape.edges.push_back({cur, seq[i].first, seq[i].second, 1});
+          } else {
+            auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
+            auto it = shared.find(key);
+            if (it == shared.end()) {
+              it = shared.emplace(key, shape.states++).first;
+              shape.edges.push_back({cur, seq[i].first, seq[i].second, it->second});
+            }
+            cur = it->second;
+          }
+        }
+      }
+    }
+    shape.end = pos;
+    return shape;
   }
   // the size S of an embedded automaton and its start, checked, `pos` advanced past them: S accept
   // flags and S rows (a count each at least) must fit in the rest of the array
@@ -462,6 +484,8 @@ class NfaBuilder {
   Budget& budget_;
   int depth_ = 0, skip_depth_ = 0;
   Nfa nfa_;
+  std::unordered_map<int64_t, SetShape> set_shapes_;  // by the set's position in the AST
+  std::vector<int32_t> set_ids_;                      // a set copy's states (reused)
 };
 
 }  // namespace
