@@ -8,6 +8,7 @@
 #include <bitset>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -233,18 +234,36 @@ class NfaBuilder {
     } depth(depth_);
     const int32_t kind = at(pos++);
     if (kind == 0) {  // set
-      // a set's UTF-8 paths are worked out once per position in the AST: a set inside a counted
-      // repetition (a string's characters up to maxLength) is built once per copy
-      const int64_t at_set = pos - 1;
-      auto found = set_shapes_.find(at_set);
-      if (found == set_shapes_.end()) found = set_shapes_.emplace(at_set, set_shape(pos)).first;
-      const SetShape& shape = found->second;
-      pos = shape.end;
-      std::vector<int32_t>& ids = set_ids_;
-      ids.resize(static_cast<size_t>(shape.states));
-      for (int32_t q = 0; q < shape.states; ++q) ids[q] = state();
-      for (const auto& [from, lo, hi, to] : shape.edges) edge(ids[from], lo, hi, ids[to]);
-      return {ids[0], ids[1]};
+      const int32_t count = count_at(pos, 2, "set");
+      const int32_t s = state(), e = state();
+      std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
+      std::vector<std::vector<std::pair<int, int>>> seqs;
+      for (int32_t k = 0; k < count; ++k) {
+        budget_.poll();  // a set is walked again for each copy of a repetition
+        const int32_t lo = at(pos), hi = at(pos + 1);
+        pos += 2;
+        if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
+        seqs.clear();
+        utf8_sequences(lo, hi, seqs);
+        for (const auto& seq : seqs) {
+          int32_t cur = s;
+          for (size_t i = 0; i < seq.size(); ++i) {
+            if (i + 1 == seq.size()) {
+              edge(cur, seq[i].first, seq[i].second, e);
+            } else {
+              auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
+              auto it = shared.find(key);
+              if (it == shared.end()) {
+                const int32_t nxt = state();
+                it = shared.emplace(key, nxt).first;
+                edge(cur, seq[i].first, seq[i].second, nxt);
+              }
+              cur = it->second;
+            }
+          }
+        }
+      }
+      return {s, e};
     }
     if (kind == 1) {  // cat
       const int32_t count = count_at(pos, 2, "cat");  // a node takes 2 words at least
@@ -271,12 +290,8 @@ class NfaBuilder {
       // each copy of the child takes one state at least: the copies are bounded by the state limit
       const auto [lo, hi] = bounds_at(pos, "repetition bounds");
       const int64_t child = pos;
-      auto again = [&]() {
-        int64_t p = child;
-        auto r = node(p);
-        pos = p;
-        return r;
-      };
+      std::optional<Fragment> built;
+      auto again = [&]() { return build_or_copy(child, built, pos); };
       const int32_t s = state();
       int32_t e = s;
       for (int32_t k = 0; k < lo; ++k) {
@@ -332,45 +347,50 @@ class NfaBuilder {
     if (kind == 6) return comma_list(pos);
     throw std::invalid_argument("unknown AST node kind");
   }
-  // A set's states and byte edges, its states numbered locally in the order they are made (0 its
-  // start, 1 its end; shared leading byte ranges of its UTF-8 sequences share a state), read from
-  // `pos` (just past the kind word); `end`: the position after the set.
-  struct SetShape {
-    int32_t states = 2;
-    std::vector<std::array<int32_t, 4>> edges;  // (from, lo, hi, to)
+  // What building one subtree made: its states [first, first + states), its epsilon moves and byte
+  // edges (ranges of the builder's lists, all between its own states), its start and end, and the
+  // position after it in the AST.
+  struct Fragment {
+    int32_t first = 0, states = 0;
+    size_t eps_at = 0, eps_n = 0, edges_at = 0, edges_n = 0;
+    std::pair<int32_t, int32_t> ends;
     int64_t end = 0;
   };
-  SetShape set_shape(int64_t pos) {
-    SetShape shape;
-    const int32_t count = count_at(pos, 2, "set");
-    std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
-    std::vector<std::vector<std::pair<int, int>>> seqs;
-    for (int32_t k = 0; k < count; ++k) {
-      budget_.poll();
-      const int32_t lo = at(pos), hi = at(pos + 1);
-      pos += 2;
-      if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
-      seqs.clear();
-      utf8_sequences(lo, hi, seqs);
-      for (const auto& seq : seqs) {
-        int32_t cur = 0;
-        for (size_t i = 0; i < seq.size(); ++i) {
-          if (i + 1 == seq.size()) {
-            shape.edges.push_back({cur, seq[i].first, seq[i].second, 1});
-          } else {
-            auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
-            auto it = shared.find(key);
-            if (it == shared.end()) {
-              it = shared.emplace(key, shape.states++).first;
-              shape.edges.push_back({cur, seq[i].first, seq[i].second, it->second});
-            }
-            cur = it->second;
-          }
-        }
-      }
+  // The subtree at `child` built (the first time, recorded in `built`) or copied from what the first
+  // build made, its states renumbered: a repetition's copies (a string's characters up to maxLength,
+  // thousands of them) are not parsed and split into UTF-8 sequences again for each. The same NFA,
+  // state for state, as building each copy would give. `pos` is set past the subtree.
+  std::pair<int32_t, int32_t> build_or_copy(int64_t child, std::optional<Fragment>& built, int64_t& pos) {
+    if (!built) {
+      Fragment f;
+      f.first = static_cast<int32_t>(nfa_.states);
+      f.eps_at = nfa_.eps_list.size();
+      f.edges_at = nfa_.edge_list.size();
+      int64_t p = child;
+      f.ends = node(p);
+      f.end = pos = p;
+      f.states = static_cast<int32_t>(nfa_.states - f.first);
+      f.eps_n = nfa_.eps_list.size() - f.eps_at;
+      f.edges_n = nfa_.edge_list.size() - f.edges_at;
+      built = f;
+      return f.ends;
     }
-    shape.end = pos;
-    return shape;
+    const Fragment& f = *built;
+    const int32_t first = static_cast<int32_t>(nfa_.states);
+    for (int32_t q = 0; q < f.states; ++q) state();  // each counted, charged and timed as when built
+    const int32_t shift = first - f.first;
+    auto& eps_list = nfa_.eps_list;
+    for (size_t k = f.eps_at; k < f.eps_at + f.eps_n; ++k) {
+      const auto [from, to] = eps_list[k];
+      eps_list.emplace_back(from + shift, to + shift);
+    }
+    auto& edge_list = nfa_.edge_list;
+    for (size_t k = f.edges_at; k < f.edges_at + f.edges_n; ++k) {
+      const auto e = edge_list[k];
+      edge_list.push_back({e[0] + shift, e[1], e[2], e[3] + shift});
+    }
+    pos = f.end;
+    return {f.ends.first + shift, f.ends.second + shift};
   }
   // the size S of an embedded automaton and its start, checked, `pos` advanced past them: S accept
   // flags and S rows (a count each at least) must fit in the rest of the array
@@ -431,10 +451,9 @@ class NfaBuilder {
     if (lo == 0) eps(s, end);
     const int32_t copies = hi < 0 ? std::max(lo, 1) : hi;
     int32_t cur = s;
+    std::optional<Fragment> built;
     for (int32_t k = 0; k < copies; ++k) {
-      int64_t q = child;
-      auto [cs, ce] = node(q);
-      pos = q;
+      auto [cs, ce] = build_or_copy(child, built, pos);
       if (k == 0) eps(cur, cs);
       else edge(cur, 0x2C, 0x2C, cs);
       cur = state();
@@ -484,8 +503,6 @@ class NfaBuilder {
   Budget& budget_;
   int depth_ = 0, skip_depth_ = 0;
   Nfa nfa_;
-  std::unordered_map<int64_t, SetShape> set_shapes_;  // by the set's position in the AST
-  std::vector<int32_t> set_ids_;                      // a set copy's states (reused)
 };
 
 }  // namespace

@@ -29,8 +29,8 @@ PATTERNS = [
     # count): minimisation reads those long rows of inverse transitions letter by letter
     r'"(?:[^"\\]|\\.){0,60}"',
     r"(?:[a-z]{1,3}[0-9]){1,12}[a-z]*",
-    # multi-byte sets inside counted repetitions: a set's UTF-8 paths are worked out once and
-    # copied (csrc/dfa.cpp, set_shape), nested copies included
+    # multi-byte sets inside counted repetitions: a repetition's first copy is built, the others
+    # copied from it (csrc/dfa.cpp, build_or_copy), nested copies included
     r"(?:[a-zé€\U0001F600-\U0001F64F]{2,5}[^\x00-\x7f]?){1,3}",
     # one class only, and a language of one string
     r"[\x00-\U0010ffff]*",
