@@ -109,7 +109,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -310,11 +310,11 @@ class _Converter:
         # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
         # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
         self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
-        self.one_of_memo: dict[tuple, tuple[tuple, int]] = {}  # _one_of's results by its branches
+        self.one_of_memo: dict[tuple, tuple] = {}  # _one_of's results by its branches
         # the same, by the identity of the branch objects (held in the value, so that their ids stay
         # theirs): a $ref'd oneOf met again arrives as the same objects, and its key above costs a
         # canonical text per branch (most of a conversion for schemas with hundreds of such uses)
-        self.one_of_seen: dict[tuple, tuple[tuple, int, list, list]] = {}
+        self.one_of_seen: dict[tuple, tuple] = {}
         self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
         self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
         # expanded_size's counts by node, to the NFA state limit (above EMBED_AT): the same counts
@@ -770,13 +770,18 @@ class _Converter:
             tuple((id(sub), exact) for sub, _, exact in plain),
             depth,
         )
-        found = self.one_of_seen.get(seen)
+        return self._replayed(self.one_of_seen, seen, lambda: self._one_of_new(merged, plain, depth), merged, plain)
+
+    def _replayed(self, table: dict, key: tuple, compute: Callable[[], list], *held: Any) -> list:
+        """``compute()``, kept in ``table`` under ``key`` (with ``held``, kept alive beside it); a
+        result found there is given again with the inexactness its computation counted."""
+        found = table.get(key)
         if found is not None:
             self.inexact += found[1]
             return list(found[0])
         before = self.inexact
-        kept = self._one_of_new(merged, plain, depth)
-        self.one_of_seen[seen] = (tuple(kept), self.inexact - before, merged, plain)
+        kept = compute()
+        table[key] = (tuple(kept), self.inexact - before, *held)
         return kept
 
     def _one_of_new(self, merged: list, plain: list, depth: int) -> list:
@@ -799,15 +804,12 @@ class _Converter:
             tuple((canonical(sub) if sub is not None else None, exact) for sub, _, exact in plain),
             depth,
         )
-        hit = self.one_of_memo.get(memo)
-        if hit is not None:
-            self.inexact += hit[1]
-            return list(hit[0])
-        before = self.inexact
-        with _analysis():
-            kept = self._one_of_apart(merged, plain, depth, typed, views, keys)
-        self.one_of_memo[memo] = (tuple(kept), self.inexact - before)
-        return kept
+
+        def analysed() -> list:
+            with _analysis():
+                return self._one_of_apart(merged, plain, depth, typed, views, keys)
+
+        return self._replayed(self.one_of_memo, memo, analysed)
 
     def _one_of_apart(self, merged: list, plain: list, depth: int, typed: list, views: list, keys: list) -> list:
         n = len(merged)
