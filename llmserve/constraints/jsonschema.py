@@ -315,7 +315,7 @@ class _Converter:
         # theirs): a $ref'd oneOf met again arrives as the same objects, and its key above costs a
         # canonical text per branch (most of a conversion for schemas with hundreds of such uses)
         self.one_of_seen: dict[tuple, tuple] = {}
-        self.strings: dict[tuple, tuple] = {}  # string_ast's intersections by their conditions
+        self.strings: dict[tuple, tuple] = {}  # string_ast's strings by their conditions
         self.embedded: dict[tuple, ByteDFA] = {}  # _embedded's automata by their trees
         # expanded_size's counts by node, to the NFA state limit (above EMBED_AT): the same counts
         # serve both the choice to embed and the limit's check before a build

@@ -465,11 +465,23 @@ def string_ast(
     """A JSON string (quotes included) whose decoded value matches every pattern (as a search), the
     format if any, and has ``lo`` to ``hi`` characters (``hi`` None: unbounded). ``started``: when
     the compile whose time budget this shares began (default now). ``memo``: one conversion's
-    intersections by their conditions (the same pattern with the same bounds recurs across a
-    schema's properties and definitions: built once); only successes are kept, so a refusal says
-    the same every time."""
+    strings by their conditions (the same pattern with the same bounds recurs across a schema's
+    properties and definitions, thousands of times in large ones: built once, the tree shared);
+    only successes are kept, so a refusal says the same every time."""
     if lo < 0 or (hi is not None and hi < lo):
         raise ConstraintError(f"json_schema: bad minLength/maxLength ({lo}, {hi})")
+    key = (tuple(patterns), fmt, lo, hi, limits())
+    found = memo.get(key) if memo is not None else None
+    if found is not None:
+        return found
+    out = _string_ast(patterns, fmt, lo, hi, started)
+    if memo is not None:
+        memo[key] = out
+    return out
+
+
+def _string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, started: float | None):
+    """``string_ast`` built."""
     conditions = [pattern_ast(p, started) for p in patterns]
     if fmt is not None:
         known = format_ast(fmt)
@@ -480,10 +492,6 @@ def string_ast(
     bodies = [encode(c) for c in conditions]
     if len(bodies) == 1:
         return ("cat", [QUOTE, bodies[0], QUOTE])
-    key = (tuple(patterns), fmt, lo, hi, limits())
-    found = memo.get(key) if memo is not None else None
-    if found is not None:
-        return ("cat", [QUOTE, found, QUOTE])
     started = time.monotonic() if started is None else started
     try:
         dfa = intersect([compile_ast(b, started=started) for b in bodies], started=started)
@@ -493,7 +501,4 @@ def string_ast(
                 f"json_schema: no string satisfies pattern {patterns}, format {fmt!r} and length {lo}..{hi} together"
             ) from None
         raise
-    found = ("dfa", dfa)
-    if memo is not None:
-        memo[key] = found
-    return ("cat", [QUOTE, found, QUOTE])
+    return ("cat", [QUOTE, ("dfa", dfa), QUOTE])

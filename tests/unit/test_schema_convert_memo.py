@@ -62,6 +62,16 @@ def test_a_string_intersection_met_again_is_the_one_built():
     assert not compile_ast(first).matches(b'"abcdef"') and compile_ast(other).matches(b'"abcdef"')
 
 
+def test_a_plain_string_met_again_is_the_tree_built():
+    """Strings without an intersection too: large schemas have thousands with the same bounds."""
+    memo: dict = {}
+    first = string_ast([], None, 0, 64, memo=memo)
+    assert string_ast([], None, 0, 64, memo=memo) is first and len(memo) == 1
+    assert string_ast([], "date", 0, None, memo=memo) is not first and len(memo) == 2
+    dfa = compile_ast(first)
+    assert dfa.matches(b'"' + b"x" * 64 + b'"') and not dfa.matches(b'"' + b"x" * 65 + b'"')
+
+
 def test_a_refused_string_intersection_is_refused_again_alike():
     memo: dict = {}
     messages = []
