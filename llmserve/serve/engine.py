@@ -98,7 +98,25 @@ class EngineHandle:
         return "the engine's output loop stopped (its traceback is logged above)"
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        shut_down(self.engine)
+
+
+def shut_down(engine: Any) -> None:
+    """``engine.shutdown()``, once. AsyncLLM.__del__ shuts down again when the object is collected;
+    vLLM's serving objects (and a finished build's frame) hold it past the server's cleanup, often
+    until interpreter teardown, where that second shutdown fails on vLLM's cleared module globals (a
+    TypeError traceback after every clean stop). Once shut down, it has nothing left to do there."""
+    engine.shutdown()
+    cls = type(engine)
+    quiet = _WITHOUT_DEL.get(cls)
+    if quiet is None:
+        quiet = _WITHOUT_DEL[cls] = type(
+            cls.__name__, (cls,), {"__del__": lambda self: None, "__module__": cls.__module__}
+        )
+    engine.__class__ = quiet
+
+
+_WITHOUT_DEL: dict[type, type] = {}  # an engine class -> the same without __del__ (shut_down)
 
 
 def _exit_status(code: int | None) -> str:
@@ -327,5 +345,5 @@ async def start_engine(
     try:
         return await attach_serving(engine, ns, model_name, engine_args, max_n)
     except Exception:
-        engine.shutdown()
+        shut_down(engine)
         raise
