@@ -5,7 +5,9 @@
 // reference, which tests compare against) at C speed: a large schema's tree is tens of thousands of
 // nodes written out once per use of a shared reference, and the Python walks took about a third of
 // a lazy compile to the first mask. Like bindings.cpp, this file knows about Python; the GIL is held
-// throughout (every step reads Python objects).
+// throughout (every step reads Python objects). The trees are the converter's own: a walk holds
+// borrowed pointers into their lists, so a tree must not be changed while it is walked (the
+// dfa_words callback does not).
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -78,6 +80,10 @@ int64_t int_of(PyObject* v) {
 int64_t add_sat(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+int64_t sub_sat(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_sub_overflow(a, b, &r) ? (b < 0 ? INT64_MAX : INT64_MIN) : r;
 }
 int64_t mul_sat(int64_t a, int64_t b) {
   int64_t r;
@@ -185,7 +191,7 @@ int64_t expanded_size(py::handle root, int64_t cap, TreeSizes* memo) {
         if (f.kind == Kind::List) {
           size = add_sat(2, mul_sat(add_sat(child, 1), unbounded ? std::max<int64_t>(lo, 1) : hi));
         } else {
-          size = add_sat(3, mul_sat(child, add_sat(lo, unbounded ? 1 : hi - lo)));
+          size = add_sat(3, mul_sat(child, add_sat(lo, unbounded ? 1 : sub_sat(hi, lo))));
         }
         break;
       }
@@ -205,13 +211,15 @@ int32_t word_of(int64_t v) {
 // regex.serialize_ast's prefix words; an embedded automaton's words come from `dfa_words(automaton)`
 py::array_t<int32_t> tree_words(py::handle root, const py::function& dfa_words) {
   std::vector<int32_t> out;
-  std::vector<PyObject*> stack{root.ptr()};
+  // nodes to write, or a member's required flag (pushed just before its child): (node, -1) or
+  // (nullptr, flag)
+  std::vector<std::pair<PyObject*, int>> stack{{root.ptr(), -1}};
   std::vector<py::object> holds;  // sequences taken from nodes, alive until the walk ends
   while (!stack.empty()) {
-    PyObject* n = stack.back();
+    const auto [n, flag] = stack.back();
     stack.pop_back();
-    if (PyBool_Check(n)) {  // a member's required flag, pushed just before its child
-      out.push_back(n == Py_True ? 1 : 0);
+    if (n == nullptr) {
+      out.push_back(flag);
       continue;
     }
     const Kind k = kind_of(n);
@@ -237,7 +245,7 @@ py::array_t<int32_t> tree_words(py::handle root, const py::function& dfa_words) 
         PyObject** items = items_of(field(n, 1), count, holds.back());
         out.push_back(k == Kind::Cat ? kCat : kAlt);
         out.push_back(word_of(count));
-        for (Py_ssize_t i = count; i-- > 0;) stack.push_back(items[i]);
+        for (Py_ssize_t i = count; i-- > 0;) stack.emplace_back(items[i], -1);
         break;
       }
       case Kind::Rep:
@@ -246,25 +254,25 @@ py::array_t<int32_t> tree_words(py::handle root, const py::function& dfa_words) 
         out.push_back(k == Kind::Rep ? kRep : kList);
         out.push_back(word_of(int_of(field(n, 2))));
         out.push_back(hi == Py_None ? -1 : word_of(int_of(hi)));
-        stack.push_back(field(n, 1));
+        stack.emplace_back(field(n, 1), -1);
         break;
       }
       case Kind::Members: {
         holds.emplace_back();
         Py_ssize_t count = 0;
         PyObject** members = items_of(field(n, 1), count, holds.back());
-        const int flag = PyObject_IsTrue(field(n, 2));
-        if (flag < 0) throw py::error_already_set();
+        const int at_least_one = PyObject_IsTrue(field(n, 2));
+        if (at_least_one < 0) throw py::error_already_set();
         out.push_back(kMembers);
         out.push_back(word_of(count));
-        out.push_back(flag);
+        out.push_back(at_least_one);
         for (Py_ssize_t i = count; i-- > 0;) {
           PyObject* m = members[i];
           if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2) malformed("a member is not (required, child)");
           const int required = PyObject_IsTrue(PyTuple_GET_ITEM(m, 0));
           if (required < 0) throw py::error_already_set();
-          stack.push_back(PyTuple_GET_ITEM(m, 1));
-          stack.push_back(required ? Py_True : Py_False);
+          stack.emplace_back(PyTuple_GET_ITEM(m, 1), -1);
+          stack.emplace_back(nullptr, required ? 1 : 0);
         }
         break;
       }

@@ -648,7 +648,7 @@ class _Converter:
             raise _time_budget_error(self.budget_ms)
         if depth > MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
-        if isinstance(schema, dict) and "$ref" in schema and _annotates_only(schema, besides="$ref"):
+        if isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and _annotates_only(schema, besides="$ref"):
             ref = schema["$ref"]
             self._check_recursion(ref, refs)
             key = (ref, refs)  # the same reference on the same path converts alike: built once

@@ -190,8 +190,12 @@ def _fraction_multiples(schema: dict, multiple: float):
     hi = FRACTION_RANGE if hi is None else min(hi, FRACTION_RANGE)
 
     def whole(ks: np.ndarray) -> np.ndarray:
-        # float64 division as Python's int / float does it (every k here is exact as a float)
-        q = ks.astype(np.float64) / multiple
+        # float64 division as Python's int / float does it (every k here is exact as a float); a
+        # quotient past the float range (a tiny multipleOf) is no verdict this can reproduce
+        with np.errstate(over="ignore"):
+            q = ks.astype(np.float64) / multiple
+        if not np.isfinite(q).all():
+            raise ConstraintError(f"json_schema: multipleOf {multiple} is not supported (its quotients overflow)")
         return q == np.trunc(q)
 
     candidates = np.arange(1, FRACTION_RANGE + 1, dtype=np.int64)

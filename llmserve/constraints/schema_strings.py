@@ -470,12 +470,14 @@ def string_ast(
     only successes are kept, so a refusal says the same every time."""
     if lo < 0 or (hi is not None and hi < lo):
         raise ConstraintError(f"json_schema: bad minLength/maxLength ({lo}, {hi})")
-    key = (tuple(patterns), fmt, lo, hi, limits())
-    found = memo.get(key) if memo is not None else None
+    # kept only for conditions of the right types (anything else is refused by name when built)
+    keyed = memo is not None and all(isinstance(p, str) for p in patterns) and (fmt is None or isinstance(fmt, str))
+    key = (tuple(patterns), fmt, lo, hi, limits()) if keyed else None
+    found = memo.get(key) if memo is not None and key is not None else None
     if found is not None:
         return found
     out = _string_ast(patterns, fmt, lo, hi, started)
-    if memo is not None:
+    if memo is not None and key is not None:
         memo[key] = out
     return out
 

@@ -7,7 +7,6 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
@@ -45,16 +44,21 @@ class ConstraintSpec:
         if self.kind == "json_schema" and not isinstance(self.value, dict):
             raise ConstraintError("json_schema must be a JSON object")
 
-    # cached: a request's spec is keyed several times over (its automaton, its words, its form), and
-    # a large schema's canonical text costs milliseconds; a spec's value is not changed once parsed
-    @cached_property
+    @property
     def canonical(self) -> str:
-        value = list(self.value) if self.kind == "choice" else self.value
-        return json.dumps(
-            {"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        """The cache keys' input. Computed once: a request's spec is keyed several times over (its
+        automaton, its words, its form) and a large schema's text costs milliseconds; so ``value``
+        must not be changed once the spec is made (a changed value would keep its old keys)."""
+        found = self.__dict__.get("_canonical")
+        if found is None:
+            value = list(self.value) if self.kind == "choice" else self.value
+            found = json.dumps(
+                {"kind": self.kind, "value": value}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            )
+            object.__setattr__(self, "_canonical", found)  # frozen: set as its constructor does
+        return found
 
-    @cached_property
+    @property
     def digest(self) -> str:
         return hashlib.sha256(self.canonical.encode()).hexdigest()
 

@@ -273,6 +273,11 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         # the packed bitmask of the non-float32 path, allocated on first use (empty: none yet)
         self._bitmask_host = torch.empty((0, 0), dtype=torch.uint8)
         self._bitmask: NDArray[np.uint32] = self._bitmask_host.numpy().view(np.uint32)
+        # what a row whose constraint cannot be built here is served from (``_ended``): built now, so
+        # that serving it cannot fail
+        self._end_only = compile_constraint(
+            {"regex": ""}, self.vocab, backend="python" if self.backend == "python" else "native"
+        )
         ConstraintLogitsProcessor.instances.append(weakref.ref(self))
 
     def is_argmax_invariant(self) -> bool:
@@ -298,16 +303,26 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         """The form of a row whose constraint the frontend admitted but this process cannot build (a
         conversion out of its time budget on a loaded engine whose disk cache lost the frontend's
         tree, a custom machine failing here): end of sequence only, so the answer ends at once
-        instead of running unconstrained, and an error in the engine's log. Raising instead would
-        stop the engine and fail every request in the batch."""
+        instead of running unconstrained, and an error in the engine's log (with the traceback when
+        it is not a refusal: a bug). Raising instead would stop the engine and fail every request in
+        the batch, so nothing here may raise."""
         self.stats["failed"] += 1
-        reason = exc.message.splitlines()[0] if isinstance(exc, ConstraintError) else f"{type(exc).__name__}: {exc}"
+        try:
+            what = json.dumps(obj, sort_keys=True, default=str)[:200]
+        except (TypeError, ValueError):
+            what = repr(obj)[:200]
+        reason = (
+            (exc.message.splitlines() or [""])[0]
+            if isinstance(exc, ConstraintError)
+            else f"{type(exc).__name__}: {exc}"
+        )
         log.error(
             "constraint %s could not be built in the engine, the answer ends here: %s",
-            json.dumps(obj, sort_keys=True, default=str)[:200],
+            what,
             reason,
+            exc_info=not isinstance(exc, ConstraintError),
         )
-        return compile_constraint({"regex": ""}, self.vocab, backend="python" if self.backend == "python" else "native")
+        return self._end_only
 
     def _clear(self, i: int) -> None:
         self.batch.clear_row(i)

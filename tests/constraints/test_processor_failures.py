@@ -76,3 +76,30 @@ def test_a_custom_machine_that_fails_in_the_engine_ends_its_row(config, monkeypa
     assert "RuntimeError: machine whatever lost its table" in caplog.text
     logits = processor.apply(torch.randn(1, config.model_config.get_vocab_size()))
     assert set(torch.nonzero(~torch.isneginf(logits[0])).flatten().tolist()) == set(processor.vocab.eos_ids)
+
+
+def test_ending_a_row_never_raises_itself(config, monkeypatch, caplog):
+    """An empty refusal, and a request object JSON cannot write (mixed-type keys, in process), are
+    logged as they can be; a failure that is not a refusal is logged with its traceback."""
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    processor = vllm_processor.ConstraintLogitsProcessor(config, torch.device("cpu"), False)
+    failures = iter([ConstraintError(""), KeyError("table")])
+
+    def failing(obj, within, tokens):
+        raise next(failures)
+
+    monkeypatch.setattr(processor, "_compile", failing)
+    odd = {"constraint": {"machine": "whatever", "args": {"table": {1: "a", "b": 2}}}}
+    added = [
+        (0, SamplingParams(max_tokens=10, extra_args=odd), [1], []),
+        (1, SamplingParams(max_tokens=10, extra_args=odd), [1], []),
+    ]
+    with caplog.at_level(logging.ERROR, logger=vllm_processor.__name__):
+        processor.update_state(BatchUpdate(batch_size=2, removed=[], added=added, moved=[]))
+    assert processor.stats["failed"] == 2
+    assert [bool(r.exc_info) for r in caplog.records] == [False, True]
+    logits = processor.apply(torch.randn(2, config.model_config.get_vocab_size()))
+    for row in (0, 1):
+        assert set(torch.nonzero(~torch.isneginf(logits[row])).flatten().tolist()) == set(processor.vocab.eos_ids)

@@ -113,6 +113,7 @@ def test_counts_past_int64_saturate_at_the_cap():
     ("node", "error", "match"),
     [
         (["cat", []], ValueError, "not a tuple"),
+        (("cat", [True]), ValueError, "not a tuple"),  # a bool is no node (the walk's flags are its own)
         (("cat",), ValueError, "too few fields"),
         (("star", []), ValueError, "unknown kind star"),
         ((7, []), ValueError, "kind is not a string"),

@@ -147,6 +147,22 @@ def test_a_fractional_multiple_of_admits_the_integers_jsonschema_admits(multiple
         assert dfa.matches(str(k).encode()) == admitted, k
 
 
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string", "pattern": {"a": 1}}, "pattern must be a string"),
+        ({"type": "string", "format": {"a": 1}}, "format must be a string"),
+        ({"type": "string", "pattern": ["a", {"b": 1}]}, "pattern must be a string"),
+        ({"$ref": {"x": 1}, "description": "d"}, "only local \\$ref is supported"),
+        ({"type": "integer", "multipleOf": 1e-305, "minimum": 0, "maximum": 100}, "quotients overflow"),
+    ],
+)
+def test_keywords_of_the_wrong_type_are_refused_by_name(schema, message):
+    """Refused as a 400 names them, never a server error (the conversion's memos key on them)."""
+    with pytest.raises(ConstraintError, match=message):
+        dfa_of(schema)
+
+
 def test_a_fractional_multiple_of_whose_multiples_are_not_regular_is_refused_by_name():
     # 7 / 0.7 is whole as floats but 21 / 0.7 is not (30.000000000000004): no integer step gives jsonschema's verdicts
     with pytest.raises(ConstraintError, match=r"multipleOf 0\.7 is not supported"):
