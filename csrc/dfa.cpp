@@ -4,6 +4,8 @@
 
 #include "dfa.h"
 
+#include "ast_reader.h"
+
 #include <algorithm>
 #include <bitset>
 #include <map>
@@ -118,7 +120,8 @@ class Subsets {
   uint64_t gen_ = 0, gen1_ = 0;
 };
 
-// UTF-8 byte-range sequences whose concatenations are exactly the encodings of [lo, hi].
+}  // namespace
+
 void utf8_sequences(int32_t lo, int32_t hi, std::vector<std::vector<std::pair<int, int>>>& out) {
   auto encode = [](int32_t c, uint8_t* b) -> int {
     if (c < 0x80) { b[0] = static_cast<uint8_t>(c); return 1; }
@@ -174,10 +177,11 @@ void utf8_sequences(int32_t lo, int32_t hi, std::vector<std::vector<std::pair<in
   }
 }
 
-class NfaBuilder {
+namespace {
+
+class NfaBuilder : AstReader {
  public:
-  NfaBuilder(const int32_t* ast, int64_t n, int64_t limit, Budget& budget)
-      : ast_(ast), n_(n), limit_(limit), budget_(budget) {}
+  NfaBuilder(const int32_t* ast, int64_t n, int64_t limit, Budget& budget) : AstReader(ast, n, budget), limit_(limit) {}
 
   Nfa build() {
     int64_t pos = 0;
@@ -197,41 +201,12 @@ class NfaBuilder {
     return static_cast<int32_t>(nfa_.states++);
   }
   void eps(int32_t from, int32_t to) { nfa_.eps_list.emplace_back(from, to); }
-  // Every word is read through at(): the array may come from a cache file a hostile writer crafted,
-  // so a position outside it (past the end, or before the start after a bad count) is refused.
-  int32_t at(int64_t i) const {
-    if (i < 0 || i >= n_) throw std::invalid_argument("truncated AST");
-    return ast_[i];
-  }
-  // A count of items read at `pos` (advanced past it): not negative, and no more than the rest of
-  // the array holds at `words` words an item at least, so that any loop or allocation it drives is
-  // bounded by the array's length.
-  int32_t count_at(int64_t& pos, int64_t words, const char* what) {
-    const int32_t c = at(pos++);
-    if (c < 0) throw std::invalid_argument(std::string(what) + ": negative count");
-    if (static_cast<int64_t>(c) * words > n_ - pos)
-      throw std::invalid_argument(std::string(what) + ": count past the end of the AST");
-    return c;
-  }
-  // lo, hi of a repetition or list (hi -1: unbounded), `pos` advanced past them
-  std::pair<int32_t, int32_t> bounds_at(int64_t& pos, const char* what) {
-    const int32_t lo = at(pos), hi = at(pos + 1);
-    pos += 2;
-    if (lo < 0 || hi < -1 || (hi >= 0 && hi < lo)) throw std::invalid_argument(what);
-    return {lo, hi};
-  }
   void edge(int32_t from, int lo, int hi, int32_t to) {
     nfa_.edge_list.push_back({from, lo, hi, to});
   }
   // the subtree at `pos` (advanced past it) may be built several times (counted repetition)
   std::pair<int32_t, int32_t> node(int64_t& pos) {
-    struct Depth {  // the recursion's depth, bounded (a deep AST would overflow the stack)
-      int& d;
-      explicit Depth(int& d_) : d(d_) {
-        if (++d > kMaxAstDepth) throw std::invalid_argument("AST nested deeper than " + std::to_string(kMaxAstDepth));
-      }
-      ~Depth() { --d; }
-    } depth(depth_);
+    Depth depth(depth_);
     const int32_t kind = at(pos++);
     if (kind == 0) {  // set
       const int32_t count = count_at(pos, 2, "set");
@@ -240,9 +215,7 @@ class NfaBuilder {
       std::vector<std::vector<std::pair<int, int>>> seqs;
       for (int32_t k = 0; k < count; ++k) {
         budget_.poll();  // a set is walked again for each copy of a repetition
-        const int32_t lo = at(pos), hi = at(pos + 1);
-        pos += 2;
-        if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
+        const auto [lo, hi] = range_at(pos);
         seqs.clear();
         utf8_sequences(lo, hi, seqs);
         for (const auto& seq : seqs) {
@@ -334,10 +307,7 @@ class NfaBuilder {
         budget_.poll();
         const int32_t ranges = count_at(pos, 3, "embedded DFA");
         for (int32_t k = 0; k < ranges; ++k) {
-          const int32_t lo = at(pos), hi = at(pos + 1), to = at(pos + 2);
-          pos += 3;
-          if (lo < 0 || hi > 255 || lo > hi || to < 0 || to >= count)
-            throw std::invalid_argument("embedded DFA: bad edge");
+          const auto [lo, hi, to] = dfa_edge_at(pos, count);
           edge(ids[q], lo, hi, ids[to]);
         }
       }
@@ -392,25 +362,6 @@ class NfaBuilder {
     pos = f.end;
     return {f.ends.first + shift, f.ends.second + shift};
   }
-  // the size S of an embedded automaton and its start, checked, `pos` advanced past them: S accept
-  // flags and S rows (a count each at least) must fit in the rest of the array
-  std::pair<int32_t, int32_t> dfa_size_at(int64_t& pos) {
-    const int32_t count = at(pos), start = at(pos + 1);
-    pos += 2;
-    if (count <= 0 || start < 0 || start >= count) throw std::invalid_argument("embedded DFA: bad size or start");
-    if (2 * static_cast<int64_t>(count) > n_ - pos)
-      throw std::invalid_argument("embedded DFA: count past the end of the AST");
-    return {count, start};
-  }
-  // the count of members and the at-least-one flag, checked, `pos` advanced past them: a member
-  // takes 3 words at least (its flag and a node)
-  std::pair<int32_t, int32_t> members_at(int64_t& pos) {
-    const int32_t n = at(pos), at_least_one = at(pos + 1);
-    pos += 2;
-    if (n < 0) throw std::invalid_argument("members: bad count");
-    if (3 * static_cast<int64_t>(n) > n_ - pos) throw std::invalid_argument("members: count past the end of the AST");
-    return {n, at_least_one};
-  }
   // JSON object members, each built once (see regex.py, _NFA.members, which this mirrors state for
   // state): a[i] no member before i, p[i] after a comma (member i or a later one), after member i
   // one state that takes the comma or ends, so the subset after a member holds one state, not one
@@ -464,44 +415,8 @@ class NfaBuilder {
     if (copies == 0) skip(pos);
     return {s, end};
   }
-  // Step over the subtree at `pos` without building it (a repetition or list of at most 0 copies).
-  // Its counts are checked as node() checks them: each item then takes words of the array, so the
-  // walk is bounded by the array's length, and it polls the time budget as it goes.
-  void skip(int64_t& pos) {
-    if (++skip_depth_ > kMaxAstDepth) throw std::invalid_argument("AST nested deeper than " + std::to_string(kMaxAstDepth));
-    budget_.poll();
-    const int32_t kind = at(pos++);
-    if (kind == 0) {
-      pos += 2 * static_cast<int64_t>(count_at(pos, 2, "set"));
-    } else if (kind == 1 || kind == 2) {
-      const int32_t count = count_at(pos, 2, kind == 1 ? "cat" : "alt");
-      for (int32_t k = 0; k < count; ++k) skip(pos);
-    } else if (kind == 3 || kind == 6) {
-      bounds_at(pos, kind == 3 ? "repetition bounds" : "list bounds");
-      skip(pos);
-    } else if (kind == 4) {
-      const int32_t count = dfa_size_at(pos).first;
-      pos += count;  // the accept flags
-      for (int32_t q = 0; q < count; ++q) {
-        budget_.poll();
-        pos += 3 * static_cast<int64_t>(count_at(pos, 3, "embedded DFA"));
-      }
-    } else if (kind == 5) {
-      const int32_t n = members_at(pos).first;
-      for (int32_t k = 0; k < n; ++k) {
-        ++pos;  // the member's required flag
-        skip(pos);
-      }
-    } else {
-      throw std::invalid_argument("unknown AST node kind");
-    }
-    --skip_depth_;
-  }
 
-  const int32_t* ast_;
-  int64_t n_, limit_;
-  Budget& budget_;
-  int depth_ = 0, skip_depth_ = 0;
+  int64_t limit_;
   Nfa nfa_;
 };
 

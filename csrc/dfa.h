@@ -92,6 +92,10 @@ class Budget {
   std::chrono::steady_clock::time_point deadline_;
 };
 
+// UTF-8 byte-range sequences whose concatenations are exactly the encodings of the code points
+// [lo, hi] (surrogates excluded), appended to `out`.
+void utf8_sequences(int32_t lo, int32_t hi, std::vector<std::vector<std::pair<int, int>>>& out);
+
 // Nesting of the AST, bounded because the builder recurses: deeper input would overflow the stack.
 constexpr int kMaxAstDepth = 2000;
 
