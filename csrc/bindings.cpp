@@ -22,6 +22,7 @@
 #include "grammar.h"
 #include "lazy_dfa.h"
 #include "thread_pool.h"
+#include "tree_facts.h"
 #include "vocab_trie.h"
 
 namespace py = pybind11;
@@ -438,7 +439,17 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("offsets"), py::arg("data"), py::arg("eos"), py::arg("size"))
       .def_property_readonly("size", [](const PyVocab& v) { return v.v->size(); })
-      .def_property_readonly("words", [](const PyVocab& v) { return v.v->words(); });
+      .def_property_readonly("words", [](const PyVocab& v) { return v.v->words(); })
+      .def(
+          "longest_cut",
+          [](const PyVocab& v, py::bytes data) {
+            const std::string bytes = data;
+            py::gil_scoped_release nogil;
+            return v.v->longest_cut(reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int64_t>(bytes.size()));
+          },
+          py::arg("data"),
+          "The tokens of `data` cut into the longest token at each step: an upper bound of the fewest; -1 when "
+          "some byte starts no token.");
 
   m.def(
       "compile_masks",
@@ -679,6 +690,30 @@ PYBIND11_MODULE(_core, m) {
       py::arg("table"), py::arg("accept"), py::arg("usable"), py::arg("classes") = py::none(),
       "int32[S]: per state, the fewest steps over the bytes with usable[b] (uint8[256]) to an accepting state "
       "(2**31 - 1: none).");
+
+  m.def(
+      "tree_facts",
+      [](py::array ast, py::array usable, int64_t cap, int64_t budget_ms) {
+        const int32_t* a = buffer_of<int32_t>(ast, 1, "ast", false);
+        const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+        if (usable.shape(0) != 256) throw std::invalid_argument("tree_facts: usable must be [256]");
+        if (cap < 0) throw std::invalid_argument("tree_facts: cap must be >= 0");
+        TreeFacts f;
+        try {
+          py::gil_scoped_release nogil;
+          Budget budget(budget_ms, 0);
+          f = tree_facts(a, ast.shape(0), u, cap, budget);
+        } catch (const DfaError& e) {
+          throw py::value_error(e.message);
+        }
+        py::object answer = f.answers ? py::object(py::bytes(f.answer)) : py::object(py::none());
+        return py::make_tuple(f.states, f.moves, answer);
+      },
+      py::arg("ast"), py::arg("usable"), py::arg("cap"), py::arg("budget_ms") = 0,
+      "(states, moves, answer) of the NFA that LazyDfa and compile would build from `ast` (serialised, see "
+      "dfa.h), found without building it (csrc/tree_facts.h): its states and moves (epsilon and byte) exactly; "
+      "answer: one shortest string of its language over the bytes with usable[b] (uint8[256]), None when there "
+      "is none. Past `cap` states the walk stops: states = cap + 1, moves 0, answer None.");
 
   m.def(
       "greedy_tokens",
@@ -956,6 +991,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly(
           "full", [](const PyLazyDfa& self) { return self.d->full(); },
           "A state could not be built for the state or memory limit: no later call builds one either.")
+      .def_property_readonly(
+          "nfa_size", [](const PyLazyDfa& self) { return self.d->nfa_size(); },
+          "(states, moves) of its NFA: epsilon moves and byte edges together.")
       .def_property_readonly("nbytes", [](const PyLazyDfa& self) {
         py::gil_scoped_release nogil;
         std::lock_guard<std::mutex> hold(*self.lock);

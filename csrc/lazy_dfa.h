@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "dfa.h"
@@ -56,6 +57,9 @@ class LazyDfa {
   int64_t bytes() const { return budget_.used(); }  // memory charged: the NFA and the states built
   int32_t letters() const { return subsets_->dfa().letters; }
   int64_t max_states() const { return max_states_; }
+  std::pair<int64_t, int64_t> nfa_size() const {  // states, moves (epsilon and byte)
+    return {view_.n, view_.eps_off[view_.n] + view_.edge_off[view_.n]};
+  }
   // The fewest bytes from s to acceptance over the bytes with usable[b] != 0 (INT32_MAX: none): the
   // whole automaton's byte_distances (vocab_trie.h) for this state, read off the NFA (one search
   // backwards from its final state per set of usable bytes) without building any state.

@@ -6,7 +6,11 @@ as it is walked (issue #17), on SchemaStore's schemas (corpus.py's selection), c
   cost at the check before;
 - ``lazy``: the check now: conversion and NFA (``compiler.lazy_automaton``), then the search over the
   states it reaches (``budget.lazy_fewest_tokens(within=W)``: one shortest answer in bytes cut into
-  the longest tokens, else a search over token steps).
+  the longest tokens, else a search over token steps);
+- ``check``: what a frontend runs now (session 19), ``compiler.check_constraint`` then
+  ``compiler.shortest_answer(within=W)``: conversion, then the tree's facts (``regex.tree_facts``:
+  the NFA's size and a shortest answer, without building the NFA; the engine builds it), and the
+  lazy search only when that answer does not fit.
 
 Each side from an emptied in-memory cache, no disk cache, one process. Reports the build and the
 search apart and together, the states the lazy search built, and checks that the exact figures agree.
@@ -53,6 +57,11 @@ def measure(spec, vocab, within: int) -> dict:
     found = lazy_fewest_tokens(lazy, vocab, within=within, budget_ms=2000)
     t2 = time.perf_counter()
     row.update(lazy_build=(t1 - t) * 1e3, lazy_search=(t2 - t1) * 1e3, lazy=tuple(found), states=int(lazy.found))
+    compiler._MEMORY.clear()
+    t = time.perf_counter()
+    compiler.check_constraint(spec, cache_dir=False)
+    checked = compiler.shortest_answer(spec, vocab, cache_dir=False, within=within)
+    row.update(check=(time.perf_counter() - t) * 1e3, checked=tuple(checked))
     return row
 
 
@@ -86,6 +95,19 @@ def main() -> None:
         "lazy_search_ms": spread([r["lazy_search"] for r in both]),
         "whole_total_ms": spread([r["whole_build"] + r["whole_search"] for r in both]),
         "lazy_total_ms": spread([r["lazy_build"] + r["lazy_search"] for r in both]),
+        "check_total_ms": spread([r["check"] for r in both]),
+        "check_without_nfa": sum(1 for r in both if r["checked"][1] == "at most"),
+        # an upper bound under the exact figure, or an exact one off it: wrong
+        "check_figures_wrong": [
+            n
+            for n, r in rows.items()
+            if "checked" in r
+            and r["whole"][1] == "exact"
+            and (
+                (r["checked"][1] != "at least" and r["checked"][0] < r["whole"][0])
+                or (r["checked"][1] == "exact" and r["checked"][0] != r["whole"][0])
+            )
+        ],
         "lazy_states_built": spread([r["states"] for r in both]),
         "lazy_at_least": sum(1 for r in both if r["lazy"][1] == "at least"),
         "exact_figures_disagree": [

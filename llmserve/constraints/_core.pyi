@@ -77,6 +77,9 @@ class Vocab:
     @property
     def words(self) -> int:
         """uint32 words per mask row: (size + 31) // 32."""
+    def longest_cut(self, data: bytes) -> int:
+        """The tokens of ``data`` cut into the longest token at each step (an upper bound of the
+        fewest); -1 when some byte starts no token. Releases the GIL."""
 
 def compile_masks(
     vocab: Vocab, table: NDArray[np.int32], accept: NDArray[np.uint8], nthreads: int = 0
@@ -201,6 +204,15 @@ def byte_distances(
 ) -> NDArray[np.int32]:
     """int32[S]: per state, the fewest steps over the bytes with ``usable[b]`` (uint8[256]) to an
     accepting state (2**31 - 1: none). Releases the GIL."""
+
+def tree_facts(
+    ast: NDArray[np.int32], usable: NDArray[np.uint8], cap: int, budget_ms: int = 0
+) -> tuple[int, int, bytes | None]:
+    """(states, moves, answer) of the NFA ``LazyDfa`` would build from ``ast``, found without
+    building it (csrc/tree_facts.h): its states and moves (epsilon and byte) exactly; ``answer``:
+    one shortest string over the bytes with ``usable[b]`` (uint8[256]), None when there is none.
+    Past ``cap`` states the walk stops: states = cap + 1, moves 0, answer None. ValueError: a
+    malformed AST, or ``budget_ms`` (> 0) ran out. Releases the GIL."""
 
 def greedy_tokens(
     vocab: Vocab,
@@ -347,6 +359,9 @@ class LazyDfa:
     def full(self) -> bool:
         """A state could not be built for the state or memory limit: no later call builds one either
         (past one call's time alone, a later call, timed afresh, may)."""
+    @property
+    def nfa_size(self) -> tuple[int, int]:
+        """(states, moves) of its NFA: epsilon moves and byte edges together."""
     @property
     def nbytes(self) -> int:
         """Memory charged to the automaton's budget: its NFA and the states built so far."""

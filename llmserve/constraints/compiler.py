@@ -3,8 +3,9 @@ and the disk cache.
 
 A new constraint is checked where the request arrives first, the frontend (``check_constraint``):
 it is converted to its tree (``words_for``: the serialised AST, bounded by the limits in
-``limits.py``) and its NFA is built (``lazy_automaton``), not its whole automaton; the tree is kept
-in memory and on disk (``words-<dfa key>.bin``). The engine's processor (another process) reads the
+``limits.py``), and what its NFA would be is read off the tree (``_tree_facts``: within the limits,
+not empty, a shortest answer), neither the NFA nor the whole automaton built; the tree is kept in
+memory and on disk (``words-<dfa key>.bin``). The engine's processor (another process) reads the
 tree back and serves the rows from the automaton built as it is walked (``serving_form``, a
 ``lazy_form.LazyConstraint``: the NFA and the states answers reach), while its background builder
 builds the complete form from the same tree (``compile_constraint``'s form: the whole minimal
@@ -17,8 +18,10 @@ a busy machine may pass later, one that really needs more is not compiled again 
 that sends it.
 
 A budget check (``shortest_answer``) needs only how many tokens the shortest answer takes: it reads
-the exact distances when this process or the disk cache holds them, and otherwise searches forward
-from the start state over the automaton built as it is walked (``budget.lazy_fewest_tokens``), or
+the exact distances when this process or the disk cache holds them; it admits a request whose
+budget the tree's shortest answer, cut into the longest tokens, fits (``_tree_greedy``: no
+automaton); otherwise it searches forward from the start state over the automaton built as it is
+walked (``budget.lazy_fewest_tokens``), or
 the whole one where only that exists, without mask tables (a frontend process would otherwise hold
 a second copy of a table the engine builds anyway: megabytes per constraint at a 128k vocabulary)
 and within the compile time budget. The distances of every state, which steering by the complete
@@ -49,7 +52,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from llmserve.constraints.background import Background
-from llmserve.constraints.budget import Shortest, fewest_tokens, lazy_fewest_tokens, token_distances
+from llmserve.constraints.budget import UNREACHABLE, Shortest, fewest_tokens, lazy_fewest_tokens, token_distances
 from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.disk_cache import (
@@ -70,7 +73,18 @@ from llmserve.constraints.lazy_form import LazyConstraint
 from llmserve.constraints.limits import limits
 from llmserve.constraints.memory_cache import MemoryCache
 from llmserve.constraints.native import native as core
-from llmserve.constraints.regex import ByteDFA, ast_words, compile_ast, compile_words, lazy_words
+from llmserve.constraints.native import native_vocab
+from llmserve.constraints.regex import (
+    EMPTY_LANGUAGE,
+    EVERY_BYTE,
+    ByteDFA,
+    TreeFacts,
+    ast_words,
+    compile_ast,
+    compile_words,
+    lazy_words,
+    tree_facts,
+)
 from llmserve.constraints.spec import ConstraintSpec, spec_from_request
 from llmserve.constraints.vocab import Vocab
 
@@ -300,17 +314,45 @@ def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None 
 
 
 def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> None:
-    """A frontend's check of a new constraint, without its whole automaton: conversion and NFA
-    (``lazy_automaton``), the tree kept for the engine (``words_for``); one the lazy path does not
-    take is built whole (``dfa_for``, with its narrower subsets, or refused there).
-    ConstraintError when refused."""
+    """A frontend's check of a new constraint, without its automaton: conversion, then what its NFA
+    would be (``_tree_facts``: within the limits, not empty), the tree kept for the engine
+    (``words_for``), which builds the NFA itself; one whose NFA would not fit is checked by building
+    it (``lazy_automaton``, which leaves it to the whole path), and one the lazy path does not take
+    is built whole (``dfa_for``, with its narrower subsets, or refused there). ConstraintError when
+    refused."""
     key = dfa_key(spec)
     if _MEMORY.get(("checked", key)) is not None and not _routed_whole(key, cache_dir):
         return
-    if lazy_automaton(spec, cache_dir=cache_dir) is None:
+    if _tree_facts(spec, cache_dir, EVERY_BYTE) is None and lazy_automaton(spec, cache_dir=cache_dir) is None:
         dfa_for(spec, cache_dir=cache_dir)
     else:
         _MEMORY.put(("checked", key), True, 128)
+
+
+def _tree_facts(spec: ConstraintSpec, cache_dir: Path | str | bool | None, usable: np.ndarray) -> TreeFacts | None:
+    """The facts of the constraint's tree over the ``usable`` bytes (``regex.tree_facts``: its NFA's
+    size and a shortest answer), from memory or found now: a frontend's check without building the
+    NFA, which the engine builds in its own process. None when the lazy path does not take the
+    constraint (``words_for``) or its NFA would not fit the limits (``lazy_automaton`` then decides,
+    as it did before). ConstraintError, remembered, when the language is empty (asked over every
+    byte) or the walk runs out of time."""
+    words = words_for(spec, cache_dir=cache_dir)
+    if words is None:
+        return None
+    key = dfa_key(spec)
+    memo = ("facts", key, np.asarray(usable, dtype=np.uint8).tobytes())
+    facts: TreeFacts | None = _MEMORY.get(memo)
+    if facts is None:
+        cpu_started = time.thread_time()
+        try:
+            facts = tree_facts(words, usable)
+            if facts.answer is None and facts.nfa_fits(limits()) and bool(np.all(usable)):
+                raise ConstraintError(EMPTY_LANGUAGE)
+        except ConstraintError as exc:
+            _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)
+            raise
+        _MEMORY.put(memo, facts, 256 + len(facts.answer or b""))
+    return facts if facts.nfa_fits(limits()) else None
 
 
 def serving_form(
@@ -468,8 +510,15 @@ def shortest_answer(
     if found is None or not _decides(found, within):
         budget_ms = limits().compile_ms
         whole = _MEMORY.get(("dfa", dfa_key(spec), "native"))
-        lazy = lazy_automaton(spec, cache_dir=cache_dir) if not isinstance(whole, ByteDFA) else None
-        if lazy is not None:
+        on_lazy_path = not isinstance(whole, ByteDFA)
+        greedy = _tree_greedy(spec, cache_dir, vocab) if on_lazy_path and within is not None else None
+        fits = greedy is not None and within is not None and greedy <= within
+        lazy = lazy_automaton(spec, cache_dir=cache_dir) if on_lazy_path and not fits else None
+        if fits and greedy is not None:
+            # one answer that fits, read off the tree: admitted without an automaton here (the engine
+            # builds its own)
+            found = Shortest(greedy, "at most")
+        elif lazy is not None:
             # a search over the states it reaches: the whole automaton is not built for a check
             found = lazy_fewest_tokens(lazy, vocab, within=within, budget_ms=budget_ms)
         else:
@@ -493,6 +542,20 @@ def shortest_answer(
         if dist is not None and held is not None:
             held.distances = dist
     return found
+
+
+def _tree_greedy(spec: ConstraintSpec, cache_dir: Path | str | bool | None, vocab: Vocab) -> int | None:
+    """``LazyDfa.greedy_tokens``' figure read off the tree's facts (``_tree_facts``), without an NFA:
+    a shortest answer over the bytes single tokens spell (else over any bytes) cut into the longest
+    tokens, an upper bound of the fewest. None when the facts do not serve or a byte of the answer
+    starts no token."""
+    facts = _tree_facts(spec, cache_dir, vocab.single_bytes)
+    if facts is not None and facts.answer is None:
+        facts = _tree_facts(spec, cache_dir, EVERY_BYTE)
+    if facts is None or facts.answer is None:
+        return None
+    cut = int(native_vocab(vocab).longest_cut(facts.answer))
+    return cut if cut >= 0 else None
 
 
 def _decides(found: Shortest, within: int | None) -> bool:
@@ -522,8 +585,11 @@ def _steerable(
     bound_memo = ("start-bound", key)
     bound: int | None = _MEMORY.get(bound_memo)
     if bound is None:
-        lazy = lazy_automaton(spec, cache_dir=cache_dir) if dfa is None else None
-        if lazy is not None:  # the same figure, read off the NFA
+        facts = _tree_facts(spec, cache_dir, vocab.single_bytes) if dfa is None else None
+        lazy = lazy_automaton(spec, cache_dir=cache_dir) if dfa is None and facts is None else None
+        if facts is not None:  # the same figure, read off the tree: a shortest answer over those bytes
+            bound = len(facts.answer) if facts.answer is not None else UNREACHABLE
+        elif lazy is not None:  # the same figure, read off the NFA
             bound = int(lazy.byte_distance(0, vocab.single_bytes.view(np.uint8)))
         else:
             dfa = dfa or dfa_for(spec, cache_dir=cache_dir)

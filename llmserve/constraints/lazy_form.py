@@ -5,7 +5,8 @@ construction and minimisation are about half of a new JSON schema's compile time
 mask row reaches two or three of its thousands of states (``benchmarks/constraints``, "An automaton
 built as it is walked"). ``LazyConstraint`` serves batch rows from the NFA and the states walks
 reach (``csrc/lazy_dfa.h``, through ``_core.Grammar.over_lazy``), so a new constraint costs its
-conversion and NFA on the request path; ``compiler.serving_form`` builds the complete form in the
+conversion (and the frontend's check of its tree) and its NFA on the request path;
+``compiler.serving_form`` builds the complete form in the
 background and serves later requests from it (rows already served from this form stay on it: its
 states are numbered as found, not as the complete form's).
 

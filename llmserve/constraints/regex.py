@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from itertools import pairwise
 from typing import Any
@@ -45,6 +46,9 @@ MAX_DFA_STATES = Limits.max_states  # the default; the limit in force is limits(
 # structure (anyOf of objects, repeated $ref targets) determinise to many equivalent states that
 # minimisation merges. The construction itself stays bounded by the time and memory budgets.
 SUBSET_FACTOR = 8
+EMPTY_LANGUAGE = "the constraint matches no string at all"
+EVERY_BYTE = np.ones(256, dtype=np.uint8)
+EVERY_BYTE.flags.writeable = False
 
 # --------------------------------------------------------------------------------------------
 # AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi|None)
@@ -905,7 +909,7 @@ def _trim_and_minimize(table: list[list[int]], accept: list[bool]) -> ByteDFA:
     acc = np.asarray(accept, dtype=bool)
     live = _co_reachable(table, acc)
     if not live[0]:
-        raise ConstraintError("the constraint matches no string at all")
+        raise ConstraintError(EMPTY_LANGUAGE)
     t = np.where((t >= 0) & live[np.clip(t, 0, None)], t, -1)
     cls = _equivalence_classes(t, acc, live)
     return _renumber(t, acc, live, cls)
@@ -1296,6 +1300,40 @@ def lazy_words(words: np.ndarray, *, started: float | None = None) -> core.LazyD
         )
     except ValueError as exc:
         raise _native_error(str(exc), lim) from None
+
+
+@dataclass(frozen=True)
+class TreeFacts:
+    """What the core would build from a tree's ``words`` (``tree_facts``): its NFA's states and
+    moves, and one shortest answer over the bytes asked about (None: none over those bytes)."""
+
+    states: int
+    moves: int
+    answer: bytes | None
+
+    def nfa_fits(self, lim: Limits) -> bool:
+        """Whether ``lazy_words`` would build the NFA within the limits: its states exactly, its
+        memory with room to spare (the core charges 64 bytes a state and 8 a move, and then the
+        start state's subset, which this does not know)."""
+        return self.states <= lim.max_nfa_states and 64 * self.states + 8 * self.moves <= (lim.compile_mb << 20) // 2
+
+
+def tree_facts(words: np.ndarray, usable: np.ndarray = EVERY_BYTE) -> TreeFacts:
+    """The NFA ``lazy_words`` would build from ``words``, found without building it
+    (``csrc/tree_facts.h``): its states and moves, exactly as the builder counts them (counting
+    stops past the limits' ``max_nfa_states``), and one shortest answer whose bytes all have
+    ``usable`` (bool or uint8 [256]). One walk over the words, several times cheaper than the NFA:
+    a frontend checks a new constraint with it, and the engine builds the NFA. Within the compile
+    time budget; ConstraintError past it."""
+    require_native()
+    lim = limits()
+    try:
+        states, moves, answer = core.tree_facts(
+            words, np.ascontiguousarray(usable, dtype=np.uint8), lim.max_nfa_states, lim.compile_ms
+        )
+    except ValueError as exc:
+        raise _native_error(str(exc), lim) from None
+    return TreeFacts(int(states), int(moves), answer)
 
 
 def lazy_ast(node, *, started: float | None = None, sizes: SizeMemo | None = None) -> core.LazyDfa:

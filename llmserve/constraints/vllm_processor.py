@@ -164,9 +164,9 @@ def request_constraint(extra_args: dict | None):
 
 def validate_constraint(obj) -> None:
     """The constraint's check: a machine must be registered; any other constraint is converted and
-    its NFA built, within the compile limits (``limits.py``), and its tree kept (``compiler.
-    check_constraint``: in memory and on disk), so that the engine builds its automaton without
-    converting it again. Run it off the event loop (``llmserve.serve.constraint_keys.
+    what its NFA would be read off its tree, within the compile limits (``limits.py``), and its tree
+    kept (``compiler.check_constraint``: in memory and on disk), so that the engine builds its
+    automaton without converting it again. Run it off the event loop (``llmserve.serve.constraint_keys.
     validation_problem_async``): a new constraint can take up to the compile time budget."""
     if "machine" in obj:
         if (

@@ -162,11 +162,12 @@ def test_a_refusal_from_a_search_out_of_time_is_remembered(monkeypatch, tmp_path
 
     monkeypatch.setattr(compiler, "fewest_tokens", out_of_time)
     monkeypatch.setattr(compiler, "lazy_fewest_tokens", out_of_time)
-    for _ in range(3):  # refused: even 7 tokens do not fit in 5
-        assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=5) == (7, "at least")
+    for _ in range(3):  # the tree's answer (3 tokens) does not fit in 2; refused: even 7 tokens do not
+        assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=2) == (7, "at least")
     assert len(searches) == 1
-    shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=50)  # the bound would admit: searched again
-    assert len(searches) == 2
+    # the bound would admit: the tree's answer, read without a search, fits
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=50).bound == "at most"
+    assert len(searches) == 1
 
 
 def test_native_token_distances_check_their_inputs():
