@@ -27,7 +27,7 @@ struct OverCap {};  // the walk stops: the NFA would not fit
 class FactsWalker : AstReader {
  public:
   FactsWalker(const int32_t* ast, int64_t n, const uint8_t* usable, int64_t cap, Budget& budget)
-      : AstReader(ast, n, budget), cap_(cap) {
+      : AstReader(ast, n, budget), cap_(std::min(cap, kMany - 1)) {  // counts saturate at kMany
     // first_[b]: the smallest usable byte >= b (256: none), so a byte range's usable byte is one look-up
     int next = 256;
     for (int b = 255; b >= 0; --b) {
@@ -62,8 +62,13 @@ class FactsWalker : AstReader {
   int usable_in(int lo, int hi) const { return first_[lo] <= hi ? first_[lo] : -1; }
   bool comma_usable() const { return first_[','] == ','; }  // the separator of members and lists
 
+  // Past the cap the walk stops, checked as soon as a node's count grows, before its answer does:
+  // an answer is never longer than twice its node's states, so the cap bounds every string here
+  void over_cap(int64_t states) const {
+    if (states > cap_) throw OverCap{};
+  }
   Node counted(Node out) const {
-    if (out.states > cap_) throw OverCap{};
+    over_cap(out.states);
     return out;
   }
 
@@ -147,6 +152,7 @@ class FactsWalker : AstReader {
       Node child = node(pos);
       out.states = add(out.states, child.states);
       out.moves = add(out.moves, child.moves);
+      over_cap(out.states);  // before the answer grows: it is bounded by the states
       if (cat) {
         out.answers = out.answers && child.answers;
         if (out.answers) out.answer += child.answer;
@@ -178,7 +184,7 @@ class FactsWalker : AstReader {
       out.states = add(add(1, mul(lo, c)), add(1, mul(hi - lo, c)));
       out.moves = add(mul(lo, m + 1), add(1, mul(hi - lo, m + 2)));
     }
-    counted(Node{out.states, 0, false, {}});  // before the answer is repeated: it is bounded by the states
+    over_cap(out.states);  // before the answer is repeated
     out.answers = lo == 0 || child.answers;
     if (lo > 0 && child.answers) {
       out.answer.reserve(child.answer.size() * lo);
@@ -193,7 +199,7 @@ class FactsWalker : AstReader {
     const auto [count, start] = dfa_size_at(pos);
     Node out;
     out.states = add(count, 1);
-    counted(Node{out.states, 0, false, {}});
+    over_cap(out.states);
     std::vector<uint8_t> accept(count);
     for (int32_t q = 0; q < count; ++q) {
       accept[q] = at(pos + q) != 0;
@@ -239,6 +245,7 @@ class FactsWalker : AstReader {
     const auto [n, at_least_one] = members_at(pos);
     Node out;
     out.states = add(2, 3 * static_cast<int64_t>(n));
+    over_cap(out.states);
     out.moves = at_least_one ? 0 : 1;
     bool required_any = false;
     std::string optional;
@@ -249,6 +256,7 @@ class FactsWalker : AstReader {
       const int64_t later = i + 1 < n ? 1 : 0;
       out.states = add(out.states, add(child.states, 2));
       out.moves = add(out.moves, add(child.moves, 5 + later + (req ? 0 : 2 + later)));
+      over_cap(out.states);
       if (req) {
         if (required_any) out.answer.push_back(',');
         out.answers = out.answers && child.answers && (!required_any || comma_usable());
@@ -281,7 +289,7 @@ class FactsWalker : AstReader {
     out.states = add(2, mul(copies, add(child.states, 1)));
     out.moves = add(add(lo == 0 ? 1 : 0, mul(copies, add(child.moves, 2))),
                     add(copies - std::max(lo - 1, 0), hi < 0 ? 1 : 0));
-    counted(Node{out.states, 0, false, {}});
+    over_cap(out.states);
     out.answers = lo == 0 || (child.answers && (lo == 1 || comma_usable()));
     if (lo > 0 && out.answers) {
       for (int32_t k = 0; k < lo; ++k) {

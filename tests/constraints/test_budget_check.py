@@ -18,6 +18,7 @@ from llmserve.constraints import budget, compiled, compiler
 from llmserve.constraints.budget import BudgetError
 from llmserve.constraints.compiler import compile_constraint, shortest_answer
 from llmserve.constraints.native import native, native_vocab
+from llmserve.constraints.spec import spec_from_request
 from llmserve.constraints.vocab import Vocab
 
 SCHEMA = {
@@ -168,6 +169,26 @@ def test_a_refusal_from_a_search_out_of_time_is_remembered(monkeypatch, tmp_path
     # the bound would admit: the tree's answer, read without a search, fits
     assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=50).bound == "at most"
     assert len(searches) == 1
+
+
+def test_a_remembered_lower_bound_is_searched_again_for_a_budget_it_might_fit(monkeypatch, tmp_path):
+    v = vocab()
+    obj = {"json_schema": {"type": "string", "minLength": 30}}
+    greedy = compiler._tree_greedy(spec_from_request(obj), tmp_path, v)
+    assert greedy is not None and greedy > 8
+    searches = []
+
+    def out_of_time(*args, **kwargs):
+        searches.append(1)
+        return budget.Shortest(7, "at least")
+
+    monkeypatch.setattr(compiler, "lazy_fewest_tokens", out_of_time)
+    for _ in range(2):  # refused: even 7 tokens do not fit in 5, remembered
+        assert shortest_answer(obj, v, cache_dir=tmp_path, within=5) == (7, "at least")
+    assert len(searches) == 1
+    # 7 might fit in greedy - 1, and the tree's answer does not: searched again
+    assert shortest_answer(obj, v, cache_dir=tmp_path, within=greedy - 1) == (7, "at least")
+    assert len(searches) == 2
 
 
 def test_native_token_distances_check_their_inputs():

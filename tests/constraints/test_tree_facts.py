@@ -20,6 +20,10 @@ from llmserve.constraints.vocab import Vocab
 INT32_MAX = 2**31 - 1
 ASCII_LETTERS = np.zeros(256, np.uint8)
 ASCII_LETTERS[ord("a") : ord("z") + 1] = 1
+NO_COMMA = np.ones(256, np.uint8)
+NO_COMMA[ord(",")] = 0
+BELOW_C3 = np.zeros(256, np.uint8)  # some two-byte sequences, no longer one
+BELOW_C3[:0xC3] = 1
 
 
 def _range(top: int):
@@ -70,7 +74,7 @@ def check_facts(words: np.ndarray, usable: np.ndarray) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(trees, st.sampled_from([regex.EVERY_BYTE, ASCII_LETTERS]))
+@given(trees, st.sampled_from([regex.EVERY_BYTE, ASCII_LETTERS, NO_COMMA, BELOW_C3]))
 def test_facts_are_the_nfas_and_the_answer_a_shortest_one(tree, usable):
     words = regex.serialize_ast(tree)
     try:
@@ -100,11 +104,38 @@ def test_facts_of_converted_schemas(schema):
         check_facts(words, usable)
 
 
-def test_past_the_cap_the_walk_stops():
+def test_past_the_cap_the_walk_stops_as_the_builder_does():
     words = regex.serialize_ast(regex.parse("[a-z]{50}"))
-    states, moves, answer = native.tree_facts(words, regex.EVERY_BYTE, 10)
-    assert (states, moves, answer) == (11, 0, None)
-    assert native.tree_facts(words, regex.EVERY_BYTE, 2_000_000)[2] == b"a" * 50
+    states, moves, answer = native.tree_facts(words, regex.EVERY_BYTE, 2_000_000)
+    assert answer == b"a" * 50
+    assert native.tree_facts(words, regex.EVERY_BYTE, states) == (states, moves, answer)
+    native.LazyDfa(words, 100, states)  # exactly at the limit: built
+    assert native.tree_facts(words, regex.EVERY_BYTE, states - 1) == (states, 0, None)
+    with pytest.raises(ValueError, match="too large"):
+        native.LazyDfa(words, 100, states - 1)
+    # over the limit before a malformed word: the builder stops at the limit, and so does the walk
+    over_then_bad = np.array([1, 3, 3, 30, 30, 0, 1, 97, 97, 3, 30, 30, 0, 1, 97, 97, 9], np.int32)
+    with pytest.raises(ValueError, match="too large"):
+        native.LazyDfa(over_then_bad, 100, 100)
+    assert native.tree_facts(over_then_bad, regex.EVERY_BYTE, 100) == (101, 0, None)
+
+
+def test_answers_do_not_outgrow_the_cap():
+    """Children each just under the cap, 400 of them: the walk stops at the second instead of
+    building 400 megabyte-long answers (bounded by time alone)."""
+    import resource
+
+    child = [3, 1000, 1000, 3, 998, 998, 0, 1, 97, 97]  # ~2M states, a 1 MB answer
+    words = np.array([1, 400] + child * 400, np.int32)
+    alone = native.tree_facts(np.array(child, np.int32), regex.EVERY_BYTE, 2_000_000)
+    assert alone[0] <= 2_000_000 and len(alone[2]) == 998_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert native.tree_facts(words, regex.EVERY_BYTE, 2_000_000) == (2_000_001, 0, None)
+    members = np.array([5, 400, 1, *([1, *child] * 400)], np.int32)
+    assert native.tree_facts(members, regex.EVERY_BYTE, 2_000_000) == (2_000_001, 0, None)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
+    huge_cap = native.tree_facts(np.array(child, np.int32), regex.EVERY_BYTE, 2**62)
+    assert huge_cap == alone
 
 
 @pytest.mark.parametrize(
