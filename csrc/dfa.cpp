@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 
@@ -210,33 +211,19 @@ class NfaBuilder : AstReader {
     const int32_t kind = at(pos++);
     if (kind == 0) {  // set
       const int32_t count = count_at(pos, 2, "set");
-      const int32_t s = state(), e = state();
-      std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
-      std::vector<std::vector<std::pair<int, int>>> seqs;
-      for (int32_t k = 0; k < count; ++k) {
-        budget_.poll();  // a set is walked again for each copy of a repetition
-        const auto [lo, hi] = range_at(pos);
-        seqs.clear();
-        utf8_sequences(lo, hi, seqs);
-        for (const auto& seq : seqs) {
-          int32_t cur = s;
-          for (size_t i = 0; i < seq.size(); ++i) {
-            if (i + 1 == seq.size()) {
-              edge(cur, seq[i].first, seq[i].second, e);
-            } else {
-              auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
-              auto it = shared.find(key);
-              if (it == shared.end()) {
-                const int32_t nxt = state();
-                it = shared.emplace(key, nxt).first;
-                edge(cur, seq[i].first, seq[i].second, nxt);
-              }
-              cur = it->second;
-            }
-          }
-        }
+      // the same sets recur all over a converted schema (a JSON string's characters, digits): each
+      // is built once, by its words (which stay in place for the build), then copied
+      const std::string_view words(reinterpret_cast<const char*>(ast_ + pos), 2 * sizeof(int32_t) * count);
+      const auto known = sets_.find(words);
+      if (known != sets_.end()) {
+        pos += 2 * static_cast<int64_t>(count);
+        return copy(known->second);
       }
-      return {s, e};
+      Fragment f = started();
+      f.ends = set(pos, count);
+      finish(f);
+      sets_.emplace(words, f);
+      return f.ends;
     }
     if (kind == 1) {  // cat
       const int32_t count = count_at(pos, 2, "cat");  // a node takes 2 words at least
@@ -326,26 +313,69 @@ class NfaBuilder : AstReader {
     std::pair<int32_t, int32_t> ends;
     int64_t end = 0;
   };
+  // A set's ranges as UTF-8 byte-range sequences from one start to one end state, sharing common
+  // leading ranges.
+  std::pair<int32_t, int32_t> set(int64_t& pos, int32_t count) {
+    const int32_t s = state(), e = state();
+    std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
+    std::vector<std::vector<std::pair<int, int>>> seqs;
+    for (int32_t k = 0; k < count; ++k) {
+      budget_.poll();
+      const auto [lo, hi] = range_at(pos);
+      seqs.clear();
+      utf8_sequences(lo, hi, seqs);
+      for (const auto& seq : seqs) {
+        int32_t cur = s;
+        for (size_t i = 0; i < seq.size(); ++i) {
+          if (i + 1 == seq.size()) {
+            edge(cur, seq[i].first, seq[i].second, e);
+          } else {
+            auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
+            auto it = shared.find(key);
+            if (it == shared.end()) {
+              const int32_t nxt = state();
+              it = shared.emplace(key, nxt).first;
+              edge(cur, seq[i].first, seq[i].second, nxt);
+            }
+            cur = it->second;
+          }
+        }
+      }
+    }
+    return {s, e};
+  }
   // The subtree at `child` built (the first time, recorded in `built`) or copied from what the first
   // build made, its states renumbered: a repetition's copies (a string's characters up to maxLength,
   // thousands of them) are not parsed and split into UTF-8 sequences again for each. The same NFA,
   // state for state, as building each copy would give. `pos` is set past the subtree.
   std::pair<int32_t, int32_t> build_or_copy(int64_t child, std::optional<Fragment>& built, int64_t& pos) {
     if (!built) {
-      Fragment f;
-      f.first = static_cast<int32_t>(nfa_.states);
-      f.eps_at = nfa_.eps_list.size();
-      f.edges_at = nfa_.edge_list.size();
+      Fragment f = started();
       int64_t p = child;
       f.ends = node(p);
       f.end = pos = p;
-      f.states = static_cast<int32_t>(nfa_.states - f.first);
-      f.eps_n = nfa_.eps_list.size() - f.eps_at;
-      f.edges_n = nfa_.edge_list.size() - f.edges_at;
+      finish(f);
       built = f;
       return f.ends;
     }
-    const Fragment& f = *built;
+    pos = built->end;
+    return copy(*built);
+  }
+  // A fragment begun where the lists end now, and its counts once its build is done: what it made
+  // is then the lists' last entries, which copy() appends again
+  Fragment started() const {
+    Fragment f;
+    f.first = static_cast<int32_t>(nfa_.states);
+    f.eps_at = nfa_.eps_list.size();
+    f.edges_at = nfa_.edge_list.size();
+    return f;
+  }
+  void finish(Fragment& f) const {
+    f.states = static_cast<int32_t>(nfa_.states - f.first);
+    f.eps_n = nfa_.eps_list.size() - f.eps_at;
+    f.edges_n = nfa_.edge_list.size() - f.edges_at;
+  }
+  std::pair<int32_t, int32_t> copy(const Fragment& f) {
     const int32_t first = static_cast<int32_t>(nfa_.states);
     for (int32_t q = 0; q < f.states; ++q) state();  // each counted, charged and timed as when built
     const int32_t shift = first - f.first;
@@ -359,7 +389,6 @@ class NfaBuilder : AstReader {
       const auto e = edge_list[k];
       edge_list.push_back({e[0] + shift, e[1], e[2], e[3] + shift});
     }
-    pos = f.end;
     return {f.ends.first + shift, f.ends.second + shift};
   }
   // JSON object members, each built once (see regex.py, _NFA.members, which this mirrors state for
@@ -418,6 +447,7 @@ class NfaBuilder : AstReader {
 
   int64_t limit_;
   Nfa nfa_;
+  std::unordered_map<std::string_view, Fragment> sets_;
 };
 
 }  // namespace
