@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dfa.h"
 
@@ -62,6 +63,19 @@ class AstReader {
     pos += 2;
     if (lo < 0 || hi > 0x10FFFF || lo > hi) throw std::invalid_argument("code-point range out of bounds");
     return {lo, hi};
+  }
+  // f(sequence) for each UTF-8 byte-range sequence of a set's `count` ranges at `pos` (advanced
+  // past them), range by range, in order
+  template <class F>
+  void each_sequence(int64_t& pos, int32_t count, F&& f) {
+    std::vector<std::vector<std::pair<int, int>>> seqs;
+    for (int32_t k = 0; k < count; ++k) {
+      budget_.poll();
+      const auto [lo, hi] = range_at(pos);
+      seqs.clear();
+      utf8_sequences(lo, hi, seqs);
+      for (const auto& seq : seqs) f(seq);
+    }
   }
   // the count of members and the at-least-one flag, checked, `pos` advanced past them: a member
   // takes 3 words at least (its flag and a node)

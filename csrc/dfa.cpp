@@ -318,30 +318,23 @@ class NfaBuilder : AstReader {
   std::pair<int32_t, int32_t> set(int64_t& pos, int32_t count) {
     const int32_t s = state(), e = state();
     std::map<std::tuple<int32_t, int, int>, int32_t> shared;  // (state, lo, hi) -> next: common leading ranges
-    std::vector<std::vector<std::pair<int, int>>> seqs;
-    for (int32_t k = 0; k < count; ++k) {
-      budget_.poll();
-      const auto [lo, hi] = range_at(pos);
-      seqs.clear();
-      utf8_sequences(lo, hi, seqs);
-      for (const auto& seq : seqs) {
-        int32_t cur = s;
-        for (size_t i = 0; i < seq.size(); ++i) {
-          if (i + 1 == seq.size()) {
-            edge(cur, seq[i].first, seq[i].second, e);
-          } else {
-            auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
-            auto it = shared.find(key);
-            if (it == shared.end()) {
-              const int32_t nxt = state();
-              it = shared.emplace(key, nxt).first;
-              edge(cur, seq[i].first, seq[i].second, nxt);
-            }
-            cur = it->second;
+    each_sequence(pos, count, [&](const std::vector<std::pair<int, int>>& seq) {
+      int32_t cur = s;
+      for (size_t i = 0; i < seq.size(); ++i) {
+        if (i + 1 == seq.size()) {
+          edge(cur, seq[i].first, seq[i].second, e);
+        } else {
+          auto key = std::make_tuple(cur, seq[i].first, seq[i].second);
+          auto it = shared.find(key);
+          if (it == shared.end()) {
+            const int32_t nxt = state();
+            it = shared.emplace(key, nxt).first;
+            edge(cur, seq[i].first, seq[i].second, nxt);
           }
+          cur = it->second;
         }
       }
-    }
+    });
     return {s, e};
   }
   // The subtree at `child` built (the first time, recorded in `built`) or copied from what the first

@@ -108,36 +108,29 @@ class FactsWalker : AstReader {
     out.states = 2;
     out.answers = false;
     std::map<std::tuple<int64_t, int, int>, int64_t> shared;  // (state, lo, hi) -> next, numbered here
-    std::vector<std::vector<std::pair<int, int>>> seqs;
-    for (int32_t k = 0; k < count; ++k) {
-      budget_.poll();
-      const auto [lo, hi] = range_at(pos);
-      seqs.clear();
-      utf8_sequences(lo, hi, seqs);
-      for (const auto& seq : seqs) {
-        int64_t cur = 0;
-        for (size_t i = 0; i + 1 < seq.size(); ++i) {
-          auto it = shared.find({cur, seq[i].first, seq[i].second});
-          if (it == shared.end()) {
-            it = shared.emplace(std::make_tuple(cur, seq[i].first, seq[i].second), out.states++).first;
-            ++out.moves;
-          }
-          cur = it->second;
+    each_sequence(pos, count, [&](const std::vector<std::pair<int, int>>& seq) {
+      int64_t cur = 0;
+      for (size_t i = 0; i + 1 < seq.size(); ++i) {
+        auto it = shared.find({cur, seq[i].first, seq[i].second});
+        if (it == shared.end()) {
+          it = shared.emplace(std::make_tuple(cur, seq[i].first, seq[i].second), out.states++).first;
+          ++out.moves;
         }
-        ++out.moves;
-        if (out.answers && seq.size() >= out.answer.size()) continue;
-        std::string bytes;
-        for (const auto& [blo, bhi] : seq) {
-          const int b = usable_in(blo, bhi);
-          if (b < 0) break;
-          bytes.push_back(static_cast<char>(b));
-        }
-        if (bytes.size() == seq.size()) {
-          out.answers = true;
-          out.answer = std::move(bytes);
-        }
+        cur = it->second;
       }
-    }
+      ++out.moves;
+      if (out.answers && seq.size() >= out.answer.size()) return;
+      std::string bytes;
+      for (const auto& [blo, bhi] : seq) {
+        const int b = usable_in(blo, bhi);
+        if (b < 0) break;
+        bytes.push_back(static_cast<char>(b));
+      }
+      if (bytes.size() == seq.size()) {
+        out.answers = true;
+        out.answer = std::move(bytes);
+      }
+    });
     return out;
   }
 

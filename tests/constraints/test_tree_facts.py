@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import ast_trees
 
 from llmserve.constraints import compiler, regex
 from llmserve.constraints.errors import ConstraintError
@@ -26,37 +27,14 @@ BELOW_C3 = np.zeros(256, np.uint8)  # some two-byte sequences, no longer one
 BELOW_C3[:0xC3] = 1
 
 
-def _range(top: int):
-    return st.tuples(st.integers(0, top), st.integers(0, top)).map(lambda r: (min(r), max(r)))
-
-
 def _leaf():
-    narrow = st.lists(_range(0x7F), max_size=4)
-    wide = st.lists(st.one_of(_range(0xFF), _range(0x10FFFF)), max_size=3)  # multi-byte sequences
+    narrow = st.lists(ast_trees.ranges(0x7F), max_size=4)
+    wide = st.lists(st.one_of(ast_trees.ranges(0xFF), ast_trees.ranges(0x10FFFF)), max_size=3)  # multi-byte
     embedded = st.sampled_from(["ab|c", "[0-9]{2,3}", "x*", "é+"]).map(lambda p: ("dfa", regex.compile_regex(p)))
     return st.one_of(narrow.map(lambda rs: ("set", rs)), wide.map(lambda rs: ("set", rs)), embedded)
 
 
-def _count():
-    return st.tuples(st.integers(0, 4), st.one_of(st.none(), st.integers(0, 6))).map(
-        lambda lh: (lh[0], None if lh[1] is None else max(lh))
-    )
-
-
-def _node(children):
-    seq = st.lists(children, max_size=4)
-    return st.one_of(
-        seq.map(lambda cs: ("cat", cs)),
-        seq.map(lambda cs: ("alt", tuple(cs))),
-        st.tuples(children, _count()).map(lambda t: ("rep", t[0], *t[1])),
-        st.tuples(children, _count()).map(lambda t: ("list", t[0], *t[1])),
-        st.tuples(st.lists(st.tuples(st.booleans(), children), max_size=4), st.booleans()).map(
-            lambda t: ("members", t[0], t[1])
-        ),
-    )
-
-
-trees = st.recursive(_leaf(), _node, max_leaves=30)
+trees = ast_trees.trees(_leaf(), max_leaves=30)
 
 
 def check_facts(words: np.ndarray, usable: np.ndarray) -> None:

@@ -8,36 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import ast_trees
 
 from llmserve.constraints import jsonschema, regex
 from llmserve.constraints.native import native
 
-
-def _leaf():
-    ranges = st.lists(st.tuples(st.integers(0, 255), st.integers(0, 255)).map(lambda r: (min(r), max(r))), max_size=4)
-    return ranges.map(lambda rs: ("set", rs))
-
-
-def _count():
-    return st.tuples(st.integers(0, 5), st.one_of(st.none(), st.integers(0, 9))).map(
-        lambda lh: (lh[0], None if lh[1] is None else max(lh))
-    )
-
-
-def _node(children):
-    seq = st.lists(children, max_size=4)
-    return st.one_of(
-        seq.map(lambda cs: ("cat", cs)),
-        seq.map(lambda cs: ("alt", tuple(cs))),  # children as a tuple too, as regex.parse builds them
-        st.tuples(children, _count()).map(lambda t: ("rep", t[0], *t[1])),
-        st.tuples(children, _count()).map(lambda t: ("list", t[0], *t[1])),
-        st.tuples(st.lists(st.tuples(st.booleans(), children), max_size=3), st.booleans()).map(
-            lambda t: ("members", t[0], t[1])
-        ),
-    )
-
-
-trees = st.recursive(_leaf(), _node, max_leaves=40)
+trees = ast_trees.trees(ast_trees.byte_sets())
 
 
 @st.composite
