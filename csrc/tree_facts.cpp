@@ -67,24 +67,23 @@ class FactsWalker : AstReader {
   void over_cap(int64_t states) const {
     if (states > cap_) throw OverCap{};
   }
-  Node counted(Node out) const {
-    over_cap(out.states);
-    return out;
-  }
 
   Node node(int64_t& pos) {
     Depth depth(depth_);
     budget_.poll();
     const int32_t kind = at(pos++);
+    Node out;
     switch (kind) {
-      case 0: return counted(set(pos));
-      case 1: case 2: return counted(sequence(pos, kind == 1));
-      case 3: return counted(repetition(pos));
-      case 4: return counted(automaton(pos));
-      case 5: return counted(members(pos));
-      case 6: return counted(comma_list(pos));
+      case 0: out = set(pos); break;
+      case 1: case 2: out = sequence(pos, kind == 1); break;
+      case 3: out = repetition(pos); break;
+      case 4: out = automaton(pos); break;
+      case 5: out = members(pos); break;
+      case 6: out = comma_list(pos); break;
       default: throw std::invalid_argument("unknown AST node kind");
     }
+    over_cap(out.states);
+    return out;
   }
 
   // NfaBuilder: a start and an end state, and one state per distinct leading byte range from a state

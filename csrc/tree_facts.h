@@ -1,7 +1,7 @@
 // What build_nfa (dfa.h) would make of a serialised AST, found without making it. A frontend checks
-// each new constraint before the engine builds its automaton; with these facts it does not build the
-// NFA as well (the engine, another process, builds it again): whether the NFA fits the state limit,
-// what it would take, whether the language is empty, and a shortest answer for the budget check.
+// each new constraint before the engine (another process) builds its automaton; with these facts it
+// leaves the NFA to the engine: whether the NFA fits the state limit, what memory it would take,
+// whether the language is empty, and a shortest answer for the budget check.
 #pragma once
 
 #include <cstdint>
