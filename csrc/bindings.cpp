@@ -449,7 +449,24 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("data"),
           "The tokens of `data` cut into the longest token at each step: an upper bound of the fewest; -1 when "
-          "some byte starts no token.");
+          "some byte starts no token.")
+      .def(
+          "cut_tokens",
+          [](const PyVocab& v, py::bytes data) -> py::object {
+            const std::string bytes = data;
+            std::vector<int32_t> ids;
+            bool ok = false;
+            {
+              py::gil_scoped_release nogil;
+              ok = v.v->cut_tokens(reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int64_t>(bytes.size()),
+                                   ids);
+            }
+            if (!ok) return py::none();
+            return py::array_t<int32_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+          },
+          py::arg("data"),
+          "The ids of longest_cut's tokens (int32 array; one id where several tokens spell the same bytes); None "
+          "when some byte starts no token.");
 
   m.def(
       "compile_masks",
@@ -729,6 +746,51 @@ PYBIND11_MODULE(_core, m) {
       "The tokens of one answer from `start` (a shortest one in bytes, cut into the longest tokens): an upper "
       "bound of the fewest. 2**31 - 1: no answer; -1: a byte of it starts no token.");
 
+  m.def(
+      "shortest_answer",
+      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::object classes) -> py::object {
+        int64_t S = 0;
+        const Transitions tr = any_table(classes, table, accept, S);
+        if (start < 0 || start >= S) throw std::invalid_argument("shortest_answer: start state out of range");
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
+        std::vector<uint8_t> answer;
+        bool found = false;
+        {
+          py::gil_scoped_release nogil;
+          found = shortest_answer(*v.v, tr, a, S, start, answer);
+        }
+        if (!found) return py::none();
+        return py::bytes(reinterpret_cast<const char*>(answer.data()), answer.size());
+      },
+      py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("start"), py::arg("classes") = py::none(),
+      "The bytes of one shortest answer from `start` (what greedy_tokens cuts), over bytes that are tokens by "
+      "themselves where those reach acceptance; None: no answer.");
+
+  m.def(
+      "token_path",
+      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::bytes answer,
+         py::object classes) -> py::object {
+        int64_t S = 0;
+        const Transitions tr = any_table(classes, table, accept, S);
+        if (start < 0 || start >= S) throw std::invalid_argument("token_path: start state out of range");
+        const uint8_t* a = static_cast<const uint8_t*>(accept.data());
+        const std::string bytes = answer;
+        std::vector<int32_t> path;
+        {
+          py::gil_scoped_release nogil;
+          path = v.v->token_path(
+              tr, [a](int32_t q) { return a[q] != 0; }, start, reinterpret_cast<const uint8_t*>(bytes.data()),
+              static_cast<int64_t>(bytes.size()));
+        }
+        if (path.empty()) return py::none();
+        return py::array_t<int32_t>(static_cast<py::ssize_t>(path.size()), path.data());
+      },
+      py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("start"), py::arg("answer"),
+      py::arg("classes") = py::none(),
+      "The states where the tokens of `answer` (cut into the longest tokens) start, walked from `start`, then the "
+      "state it ends in (int32[tokens + 1]); None when a byte starts no token, the walk leaves the automaton or "
+      "its end does not accept.");
+
   py::class_<PyBatch>(m, "Batch")
       .def(py::init<const PyVocab&>())
       .def("set_row", &PyBatch::set_row, py::arg("index"), py::arg("grammar"), py::arg("tokens"))
@@ -935,8 +997,8 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("vocab"), py::arg("state"), py::arg("usable"), py::arg("k"), py::arg("out"),
           "out (uint32[vocab.words]) = the tokens whose bytes walk from `state` to a state q with "
-          "byte_distance(q, usable) <= k, and end of sequence when `state` accepts: Grammar.budget_row "
-          "with dist = byte_distances(usable), building the states the walk reaches.")
+          "steering_distance(q, usable) <= k, and end of sequence when `state` accepts: Grammar.budget_row "
+          "with dist = steering_distance, building the states the walk reaches.")
       .def(
           "fewest_tokens",
           [](PyLazyDfa& self, const PyVocab& v, int64_t state, int64_t budget_ms) {
@@ -970,6 +1032,65 @@ PYBIND11_MODULE(_core, m) {
           py::arg("vocab"), py::arg("state") = 0,
           "As greedy_tokens over a whole automaton: the tokens of one answer (an upper bound of the fewest); "
           "2**31 - 1: none; -1: a byte of it starts no token.")
+      .def(
+          "shortest_answer",
+          [](PyLazyDfa& self, const PyVocab& v, int64_t state) -> py::object {
+            std::vector<uint8_t> answer;
+            bool found = false;
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              found = self.d->shortest_answer(*v.v, self.checked(state), answer);
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+            if (!found) return py::none();
+            return py::bytes(reinterpret_cast<const char*>(answer.data()), answer.size());
+          },
+          py::arg("vocab"), py::arg("state") = 0,
+          "The bytes of one shortest answer from `state` (what greedy_tokens cuts), building the states along it; "
+          "None: no answer.")
+      .def(
+          "add_answer",
+          [](PyLazyDfa& self, const PyVocab& v, int64_t state, py::bytes answer) {
+            const std::string bytes = answer;
+            try {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> hold(*self.lock);
+              return self.d->add_answer(*v.v, self.checked(state), reinterpret_cast<const uint8_t*>(bytes.data()),
+                                        static_cast<int64_t>(bytes.size()));
+            } catch (const DfaError& e) {
+              throw py::value_error(e.message);
+            }
+          },
+          py::arg("vocab"), py::arg("state"), py::arg("answer"),
+          "Record `answer` (bytes, cut into the longest tokens) as an answer from `state` for steering: every state "
+          "where one of its tokens starts can end within the tokens left (steering_distance, budget_row). Its "
+          "tokens; -1 when it is not an answer from `state` (nothing recorded).")
+      .def(
+          "steering_distance",
+          [](PyLazyDfa& self, int64_t state, py::array usable) {
+            const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+            if (usable.shape(0) != 256) throw std::invalid_argument("usable must hold 256 flags");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> hold(*self.lock);
+            return self.d->steering_distance(self.checked(state), u);
+          },
+          py::arg("state"), py::arg("usable"),
+          "What budget_row steers by: the least of byte_distance(state, usable) and the tokens left of an answer "
+          "recorded through `state` (add_answer). Builds no state.")
+      .def(
+          "max_steering_distance",
+          [](PyLazyDfa& self, py::array usable) {
+            const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
+            if (usable.shape(0) != 256) throw std::invalid_argument("usable must hold 256 flags");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> hold(*self.lock);
+            return self.d->max_steering_distance(u);
+          },
+          py::arg("usable"),
+          "An upper bound of every finite steering_distance(q, usable): max_byte_distance, or the most tokens of a "
+          "recorded answer. Builds no state.")
       .def("accepting",
            [](const PyLazyDfa& self, int64_t s) {
              const int32_t state = self.checked(s);

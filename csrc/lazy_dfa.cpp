@@ -123,6 +123,15 @@ int32_t LazyDfa::byte_distance(int32_t s, const uint8_t* usable) {
   return state_distance(s);
 }
 
+int32_t LazyDfa::steering_distance(int32_t s, const uint8_t* usable) {
+  use_usable(usable);
+  return std::min(state_distance(s), recorded(s));
+}
+
+int32_t LazyDfa::max_steering_distance(const uint8_t* usable) {
+  return std::max(max_byte_distance(usable), recorded_most_);
+}
+
 int32_t LazyDfa::max_byte_distance(const uint8_t* usable) {
   use_usable(usable);
   int32_t most = 0;
@@ -136,7 +145,7 @@ void LazyDfa::budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32
   use_usable(usable);
   std::memset(out, 0, v.words() * sizeof(uint32_t));
   v.each_successor(*this, s, walk_stack(v), [&](int32_t q, int32_t node) {
-    if (state_distance(q) <= k)
+    if (std::min(state_distance(q), recorded(q)) <= k)
       for (auto [t, end] = v.node_tokens(node); t < end; ++t) out[*t >> 5] |= 1u << (*t & 31);
     return false;
   });
@@ -145,7 +154,26 @@ void LazyDfa::budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32
 }
 
 int32_t LazyDfa::greedy_tokens(const Vocab& v, int32_t s) {
+  std::vector<uint8_t> answer;
+  if (!shortest_answer(v, s, answer)) return INT32_MAX;
+  return v.longest_cut(answer.data(), static_cast<int64_t>(answer.size()));
+}
+
+int32_t LazyDfa::add_answer(const Vocab& v, int32_t s, const uint8_t* answer, int64_t n) {
   restart();
+  const std::vector<int32_t> path =
+      v.token_path(*this, [this](int32_t q) { return accepting(q); }, s, answer, n);
+  if (path.empty()) return -1;
+  const int32_t tokens = static_cast<int32_t>(path.size() - 1);
+  if (recorded_.size() < static_cast<size_t>(found())) recorded_.resize(found(), INT32_MAX);
+  for (int32_t i = 0; i < tokens; ++i) recorded_[path[i]] = std::min(recorded_[path[i]], tokens - i);
+  recorded_most_ = std::max(recorded_most_, tokens);
+  return tokens;
+}
+
+bool LazyDfa::shortest_answer(const Vocab& v, int32_t s, std::vector<uint8_t>& answer) {
+  restart();
+  answer.clear();
   uint8_t usable[256];
   for (int b = 0; b < 256; ++b) {
     const uint8_t byte = static_cast<uint8_t>(b);
@@ -155,9 +183,8 @@ int32_t LazyDfa::greedy_tokens(const Vocab& v, int32_t s) {
   if (d == INT32_MAX) {  // single-byte tokens cannot end it: any bytes, the cut may then fail
     std::fill(usable, usable + 256, 1);
     d = byte_distance(s, usable);
-    if (d == INT32_MAX) return INT32_MAX;
+    if (d == INT32_MAX) return false;
   }
-  std::vector<uint8_t> answer;
   answer.reserve(d);
   for (; d > 0; --d) {  // a byte one step nearer acceptance: there is one at every state of the path
     int b = 0;
@@ -169,10 +196,10 @@ int32_t LazyDfa::greedy_tokens(const Vocab& v, int32_t s) {
         break;
       }
     }
-    if (b == 256) return -1;  // not reached: distances are exact
+    if (b == 256) throw DfaError{"shortest_answer: no byte one step nearer (a bug)"};  // distances are exact
     answer.push_back(static_cast<uint8_t>(b));
   }
-  return v.longest_cut(answer.data(), static_cast<int64_t>(answer.size()));
+  return true;
 }
 
 void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {

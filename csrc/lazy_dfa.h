@@ -69,16 +69,30 @@ class LazyDfa {
   // distance is the least of its members', so a state whose far members always come with a near one
   // ("[ab]*|a{50}": every state holds the loop, at distance 0) lies below it. Builds no state.
   int32_t max_byte_distance(const uint8_t* usable);
-  // Grammar::budget_row over this automaton with dist[q] = byte_distance(q, usable): out = the tokens
-  // whose bytes walk from s to a state within k bytes of acceptance, plus every end-of-sequence id
-  // when s accepts. out: vocab.words() words.
+  // Grammar::budget_row over this automaton with dist[q] = steering_distance(q, usable): out = the
+  // tokens whose bytes walk from s to a state that can end within k tokens by that figure, plus every
+  // end-of-sequence id when s accepts. out: vocab.words() words.
   void budget_row(const Vocab& v, int32_t s, const uint8_t* usable, int32_t k, uint32_t* out);
-  // As greedy_tokens (vocab_trie.h) over this automaton: the tokens of one answer from s, an upper
-  // bound of the fewest, at the cost of the states along one shortest answer in bytes (over the
-  // vocabulary's single-byte tokens where they reach acceptance, so that every byte starts a
-  // token), cut into the longest token at each point. INT32_MAX: no answer; -1: the cut reached a
+  // The bytes of one shortest answer from s into out, at the cost of the states along it: over the
+  // vocabulary's single-byte tokens where they reach acceptance, so that every byte starts a token,
+  // else over any bytes. False: no answer.
+  bool shortest_answer(const Vocab& v, int32_t s, std::vector<uint8_t>& out);
+  // As greedy_tokens (vocab_trie.h) over this automaton: shortest_answer cut into the longest token
+  // at each point, an upper bound of the fewest tokens. INT32_MAX: no answer; -1: the cut reached a
   // byte that starts no token.
   int32_t greedy_tokens(const Vocab& v, int32_t s);
+  // Records an answer from s (answer[0 .. n), cut into the longest tokens) for steering: each state
+  // where one of its tokens starts can end within the tokens left of it. Returns its tokens; -1 when
+  // it is not an answer from s (nothing recorded).
+  int32_t add_answer(const Vocab& v, int32_t s, const uint8_t* answer, int64_t n);
+  // The figure steering reads: the least of byte_distance(s, usable) and the tokens left of an answer
+  // recorded through s (add_answer). Both are achievable and each comes with a next token one nearer
+  // (a usable byte; the recorded answer's next token), so steering by their least never strands an
+  // answer that met it.
+  int32_t steering_distance(int32_t s, const uint8_t* usable);
+  // max_byte_distance(usable), or the most tokens of a recorded answer when that is more: an upper
+  // bound of every finite steering_distance.
+  int32_t max_steering_distance(const uint8_t* usable);
   // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
   // of sequence where the rule in grammar.h allows it. out: vocab.words() words.
   void mask_row(const Vocab& v, int32_t s, uint32_t* out);
@@ -106,6 +120,13 @@ class LazyDfa {
   std::vector<int32_t> state_dist_;
   void use_usable(const uint8_t* usable);  // dist_ and state_dist_ for this set of usable bytes
   int32_t state_distance(int32_t s);
+  // per state found, the fewest tokens left of an answer recorded through it (add_answer; INT32_MAX:
+  // none), sized as states are found (4 bytes a state, as state_dist_); and the most of them
+  std::vector<int32_t> recorded_;
+  int32_t recorded_most_ = 0;
+  int32_t recorded(int32_t s) const {
+    return static_cast<size_t>(s) < recorded_.size() ? recorded_[s] : INT32_MAX;
+  }
   Budget budget_;              // the NFA's, then restarted per call: states are built long after
   std::unique_ptr<SubsetConstruction> subsets_;
   std::vector<uint8_t> expanded_;

@@ -144,7 +144,19 @@ int32_t Vocab::longest_cut(const uint8_t* s, int64_t n) const {
   return tokens;
 }
 
-int64_t Vocab::longest_token(const uint8_t* s, int64_t n) const {
+bool Vocab::cut_tokens(const uint8_t* s, int64_t n, std::vector<int32_t>& ids) const {
+  ids.clear();
+  for (int64_t p = 0; p < n;) {
+    int32_t id = -1;
+    const int64_t len = longest_token(s + p, n - p, &id);
+    if (len == 0) return false;
+    ids.push_back(id);
+    p += len;
+  }
+  return true;
+}
+
+int64_t Vocab::longest_token(const uint8_t* s, int64_t n, int32_t* id) const {
   int64_t best = 0;
   // the children of a node are the nodes after it, each next one past the previous one's subtree
   int32_t lo = 0, hi = static_cast<int32_t>(trie_byte_.size());
@@ -152,7 +164,10 @@ int64_t Vocab::longest_token(const uint8_t* s, int64_t n) const {
     int32_t i = lo;
     while (i < hi && trie_byte_[i] != s[d]) i = trie_end_[i];
     if (i >= hi) break;
-    if (trie_tok_off_[i + 1] > trie_tok_off_[i]) best = d + 1;
+    if (trie_tok_off_[i + 1] > trie_tok_off_[i]) {
+      best = d + 1;
+      if (id != nullptr) *id = trie_tok_[trie_tok_off_[i]];
+    }
     lo = i + 1;
     hi = trie_end_[i];
   }
@@ -199,7 +214,8 @@ void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, con
   }
 }
 
-int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start) {
+bool shortest_answer(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
+                     std::vector<uint8_t>& out) {
   // one byte of each class (every byte of a class leads to the same state), one that is a token
   // by itself where the class has one, and those first: of the shortest answers, the search below
   // finds one over such bytes where there is one, so that the cut finds a token at every byte
@@ -232,10 +248,16 @@ int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* acce
       queue.push_back(q);
     }
   }
-  if (end < 0) return INT32_MAX;
+  out.clear();
+  if (end < 0) return false;
+  for (int32_t q = end; parent[q] >= 0; q = parent[q]) out.push_back(via[q]);
+  std::reverse(out.begin(), out.end());
+  return true;
+}
+
+int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start) {
   std::vector<uint8_t> answer;
-  for (int32_t q = end; parent[q] >= 0; q = parent[q]) answer.push_back(via[q]);
-  std::reverse(answer.begin(), answer.end());
+  if (!shortest_answer(v, tr, accept, S, start, answer)) return INT32_MAX;
   return v.longest_cut(answer.data(), static_cast<int64_t>(answer.size()));
 }
 

@@ -81,10 +81,33 @@ class Vocab {
   std::pair<const int32_t*, const int32_t*> node_tokens(int32_t node) const {
     return {trie_tok_.data() + trie_tok_off_[node], trie_tok_.data() + trie_tok_off_[node + 1]};
   }
-  // Length of the longest token that s[0 .. n) starts with (0: none).
-  int64_t longest_token(const uint8_t* s, int64_t n) const;
+  // Length of the longest token that s[0 .. n) starts with (0: none); *id (when given) one token
+  // of those bytes.
+  int64_t longest_token(const uint8_t* s, int64_t n, int32_t* id = nullptr) const;
   // The tokens of s[0 .. n) cut into the longest token at each point (-1: a byte starts no token).
   int32_t longest_cut(const uint8_t* s, int64_t n) const;
+  // As longest_cut, with the tokens' ids into ids (cleared first); false when a byte starts no token.
+  bool cut_tokens(const uint8_t* s, int64_t n, std::vector<int32_t>& ids) const;
+  // Where the tokens of answer[0 .. n) (longest_cut's tokens) start, walked from s, and the state
+  // the answer ends in: path[i] for token i, path[tokens] the end. Empty when a byte starts no
+  // token, the walk leaves the automaton or the end does not accept. (tr: anything with
+  // next(state, byte); accepting(state) -> bool.)
+  template <class Tr, class Accepting>
+  std::vector<int32_t> token_path(Tr&& tr, Accepting&& accepting, int32_t s, const uint8_t* answer,
+                                  int64_t n) const {
+    std::vector<int32_t> path{s};
+    for (int64_t p = 0; p < n;) {
+      const int64_t len = longest_token(answer + p, n - p);
+      if (len == 0) return {};
+      for (const int64_t end = p + len; p < end; ++p) {
+        s = tr.next(s, answer[p]);
+        if (s < 0) return {};
+      }
+      path.push_back(s);
+    }
+    if (!accepting(s)) return {};
+    return path;
+  }
   // Calls stop(q, node) with the end state q of the tokens that walk from s, once per trie node
   // where tokens end (their ids: node_tokens(node)), until it returns true. `stack` as for state_mask.
   // (tr: Transitions, or any automaton with next(state, byte))
@@ -170,9 +193,15 @@ FewestTokens fewest_tokens_in(const Vocab& v, Automaton& a, int32_t start, int64
 // none), into dist[S]: a breadth-first search backwards from the accepting states.
 void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, const uint8_t* usable, int32_t* dist);
 
+// The bytes of one shortest answer from `start` into `out`, over bytes that are tokens by themselves
+// where those reach acceptance (so that every byte of it starts a token). False when no accepting
+// state is reachable.
+bool shortest_answer(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
+                     std::vector<uint8_t>& out);
+
 // The tokens of one answer from `start`, an upper bound of the fewest that costs about a search over
-// bytes: a shortest answer in bytes cut into the longest token at each point. INT32_MAX when no
-// accepting state is reachable; -1 when the cut reaches a byte that starts no token.
+// bytes: shortest_answer cut into the longest token at each point. INT32_MAX when no accepting state
+// is reachable; -1 when the cut reaches a byte that starts no token.
 int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start);
 
 }  // namespace llmserve

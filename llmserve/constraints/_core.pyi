@@ -80,6 +80,9 @@ class Vocab:
     def longest_cut(self, data: bytes) -> int:
         """The tokens of ``data`` cut into the longest token at each step (an upper bound of the
         fewest); -1 when some byte starts no token. Releases the GIL."""
+    def cut_tokens(self, data: bytes) -> NDArray[np.int32] | None:
+        """The ids of ``longest_cut``'s tokens (one id where several tokens spell the same bytes);
+        None when some byte starts no token. Releases the GIL."""
 
 def compile_masks(
     vocab: Vocab, table: NDArray[np.int32], accept: NDArray[np.uint8], nthreads: int = 0
@@ -225,6 +228,28 @@ def greedy_tokens(
     search over bytes: a shortest answer in bytes cut into the longest token at each point. 2**31 - 1:
     no answer; -1: a byte of it starts no token. Releases the GIL."""
 
+def shortest_answer(
+    vocab: Vocab,
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    start: int,
+    classes: NDArray[np.uint8] | None = None,
+) -> bytes | None:
+    """The bytes of one shortest answer from ``start`` (what ``greedy_tokens`` cuts), over bytes
+    that are tokens by themselves where those reach acceptance; None: no answer. Releases the GIL."""
+
+def token_path(
+    vocab: Vocab,
+    table: NDArray[np.int32],
+    accept: NDArray[np.uint8],
+    start: int,
+    answer: bytes,
+    classes: NDArray[np.uint8] | None = None,
+) -> NDArray[np.int32] | None:
+    """The states where the tokens of ``answer`` (cut into the longest tokens) start, walked from
+    ``start``, then the state it ends in (int32[tokens + 1]); None when a byte starts no token, the
+    walk leaves the automaton or its end does not accept. Releases the GIL."""
+
 class Batch:
     """The engine's persistent batch: per row a grammar (or None: unconstrained), its DFA state, and a
     reference to the engine's output-token list of that row (read by ``sync``, never copied)."""
@@ -326,10 +351,23 @@ class LazyDfa:
         this automaton can build whose distance is finite (0: none is): the largest finite distance of
         an NFA state, which needs no state built. A state's distance is the least of its NFA states',
         so far ones that always come with a near one (``[ab]*|a{50}``) leave the real maximum below it."""
+    def steering_distance(self, state: int, usable: NDArray[np.uint8]) -> int:
+        """What ``budget_row`` steers by: the least of ``byte_distance(state, usable)`` and the
+        tokens left of an answer recorded through ``state`` (``add_answer``). Builds no state."""
+    def max_steering_distance(self, usable: NDArray[np.uint8]) -> int:
+        """An upper bound of every finite ``steering_distance(q, usable)``: ``max_byte_distance``, or
+        the most tokens of a recorded answer when that is more. Builds no state."""
+    def add_answer(self, vocab: Vocab, state: int, answer: bytes) -> int:
+        """Record ``answer`` (cut into the longest tokens) as an answer from ``state`` for steering:
+        every state where one of its tokens starts can end within the tokens left of it. Its tokens;
+        -1 when it is not an answer from ``state`` (nothing recorded). Builds the states along it."""
+    def shortest_answer(self, vocab: Vocab, state: int = 0) -> bytes | None:
+        """The bytes of one shortest answer from ``state`` (what ``greedy_tokens`` cuts); None: no
+        answer. Builds the states along it."""
     def budget_row(self, vocab: Vocab, state: int, usable: NDArray[np.uint8], k: int, out: NDArray[np.uint32]) -> None:
-        """``Grammar.budget_row`` for this automaton with ``dist = byte_distances(..., usable)``: out
-        (uint32[vocab.words]) = the tokens whose bytes walk from ``state`` to a state within ``k``
-        bytes of acceptance, plus end of sequence when ``state`` accepts. Builds the states the walk
+        """``Grammar.budget_row`` for this automaton with ``dist = steering_distance(..., usable)``:
+        out (uint32[vocab.words]) = the tokens whose bytes walk from ``state`` to a state that can
+        end within ``k`` tokens, plus end of sequence when ``state`` accepts. Builds the states the walk
         reaches. Each state's distance is kept for the latest ``usable`` (a row asks for one per trie
         node where tokens end, mostly the same few states), so pass the same set every time."""
     def fewest_tokens(self, vocab: Vocab, state: int = 0, budget_ms: int = 0) -> tuple[int, int]:

@@ -178,6 +178,19 @@ def lazy_fewest_tokens(lazy, vocab, *, within: int | None = None, budget_ms: int
     return Shortest(int(tokens))
 
 
+def steerable_from(form, state: int, tokens: int) -> bool:
+    """Whether steering ``form`` (a compiled or lazy form) can end an answer at ``state`` within
+    ``tokens`` more tokens: its steering figure fits, or one shortest answer in bytes from there,
+    cut into the longest tokens, fits and is recorded for steering (``form.add_answer``). Steering
+    by the least of the single-byte figure and recorded answers keeps the invariant above: each
+    figure comes with a next token one nearer (a single-byte token; the recorded answer's next
+    token, which reaches a state recorded one nearer)."""
+    if form.steering_bound(state) <= tokens:
+        return True
+    answer = form.shortest_from(state)
+    return answer is not None and 0 <= form.add_answer(answer, state) <= tokens
+
+
 def check_fits(shortest: int | Shortest, max_tokens: int | None) -> None:
     """Refuse a request whose shortest answer (``shortest`` tokens, end of sequence not counted)
     cannot fit in ``max_tokens``. A lower bound refuses only when even the bound does not fit; an

@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from llmserve.constraints import reference
-from llmserve.constraints.budget import UNREACHABLE, token_distances
+from llmserve.constraints.budget import UNREACHABLE, steerable_from, token_distances
 from llmserve.constraints.budget import distances as byte_distances
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
@@ -139,6 +139,7 @@ class CompiledConstraint:
         # steering (the decode loop): the distances it uses now, and what it keeps computed from them
         self._steer_dist: NDArray[np.int32] | None = None
         self._bound: NDArray[np.int32] | None = None  # single-byte distances, until the exact ones exist
+        self._exact_started = False  # the background search for the exact ones
         self._exact_later: NDArray[np.int32] | None = None  # set by the background thread
         self._max_distance: int | None = None
         self._budget_rows: dict[tuple[int, int], NDArray[np.uint32] | None] = {}
@@ -294,19 +295,27 @@ class CompiledConstraint:
         background thread has them, steering uses the single-byte figure (``budget.distances``, a
         search over the automaton only): an achievable upper bound, so steering by it is safe, only
         earlier. Switching to the exact figure keeps the invariant (exact <= bound)."""
+        target = self._figures()
+        if target is self._bound and not self._exact_started:
+            self._exact_started = True
+            threading.Thread(target=self._compute_exact, name="llmserve-constraint-distances", daemon=True).start()
+        return target
+
+    def _figures(self) -> NDArray[np.int32]:
+        """``steering_distances`` without starting the background search: the exact distances when
+        known, else the single-byte figure (a search over the automaton, computed once). What a
+        request's admission reads (``steerable_within``): a request that is never steered must not
+        start a search of seconds."""
         if self._distances is None and self._exact_later is not None:
             self._distances = self._exact_later
         target: NDArray[np.int32]
         if self._distances is not None:
             target = self._distances
         else:
-            bound = self._bound
-            if bound is None:
+            if self._bound is None:
                 table, classes = self._search_form()
-                bound = byte_distances(table, self.accept, self.vocab.single_bytes, classes)
-                self._bound = bound
-                threading.Thread(target=self._compute_exact, name="llmserve-constraint-distances", daemon=True).start()
-            target = bound
+                self._bound = byte_distances(table, self.accept, self.vocab.single_bytes, classes)
+            target = self._bound
         if target is not self._steer_dist:
             self._steer_dist = target
             self._max_distance = None
@@ -353,6 +362,44 @@ class CompiledConstraint:
             finite = d[d != UNREACHABLE]
             self._max_distance = int(finite.max()) if finite.size else 0
         return self._max_distance
+
+    def steering_bound(self, state: int | None = None) -> int:
+        """The figure steering reads now (``steering_distances``) for ``state`` (default the start)."""
+        return int(self._figures()[self.start if state is None else state])
+
+    def shortest_from(self, state: int) -> bytes | None:
+        """One shortest answer in bytes from ``state`` (None: none, or no native core)."""
+        if core is None:
+            return None
+        table, classes = self._search_form()
+        return core.shortest_answer(native_vocab(self.vocab), table, self.accept, int(state), classes)
+
+    def add_answer(self, answer: bytes, state: int | None = None) -> int:
+        """Steer by ``answer`` from ``state`` (default the start), cut into the longest tokens, too:
+        until the exact distances are there (each already at most any answer's tokens), the states
+        where its tokens start get at most the tokens left of it in the single-byte figure steering
+        reads. Its tokens; -1 when it is not an answer from there (or no native core)."""
+        if core is None:
+            return -1
+        table, classes = self._search_form()
+        s = self.start if state is None else int(state)
+        path = core.token_path(native_vocab(self.vocab), table, self.accept, s, answer, classes)
+        if path is None:
+            return -1
+        tokens = len(path) - 1
+        dist = self._figures()
+        if self._distances is None:  # the bound, this form's own array
+            np.minimum.at(dist, path[:-1], np.arange(tokens, 0, -1, dtype=np.int32))
+            self._max_distance = None
+            self._budget_rows.clear()
+        return tokens
+
+    def steerable_within(self, tokens: int, output: Iterable[int] = ()) -> bool:
+        """Whether steering can end an answer within ``tokens`` more tokens after ``output`` (its
+        tokens so far), recording one shortest answer from there if the figure does not fit
+        (``budget.steerable_from``). Not the exact figure: see ``compiler.serving_form``."""
+        state = self.walk(output)
+        return state < 0 or steerable_from(self, state, tokens)
 
     @property
     def masks(self) -> NDArray[np.uint32]:

@@ -28,10 +28,12 @@ and within the compile time budget. The distances of every state, which steering
 form needs, are the engine's to compute, in the background, steering by the single-byte figure
 until then; once it has them they are kept in the disk cache too (``dist-<key>.bin``, a few KB),
 where a later compile in another process picks them up instead of walking the vocabulary again
-(seconds for a large schema). Only a request whose answer fits ``max_tokens`` while that
-single-byte figure does not needs them at once: its check builds the whole automaton and computes
-and keeps them (``_steerable``), and the engine serves that request from the complete form, which
-takes them from there (``serving_form``'s ``within``).
+(seconds for a large schema). A request whose ``max_tokens`` is below that single-byte figure is
+steered along the tree's shortest answer cut into the longest tokens (the answer its check admitted
+it by), recorded in the form that serves it (``_steers``). Only one whose budget is below that
+answer too, while the exact search admits it, needs every distance at once: its check builds the
+whole automaton and computes and keeps them (``_steerable``), and the engine serves that request
+from the complete form, which takes them from there (``serving_form``'s ``within``).
 
 ``compile_constraint`` on a miss compiles lazily too, in its own way (``CompiledConstraint.lazy``):
 the whole automaton now, the mask rows as rows reach them; the background finisher completes the
@@ -378,11 +380,14 @@ def serving_form(
     key, dkey = cache_key(spec, vocab), dfa_key(spec)
     path = None if cache_dir is False else _cache_root(cache_dir) / f"{key}.bin"
     memo = (key, id(vocab), str(path))
-    if core is None or _held_form(memo, vocab) is not None or (path is not None and path.is_file()):
+    if core is None:
         return compile_constraint(spec, vocab, cache_dir=cache_dir)
+    if _held_form(memo, vocab) is not None or (path is not None and path.is_file()):
+        return _steered_within(compile_constraint(spec, vocab, cache_dir=cache_dir), spec, cache_dir, within, tokens)
     if _routed_whole(dkey, cache_dir):
         try:  # the check built its whole automaton (dfa_for) for requests admitted since
-            return compile_constraint(spec, vocab, cache_dir=cache_dir)
+            complete = compile_constraint(spec, vocab, cache_dir=cache_dir)
+            return _steered_within(complete, spec, cache_dir, within, tokens)
         except ConstraintError:  # admitted before the route was taken: served as it was admitted
             pass
     lazy_memo = ("lazy-form", key, id(vocab))
@@ -394,9 +399,10 @@ def serving_form(
         if built is None:
             return compile_constraint(spec, vocab, cache_dir=cache_dir)
         form, words = LazyConstraint(vocab, built[0], key), built[1]
-    if within is not None and not form.steerable_within(within, tokens or ()):
+    if within is not None and not _steers(form, spec, cache_dir, within, tokens):
         try:
-            return compile_constraint(spec, vocab, cache_dir=cache_dir)
+            complete = compile_constraint(spec, vocab, cache_dir=cache_dir)
+            return _steered_within(complete, spec, cache_dir, within, tokens)
         except ConstraintError as exc:  # a row cannot be refused here: steered as far as the figure allows
             log.warning(
                 "constraint %s: served from its automaton built as it is walked, which may not end the answer "
@@ -414,6 +420,48 @@ def serving_form(
             functools.partial(_build_complete, vocab, key, dkey, words, path, memo, cache_dir)
         ):
             _MEMORY.put(build, "queued", 128)
+    return form
+
+
+def _steers(
+    form: CompiledConstraint | LazyConstraint,
+    spec: ConstraintSpec,
+    cache_dir: Path | str | bool | None,
+    within: int,
+    tokens: list[int] | None,
+) -> bool:
+    """Whether steering ``form`` can end an answer within ``within`` more tokens after ``tokens``:
+    by its own figures (``steerable_within``), else, for a new answer, along the tree's shortest
+    answer, the one the check admitted the request by (``_tree_greedy``), recorded for steering."""
+    if form.steerable_within(within, tokens or ()):
+        return True
+    if tokens:
+        return False
+    try:
+        answer = _tree_answer(spec, cache_dir, form.vocab)
+    except ConstraintError:  # its walk out of time on a loaded engine: not an answer to steer by
+        return False
+    return answer is not None and 0 <= form.add_answer(answer) <= within
+
+
+def _steered_within(
+    form: CompiledConstraint,
+    spec: ConstraintSpec,
+    cache_dir: Path | str | bool | None,
+    within: int | None,
+    tokens: list[int] | None,
+) -> CompiledConstraint:
+    """``form``, steering an answer after ``tokens`` to end within ``within`` more tokens: by its
+    figures or one recorded answer (``_steers``), else by its exact distances, from the disk cache
+    (a check that needed them kept them there) or computed now, as a check computes them."""
+    if within is None or _steers(form, spec, cache_dir, within, tokens):
+        return form
+    key = cache_key(spec, form.vocab)
+    dist = _known_distances(key, cache_dir, form.num_states)
+    if dist is not None:
+        form.distances = dist
+    else:
+        _keep_distances(key, cache_dir, form.distances)
     return form
 
 
@@ -546,17 +594,23 @@ def shortest_answer(
     return found
 
 
-def _tree_greedy(spec: ConstraintSpec, cache_dir: Path | str | bool | None, vocab: Vocab) -> int | None:
-    """``LazyDfa.greedy_tokens``' figure read off the tree's facts (``_tree_facts``), without an NFA:
-    a shortest answer over the bytes single tokens spell (else over any bytes) cut into the longest
-    tokens, an upper bound of the fewest. None when the facts do not serve or a byte of the answer
-    starts no token."""
+def _tree_answer(spec: ConstraintSpec, cache_dir: Path | str | bool | None, vocab: Vocab) -> bytes | None:
+    """A shortest answer read off the tree's facts (``_tree_facts``), without an NFA: over the bytes
+    single tokens spell, else over any bytes. None when the facts do not serve."""
     facts = _tree_facts(spec, cache_dir, vocab.single_bytes)
     if facts is not None and facts.answer is None:
         facts = _tree_facts(spec, cache_dir, EVERY_BYTE)
-    if facts is None or facts.answer is None:
+    return None if facts is None else facts.answer
+
+
+def _tree_greedy(spec: ConstraintSpec, cache_dir: Path | str | bool | None, vocab: Vocab) -> int | None:
+    """``LazyDfa.greedy_tokens``' figure read off the tree (``_tree_answer`` cut into the longest
+    tokens): an upper bound of the fewest. None when the facts do not serve or a byte of the answer
+    starts no token. The engine steers by the same answer when its budget needs it (``_steers``)."""
+    answer = _tree_answer(spec, cache_dir, vocab)
+    if answer is None:
         return None
-    cut = int(native_vocab(vocab).longest_cut(facts.answer))
+    cut = int(native_vocab(vocab).longest_cut(answer))
     return cut if cut >= 0 else None
 
 
@@ -581,22 +635,32 @@ def _steerable(
 ) -> NDArray[np.int32] | None:
     """Every state's distance, kept for the engine (memory and disk cache) and returned, when an
     admitted answer of ``within`` tokens needs them: the engine steers by the single-byte figure
-    until its own background search has them, and where that figure of the start state exceeds
-    ``within`` it could not keep the answer within max_tokens. None when the bound is enough or
+    until its own background search has them, or along one shortest answer cut into the longest
+    tokens where the budget is below that figure (``serving_form``, ``_steers``); where neither
+    fits ``within`` it could not keep the answer within max_tokens. None when a bound is enough or
     they are kept already."""
     bound_memo = ("start-bound", key)
     bound: int | None = _MEMORY.get(bound_memo)
     if bound is None:
+        greedy: int | None
         facts = _tree_facts(spec, cache_dir, vocab.single_bytes) if dfa is None else None
         lazy = lazy_automaton(spec, cache_dir=cache_dir) if dfa is None and facts is None else None
-        if facts is not None:  # the same figure, read off the tree: a shortest answer over those bytes
+        if facts is not None:  # the same figures, read off the tree
             bound = len(facts.answer) if facts.answer is not None else UNREACHABLE
-        elif lazy is not None:  # the same figure, read off the NFA
+            greedy = _tree_greedy(spec, cache_dir, vocab)
+        elif lazy is not None:  # the same figures, read off the NFA
             bound = int(lazy.byte_distance(0, vocab.single_bytes.view(np.uint8)))
+            try:
+                greedy = int(lazy.greedy_tokens(native_vocab(vocab), 0))
+            except ValueError:  # the automaton's limits on the way: the single-byte figure decides
+                greedy = None
         else:
             dfa = dfa or dfa_for(spec, cache_dir=cache_dir)
             table, classes = _columns(dfa)
             bound = int(byte_distances(table, dfa.accept, vocab.single_bytes, classes)[dfa.start])
+            greedy = int(core.greedy_tokens(native_vocab(vocab), table, dfa.accept, dfa.start, classes)) if core else -1
+        if greedy is not None and greedy >= 0:
+            bound = min(bound, greedy)
         _MEMORY.put(bound_memo, bound, 64)
     if bound <= within:
         return None

@@ -12,9 +12,12 @@ states are numbered as found, not as the complete form's).
 
 Steering towards an answer that ends within max_tokens uses the single-byte figure (the fewest bytes
 to an accepting state, read off the NFA): an achievable upper bound on the fewest tokens, so steering
-by it keeps the answer finishable, only earlier than the exact figure would. A request whose
-shortest answer fits its budget while that figure does not is served from the complete form, with
-exact distances (``steerable_within``).
+by it keeps the answer finishable, only earlier than the exact figure would. Where a request's budget
+is below that figure, one shortest answer cut into the longest tokens is recorded in the automaton
+(``add_answer``: each state along it can end within the tokens left of it), and steering reads the
+least of the two figures, which keeps the answer finishable too (``budget.steerable_from``). A
+request that neither fits is served from the complete form, with exact distances
+(``steerable_within``, ``compiler.serving_form``).
 
 Limits: an automaton's states are shared by every answer served from it, and built within the
 compile limits (states, memory, and the time of each call that builds some). A state that cannot
@@ -32,6 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from llmserve.constraints.budget import steerable_from
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.vocab import Vocab
@@ -71,24 +75,47 @@ class LazyConstraint:
         return int(self.lazy.nbytes) + rows * self.vocab.words * 4 + status
 
     def steering_bound(self, state: int | None = None) -> int:
-        """The single-byte figure of ``state`` (default the start): the fewest tokens to an accepting
-        state using single-byte tokens only, ``budget.UNREACHABLE`` when they cannot get there."""
-        return int(self.lazy.byte_distance(self.start if state is None else state, self._usable))
+        """The steering figure of ``state`` (default the start): the fewest tokens to an accepting
+        state using single-byte tokens only, or fewer along an answer recorded through it
+        (``add_answer``); ``budget.UNREACHABLE`` when neither gets there."""
+        return int(self.lazy.steering_distance(self.start if state is None else state, self._usable))
+
+    def shortest_from(self, state: int) -> bytes | None:
+        """One shortest answer in bytes from ``state`` (None: none, or past the automaton's limits)."""
+        try:
+            return self.lazy.shortest_answer(native_vocab(self.vocab), state)
+        except ValueError:
+            return None
+
+    def add_answer(self, answer: bytes, state: int | None = None) -> int:
+        """Steer by ``answer`` from ``state`` (default the start), cut into the longest tokens, too:
+        each state where one of its tokens starts can end within the tokens left of it. Its tokens;
+        -1 when it is not an answer from there (or the automaton's limits stop the walk)."""
+        try:
+            tokens = int(self.lazy.add_answer(native_vocab(self.vocab), self.start if state is None else state, answer))
+        except ValueError:
+            return -1
+        if tokens >= 0:
+            self._max_distance = None
+            self._budget_rows.clear()
+        return tokens
 
     def steerable_within(self, tokens: int, output: Sequence[int] = ()) -> bool:
         """Whether steering can end an answer within ``tokens`` more tokens after ``output`` (its
-        tokens so far). An answer already ended or refused by its output has nothing to steer."""
+        tokens so far), recording one shortest answer from there if the figure does not fit
+        (``budget.steerable_from``). An answer already ended or refused by its output has nothing
+        to steer."""
         state = self.walk(output)
         if state < 0:  # refused by the constraint (nothing to steer), or past the automaton's limits
             return not self.lazy.exhausted
-        return self.steering_bound(state) <= tokens
+        return steerable_from(self, state, tokens)
 
     @property
     def max_distance(self) -> int:
         """An upper bound on every finite steering figure: a row with more tokens left than this
-        needs no steering. Read off the NFA once."""
+        needs no steering. Read off the NFA (and the answers recorded) once per answer recorded."""
         if self._max_distance is None:
-            self._max_distance = int(self.lazy.max_byte_distance(self._usable))
+            self._max_distance = int(self.lazy.max_steering_distance(self._usable))
         return self._max_distance
 
     def budget_row(self, state: int, k: int) -> NDArray[np.uint32] | None:

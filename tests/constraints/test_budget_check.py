@@ -115,26 +115,36 @@ def test_shortest_answer_reads_a_form_the_process_already_holds(monkeypatch, tmp
     assert shortest_answer(SCHEMA, v, cache_dir=tmp_path) == (int(form.distances[form.start]), "exact")
 
 
-def test_a_tight_budget_has_the_engine_steer_by_exact_distances_from_its_first_step(monkeypatch, tmp_path):
+def fooled_vocab() -> Vocab:
+    """A vocabulary whose longest tokens lead the cut astray: ``{"nam`` first leaves ``e":"","n":0}``
+    to single bytes (13 tokens in all), where ``{"n`` + ``ame":"","n":0}`` takes 2."""
+    tokens: list[bytes | None] = [bytes([b]) for b in range(256)]
+    tokens += [b'{"nam', b'{"n', b'ame":"","n":0}', None]
+    return Vocab(tokens, (len(tokens) - 1,), len(tokens))
+
+
+def test_a_tight_budget_has_the_engine_steer_by_the_tree_answer_or_by_exact_distances(monkeypatch, tmp_path):
     """Until the engine's background search has every state's distance, it steers by the single-byte
-    figure; an answer admitted at a max_tokens below that figure would not be steered at all. So the
-    check of such a request keeps the exact distances, where the engine's form (here: another
-    process, an emptied memory; and a form this process holds) takes them."""
-    v = vocab()
+    figure; below that figure, along the tree's answer cut into the longest tokens, recorded (no
+    distance computed anywhere). A budget below that answer too, which the exact search admits, has
+    the check keep the exact distances, where the engine's form (here: another process, an emptied
+    memory; and a form this process holds) takes them."""
+    v = fooled_vocab()
     spec = compiler.spec_from_request(SCHEMA)
     dfa = compiler.dfa_for(spec, cache_dir=tmp_path)
     single_byte = int(budget.distances(dfa.table, dfa.accept, v.single_bytes)[dfa.start])
     exact = int(budget.token_distances(dfa.table, dfa.accept, v)[dfa.start])
-    assert exact < single_byte  # `{"name":"` is one token, ten bytes
+    greedy = compiler._tree_greedy(spec, tmp_path, v)
+    assert (exact, greedy, single_byte) == (2, 13, 17)
     compiler._MEMORY.clear()
-    # roomy: the single-byte figure fits, nothing more is computed
+    # roomy, then tight: the single-byte figure, then the tree's answer fits; nothing more is computed
     monkeypatch.setattr(compiler, "token_distances", refuse)
     assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=single_byte).tokens <= single_byte
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=greedy) == (greedy, "at most")
     assert not list(tmp_path.glob("dist-*.bin"))
     monkeypatch.undo()
-    # tight: the exact figure fits, the single-byte one does not
-    found = shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=exact)
-    assert found == (exact, "exact") or found == (exact, "at most")
+    # tighter: the exact figure fits, the tree's answer does not
+    assert shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=exact) == (exact, "exact")
     assert list(tmp_path.glob("dist-*.bin"))
     compiler._MEMORY.clear()
     form = compile_constraint(SCHEMA, v, cache_dir=tmp_path)

@@ -146,18 +146,23 @@ def test_steering_rows_of_the_lazy_form_keep_the_answer_finishable():
         tokens.append(int(rng.choice(allowed)))
 
 
-def test_a_tight_budget_is_served_from_the_complete_form():
-    """Where the single-byte figure cannot end the answer within the request's budget (but tokens
-    can: the check admitted it), the lazy form would steer too late: the complete form steers by
-    exact distances."""
+def test_a_tight_budget_is_steered_along_the_tree_answer_and_a_tighter_one_by_exact_distances():
+    """Where the single-byte figure cannot end the answer within the request's budget, the lazy form
+    records the tree's answer cut into the longest tokens (3: ``{"name":"`` ``"`` ``}``) and steers
+    by it; below that too (but not below the fewest tokens, 2: the check admitted it) the lazy form
+    would steer too late: the complete form steers by exact distances."""
     v = vocab()
     hold_builder()
     form = compiler.serving_form(SCHEMA, v, cache_dir=False)
     assert isinstance(form, LazyConstraint)
     figure = form.steering_bound()
+    assert figure == 11
     assert compiler.serving_form(SCHEMA, v, cache_dir=False, within=figure) is form
-    tight = compiler.serving_form(SCHEMA, v, cache_dir=False, within=figure - 1)
-    assert not isinstance(tight, LazyConstraint)
+    assert compiler.serving_form(SCHEMA, v, cache_dir=False, within=3) is form
+    assert form.steering_bound() == 3 and form.max_distance >= figure
+    tighter = compiler.serving_form(SCHEMA, v, cache_dir=False, within=2)
+    assert not isinstance(tighter, LazyConstraint)
+    assert tighter.known_distances is not None and int(tighter.known_distances[tighter.start]) == 2
 
 
 def test_the_check_converts_once_and_builds_no_whole_automaton(monkeypatch, tmp_path):
@@ -252,7 +257,7 @@ def test_a_complete_form_over_the_limits_leaves_a_tight_budget_steered_lazily(ca
     compiler.check_constraint(spec_from_request(obj), cache_dir=False)
     hold_builder()
     with caplog.at_level(logging.WARNING, logger="llmserve.constraints.compiler"):
-        form = compiler.serving_form(obj, v, cache_dir=False, within=5)
+        form = compiler.serving_form(obj, v, cache_dir=False, within=1)  # 10 bytes, in 2 tokens at best
     assert isinstance(form, LazyConstraint)
     assert "may not end the answer within max_tokens" in caplog.text
 
