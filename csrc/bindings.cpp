@@ -449,24 +449,7 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("data"),
           "The tokens of `data` cut into the longest token at each step: an upper bound of the fewest; -1 when "
-          "some byte starts no token.")
-      .def(
-          "cut_tokens",
-          [](const PyVocab& v, py::bytes data) -> py::object {
-            const std::string bytes = data;
-            std::vector<int32_t> ids;
-            bool ok = false;
-            {
-              py::gil_scoped_release nogil;
-              ok = v.v->cut_tokens(reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int64_t>(bytes.size()),
-                                   ids);
-            }
-            if (!ok) return py::none();
-            return py::array_t<int32_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
-          },
-          py::arg("data"),
-          "The ids of longest_cut's tokens (int32 array; one id where several tokens spell the same bytes); None "
-          "when some byte starts no token.");
+          "some byte starts no token.");
 
   m.def(
       "compile_masks",

@@ -129,6 +129,11 @@ int32_t LazyDfa::steering_distance(int32_t s, const uint8_t* usable) {
 }
 
 int32_t LazyDfa::max_steering_distance(const uint8_t* usable) {
+  use_usable(usable);
+  // a live NFA state the usable bytes cannot end from (a vocabulary without some single bytes): a
+  // walk may reach a state no figure covers, so every step must be steered
+  for (int64_t q = 0; q < view_.n; ++q)
+    if (live_[q] && dist_[q] == INT32_MAX) return INT32_MAX - 1;
   return std::max(max_byte_distance(usable), recorded_most_);
 }
 

@@ -91,7 +91,9 @@ class LazyDfa {
   // answer that met it.
   int32_t steering_distance(int32_t s, const uint8_t* usable);
   // max_byte_distance(usable), or the most tokens of a recorded answer when that is more: an upper
-  // bound of every finite steering_distance.
+  // bound of every finite steering_distance. INT32_MAX - 1 when a live NFA state cannot end over the
+  // usable bytes (some single bytes are not tokens): a state a walk reaches may have no finite
+  // figure, so a row must be steered at every step, never left to walk there.
   int32_t max_steering_distance(const uint8_t* usable);
   // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
   // of sequence where the rule in grammar.h allows it. out: vocab.words() words.

@@ -144,19 +144,7 @@ int32_t Vocab::longest_cut(const uint8_t* s, int64_t n) const {
   return tokens;
 }
 
-bool Vocab::cut_tokens(const uint8_t* s, int64_t n, std::vector<int32_t>& ids) const {
-  ids.clear();
-  for (int64_t p = 0; p < n;) {
-    int32_t id = -1;
-    const int64_t len = longest_token(s + p, n - p, &id);
-    if (len == 0) return false;
-    ids.push_back(id);
-    p += len;
-  }
-  return true;
-}
-
-int64_t Vocab::longest_token(const uint8_t* s, int64_t n, int32_t* id) const {
+int64_t Vocab::longest_token(const uint8_t* s, int64_t n) const {
   int64_t best = 0;
   // the children of a node are the nodes after it, each next one past the previous one's subtree
   int32_t lo = 0, hi = static_cast<int32_t>(trie_byte_.size());
@@ -164,10 +152,7 @@ int64_t Vocab::longest_token(const uint8_t* s, int64_t n, int32_t* id) const {
     int32_t i = lo;
     while (i < hi && trie_byte_[i] != s[d]) i = trie_end_[i];
     if (i >= hi) break;
-    if (trie_tok_off_[i + 1] > trie_tok_off_[i]) {
-      best = d + 1;
-      if (id != nullptr) *id = trie_tok_[trie_tok_off_[i]];
-    }
+    if (trie_tok_off_[i + 1] > trie_tok_off_[i]) best = d + 1;
     lo = i + 1;
     hi = trie_end_[i];
   }
@@ -216,43 +201,48 @@ void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, con
 
 bool shortest_answer(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
                      std::vector<uint8_t>& out) {
-  // one byte of each class (every byte of a class leads to the same state), one that is a token
-  // by itself where the class has one, and those first: of the shortest answers, the search below
-  // finds one over such bytes where there is one, so that the cut finds a token at every byte
+  // one byte of each class (every byte of a class leads to the same state): first only bytes that
+  // are tokens by themselves, so that the cut finds a token at every byte (LazyDfa::shortest_answer
+  // searches the same way: a check and an engine holding either automaton find answers alike), then
+  // any byte of every class
   std::vector<uint8_t> reps;
-  std::vector<int> rep_of(256, -1);
-  for (int pass = 0; pass < 2; ++pass)
+  std::vector<uint8_t> have(256, 0);
+  std::vector<int32_t> parent(S), queue;
+  std::vector<uint8_t> via(S, 0);
+  out.clear();
+  for (int pass = 0; pass < 2; ++pass) {
     for (int b = 0; b < 256; ++b) {
       const uint8_t byte = static_cast<uint8_t>(b);
-      if (rep_of[tr.cls[b]] < 0 && (pass == 1 || v.longest_token(&byte, 1) == 1)) {
-        rep_of[tr.cls[b]] = b;
+      if (!have[tr.cls[b]] && (pass == 1 || v.longest_token(&byte, 1) == 1)) {
+        have[tr.cls[b]] = 1;
         reps.push_back(byte);
       }
     }
-  std::vector<int32_t> parent(S, -2);  // -2: not reached; the start's parent is -1
-  std::vector<uint8_t> via(S, 0);
-  std::vector<int32_t> queue{start};
-  parent[start] = -1;
-  int32_t end = accept[start] ? start : -1;
-  for (size_t k = 0; k < queue.size() && end < 0; ++k) {
-    const int32_t s = queue[k];
-    for (const uint8_t b : reps) {
-      const int32_t q = tr.next(s, b);
-      if (q < 0 || parent[q] != -2) continue;
-      parent[q] = s;
-      via[q] = b;
-      if (accept[q]) {
-        end = q;
-        break;
+    std::fill(parent.begin(), parent.end(), -2);  // -2: not reached; the start's parent is -1
+    queue.assign(1, start);
+    parent[start] = -1;
+    int32_t end = accept[start] ? start : -1;
+    for (size_t k = 0; k < queue.size() && end < 0; ++k) {
+      const int32_t s = queue[k];
+      for (const uint8_t b : reps) {
+        const int32_t q = tr.next(s, b);
+        if (q < 0 || parent[q] != -2) continue;
+        parent[q] = s;
+        via[q] = b;
+        if (accept[q]) {
+          end = q;
+          break;
+        }
+        queue.push_back(q);
       }
-      queue.push_back(q);
+    }
+    if (end >= 0) {
+      for (int32_t q = end; parent[q] >= 0; q = parent[q]) out.push_back(via[q]);
+      std::reverse(out.begin(), out.end());
+      return true;
     }
   }
-  out.clear();
-  if (end < 0) return false;
-  for (int32_t q = end; parent[q] >= 0; q = parent[q]) out.push_back(via[q]);
-  std::reverse(out.begin(), out.end());
-  return true;
+  return false;
 }
 
 int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start) {

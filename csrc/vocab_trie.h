@@ -81,13 +81,10 @@ class Vocab {
   std::pair<const int32_t*, const int32_t*> node_tokens(int32_t node) const {
     return {trie_tok_.data() + trie_tok_off_[node], trie_tok_.data() + trie_tok_off_[node + 1]};
   }
-  // Length of the longest token that s[0 .. n) starts with (0: none); *id (when given) one token
-  // of those bytes.
-  int64_t longest_token(const uint8_t* s, int64_t n, int32_t* id = nullptr) const;
+  // Length of the longest token that s[0 .. n) starts with (0: none).
+  int64_t longest_token(const uint8_t* s, int64_t n) const;
   // The tokens of s[0 .. n) cut into the longest token at each point (-1: a byte starts no token).
   int32_t longest_cut(const uint8_t* s, int64_t n) const;
-  // As longest_cut, with the tokens' ids into ids (cleared first); false when a byte starts no token.
-  bool cut_tokens(const uint8_t* s, int64_t n, std::vector<int32_t>& ids) const;
   // Where the tokens of answer[0 .. n) (longest_cut's tokens) start, walked from s, and the state
   // the answer ends in: path[i] for token i, path[tokens] the end. Empty when a byte starts no
   // token, the walk leaves the automaton or the end does not accept. (tr: anything with
@@ -193,9 +190,9 @@ FewestTokens fewest_tokens_in(const Vocab& v, Automaton& a, int32_t start, int64
 // none), into dist[S]: a breadth-first search backwards from the accepting states.
 void byte_distances(const Transitions& tr, const uint8_t* accept, int64_t S, const uint8_t* usable, int32_t* dist);
 
-// The bytes of one shortest answer from `start` into `out`, over bytes that are tokens by themselves
-// where those reach acceptance (so that every byte of it starts a token). False when no accepting
-// state is reachable.
+// The bytes of one shortest answer from `start` into `out`: over the bytes that are tokens by
+// themselves where those reach acceptance (so that every byte of it starts a token), else over any
+// bytes. False when no accepting state is reachable.
 bool shortest_answer(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
                      std::vector<uint8_t>& out);
 

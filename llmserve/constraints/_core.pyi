@@ -80,9 +80,6 @@ class Vocab:
     def longest_cut(self, data: bytes) -> int:
         """The tokens of ``data`` cut into the longest token at each step (an upper bound of the
         fewest); -1 when some byte starts no token. Releases the GIL."""
-    def cut_tokens(self, data: bytes) -> NDArray[np.int32] | None:
-        """The ids of ``longest_cut``'s tokens (one id where several tokens spell the same bytes);
-        None when some byte starts no token. Releases the GIL."""
 
 def compile_masks(
     vocab: Vocab, table: NDArray[np.int32], accept: NDArray[np.uint8], nthreads: int = 0
@@ -235,8 +232,9 @@ def shortest_answer(
     start: int,
     classes: NDArray[np.uint8] | None = None,
 ) -> bytes | None:
-    """The bytes of one shortest answer from ``start`` (what ``greedy_tokens`` cuts), over bytes
-    that are tokens by themselves where those reach acceptance; None: no answer. Releases the GIL."""
+    """The bytes of one shortest answer from ``start`` (what ``greedy_tokens`` cuts): over the bytes
+    that are tokens by themselves where those reach acceptance, else over any bytes; None: no
+    answer. Releases the GIL."""
 
 def token_path(
     vocab: Vocab,
@@ -356,7 +354,9 @@ class LazyDfa:
         tokens left of an answer recorded through ``state`` (``add_answer``). Builds no state."""
     def max_steering_distance(self, usable: NDArray[np.uint8]) -> int:
         """An upper bound of every finite ``steering_distance(q, usable)``: ``max_byte_distance``, or
-        the most tokens of a recorded answer when that is more. Builds no state."""
+        the most tokens of a recorded answer when that is more; 2**31 - 2 when a state a walk may
+        reach can have no finite figure (some single bytes are not tokens): steer every step.
+        Builds no state."""
     def add_answer(self, vocab: Vocab, state: int, answer: bytes) -> int:
         """Record ``answer`` (cut into the longest tokens) as an answer from ``state`` for steering:
         every state where one of its tokens starts can end within the tokens left of it. Its tokens;

@@ -356,11 +356,16 @@ class CompiledConstraint:
     @property
     def max_distance(self) -> int:
         """The largest finite distance: a row with more tokens left than this needs no steering.
-        Read for every budgeted row at every step, so computed once per ``steering_distances``."""
+        ``UNREACHABLE - 1`` when some state has none (a vocabulary without some single bytes): a
+        walk left unsteered could reach it, so every step is steered. Read for every budgeted row at
+        every step, so computed once per ``steering_distances``."""
         d = self.steering_distances()
         if self._max_distance is None:
             finite = d[d != UNREACHABLE]
-            self._max_distance = int(finite.max()) if finite.size else 0
+            if finite.size < d.size:
+                self._max_distance = int(UNREACHABLE) - 1
+            else:
+                self._max_distance = int(finite.max()) if finite.size else 0
         return self._max_distance
 
     def steering_bound(self, state: int | None = None) -> int:

@@ -333,14 +333,17 @@ def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | Non
         _MEMORY.put(("checked", key), True, 128)
 
 
-def _tree_facts(spec: ConstraintSpec, cache_dir: Path | str | bool | None, usable: np.ndarray) -> TreeFacts | None:
+def _tree_facts(
+    spec: ConstraintSpec, cache_dir: Path | str | bool | None, usable: np.ndarray, *, check: bool = True
+) -> TreeFacts | None:
     """The facts of the constraint's tree over the ``usable`` bytes (``regex.tree_facts``: its NFA's
     size and a shortest answer), from memory or found now: a frontend's check without building the
     NFA, which the engine builds in its own process. None when the lazy path does not take the
     constraint (``words_for``) or its NFA would not fit the limits (``lazy_automaton`` then decides,
     as it did before). ConstraintError, remembered, when the language is empty (asked over every
-    byte) or the walk runs out of time."""
-    words = words_for(spec, cache_dir=cache_dir)
+    byte) or the walk runs out of time; ``check`` False (the engine, serving what a check admitted):
+    not remembered, as ``words_for``."""
+    words = words_for(spec, cache_dir=cache_dir, check=check)
     if words is None:
         return None
     key = dfa_key(spec)
@@ -353,7 +356,8 @@ def _tree_facts(spec: ConstraintSpec, cache_dir: Path | str | bool | None, usabl
             if facts.answer is None and facts.nfa_fits(limits()) and bool(np.all(usable)):
                 raise ConstraintError(EMPTY_LANGUAGE)
         except ConstraintError as exc:
-            _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)
+            if check:
+                _remember(("words", key), ("words-over-time", key, limits().compile_ms), exc, cpu_started)
             raise
         _MEMORY.put(memo, facts, 256 + len(facts.answer or b""))
     return facts if facts.nfa_fits(limits()) else None
@@ -438,7 +442,7 @@ def _steers(
     if tokens:
         return False
     try:
-        answer = _tree_answer(spec, cache_dir, form.vocab)
+        answer = _tree_answer(spec, cache_dir, form.vocab, check=False)
     except ConstraintError:  # its walk out of time on a loaded engine: not an answer to steer by
         return False
     return answer is not None and 0 <= form.add_answer(answer) <= within
@@ -452,16 +456,24 @@ def _steered_within(
     tokens: list[int] | None,
 ) -> CompiledConstraint:
     """``form``, steering an answer after ``tokens`` to end within ``within`` more tokens: by its
-    figures or one recorded answer (``_steers``), else by its exact distances, from the disk cache
-    (a check that needed them kept them there) or computed now, as a check computes them."""
+    figures or one recorded answer (``_steers``), else by its exact distances from the disk cache (a
+    check that needed them kept them there). Not computed here (seconds for a large schema, a stall
+    of the engine's whole batch): without them the background search starts now and steering uses
+    the figures until it ends, which may not end this answer within its budget (logged)."""
     if within is None or _steers(form, spec, cache_dir, within, tokens):
         return form
     key = cache_key(spec, form.vocab)
     dist = _known_distances(key, cache_dir, form.num_states)
     if dist is not None:
         form.distances = dist
-    else:
-        _keep_distances(key, cache_dir, form.distances)
+        return form
+    form.steering_distances()
+    log.info(
+        "constraint %s: steered by an upper bound until its exact distances are computed in the background; "
+        "an answer may not end within its budget of %d more tokens",
+        key[:12],
+        within,
+    )
     return form
 
 
@@ -594,12 +606,14 @@ def shortest_answer(
     return found
 
 
-def _tree_answer(spec: ConstraintSpec, cache_dir: Path | str | bool | None, vocab: Vocab) -> bytes | None:
-    """A shortest answer read off the tree's facts (``_tree_facts``), without an NFA: over the bytes
-    single tokens spell, else over any bytes. None when the facts do not serve."""
-    facts = _tree_facts(spec, cache_dir, vocab.single_bytes)
+def _tree_answer(
+    spec: ConstraintSpec, cache_dir: Path | str | bool | None, vocab: Vocab, *, check: bool = True
+) -> bytes | None:
+    """A shortest answer read off the tree's facts (``_tree_facts``, same ``check``), without an
+    NFA: over the bytes single tokens spell, else over any bytes. None when the facts do not serve."""
+    facts = _tree_facts(spec, cache_dir, vocab.single_bytes, check=check)
     if facts is not None and facts.answer is None:
-        facts = _tree_facts(spec, cache_dir, EVERY_BYTE)
+        facts = _tree_facts(spec, cache_dir, EVERY_BYTE, check=check)
     return None if facts is None else facts.answer
 
 

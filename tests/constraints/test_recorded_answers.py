@@ -5,6 +5,8 @@ figures, and every steered walk still ends accepted within the budget, whatever 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -41,12 +43,22 @@ def allowed_in(row: np.ndarray, vocab: Vocab) -> list[int]:
     return [int(t) for t in np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[: vocab.size])]
 
 
+def mask_row(form, state: int) -> np.ndarray:
+    if isinstance(form, LazyConstraint):
+        out = np.empty(form.vocab.words, dtype=np.uint32)
+        form.lazy.mask_row(native_vocab(form.vocab), state, out)
+        return out
+    return form.mask_row(state)
+
+
 def steered_walk(form, vocab: Vocab, budget: int, choose) -> list[int]:
-    """An answer steered at every step as the processor steers a row near its limit (``_steer``):
-    each token drawn by ``choose`` from the budget row of what is left; ends at end of sequence."""
+    """An answer of at most ``budget`` tokens before end of sequence, steered as the processor steers
+    a row (``_steer``): left to the constraint's mask while more tokens are left than the form's
+    largest figure, then each token drawn by ``choose`` from the budget row of what is left."""
     state, out = form.start, []
     while True:
-        row = form.budget_row(state, budget - len(out) - 1)
+        k = budget - len(out) - 1  # the processor's `left - 2`, max_tokens = budget + 1
+        row = mask_row(form, state) if k >= form.max_distance else form.budget_row(state, k)
         assert row is not None, f"stranded after {out} with {budget - len(out)} tokens left"
         token = int(choose(allowed_in(row, vocab)))
         if token in vocab.eos_ids:
@@ -123,14 +135,38 @@ def test_an_answer_that_is_not_one_records_nothing():
         assert form.steering_bound(form.step(form.start, 256)) == 1
 
 
-def test_cut_tokens_are_longest_cut_as_ids():
-    vocab = Vocab([bytes([b]) for b in range(256)] + [b"ab", b"abc", None], (258,), 259)
+@SETTINGS
+@given(regexes(ALPHABET, ("(?:ab){0}",), max_leaves=8), shared_vocabs(ALPHABET, "some"))
+def test_both_forms_find_answers_alike(pattern, vocab):
+    """The answer a form records is found the same way over either automaton: over bytes that are
+    tokens by themselves where those reach acceptance, else over any bytes, so a check that read it
+    off one automaton and an engine holding the other record answers of the same tokens."""
+    built = forms(pattern, vocab)
+    if built is None:
+        return
+    lazy, complete = built
+    a, b = lazy.shortest_from(0), complete.shortest_from(complete.start)
+    assert (a is None) == (b is None)
+    if a is None or b is None:
+        return
+    assert len(a) == len(b)
     nv = native_vocab(vocab)
-    assert list(nv.cut_tokens(b"abcab")) == [257, 256]
-    assert nv.longest_cut(b"abcab") == 2
-    assert nv.cut_tokens(b"") is not None and len(nv.cut_tokens(b"")) == 0
-    holes = Vocab([b"a", b"b", None], (2,), 3)
-    assert native_vocab(holes).cut_tokens(b"abc") is None
+    assert (nv.longest_cut(a) >= 0) == (nv.longest_cut(b) >= 0)
+
+
+def test_a_vocabulary_without_some_single_bytes_is_steered_at_every_step():
+    """``x`` is no token by itself: the state after ``y`` cannot end in single bytes, so no figure
+    covers it; a row left to the mask while more tokens are left than the largest finite figure
+    would walk into it and run out (``yyyyyyyy``). Every step is steered instead."""
+    tokens: list[bytes | None] = [bytes([b]) for b in range(256) if b != ord("x")] + [b"xa", None]
+    vocab = Vocab(tokens, (len(tokens) - 1,), len(tokens))
+    y = tokens.index(b"y")
+    lazy, complete = forms("xa|y+xaxaxa", vocab)
+    for form in (lazy, complete):
+        assert form.add_answer(b"xa") == 1
+        assert form.max_distance >= UNREACHABLE - 1
+        out = steered_walk(form, vocab, 7, lambda allowed: y if y in allowed else allowed[0])
+        assert out == [tokens.index(b"xa")]
 
 
 SCHEMA = {
@@ -188,9 +224,33 @@ def test_a_tight_budget_is_admitted_and_served_without_any_whole_automaton(monke
         assert len(out) <= greedy
     monkeypatch.undo()
     compiler._MEMORY.clear()
+    # `,"` then `property_01":` in single bytes: the cut takes more than the fewest (`,` + `"property_01":`)
+    assert compiler.shortest_answer(SCHEMA, v, cache_dir=tmp_path, within=greedy - 1) == (37, "exact")
+    assert list(tmp_path.glob("dist-*.bin")), "the check did not keep every state's distance for the engine"
+    compiler._MEMORY.clear()
     tighter = compiler.serving_form(SCHEMA, v, cache_dir=tmp_path, within=greedy - 1)
     assert not isinstance(tighter, LazyConstraint)
     assert tighter.known_distances is not None and tighter.steering_distances() is tighter.known_distances
+    out = steered_walk(tighter, v, 37, lambda allowed: rng.choice(allowed))
+    assert len(out) == 37
+
+
+def test_the_engine_never_computes_every_distance_inline(monkeypatch, tmp_path, caplog):
+    """A budget below the recorded answer with no exact distances kept (no check shared the disk
+    cache): the engine starts its background search and steers by the figures it has, logged,
+    instead of stalling the batch for the search."""
+    v = named_vocab()
+    spec = compiler.spec_from_request(SCHEMA)
+    greedy = compiler._tree_greedy(spec, tmp_path, v)
+    assert greedy is not None
+    started = []
+    monkeypatch.setattr(compiler, "token_distances", lambda *a, **kw: pytest.fail("computed inline"))
+    monkeypatch.setattr(CompiledConstraint, "_compute_exact", lambda self: started.append(self))
+    with caplog.at_level(logging.INFO, logger="llmserve.constraints.compiler"):
+        form = compiler.serving_form(SCHEMA, v, cache_dir=tmp_path, within=greedy - 1)
+    assert isinstance(form, CompiledConstraint) and form.known_distances is None
+    assert started == [form]
+    assert "steered by an upper bound until its exact distances" in caplog.text
 
 
 def test_a_complete_form_steers_a_tight_budget_along_the_tree_answer(tmp_path):
@@ -208,3 +268,25 @@ def test_a_complete_form_steers_a_tight_budget_along_the_tree_answer(tmp_path):
     rng = np.random.default_rng(4)
     for _ in range(20):
         assert len(steered_walk(held, v, greedy, lambda allowed: rng.choice(allowed))) <= greedy
+
+
+def test_the_engines_tree_answer_out_of_time_is_not_remembered_as_a_refusal(monkeypatch):
+    """The engine reads the tree's answer to steer by (``_steers``); that walk running out of time
+    on a loaded engine (its CPU spent) is no answer to steer by this time, and is not remembered as
+    a check's refusal would be: the next request's ``_steers`` walks the tree again."""
+    v = named_vocab()
+    spec = compiler.spec_from_request(SCHEMA)
+    form = compiler.serving_form(SCHEMA, v, cache_dir=False)
+    assert isinstance(form, LazyConstraint)
+    walks = []
+
+    def out_of_time(*args, **kwargs):
+        walks.append(1)
+        raise ConstraintError("constraint compile time budget (2000 ms) exceeded")
+
+    cpu = iter(range(0, 10**6, 100))  # 100 s of CPU per reading: the budget spent, not starved
+    monkeypatch.setattr(compiler, "tree_facts", out_of_time)
+    monkeypatch.setattr(compiler.time, "thread_time", lambda: next(cpu))
+    for _ in range(2):
+        assert not compiler._steers(form, spec, False, 20, None)
+    assert len(walks) == 2

@@ -160,6 +160,7 @@ def test_a_tight_budget_is_steered_along_the_tree_answer_and_a_tighter_one_by_ex
     assert compiler.serving_form(SCHEMA, v, cache_dir=False, within=figure) is form
     assert compiler.serving_form(SCHEMA, v, cache_dir=False, within=3) is form
     assert form.steering_bound() == 3 and form.max_distance >= figure
+    assert compiler.shortest_answer(SCHEMA, v, cache_dir=False, within=2) == (2, "exact")  # kept every distance
     tighter = compiler.serving_form(SCHEMA, v, cache_dir=False, within=2)
     assert not isinstance(tighter, LazyConstraint)
     assert tighter.known_distances is not None and int(tighter.known_distances[tighter.start]) == 2
