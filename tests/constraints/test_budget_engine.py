@@ -12,6 +12,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 from support.engine_scripts import run_engine_script
+from transformers import AutoTokenizer
+
+from llmserve.constraints import compiler
+from llmserve.constraints.lazy_form import LazyConstraint
+from llmserve.constraints.vocab import Vocab
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,3 +44,21 @@ def test_the_steering_did_the_closing(budget_results):
 def test_an_impossible_budget_is_refused_with_the_tokens_needed(budget_results):
     refused = budget_results["refused"]
     assert refused is not None and "max_tokens=5 is too small" in refused and "needs" in refused, refused
+
+
+def test_the_max_tokens_30_schema_case_is_steered_along_a_recorded_answer(tiny_model_dir):
+    """The json_schema case at max_tokens 30 (valid above) is below the single-byte figure: its
+    shortest answer takes 42 bytes, 28 tokens cut into the longest, so the engine served it steered
+    along that recorded answer, not by exact distances."""
+    from budget_run import SCHEMA  # here: importing the script sets the engine's environment variables
+
+    vocab = Vocab.from_hf_tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    spec = compiler.spec_from_request({"json_schema": SCHEMA})
+    answer = compiler._tree_answer(spec, False, vocab)
+    greedy = compiler._tree_greedy(spec, False, vocab)
+    assert answer is not None and greedy is not None and greedy <= 29 < len(answer)
+    compiler._MEMORY.clear()
+    form = compiler.serving_form(spec, vocab, cache_dir=False, within=29)
+    assert isinstance(form, LazyConstraint) and form.steering_bound() <= 29
+    compiler._BUILDER.drain(60)
+    compiler._MEMORY.clear()
