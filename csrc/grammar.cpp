@@ -157,8 +157,7 @@ void Grammar::row_words(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const 
   }
 }
 
-void CompactRows::expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const {
-  const int64_t r = row_of[s];
+void CompactRows::expand_row(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const {
   const uint32_t* d = data + off[r];
   const int64_t n = off[r + 1] - off[r];
   const int64_t len = w1 - w0;
@@ -208,6 +207,15 @@ void CompactRows::expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const
       if (cur != ~0u) out[cur - w0] = allowed ? acc : ~acc;
       break;
     }
+    case kDelta: {
+      expand_row(d[0], w0, w1, out);  // a base is never a delta row (check): one level
+      const int64_t p = d[1];
+      const uint32_t* idx = d + 2;
+      const uint32_t* words = idx + p;
+      for (const uint32_t* k = std::lower_bound(idx, idx + p, static_cast<uint32_t>(w0)); k < idx + p && *k < w1; ++k)
+        out[*k - w0] = words[k - idx];
+      break;
+    }
   }
 }
 
@@ -235,11 +243,94 @@ void CompactRows::check(int64_t rows, int64_t ndata) const {
     } else if (kind[r] == kAllowed || kind[r] == kRefused) {
       for (int64_t k = 0; k < n; ++k)
         if (d[k] >= ids || (k > 0 && d[k] <= d[k - 1])) fail("token ids");
+    } else if (kind[r] == kDelta) {
+      // the base an earlier row of another kind: expansion is one level deep and never cycles
+      if (n < 2 || n != 2 + 2 * static_cast<int64_t>(d[1])) fail("a delta row's length");
+      if (d[0] >= r || kind[d[0]] == kDelta) fail("a delta row's base");
+      const int64_t p = d[1];
+      for (int64_t k = 0; k < p; ++k)
+        if (d[2 + k] >= W || (k > 0 && d[2 + k] <= d[1 + k])) fail("word indices");
     } else {
       fail("unknown row kind");
     }
   }
 }
+
+namespace {
+// The large rows a later row may be stored as a delta of, and the search for the nearest: each row
+// hashed per block of words, so that a candidate base is compared word by word only where its
+// blocks differ (rows of 3,000 words, hundreds of them in a schema with free values).
+class DeltaBases {
+ public:
+  static constexpr int64_t kMinSize = 256;  // words stored: smaller rows are not worth a search
+  static constexpr int64_t kBlock = 64;
+  static constexpr size_t kMaxBases = 512;  // bounds the search at R x 512 block comparisons
+
+  DeltaBases(const uint32_t* masks, int64_t W) : masks_(masks), W_(W), blocks_((W + kBlock - 1) / kBlock) {}
+
+  void add(int32_t row, int64_t mask_row) {
+    if (rows_.size() >= kMaxBases) return;
+    rows_.push_back({row, mask_row});
+    const std::vector<uint64_t> h = hashes(mask_row);
+    hashes_.insert(hashes_.end(), h.begin(), h.end());
+  }
+
+  // [base, p, p word indices, p words] for the base that differs from mask row `s` in the fewest
+  // words, if that delta stores at most `budget` words; else empty
+  std::vector<uint32_t> nearest(int64_t s, int64_t budget) const {
+    if (rows_.empty() || budget < 4) return {};
+    const std::vector<uint64_t> h = hashes(s);
+    const uint32_t* m = masks_ + s * W_;
+    const int64_t max_words = (budget - 2) / 2;  // differing words a delta within budget may hold
+    int64_t best = max_words + 1;
+    size_t best_base = rows_.size();
+    for (size_t b = 0; b < rows_.size(); ++b) {
+      const uint64_t* hb = hashes_.data() + b * blocks_;
+      const uint32_t* base = masks_ + rows_[b].mask_row * W_;
+      int64_t blocks = 0;  // each differing block differs in at least one word
+      for (int64_t k = 0; k < blocks_ && blocks < best; ++k) blocks += h[k] != hb[k];
+      if (blocks >= best) continue;
+      int64_t words = 0;
+      for (int64_t k = 0; k < blocks_ && words < best; ++k) {
+        if (h[k] == hb[k]) continue;  // a hash collision only makes the delta miss a smaller one
+        for (int64_t w = k * kBlock, e = std::min(W_, w + kBlock); w < e; ++w) words += m[w] != base[w];
+      }
+      if (words < best) best = words, best_base = b;
+    }
+    if (best_base == rows_.size()) return {};
+    const uint32_t* base = masks_ + rows_[best_base].mask_row * W_;
+    std::vector<uint32_t> idx, words;
+    for (int64_t w = 0; w < W_; ++w)
+      if (m[w] != base[w]) idx.push_back(static_cast<uint32_t>(w)), words.push_back(m[w]);
+    // the hashes skipped equal-hash blocks: the exact count may exceed what was estimated
+    if (2 + 2 * static_cast<int64_t>(idx.size()) > budget) return {};
+    std::vector<uint32_t> out{static_cast<uint32_t>(rows_[best_base].row), static_cast<uint32_t>(idx.size())};
+    out.insert(out.end(), idx.begin(), idx.end());
+    out.insert(out.end(), words.begin(), words.end());
+    return out;
+  }
+
+ private:
+  struct Base {
+    int32_t row;       // distinct row index
+    int64_t mask_row;  // where its words are in masks
+  };
+  std::vector<uint64_t> hashes(int64_t s) const {
+    std::vector<uint64_t> h(blocks_);
+    const uint32_t* m = masks_ + s * W_;
+    for (int64_t k = 0; k < blocks_; ++k) {
+      uint64_t x = 0x9E3779B97F4A7C15ull;
+      for (int64_t w = k * kBlock, e = std::min(W_, w + kBlock); w < e; ++w) x = (x ^ m[w]) * 0x100000001B3ull + (x >> 29);
+      h[k] = x;
+    }
+    return h;
+  }
+  const uint32_t* masks_;
+  int64_t W_, blocks_;
+  std::vector<Base> rows_;
+  std::vector<uint64_t> hashes_;  // [bases, blocks]
+};
+}  // namespace
 
 CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads) {
   std::vector<uint64_t> hash(rows);
@@ -275,6 +366,7 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
   const int64_t nb = (W + 31) / 32;
   out.kind.resize(R);
   out.off.assign(R + 1, 0);
+  DeltaBases bases(masks, W);
   for (int64_t r = 0; r < R; ++r) {
     const uint32_t* m = masks + first[r] * W;
     int64_t allowed = 0, partial = 0;
@@ -284,6 +376,18 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
     }
     const int64_t as_words = nb + 1 + 2 * partial, as_allowed = allowed, as_refused = 32 * W - allowed;
     const size_t at = out.data.size();
+    // the stored size of the form chosen below, without a delta
+    const int64_t size = std::min({as_allowed, as_refused, W, as_words});
+    if (size >= DeltaBases::kMinSize) {
+      const std::vector<uint32_t> diff = bases.nearest(first[r], size / 4);
+      if (!diff.empty()) {
+        out.kind[r] = CompactRows::kDelta;
+        out.data.insert(out.data.end(), diff.begin(), diff.end());
+        out.off[r + 1] = static_cast<int64_t>(out.data.size());
+        continue;
+      }
+      bases.add(static_cast<int32_t>(r), first[r]);
+    }
     // ids cost a fill about twice what their words cost (a write per word they touch, words in
     // between cleared or set), so they are taken only at half the size of the alternatives; word
     // rows expand a word at a time where a bitmap word is mixed, so they are taken over plain words

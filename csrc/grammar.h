@@ -39,20 +39,26 @@ void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, 
 //   kAllowed: the allowed token ids, increasing (the row is zero elsewhere)
 //   kRefused: the refused token ids in [0, 32 W), increasing (the row is all ones elsewhere)
 //   kDense:   the W words as they are (when most words are partial: never more than dense rows)
+//   kDelta:   base, p, then p word indices (increasing) and the p words where the row differs from
+//             distinct row `base` (an earlier row of another kind): strings at different depths of
+//             a JSON value allow the same tokens but the few that close them, so such rows repeat
+//             one large row with a few words changed
 // A fill expands a row's words straight into the bitmask, or into a chunk buffer that stays in L1
 // before the logits pass: a write of the row's words, never a second pass over the logits.
 // Layout shared with Python (llmserve/constraints/compiled.py, disk_cache.py):
 //   row_of int32[S+1] (distinct row per state row), off int64[R+1] (row r: data[off[r], off[r+1])),
 //   kind uint8[R], data uint32[off[R]]
 struct CompactRows {
-  enum Kind : uint8_t { kWords = 0, kAllowed = 1, kRefused = 2, kDense = 3 };
+  enum Kind : uint8_t { kWords = 0, kAllowed = 1, kRefused = 2, kDense = 3, kDelta = 4 };
   const int32_t* row_of = nullptr;
   const int64_t* off = nullptr;
   const uint8_t* kind = nullptr;
   const uint32_t* data = nullptr;
   int64_t R = 0, W = 0;
   // words [w0, w1) of state row s into out[0, w1 - w0)
-  void expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const;
+  void expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const { expand_row(row_of[s], w0, w1, out); }
+  // the same for distinct row r
+  void expand_row(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const;
   // throws std::invalid_argument unless every index stays inside the arrays (a file read from disk)
   void check(int64_t rows, int64_t ndata) const;
 };

@@ -113,7 +113,7 @@ def ours(vocab, spec: dict, cache: Path) -> dict:
         "byte_classes": int(table.shape[1]),
         "distinct_rows": int(kind.shape[0]),
         "row_kinds": {
-            k: int(np.count_nonzero(kind == i)) for i, k in enumerate(("words", "allowed", "refused", "dense"))
+            k: int(np.count_nonzero(kind == i)) for i, k in enumerate(("words", "allowed", "refused", "dense", "delta"))
         },
         "bytes": c.nbytes,
         "automaton_bytes": automaton,

@@ -8,7 +8,8 @@ mask fill writes ``masks[state]``'s words: cost per row is flat, whatever the co
 
 A complete form keeps its rows compressed (``csrc/grammar.h``, ``CompactRows``): each distinct row
 once, as its allowed ids, its refused ids, its partial words or its plain words, the smallest once
-weighed by what each costs a fill; and its automaton as byte classes (``csrc/vocab_trie.h``,
+weighed by what each costs a fill, or as the few words where it differs from an earlier large row
+(free strings at each depth of a JSON value); and its automaton as byte classes (``csrc/vocab_trie.h``,
 ``Transitions``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
 logits pass reads from L1. A 2,000-state schema over 100k tokens takes 2-3 MB instead of 26 MB
 (``benchmarks/constraints/memory.py``); ``nbytes`` counts what a form holds now.

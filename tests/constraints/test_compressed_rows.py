@@ -54,10 +54,12 @@ def dense_grammar(vocab: Vocab, table, accept, masks, start=0):
 
 def random_rows(rng: np.random.Generator, n: int, W: int) -> np.ndarray:
     """Rows like real ones: all refused, all allowed, a few ids, all but a few, runs of whole words
-    with a few partial ones, repeats of each other."""
+    with a few partial ones, repeats of each other, mostly partial words, and near repeats (an
+    earlier row with a few words changed, as strings at different depths of a JSON value are)."""
     rows = np.zeros((n, W), np.uint32)
+    partial: list[int] = []
     for i in range(n):
-        k = int(rng.integers(0, 6))
+        k = min(7, int(rng.integers(0, 10)))
         if k == 1:
             rows[i] = 0xFFFFFFFF
         elif k in (2, 3):
@@ -70,6 +72,13 @@ def random_rows(rng: np.random.Generator, n: int, W: int) -> np.ndarray:
             rows[i, rng.integers(0, W, size=3)] = rng.integers(0, 2**32, size=3, dtype=np.uint64).astype(np.uint32)
         elif k == 5 and i > 0:
             rows[i] = rows[rng.integers(0, i)]
+        elif k == 6:
+            rows[i] = rng.integers(0, 2**32, size=W, dtype=np.uint64).astype(np.uint32)
+            partial.append(i)
+        elif k == 7 and i > 0:
+            rows[i] = rows[partial[int(rng.integers(0, len(partial)))] if partial else rng.integers(0, i)]
+            changed = rng.integers(0, W, size=int(rng.integers(1, 1 + max(1, W // 40))))
+            rows[i, changed] = rng.integers(0, 2**32, size=changed.size, dtype=np.uint64).astype(np.uint32)
     return rows
 
 
@@ -90,6 +99,84 @@ def test_random_rows_expand_to_themselves(seed):
     np.testing.assert_array_equal(back, rows)
     # a distinct row never takes more than its dense words
     assert off[-1] <= len(kind) * W
+
+
+DELTA = 4  # csrc/grammar.h, CompactRows::kDelta
+
+
+def test_near_repeats_are_held_as_deltas_of_a_base():
+    """A large row repeated with a few words changed costs those words, not another large row; a
+    delta's base is an earlier row of another kind (one level of expansion), and bases are
+    searched for the nearest, not the first."""
+    rng = np.random.default_rng(5)
+    W = 3125
+    base_a = rng.integers(0, 2**32, size=W, dtype=np.uint64).astype(np.uint32)
+    base_b = rng.integers(0, 2**32, size=W, dtype=np.uint64).astype(np.uint32)
+    near_b = base_b.copy()
+    near_b[[3, 1500, 3124]] = 7
+    near_b2 = base_b.copy()
+    near_b2[:100] = 0  # far enough from base_b in bytes, near in words: 100 words differ
+    far = base_a.copy()
+    far[: W // 2] = base_b[: W // 2]  # half of each: no delta pays
+    rows = np.stack([base_a, base_b, near_b, near_b2, far])
+    row_of, off, kind, data = native.compact_rows(rows)
+    assert kind.tolist() == [3, 3, DELTA, DELTA, 3]
+    assert data[off[2]] == 1 and data[off[2] + 1] == 3  # base_b's row, three words
+    assert data[off[2] + 2 : off[2] + 5].tolist() == [3, 1500, 3124]
+    assert off[3] - off[2] == 2 + 2 * 3 and off[4] - off[3] == 2 + 2 * 100
+    vocab = Vocab([bytes([i % 256]) for i in range(32 * W)], (0,), 32 * W)
+    g = native.Grammar.compressed(
+        native_vocab(vocab),
+        np.zeros(256, np.uint8),
+        np.full((4, 1), -1, np.int32),
+        np.zeros(4, np.uint8),
+        row_of,
+        off,
+        kind,
+        data,
+    )
+    back = np.empty_like(rows)
+    g.rows_into(back)
+    np.testing.assert_array_equal(back, rows)
+
+
+@pytest.fixture(scope="module")
+def json_vocab():
+    """60,000 tokens of 2-6 bytes drawn over letters, digits and JSON's punctuation, and every single
+    byte: string rows mostly allowed but for the tokens with a quote or a backslash, as in a real
+    vocabulary (the tiny model's few tokens leave every row short)."""
+    rng = np.random.default_rng(3)
+    alphabet = np.frombuffer(b'abcdefghijklmnopqrstuvwxyz0123456789 "]},:[{\\.-', np.uint8)
+    tokens = {bytes([i]): None for i in range(256)}
+    while len(tokens) < 60_000:
+        tokens[bytes(rng.choice(alphabet, size=int(rng.integers(2, 7))))] = None
+    return Vocab([*tokens, b""], (60_000,), 60_001)
+
+
+def test_free_json_values_are_held_in_deltas(json_vocab, tmp_path):
+    """{"type": "array"} (any JSON values, depth-bounded): its string rows at each depth differ only
+    in the tokens that close them, held as deltas of one (at cl100k_base 717 KB -> 210 KB, where
+    xgrammar holds 161 KB), with the same masks, fills and applied logits as the dense rows."""
+    compiler_mod._MEMORY.clear()
+    spec = {"json_schema": {"type": "array"}}
+    c = compile_constraint(spec, json_vocab, cache_dir=tmp_path).complete()
+    assert c.compressed
+    _row_of, off, kind, data = c.compressed_rows
+    deltas = np.flatnonzero(kind == DELTA)
+    assert deltas.size >= 20
+    assert np.diff(off)[deltas].max() * 4 <= json_vocab.words  # each at most a quarter of a dense row
+    assert not np.isin(data[off[deltas]], deltas).any()  # bases are never deltas
+    nv = native_vocab(json_vocab)
+    dense = native.compile_masks(nv, c.table, c.accept)
+    np.testing.assert_array_equal(c.masks, dense)
+    gd = dense_grammar(json_vocab, c.table, c.accept, dense, c.start)
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        assert_batches_equal(nv, json_vocab, gd, c.native, dense, json_vocab.size + 7, rng)
+    compiler_mod._MEMORY.clear()
+    hit = load_cached(spec, json_vocab, tmp_path)
+    assert hit is not None and hit.compressed and hit.nbytes == c.nbytes
+    np.testing.assert_array_equal(hit.masks, dense)
 
 
 @SETTINGS
@@ -222,6 +309,42 @@ def test_bad_compressed_rows_are_refused(wide_vocab, break_it):
     break_it(arrays)
     with pytest.raises(ValueError):
         native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, *arrays)
+
+
+def delta_to(arrays: list, row: int, base: int, stored: list[int] | None = None) -> None:
+    """Make distinct row `row` a delta of `base` that lists no word (or holds `stored`)."""
+    _row_of, off, kind, data = arrays
+    words = np.array([base, 0] if stored is None else stored, np.uint32)
+    arrays[3] = np.concatenate([data[: off[row]], words, data[off[row + 1] :]])
+    arrays[1] = off.copy()
+    arrays[1][row + 1 :] += off[row] + words.size - off[row + 1]
+    kind[row] = DELTA
+
+
+@pytest.mark.parametrize(
+    ("deltas", "why"),
+    [
+        ([(1, 0, None)], None),  # a delta of an earlier row: taken
+        ([(1, 1, None)], "base"),  # its own base
+        ([(1, 2, None)], "base"),  # a base after it
+        ([(1, 0, None), (2, 1, None)], "base"),  # a delta of a delta
+        ([(1, 0, [0, 1, 5])], "length"),  # one word listed, its word missing
+        ([(1, 0, [0, 2, 5, 4, 1, 1])], "word indices"),  # indices not increasing
+        ([(1, 0, [0, 1, 10**6, 1])], "word indices"),  # an index past the row
+    ],
+)
+def test_bad_delta_rows_are_refused(wide_vocab, deltas, why):
+    c = compile_dfa(compile_regex("ab|cd|e"), wide_vocab)
+    arrays = [a.copy() for a in c.native.compressed_rows]
+    assert len(arrays[2]) >= 3
+    for row, base, stored in deltas:
+        delta_to(arrays, row, base, stored)
+    make = lambda: native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, *arrays)  # noqa: E731
+    if why is None:
+        make()
+    else:
+        with pytest.raises(ValueError, match=why):
+            make()
 
 
 def test_unsorted_ids_are_refused(wide_vocab):
