@@ -136,7 +136,7 @@ def main() -> None:
             results[name] = r
     print(f"vocabulary: {vocab.size} tokens\n")
     print(
-        "| constraint | states | byte classes | distinct rows (words/allowed/refused/dense) | dense MB "
+        "| constraint | states | byte classes | distinct rows (words/allowed/refused/dense/delta) | dense MB "
         "| llmserve MB | of it automaton MB | xgrammar MB | dense / xgr | llmserve / xgr |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -146,7 +146,7 @@ def main() -> None:
         k = r["row_kinds"]
         print(
             f"| {name} | {r['states']} | {r['byte_classes']} | {r['distinct_rows']} / {r['states'] + 1} "
-            f"({k['words']}/{k['allowed']}/{k['refused']}/{k['dense']}) | {r['dense_bytes'] / mb:.2f} "
+            f"({k['words']}/{k['allowed']}/{k['refused']}/{k['dense']}/{k['delta']}) | {r['dense_bytes'] / mb:.2f} "
             f"| {r['bytes'] / mb:.3f} | {r['automaton_bytes'] / mb:.3f} | {x / mb:.3f} "
             f"| {r['dense_bytes'] / x:.1f} | {r['bytes'] / x:.2f} |"
         )
