@@ -64,23 +64,42 @@ const int32_t* dfa_table(py::array& table, py::array& accept, int64_t& S) {
   return t;
 }
 
-// A DFA's transitions over byte classes: classes uint8[256] and table int32[S, C] with C-contiguous
-// rows, every class below C and every entry a state or -1. Checked whole: the arrays may come from a
-// cache file.
+// A DFA's transitions over byte classes: classes uint8[256] and table int32[S, C] (or int16 where S
+// fits) with C-contiguous rows, every class below C and every entry a state or -1. Checked whole:
+// the arrays may come from a cache file.
 Transitions class_table(py::array& classes, py::array& table, py::array& accept, int64_t& S) {
   const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
-  const int32_t* t = buffer_of<int32_t>(table, 2, "table", false);
+  const bool narrow = table.itemsize() == sizeof(int16_t);
+  const int32_t* t = narrow ? nullptr : buffer_of<int32_t>(table, 2, "table", false);
+  const int16_t* t16 = narrow ? buffer_of<int16_t>(table, 2, "table", false) : nullptr;
   buffer_of<uint8_t>(accept, 1, "accept", false);
   S = table.shape(0);
   const int64_t C = table.shape(1);
   if (classes.shape(0) != 256 || accept.shape(0) != S || C < 1 || C > 256 ||
-      (S > 1 && table.strides(0) != C * static_cast<py::ssize_t>(sizeof(int32_t))))
+      (S > 1 && table.strides(0) != C * static_cast<py::ssize_t>(table.itemsize())))
     throw std::invalid_argument("classes/table/accept shapes");
   for (int b = 0; b < 256; ++b)
     if (cls[b] >= C) throw std::invalid_argument("byte class out of range");
-  for (int64_t i = 0; i < S * C; ++i)
-    if (t[i] < -1 || t[i] >= S) throw std::invalid_argument("table entry out of range");
-  return Transitions{t, cls, C};
+  for (int64_t i = 0; i < S * C; ++i) {
+    const int32_t x = narrow ? t16[i] : t[i];
+    if (x < -1 || x >= S) throw std::invalid_argument("table entry out of range");
+  }
+  Transitions tr{t, cls, C};
+  tr.t16 = t16;
+  return tr;
+}
+
+// A compressed form's class columns [S, C]: int16 where every state fits (half the memory), else int32.
+py::array class_columns(const std::vector<int32_t>& ct, int64_t S, int64_t C) {
+  const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(S), static_cast<py::ssize_t>(C)};
+  if (S <= Transitions::kMax16) {
+    py::array_t<int16_t> table(shape);
+    std::copy(ct.begin(), ct.end(), table.mutable_data());
+    return std::move(table);
+  }
+  py::array_t<int32_t> table(shape);
+  std::copy(ct.begin(), ct.end(), table.mutable_data());
+  return std::move(table);
 }
 
 // The transitions of a table given with or without its byte classes (None: a dense [S, 256] table).
@@ -531,8 +550,7 @@ PYBIND11_MODULE(_core, m) {
               a = compact_rows(gr.masks, gr.S + 1, gr.vocab->words(), nthreads);
               ct = byte_classes(gr.tr, gr.S, classes.mutable_data(), C);
             }
-            py::array_t<int32_t> table({static_cast<py::ssize_t>(gr.S), static_cast<py::ssize_t>(C)});
-            if (!ct.empty()) std::memcpy(table.mutable_data(), ct.data(), ct.size() * sizeof(int32_t));
+            py::array table = class_columns(ct, gr.S, C);
             py::tuple t = compact_to_numpy(std::move(a));
             return compressed_grammar(PyVocab{gr.vocab}, classes, table, g.accept.cast<py::array>(),
                                       t[0].cast<py::array>(), t[1].cast<py::array>(), t[2].cast<py::array>(),

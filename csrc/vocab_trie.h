@@ -22,7 +22,14 @@ struct Transitions {
   const int32_t* t = nullptr;
   const uint8_t* cls = nullptr;
   int64_t stride = 256;
-  int32_t next(int32_t s, uint8_t b) const { return t[static_cast<int64_t>(s) * stride + cls[b]]; }
+  // set instead of t: the same table in 16 bits, for an automaton of at most kMax16 states (a
+  // compressed form's columns are most of its memory once its rows are shared)
+  const int16_t* t16 = nullptr;
+  static constexpr int64_t kMax16 = 32767;
+  int32_t next(int32_t s, uint8_t b) const {
+    const int64_t i = static_cast<int64_t>(s) * stride + cls[b];
+    return t16 ? t16[i] : t[i];
+  }
   static Transitions dense(const int32_t* table);
 };
 

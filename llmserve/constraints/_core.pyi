@@ -22,6 +22,10 @@ from typing import Any, Literal, overload
 import numpy as np
 from numpy.typing import NDArray
 
+# an automaton's table: dense int32[S, 256], or one column per byte class, int32[S, C] or, where S
+# <= 32,767, int16 (a compressed grammar's; csrc/vocab_trie.h, Transitions)
+Columns = NDArray[np.int32] | NDArray[np.int16]
+
 def default_threads() -> int:
     """LLMSERVE_CONSTRAINT_THREADS when set, else the hardware threads (at most 16)."""
 
@@ -102,7 +106,7 @@ class Grammar:
     def __init__(
         self,
         vocab: Vocab,
-        table: NDArray[np.int32],
+        table: Columns,
         accept: NDArray[np.uint8],
         masks: NDArray[np.uint32],
         start: int = 0,
@@ -122,7 +126,7 @@ class Grammar:
     def compressed(
         vocab: Vocab,
         classes: NDArray[np.uint8],
-        table: NDArray[np.int32],
+        table: Columns,
         accept: NDArray[np.uint8],
         row_of: NDArray[np.int32],
         off: NDArray[np.int64],
@@ -139,7 +143,7 @@ class Grammar:
     ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]] | None:
         """(row_of, off, kind, data) of a compressed grammar; None for a dense one."""
     @property
-    def transitions(self) -> tuple[NDArray[np.uint8], NDArray[np.int32]] | None:
+    def transitions(self) -> tuple[NDArray[np.uint8], Columns] | None:
         """(classes, table[S, C]) of a compressed grammar; None for a dense one."""
     def compress(self, nthreads: int = 0) -> Grammar:
         """A compressed copy of this complete grammar (rows and automaton; same state ids). Releases the GIL.
@@ -174,7 +178,7 @@ class Grammar:
 
 def token_distances(
     vocab: Vocab,
-    table: NDArray[np.int32],
+    table: Columns,
     accept: NDArray[np.uint8],
     dist: NDArray[np.int32],
     order: NDArray[np.int32],
@@ -185,7 +189,7 @@ def token_distances(
 
 def fewest_tokens(
     vocab: Vocab,
-    table: NDArray[np.int32],
+    table: Columns,
     accept: NDArray[np.uint8],
     start: int,
     classes: NDArray[np.uint8] | None = None,
@@ -197,7 +201,7 @@ def fewest_tokens(
     takes more than ``explored`` tokens. Releases the GIL."""
 
 def byte_distances(
-    table: NDArray[np.int32],
+    table: Columns,
     accept: NDArray[np.uint8],
     usable: NDArray[np.uint8],
     classes: NDArray[np.uint8] | None = None,
@@ -216,7 +220,7 @@ def tree_facts(
 
 def greedy_tokens(
     vocab: Vocab,
-    table: NDArray[np.int32],
+    table: Columns,
     accept: NDArray[np.uint8],
     start: int,
     classes: NDArray[np.uint8] | None = None,
@@ -227,7 +231,7 @@ def greedy_tokens(
 
 def shortest_answer(
     vocab: Vocab,
-    table: NDArray[np.int32],
+    table: Columns,
     accept: NDArray[np.uint8],
     start: int,
     classes: NDArray[np.uint8] | None = None,
@@ -238,7 +242,7 @@ def shortest_answer(
 
 def token_path(
     vocab: Vocab,
-    table: NDArray[np.int32],
+    table: Columns,
     accept: NDArray[np.uint8],
     start: int,
     answer: bytes,

@@ -43,8 +43,16 @@ class BudgetError(ConstraintError):
     default_hint = "Raise max_tokens, or loosen the constraint (fewer required properties, shorter minimums)."
 
 
+def _columns(table) -> NDArray[np.int16] | NDArray[np.int32]:
+    """The table as the core reads it: a compressed form's int16 columns as they are (no int32 copy
+    of them per search), anything else as int32."""
+    if table.dtype == np.int16 and table.flags.c_contiguous:
+        return table
+    return np.ascontiguousarray(table, dtype=np.int32)
+
+
 def distances(
-    table: NDArray[np.int32],
+    table: NDArray[np.int32] | NDArray[np.int16],
     accept: NDArray[np.uint8],
     bytes_usable: NDArray[np.bool_] | None = None,
     classes: NDArray[np.uint8] | None = None,
@@ -58,7 +66,7 @@ def distances(
     if native is None:
         return _distances_numpy(np.asarray(table), accept, usable, classes)
     return native.byte_distances(
-        np.ascontiguousarray(table, dtype=np.int32),
+        _columns(table),
         np.ascontiguousarray(accept, dtype=np.uint8),
         np.ascontiguousarray(usable, dtype=np.uint8),
         None if classes is None else np.ascontiguousarray(classes, dtype=np.uint8),
@@ -102,7 +110,7 @@ def token_distances(table, accept, vocab, classes: NDArray[np.uint8] | None = No
         order = np.argsort(dist, kind="stable").astype(np.int32)
         native.token_distances(
             native_vocab(vocab),
-            np.ascontiguousarray(table, dtype=np.int32),
+            _columns(table),
             np.ascontiguousarray(accept, dtype=np.uint8),
             dist,
             order,
@@ -121,7 +129,7 @@ class Shortest(NamedTuple):
 
 
 def fewest_tokens(
-    table: NDArray[np.int32],
+    table: NDArray[np.int32] | NDArray[np.int16],
     accept: NDArray[np.uint8],
     start: int,
     vocab,
@@ -140,7 +148,7 @@ def fewest_tokens(
         return Shortest(int(distances(table, accept, vocab.single_bytes, classes)[start]))
     args = (
         native_vocab(vocab),
-        np.ascontiguousarray(table, dtype=np.int32),
+        _columns(table),
         np.ascontiguousarray(accept, dtype=np.uint8),
         int(start),
         None if classes is None else np.ascontiguousarray(classes, dtype=np.uint8),

@@ -58,9 +58,10 @@ os.register_at_fork(after_in_child=_free_exact_slot)
 
 # compressed mask rows, as the core lays them out (csrc/grammar.h, CompactRows): row_of, off, kind, data
 Rows = tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]
-# a compressed automaton: byte classes uint8[256] and one column per class, int32[S, C]
-# (csrc/vocab_trie.h, Transitions): the next state from s on byte b is table[s, classes[b]]
-ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int32]]
+# a compressed automaton: byte classes uint8[256] and one column per class, int32[S, C], or int16
+# where S <= 32,767 (csrc/vocab_trie.h, Transitions): the next state from s on byte b is
+# table[s, classes[b]]
+ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int16] | NDArray[np.int32]]
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class CompiledConstraint:
             return self._table
         assert self._transitions is not None
         classes, table = self._transitions
-        return np.ascontiguousarray(table[:, classes])
+        return np.ascontiguousarray(table[:, classes], dtype=np.int32)
 
     @property
     def transitions(self) -> ByteClasses | None:
@@ -262,7 +263,7 @@ class CompiledConstraint:
             self.on_compressed(self)
         return self
 
-    def _search_form(self) -> tuple[NDArray[np.int32], NDArray[np.uint8] | None]:
+    def _search_form(self) -> tuple[NDArray[np.int16] | NDArray[np.int32], NDArray[np.uint8] | None]:
         """(table, classes): the automaton as held, for the core and the distance searches: the class
         columns and their classes, or the dense table and None (never expanded for them)."""
         if self._table is not None:

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 # 3: mask rows stored compressed (row_of, off, kind, data; csrc/grammar.h) instead of dense
 # 4: the automaton as byte classes (classes uint8[256], table int32[S, C]; csrc/vocab_trie.h)
-# 5: a row may be held as a delta of an earlier one (kind 4), which an older reader refuses
+# 5: a row may be held as a delta of an earlier one (kind 4), and the class columns as int16 where
+#    the automaton has at most 32,767 states: an older reader refuses both
 FORMAT_VERSION = 5
 _MAGIC = b"LLMSCST5"
 _FIXED = 24  # magic, header length, checksum

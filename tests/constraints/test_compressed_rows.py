@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_equivalence import SETTINGS, regexes, vocabs
 from transformers import AutoTokenizer
 
-from llmserve.constraints import Vocab, compile_constraint, disk_cache, load_cached, reference
+from llmserve.constraints import Vocab, budget, compile_constraint, disk_cache, load_cached, reference
 from llmserve.constraints import compiler as compiler_mod
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.native import native, native_vocab, require_native
@@ -356,6 +356,39 @@ def test_unsorted_ids_are_refused(wide_vocab):
     data[off[r]], data[off[r] + 1] = data[off[r] + 1], data[off[r]]
     with pytest.raises(ValueError):
         native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, row_of, off, kind, data)
+
+
+def test_class_columns_take_16_bits_where_the_states_fit(wide_vocab):
+    """A compressed automaton of at most 32,767 states holds its columns as int16 (half the bytes:
+    most of a large schema's memory once its rows are shared), and steps, fills and distances read
+    them as the int32 columns they replace; int32 columns (format 4's width) are still taken."""
+    c = compile_dfa(compile_regex("[a-c]{2,5}x|ab(cd)*"), wide_vocab)
+    classes, table = c.transitions
+    assert table.dtype == np.int16
+    assert c.table.dtype == np.int32
+    wide = native.Grammar.compressed(
+        native_vocab(wide_vocab), classes, table.astype(np.int32), c.accept, *c.compressed_rows, c.start
+    )
+    ids = [t for t, b in enumerate(wide_vocab.tokens) if b][:300]
+    for s in range(c.num_states):
+        for t in ids:
+            assert c.native.step(s, t) == wide.step(s, t)
+    np.testing.assert_array_equal(c.distances, budget.token_distances(c.table, c.accept, wide_vocab))
+
+
+def test_class_columns_stay_32_bits_past_32767_states():
+    """A chain of 40,000 states (one byte each) cannot be numbered in 16 bits: int32 columns."""
+    S = 40_000
+    vocab = Vocab([bytes([i]) for i in range(256)], (0,), 256)
+    table = np.full((S, 256), -1, np.int32)
+    table[np.arange(S - 1), ord("a")] = np.arange(1, S, dtype=np.int32)
+    accept = np.zeros(S, np.uint8)
+    accept[-1] = 1
+    masks = native.compile_masks(native_vocab(vocab), table, accept)
+    g = dense_grammar(vocab, table, accept, masks).compress()
+    _classes, columns = g.transitions
+    assert columns.dtype == np.int32 and columns.shape == (S, 2)
+    assert g.walk(0, [ord("a")] * (S - 1)) == S - 1
 
 
 def test_bad_byte_classes_are_refused(wide_vocab):
