@@ -264,7 +264,7 @@ class DeltaBases {
  public:
   static constexpr int64_t kMinSize = 256;  // words stored: smaller rows are not worth a search
   static constexpr int64_t kBlock = 64;
-  static constexpr size_t kMaxBases = 512;  // bounds the search at R x 512 block comparisons
+  static constexpr size_t kMaxBases = 512;  // bounds a row's search at 512 bases' block hashes
 
   DeltaBases(const uint32_t* masks, int64_t W) : masks_(masks), W_(W), blocks_((W + kBlock - 1) / kBlock) {}
 

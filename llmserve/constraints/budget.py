@@ -43,10 +43,10 @@ class BudgetError(ConstraintError):
     default_hint = "Raise max_tokens, or loosen the constraint (fewer required properties, shorter minimums)."
 
 
-def _columns(table) -> NDArray[np.int16] | NDArray[np.int32]:
-    """The table as the core reads it: a compressed form's int16 columns as they are (no int32 copy
-    of them per search), anything else as int32."""
-    if table.dtype == np.int16 and table.flags.c_contiguous:
+def _columns(table, classes) -> NDArray[np.int16] | NDArray[np.int32]:
+    """The table as the core reads it: a compressed form's int16 class columns as they are (no int32
+    copy of them per search), anything else as int32 (the core reads a dense table in 32 bits only)."""
+    if classes is not None and table.dtype == np.int16 and table.flags.c_contiguous:
         return table
     return np.ascontiguousarray(table, dtype=np.int32)
 
@@ -66,7 +66,7 @@ def distances(
     if native is None:
         return _distances_numpy(np.asarray(table), accept, usable, classes)
     return native.byte_distances(
-        _columns(table),
+        _columns(table, classes),
         np.ascontiguousarray(accept, dtype=np.uint8),
         np.ascontiguousarray(usable, dtype=np.uint8),
         None if classes is None else np.ascontiguousarray(classes, dtype=np.uint8),
@@ -110,7 +110,7 @@ def token_distances(table, accept, vocab, classes: NDArray[np.uint8] | None = No
         order = np.argsort(dist, kind="stable").astype(np.int32)
         native.token_distances(
             native_vocab(vocab),
-            _columns(table),
+            _columns(table, classes),
             np.ascontiguousarray(accept, dtype=np.uint8),
             dist,
             order,
@@ -148,7 +148,7 @@ def fewest_tokens(
         return Shortest(int(distances(table, accept, vocab.single_bytes, classes)[start]))
     args = (
         native_vocab(vocab),
-        _columns(table),
+        _columns(table, classes),
         np.ascontiguousarray(accept, dtype=np.uint8),
         int(start),
         None if classes is None else np.ascontiguousarray(classes, dtype=np.uint8),
