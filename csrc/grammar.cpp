@@ -230,6 +230,8 @@ void CompactRows::check(int64_t rows, int64_t ndata) const {
   const uint32_t ids = static_cast<uint32_t>(W * 32);
   for (int64_t r = 0; r < R; ++r) {
     if (off[r + 1] < off[r]) fail("offsets must not decrease");
+    // an offset past the data that a later one brings back down would pass the two checks above
+    if (off[r + 1] > ndata) fail("offsets past the data");
     const uint32_t* d = data + off[r];
     const int64_t n = off[r + 1] - off[r];
     if (kind[r] == kWords) {

@@ -46,7 +46,7 @@ class BudgetError(ConstraintError):
 def _columns(table, classes) -> NDArray[np.int16] | NDArray[np.int32]:
     """The table as the core reads it: a compressed form's int16 class columns as they are (no int32
     copy of them per search), anything else as int32 (the core reads a dense table in 32 bits only)."""
-    if classes is not None and table.dtype == np.int16 and table.flags.c_contiguous:
+    if classes is not None and isinstance(table, np.ndarray) and table.dtype == np.int16 and table.flags.c_contiguous:
         return table
     return np.ascontiguousarray(table, dtype=np.int32)
 
@@ -59,7 +59,8 @@ def distances(
 ):
     """int32 [S]: fewest single-byte steps to an accepting state (UNREACHABLE where none), a
     breadth-first search backwards from the accepting states. ``classes``: ``table`` is over byte
-    classes, int32[S, C] (see ``regex.ByteDFA``); a class is a usable step when any of its bytes is.
+    classes, int32[S, C] or a compressed form's int16 (see ``regex.ByteDFA``); a class is a usable
+    step when any of its bytes is.
     Natively when the core is built (steering reads it inline, at a request's first steered step:
     tens of milliseconds in numpy for a 50,000-state schema)."""
     usable = np.ones(256, dtype=bool) if bytes_usable is None else np.asarray(bytes_usable, dtype=bool)

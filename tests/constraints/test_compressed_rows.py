@@ -295,6 +295,20 @@ def test_memory_accounting_counts_the_compressed_rows(wide_vocab, tmp_path):
     assert files and files[0].stat().st_size < held + 4096  # so does the file, header aside
 
 
+def test_offsets_past_the_data_are_refused(wide_vocab):
+    """An offset past the data that the next one brings back down: each row's offsets do not
+    decrease from the row before and the last one ends at the data, yet row 0 would be read past
+    the data's end (review finding, session 21: a crafted cache file crashed the process)."""
+    c = compile_dfa(compile_regex("ab|cd|e"), wide_vocab)
+    row_of, off, kind, data = (a.copy() for a in c.native.compressed_rows)
+    assert len(kind) >= 3
+    off[1] = off[-1] + 2000
+    off[2:-1] = np.maximum(off[2:-1], off[1])
+    off[-1] = len(data)
+    with pytest.raises(ValueError, match="past the data"):
+        native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, row_of, off, kind, data)
+
+
 @pytest.mark.parametrize(
     "break_it",
     [
@@ -361,7 +375,8 @@ def test_unsorted_ids_are_refused(wide_vocab):
 def test_class_columns_take_16_bits_where_the_states_fit(wide_vocab):
     """A compressed automaton of at most 32,767 states holds its columns as int16 (half the bytes:
     most of a large schema's memory once its rows are shared), and steps, fills and distances read
-    them as the int32 columns they replace; int32 columns (format 4's width) are still taken."""
+    them as the int32 columns they replace; int32 columns (an automaton over 32,767 states) are
+    still taken for any."""
     c = compile_dfa(compile_regex("[a-c]{2,5}x|ab(cd)*"), wide_vocab)
     classes, table = c.transitions
     assert table.dtype == np.int16
