@@ -129,6 +129,12 @@ def kserve_server(tiny_vllm_package):
         )
     from llmserve.serve.metrics import ServerMetrics
 
+    if KV_SPACE not in os.environ:
+        # without it vLLM's CPU worker asks for 92% of the machine's memory free and fails on a busy one
+        pytest.fail(
+            f"{KV_SPACE} was removed from this pytest process's environment by an earlier test (this "
+            "conftest sets it at collection): run engine scripts in a child process, never import them here"
+        )
     for var in CACHE_VARS:  # set per session by tests/conftest.py; the engine needs them to exist
         if os.environ.get(var):
             os.makedirs(os.environ[var], exist_ok=True)
