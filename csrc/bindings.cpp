@@ -188,7 +188,11 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::array tabl
   c.R = kind.shape(0);
   c.W = v.v->words();
   if (row_of.shape(0) != S + 1 || off.shape(0) != c.R + 1) throw std::invalid_argument("compressed rows: shapes");
-  c.check(S + 1, data.shape(0));
+  {
+    const int64_t ndata = data.shape(0);
+    py::gil_scoped_release nogil;  // a pass over every row (hundreds of MB at most): not on the GIL
+    c.check(S + 1, ndata);
+  }
   gr.compact = true;
   gr.init(true);
   g.table = table;
@@ -198,14 +202,29 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::array tabl
   return g;
 }
 
+// The arrays handed to numpy as they are, not copied: a large form's data would otherwise be held twice
+// while it is handed over.
 py::tuple compact_to_numpy(CompactArrays&& a) {
   auto vec = [](auto& v) {
-    using T = typename std::decay_t<decltype(v)>::value_type;
-    py::array_t<T> out(static_cast<py::ssize_t>(v.size()));
-    if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(T));
-    return out;
+    using V = std::decay_t<decltype(v)>;
+    auto* owned = new V(std::move(v));
+    py::capsule owner(owned, [](void* p) { delete static_cast<V*>(p); });
+    return py::array_t<typename V::value_type>(static_cast<py::ssize_t>(owned->size()), owned->data(), owner);
   };
   return py::make_tuple(vec(a.row_of), vec(a.off), vec(a.kind), vec(a.data));
+}
+
+// `g` compressed, from the arrays the core made of it (compress, compact_all, the finisher): the same
+// vocabulary, acceptance and start; the arrays checked on the way in, as any compressed grammar's.
+PyGrammar compressed_from(const PyGrammar& g, CompactArrays&& a, const uint8_t* classes,
+                          const std::vector<int32_t>& columns, int64_t C) {
+  const Grammar& gr = *g.g;
+  py::array_t<uint8_t> cls(256);
+  std::memcpy(cls.mutable_data(), classes, 256);
+  py::array table = class_columns(columns, gr.S, C);
+  py::tuple t = compact_to_numpy(std::move(a));
+  return compressed_grammar(PyVocab{gr.vocab}, cls, table, g.accept.cast<py::array>(), t[0].cast<py::array>(),
+                            t[1].cast<py::array>(), t[2].cast<py::array>(), t[3].cast<py::array>(), gr.start);
 }
 
 // A state id from Python: one of the grammar's states, or -1 (dead; stepping it stays dead).
@@ -542,22 +561,41 @@ PYBIND11_MODULE(_core, m) {
             for (int64_t r = 0; r <= gr.S; ++r)
               if (!gr.ready(r)) throw std::invalid_argument("compress: the grammar is not complete");
             CompactArrays a;
-            py::array_t<uint8_t> classes(256);
+            uint8_t classes[256];
             std::vector<int32_t> ct;
             int64_t C = 0;
             {
               py::gil_scoped_release nogil;
               a = compact_rows(gr.masks, gr.S + 1, gr.vocab->words(), nthreads);
-              ct = byte_classes(gr.tr, gr.S, classes.mutable_data(), C);
+              ct = byte_classes(gr.tr, gr.S, classes, C);
             }
-            py::array table = class_columns(ct, gr.S, C);
-            py::tuple t = compact_to_numpy(std::move(a));
-            return compressed_grammar(PyVocab{gr.vocab}, classes, table, g.accept.cast<py::array>(),
-                                      t[0].cast<py::array>(), t[1].cast<py::array>(), t[2].cast<py::array>(),
-                                      t[3].cast<py::array>(), gr.start);
+            return compressed_from(g, std::move(a), classes, ct, C);
           },
           py::arg("nthreads") = 0,
           "A compressed copy of this complete grammar (same automaton and states); this one is unchanged.")
+      .def(
+          "compact_all",
+          [](const PyGrammar& g, int64_t max_bytes) -> py::object {
+            const Grammar& gr = *g.g;
+            check_whole(gr, "compact_all");
+            if (gr.compact) return py::cast(g);
+            CompactArrays a;
+            uint8_t classes[256];
+            std::vector<int32_t> ct;
+            int64_t C = 0;
+            bool fits = false;
+            {
+              py::gil_scoped_release nogil;
+              fits = gr.compact_all(max_bytes, a);
+              if (fits) ct = byte_classes(gr.tr, gr.S, classes, C);
+            }
+            if (!fits) return py::none();
+            return py::cast(compressed_from(g, std::move(a), classes, ct, C));
+          },
+          py::arg("max_bytes") = INT64_MAX,
+          "A compressed copy of this grammar made row by row on this thread, as the background completion "
+          "makes it: ready rows are read, the others computed into a scratch row and left missing here (the "
+          "dense table is never held). The same arrays as compress(); None once they pass max_bytes.")
       .def(
           "rows_into",
           [](const PyGrammar& g, py::array out, int64_t first) {
@@ -596,12 +634,16 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("ready_rows", [](const PyGrammar& g) { return g.g->ready_rows(); })
       .def(
           "finish_later",
-          [](const PyGrammar& g, int64_t id) {
+          [](const PyGrammar& g, int64_t id, int64_t max_bytes) {
             check_whole(*g.g, "finish_later");
-            Finisher::global().enqueue(id, g.g);
+            if (g.g->compact) throw std::invalid_argument("finish_later: the grammar is compressed already");
+            if (max_bytes <= 0) throw std::invalid_argument("finish_later: max_bytes must be positive");
+            Finisher::global().enqueue(id, g.g, max_bytes);
           },
-          py::arg("id"),
-          "Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then.")
+          py::arg("id"), py::arg("max_bytes"),
+          "Queue the grammar for completion, compressed, by finished_next() (finished_take(id, grammar) then "
+          "gives the compressed grammar, or None if its compressed rows passed max_bytes); the caller keeps its "
+          "buffers alive until then.")
       .def("step",
            [](const PyGrammar& g, int64_t state, int64_t token) {
              check_state(*g.g, state);
@@ -830,7 +872,24 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release nogil;
         return Finisher::global().next_done();
       },
-      "Wait (without the GIL) for a queued grammar, complete it on this thread, return its id.");
+      "Wait (without the GIL) for a queued grammar, compress all its rows on this thread (computing those "
+      "not computed yet one at a time, never all of them dense), return its id.");
+  m.def(
+      "finished_take",
+      [](int64_t id, const py::object& grammar) -> py::object {
+        std::unique_ptr<Finisher::Done> done = Finisher::global().take(id);
+        if (done && !done->error.empty() && !grammar.is_none())
+          throw std::runtime_error("completing the constraint failed: " + done->error);
+        if (!done || !done->complete || grammar.is_none()) return py::none();
+        const PyGrammar& g = cast_to<PyGrammar>(grammar, "grammar");
+        if (g.g->compact || g.g->S + 1 != static_cast<int64_t>(done->rows.row_of.size()))
+          throw std::invalid_argument("finished_take: not the grammar queued as this id");
+        return py::cast(compressed_from(g, std::move(done->rows), done->classes.data(), done->columns, done->C));
+      },
+      py::arg("id"), py::arg("grammar"),
+      "The compressed grammar finished_next() made of `grammar` (queued as `id`): same automaton and states; "
+      "None if its compressed rows passed the max_bytes it was queued with (it stays lazy); RuntimeError if "
+      "completing it failed (out of memory). Taken once; grammar=None drops the result.");
 
   m.def(
       "build_dfa",

@@ -1,27 +1,51 @@
 #include "finisher.h"
 
+#include <exception>
+
 #include "thread_pool.h"
 
 namespace llmserve {
 
-void Finisher::enqueue(int64_t id, std::shared_ptr<const Grammar> g) {
+void Finisher::enqueue(int64_t id, std::shared_ptr<const Grammar> g, int64_t max_bytes) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.emplace_back(id, std::move(g));
+    queue_.push_back({id, std::move(g), max_bytes});
   }
   cv_.notify_one();
 }
 
 int64_t Finisher::next_done() {
-  std::pair<int64_t, std::shared_ptr<const Grammar>> job;
+  Job job;
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !queue_.empty(); });
     job = std::move(queue_.front());
     queue_.erase(queue_.begin());
   }
-  job.second->complete(1);
-  return job.first;
+  auto done = std::make_unique<Done>();
+  try {
+    done->complete = job.g->compact_all(job.max_bytes, done->rows);
+    if (done->complete) {
+      done->classes.resize(256);
+      done->columns = byte_classes(job.g->tr, job.g->S, done->classes.data(), done->C);
+    }
+  } catch (const std::exception& e) {  // (out of memory) the grammar stays lazy, as past the cap
+    *done = Done{};
+    done->error = e.what();
+  }
+  if (!done->complete) done->rows = CompactArrays{};  // what it held on the way
+  std::lock_guard<std::mutex> lk(mu_);
+  done_[job.id] = std::move(done);
+  return job.id;
+}
+
+std::unique_ptr<Finisher::Done> Finisher::take(int64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = done_.find(id);
+  if (it == done_.end()) return nullptr;
+  std::unique_ptr<Done> out = std::move(it->second);
+  done_.erase(it);
+  return out;
 }
 
 Finisher& Finisher::global() {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -14,17 +16,36 @@ namespace llmserve {
 
 // Completes lazily compiled grammars one at a time on whichever thread calls next_done(), which
 // waits without the GIL: the Python side only wakes when a grammar is complete (to write its cache),
-// not when one is queued, so queueing adds nothing to the compile that queued it.
+// not when one is queued, so queueing adds nothing to the compile that queued it. A grammar is
+// completed compressed, row by row (Grammar::compact_all): completing it never holds its dense rows.
 class Finisher {
  public:
-  void enqueue(int64_t id, std::shared_ptr<const Grammar> g);
+  // The compressed form of a finished grammar, for take(); `complete` false: it passed max_bytes,
+  // or failed with `error` (out of memory)
+  struct Done {
+    bool complete = false;
+    std::string error;
+    CompactArrays rows;
+    std::vector<uint8_t> classes;  // [256]
+    std::vector<int32_t> columns;  // [S, C]
+    int64_t C = 0;
+  };
+  void enqueue(int64_t id, std::shared_ptr<const Grammar> g, int64_t max_bytes);
   int64_t next_done();  // blocks until a queued grammar is complete; returns its id
+  // the result of next_done()'s grammar `id`, once (null if there is none)
+  std::unique_ptr<Done> take(int64_t id);
   static Finisher& global();
 
  private:
+  struct Job {
+    int64_t id;
+    std::shared_ptr<const Grammar> g;
+    int64_t max_bytes;
+  };
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::pair<int64_t, std::shared_ptr<const Grammar>>> queue_;
+  std::vector<Job> queue_;
+  std::unordered_map<int64_t, std::unique_ptr<Done>> done_;
   uint32_t generation_ = 0;  // the process generation (fork_generation) it serves
 };
 

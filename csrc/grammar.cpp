@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -259,6 +260,12 @@ void CompactRows::check(int64_t rows, int64_t ndata) const {
 }
 
 namespace {
+uint64_t row_hash(const uint32_t* m, int64_t W) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (int64_t w = 0; w < W; ++w) h = (h ^ m[w]) * 0x100000001B3ull + (h >> 29);
+  return h;
+}
+
 // The large rows a later row may be stored as a delta of, and the search for the nearest: each row
 // hashed per block of words, so that a candidate base is compared word by word only where its
 // blocks differ (rows of 3,000 words, hundreds of them in a schema with free values).
@@ -268,27 +275,31 @@ class DeltaBases {
   static constexpr int64_t kBlock = 64;
   static constexpr size_t kMaxBases = 512;  // bounds a row's search at 512 bases' block hashes
 
-  DeltaBases(const uint32_t* masks, int64_t W) : masks_(masks), W_(W), blocks_((W + kBlock - 1) / kBlock) {}
+  explicit DeltaBases(int64_t W) : W_(W), blocks_((W + kBlock - 1) / kBlock) {}
 
-  void add(int32_t row, int64_t mask_row) {
+  // distinct row `row`, words `m`: `stable` where they stay put until the end, else copied
+  void add(int32_t row, const uint32_t* m, bool stable) {
     if (rows_.size() >= kMaxBases) return;
-    rows_.push_back({row, mask_row});
-    const std::vector<uint64_t> h = hashes(mask_row);
+    if (!stable) {
+      copies_.emplace_back(m, m + W_);
+      m = copies_.back().data();
+    }
+    rows_.push_back({row, m});
+    const std::vector<uint64_t> h = hashes(m);
     hashes_.insert(hashes_.end(), h.begin(), h.end());
   }
 
-  // [base, p, p word indices, p words] for the base that differs from mask row `s` in the fewest
-  // words, if that delta stores at most `budget` words; else empty
-  std::vector<uint32_t> nearest(int64_t s, int64_t budget) const {
+  // [base, p, p word indices, p words] for the base that differs from row `m` in the fewest words,
+  // if that delta stores at most `budget` words; else empty
+  std::vector<uint32_t> nearest(const uint32_t* m, int64_t budget) const {
     if (rows_.empty() || budget < 4) return {};
-    const std::vector<uint64_t> h = hashes(s);
-    const uint32_t* m = masks_ + s * W_;
+    const std::vector<uint64_t> h = hashes(m);
     const int64_t max_words = (budget - 2) / 2;  // differing words a delta within budget may hold
     int64_t best = max_words + 1;
     size_t best_base = rows_.size();
     for (size_t b = 0; b < rows_.size(); ++b) {
       const uint64_t* hb = hashes_.data() + b * blocks_;
-      const uint32_t* base = masks_ + rows_[b].mask_row * W_;
+      const uint32_t* base = rows_[b].words;
       int64_t blocks = 0;  // each differing block differs in at least one word
       for (int64_t k = 0; k < blocks_ && blocks < best; ++k) blocks += h[k] != hb[k];
       if (blocks >= best) continue;
@@ -300,7 +311,7 @@ class DeltaBases {
       if (words < best) best = words, best_base = b;
     }
     if (best_base == rows_.size()) return {};
-    const uint32_t* base = masks_ + rows_[best_base].mask_row * W_;
+    const uint32_t* base = rows_[best_base].words;
     std::vector<uint32_t> idx, words;
     for (int64_t w = 0; w < W_; ++w)
       if (m[w] != base[w]) idx.push_back(static_cast<uint32_t>(w)), words.push_back(m[w]);
@@ -314,117 +325,154 @@ class DeltaBases {
 
  private:
   struct Base {
-    int32_t row;       // distinct row index
-    int64_t mask_row;  // where its words are in masks
+    int32_t row;            // distinct row index
+    const uint32_t* words;  // its words: in the caller's table, or in copies_
   };
-  std::vector<uint64_t> hashes(int64_t s) const {
+  std::vector<uint64_t> hashes(const uint32_t* m) const {
     std::vector<uint64_t> h(blocks_);
-    const uint32_t* m = masks_ + s * W_;
-    for (int64_t k = 0; k < blocks_; ++k) {
-      uint64_t x = 0x9E3779B97F4A7C15ull;
-      for (int64_t w = k * kBlock, e = std::min(W_, w + kBlock); w < e; ++w) x = (x ^ m[w]) * 0x100000001B3ull + (x >> 29);
-      h[k] = x;
-    }
+    for (int64_t k = 0; k < blocks_; ++k) h[k] = row_hash(m + k * kBlock, std::min(W_, (k + 1) * kBlock) - k * kBlock);
     return h;
   }
-  const uint32_t* masks_;
   int64_t W_, blocks_;
   std::vector<Base> rows_;
-  std::vector<uint64_t> hashes_;  // [bases, blocks]
+  std::deque<std::vector<uint32_t>> copies_;  // a deque: adding a copy moves none of the others
+  std::vector<uint64_t> hashes_;              // [bases, blocks]
 };
-}  // namespace
 
-CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads) {
-  std::vector<uint64_t> hash(rows);
-  ThreadPool::global().parallel_for(
-      rows,
-      [&](int64_t s) {
-        const uint32_t* m = masks + s * W;
-        uint64_t h = 0x9E3779B97F4A7C15ull;
-        for (int64_t w = 0; w < W; ++w) h = (h ^ m[w]) * 0x100000001B3ull + (h >> 29);
-        hash[s] = h;
-      },
-      nthreads);
-  CompactArrays out;
-  out.row_of.resize(rows);
-  std::vector<int64_t> first;  // per distinct row, the first state row that has it
+// Row `m` (W words) as distinct row r of `out`, in its smallest form (or as a delta of a base).
+void store_row(const uint32_t* m, bool stable, int64_t W, DeltaBases& bases, CompactArrays& out) {
+  const int64_t nb = (W + 31) / 32;
+  const auto r = static_cast<int32_t>(out.kind.size());
+  int64_t allowed = 0, partial = 0;
+  for (int64_t w = 0; w < W; ++w) {
+    allowed += __builtin_popcount(m[w]);
+    partial += m[w] != 0 && m[w] != ~0u;
+  }
+  const int64_t as_words = nb + 1 + 2 * partial, as_allowed = allowed, as_refused = 32 * W - allowed;
+  const size_t at = out.data.size();
+  // the stored size of the form chosen below, without a delta
+  const int64_t size = std::min({as_allowed, as_refused, W, as_words});
+  if (size >= DeltaBases::kMinSize) {
+    const std::vector<uint32_t> diff = bases.nearest(m, size / 4);
+    if (!diff.empty()) {
+      out.kind.push_back(CompactRows::kDelta);
+      out.data.insert(out.data.end(), diff.begin(), diff.end());
+      out.off.push_back(static_cast<int64_t>(out.data.size()));
+      return;
+    }
+    bases.add(r, m, stable);
+  }
+  // ids cost a fill about twice what their words cost (a write per word they touch, words in
+  // between cleared or set), so they are taken only at half the size of the alternatives; word
+  // rows expand a word at a time where a bitmap word is mixed, so they are taken over plain words
+  // only at a quarter of their size (rows of few partial words among long runs)
+  const int64_t other = std::min(as_words, W);
+  const bool words_pay = 4 * as_words <= W;
+  if (2 * as_allowed < other && as_allowed <= as_refused) {
+    out.kind.push_back(CompactRows::kAllowed);
+    for (int64_t w = 0; w < W; ++w)
+      for (uint32_t b = m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
+  } else if (2 * as_refused < other) {
+    out.kind.push_back(CompactRows::kRefused);
+    for (int64_t w = 0; w < W; ++w)
+      for (uint32_t b = ~m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
+  } else if (!words_pay) {
+    out.kind.push_back(CompactRows::kDense);
+    out.data.insert(out.data.end(), m, m + W);
+  } else {
+    out.kind.push_back(CompactRows::kWords);
+    out.data.resize(at + as_words, 0);
+    uint32_t* d = out.data.data() + at;
+    d[nb] = static_cast<uint32_t>(partial);
+    int64_t k = 0;
+    for (int64_t w = 0; w < W; ++w) {
+      if (m[w] == ~0u) d[w >> 5] |= 1u << (w & 31);
+      if (m[w] != 0 && m[w] != ~0u) {
+        d[nb + 1 + k] = static_cast<uint32_t>(w);
+        d[nb + 1 + partial + k] = m[w];
+        ++k;
+      }
+    }
+  }
+  out.off.push_back(static_cast<int64_t>(out.data.size()));
+}
+
+// compact_rows over rows given in order; `hashes` (nullable) the rows' row_hash, computed beforehand
+bool compact_in_order(int64_t rows, int64_t W, const RowSource& row, const uint64_t* hashes, int64_t max_bytes,
+                      CompactArrays& out) {
+  out = CompactArrays{};
+  out.row_of.reserve(rows);
+  out.off.push_back(0);
+  // per distinct row, its words where they stay put (null: compared by expanding the stored row)
+  std::vector<const uint32_t*> words;
   std::unordered_map<uint64_t, std::vector<int32_t>> seen;
+  DeltaBases bases(W);
+  std::vector<uint32_t> scratch(W), expanded(W);
   for (int64_t s = 0; s < rows; ++s) {
-    auto& same = seen[hash[s]];
+    const uint32_t* m = row(s, scratch.data());
+    const bool stable = m != scratch.data();
+    auto& same = seen[hashes != nullptr ? hashes[s] : row_hash(m, W)];
     int32_t found = -1;
-    for (int32_t r : same)
-      if (std::memcmp(masks + first[r] * W, masks + s * W, W * sizeof(uint32_t)) == 0) {
+    for (int32_t r : same) {
+      const uint32_t* known = words[r];
+      if (known == nullptr) {
+        const CompactRows view{nullptr, out.off.data(), out.kind.data(), out.data.data(), 0, W};
+        view.expand_row(r, 0, W, expanded.data());
+        known = expanded.data();
+      }
+      if (std::memcmp(known, m, W * sizeof(uint32_t)) == 0) {
         found = r;
         break;
       }
+    }
     if (found < 0) {
-      found = static_cast<int32_t>(first.size());
-      first.push_back(s);
+      found = static_cast<int32_t>(words.size());
+      words.push_back(stable ? m : nullptr);
       same.push_back(found);
+      store_row(m, stable, W, bases, out);
     }
-    out.row_of[s] = found;
+    out.row_of.push_back(found);
+    // checked as rows are added, so a form over the cap costs no more than the cap to find out
+    if (compact_bytes(out) > max_bytes) return false;
   }
-  const int64_t R = static_cast<int64_t>(first.size());
-  const int64_t nb = (W + 31) / 32;
-  out.kind.resize(R);
-  out.off.assign(R + 1, 0);
-  DeltaBases bases(masks, W);
-  for (int64_t r = 0; r < R; ++r) {
-    const uint32_t* m = masks + first[r] * W;
-    int64_t allowed = 0, partial = 0;
-    for (int64_t w = 0; w < W; ++w) {
-      allowed += __builtin_popcount(m[w]);
-      partial += m[w] != 0 && m[w] != ~0u;
-    }
-    const int64_t as_words = nb + 1 + 2 * partial, as_allowed = allowed, as_refused = 32 * W - allowed;
-    const size_t at = out.data.size();
-    // the stored size of the form chosen below, without a delta
-    const int64_t size = std::min({as_allowed, as_refused, W, as_words});
-    if (size >= DeltaBases::kMinSize) {
-      const std::vector<uint32_t> diff = bases.nearest(first[r], size / 4);
-      if (!diff.empty()) {
-        out.kind[r] = CompactRows::kDelta;
-        out.data.insert(out.data.end(), diff.begin(), diff.end());
-        out.off[r + 1] = static_cast<int64_t>(out.data.size());
-        continue;
-      }
-      bases.add(static_cast<int32_t>(r), first[r]);
-    }
-    // ids cost a fill about twice what their words cost (a write per word they touch, words in
-    // between cleared or set), so they are taken only at half the size of the alternatives; word
-    // rows expand a word at a time where a bitmap word is mixed, so they are taken over plain words
-    // only at a quarter of their size (rows of few partial words among long runs)
-    const int64_t other = std::min(as_words, W);
-    const bool words_pay = 4 * as_words <= W;
-    if (2 * as_allowed < other && as_allowed <= as_refused) {
-      out.kind[r] = CompactRows::kAllowed;
-      for (int64_t w = 0; w < W; ++w)
-        for (uint32_t b = m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
-    } else if (2 * as_refused < other) {
-      out.kind[r] = CompactRows::kRefused;
-      for (int64_t w = 0; w < W; ++w)
-        for (uint32_t b = ~m[w]; b; b &= b - 1) out.data.push_back(static_cast<uint32_t>(w * 32 + __builtin_ctz(b)));
-    } else if (!words_pay) {
-      out.kind[r] = CompactRows::kDense;
-      out.data.insert(out.data.end(), m, m + W);
-    } else {
-      out.kind[r] = CompactRows::kWords;
-      out.data.resize(at + as_words, 0);
-      uint32_t* d = out.data.data() + at;
-      d[nb] = static_cast<uint32_t>(partial);
-      int64_t k = 0;
-      for (int64_t w = 0; w < W; ++w) {
-        if (m[w] == ~0u) d[w >> 5] |= 1u << (w & 31);
-        if (m[w] != 0 && m[w] != ~0u) {
-          d[nb + 1 + k] = static_cast<uint32_t>(w);
-          d[nb + 1 + partial + k] = m[w];
-          ++k;
-        }
-      }
-    }
-    out.off[r + 1] = static_cast<int64_t>(out.data.size());
-  }
+  // what the form keeps is its contents, not the vectors' growth room (the caller hands them on)
+  out.off.shrink_to_fit();
+  out.kind.shrink_to_fit();
+  out.data.shrink_to_fit();
+  return true;
+}
+}  // namespace
+
+int64_t compact_bytes(const CompactArrays& a) {
+  // capacities, not sizes: what the vectors hold while they grow (up to twice their contents)
+  return static_cast<int64_t>(a.row_of.capacity() * sizeof(int32_t) + a.off.capacity() * sizeof(int64_t) +
+                              a.kind.capacity() + a.data.capacity() * sizeof(uint32_t));
+}
+
+CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads) {
+  std::vector<uint64_t> hash(rows);
+  ThreadPool::global().parallel_for(rows, [&](int64_t s) { hash[s] = row_hash(masks + s * W, W); }, nthreads);
+  CompactArrays out;
+  compact_in_order(
+      rows, W, [&](int64_t s, uint32_t*) { return masks + s * W; }, hash.data(), INT64_MAX, out);
   return out;
+}
+
+bool compact_rows(int64_t rows, int64_t W, const RowSource& row, int64_t max_bytes, CompactArrays& out) {
+  return compact_in_order(rows, W, row, nullptr, max_bytes, out);
+}
+
+bool Grammar::compact_all(int64_t max_bytes, CompactArrays& out) const {
+  if (lazy) throw std::invalid_argument("a grammar over a lazy automaton has no complete set of rows");
+  if (compact) throw std::invalid_argument("compact_all: the grammar is compressed already");
+  return compact_rows(
+      S + 1, vocab->words(),
+      [&](int64_t r, uint32_t* scratch) -> const uint32_t* {
+        if (ready(r)) return row_ptr(r);  // a ready row is never written again
+        state_row(*vocab, tr, accept, S, r, scratch);
+        return scratch;
+      },
+      max_bytes, out);
 }
 
 int32_t Grammar::step(int32_t state, int64_t token) const {

@@ -148,6 +148,11 @@ class Grammar:
     def compress(self, nthreads: int = 0) -> Grammar:
         """A compressed copy of this complete grammar (rows and automaton; same state ids). Releases the GIL.
         ValueError: a row is not computed yet."""
+    def compact_all(self, max_bytes: int = ...) -> Grammar | None:
+        """A compressed copy made row by row on this thread, as the background completion makes it: ready
+        rows are read, the others computed into a scratch row and left missing here (the dense table is
+        never held). The same arrays as compress(); None once they pass max_bytes. Releases the GIL.
+        ValueError: a grammar over a lazy automaton."""
     def rows_into(self, out: NDArray[np.uint32], first: int = 0) -> None:
         """out[i] = mask row first + i, dense, computed first if missing. Releases the GIL."""
     def ensure(self, state: int) -> None:
@@ -158,8 +163,9 @@ class Grammar:
     @property
     def ready_rows(self) -> int:
         """Mask rows computed so far (S + 1 when complete)."""
-    def finish_later(self, id: int) -> None:
-        """Queue the grammar for completion by finished_next(); the caller keeps its buffers alive until then."""
+    def finish_later(self, id: int, max_bytes: int) -> None:
+        """Queue the grammar for completion, compressed, by finished_next(); the caller keeps its buffers
+        alive until then. ValueError: a compressed grammar, or max_bytes <= 0."""
     def step(self, state: int, token: int, /) -> int:
         """Next state after ``token`` (-1: not allowed, or ``state`` was already -1). ValueError: a
         state outside [-1, S)."""
@@ -284,7 +290,13 @@ class Batch:
         """Rows allocated so far."""
 
 def finished_next() -> int:
-    """Wait (without the GIL) for a queued grammar, complete it on this thread, return its id."""
+    """Wait (without the GIL) for a queued grammar, compress all its rows on this thread (computing those
+    not computed yet one at a time, never all of them dense), return its id."""
+
+def finished_take(id: int, grammar: Grammar | None) -> Grammar | None:
+    """The compressed grammar finished_next() made of ``grammar`` (queued as ``id``), or None when its
+    compressed rows passed the max_bytes it was queued with (it stays lazy). Taken once; ``grammar=None``
+    drops the result."""
 
 @overload
 def build_dfa(

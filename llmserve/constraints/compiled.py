@@ -67,7 +67,8 @@ ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int16] | NDArray[np.int32]]
 @dataclass(frozen=True)
 class Completion:
     """A background thread's promise to complete a lazily compiled constraint: ``done`` is set once
-    every row is computed and the cache file written. ``thread`` never waits for its own promise, and
+    its compressed rows are swapped in and the cache file written, or once it gave up (the form stays
+    lazy). ``thread`` never waits for its own promise, and
     nothing waits for it in a forked child (``pid``: the process that has the thread)."""
 
     thread: threading.Thread
@@ -220,15 +221,16 @@ class CompiledConstraint:
         compressed rows once complete. The in-memory cache's budget and the benchmarks count this.
         A lazy form's mask buffer is allocated whole but left untouched (the pages of rows never
         computed are never backed by memory), so only its computed rows count."""
-        # read without the lock, while compress() may run: it sets the compressed fields before it
-        # clears the dense ones, so reading the dense ones first sees one form whole
-        table, masks = self._table, self._masks
+        # read without the lock, while a compressed form may be swapped in: that sets the compressed
+        # fields, then the grammar, before it clears the dense ones, so reading the dense ones and the
+        # grammar first sees one form whole
+        table, masks, grammar = self._table, self._masks, self._native
         compact, transitions = self._rows, self._transitions
         if compact is not None and transitions is not None:
             held: tuple = (*transitions, self.accept, *compact)
             return int(sum(a.nbytes for a in held))
         assert masks is not None
-        rows = masks.shape[0] if self._ready else self.native.ready_rows
+        rows = masks.shape[0] if self._ready else (grammar or self.native).ready_rows
         return int(self._automaton_bytes(table, transitions) + self.accept.nbytes + rows * masks.strides[0])
 
     @staticmethod
@@ -240,8 +242,9 @@ class CompiledConstraint:
 
     @property
     def dense_bytes(self) -> int:
-        """The automaton as held and every mask row, dense: what completing this form holds until
-        its rows are compressed. Sized from the shapes, never by expanding a table."""
+        """The automaton as held and every mask row, dense: what ``complete()`` on a form the
+        background did not complete holds until its rows are compressed (the background completion
+        never holds it). Sized from the shapes, never by expanding a table."""
         automaton = self._automaton_bytes(self._table, self._transitions)
         return int(automaton + self.accept.nbytes + (self.num_states + 1) * self.vocab.words * 4)
 
@@ -252,16 +255,32 @@ class CompiledConstraint:
             if self._rows is not None:
                 return self
             require_native()
-            g = self.native.compress()
-            self._rows = g.compressed_rows
-            self._transitions = g.transitions
-            assert self._rows is not None and self._transitions is not None
-            self._native = g
-            self._masks = None
-            self._table = None
+            self._hold_compressed(self.native.compress())
         if self.on_compressed is not None:
             self.on_compressed(self)
         return self
+
+    def adopt_compressed(self, g: core.Grammar) -> None:
+        """Take ``g``, this form's rows compressed elsewhere (the background finisher compresses them
+        row by row, never holding them dense), in place of the rows held now."""
+        with self._compress_lock:
+            if self._rows is not None:
+                return
+            self._hold_compressed(g)
+        if self.on_compressed is not None:
+            self.on_compressed(self)
+
+    def _hold_compressed(self, g: core.Grammar) -> None:
+        rows, transitions = g.compressed_rows, g.transitions
+        if rows is None or transitions is None or g.num_states != self.num_states:
+            raise ValueError("not this form's rows compressed")
+        # the compressed fields before the dense ones are cleared: ``nbytes`` reads without the lock
+        self._rows, self._transitions = rows, transitions
+        # in this order: readers without the lock (nbytes, mask_row) take the dense rows, then the
+        # grammar; a lazy form's rows are not all computed, so `_ready` stays as it was
+        self._native = g
+        self._masks = None
+        self._table = None
 
     def _search_form(self) -> tuple[NDArray[np.int16] | NDArray[np.int32], NDArray[np.uint8] | None]:
         """(table, classes): the automaton as held, for the core and the distance searches: the class
@@ -431,14 +450,19 @@ class CompiledConstraint:
             self.compress()
         return self
 
+    def wait_completed(self, timeout: float | None = None) -> bool:
+        """Wait for the background completion, if one was queued in this process, and say whether the
+        form is compressed now: False where none was queued, where it stays lazy (its compressed rows
+        pass ``complete_max_mb``) or past ``timeout``. Computes nothing itself (``complete`` does)."""
+        finished = self._finished
+        if finished is not None and threading.current_thread() is not finished.thread and finished.pid == os.getpid():
+            finished.done.wait(timeout)
+        return self.compressed
+
     def completed_by(self, thread: threading.Thread) -> Completion:
         """``thread`` will complete this constraint: ``complete()`` on any other thread waits for it."""
         self._finished = Completion(thread)
         return self._finished
-
-    def mark_complete(self) -> None:
-        """The native core computed every row (the finisher's thread did, see ``completed_by``)."""
-        self._ready = True
 
     def step(self, state: int, token: int) -> int:
         """Next state after ``token`` (-1: the token was not allowed)."""
@@ -456,12 +480,16 @@ class CompiledConstraint:
         """The packed mask row uint32[W] of ``state`` (-1: the dead row), computed first if missing."""
         r = state if state >= 0 else self.num_states
         masks = self._masks  # compression may drop it meanwhile; this reference keeps it
-        if masks is not None:
-            if not self._ready:
-                self.native.ensure(state)
+        if masks is not None and self._ready:
+            return masks[r]
+        # the grammar read after `masks`: the lazy one over them, or a compressed one swapped in since,
+        # which holds every row while `masks` may lack this one
+        grammar = self._native if masks is not None else None
+        if masks is not None and grammar is not None and grammar.compressed_rows is None:
+            grammar.ensure(state)
             return masks[r]
         row = np.empty((1, self.vocab.words), dtype=np.uint32)
-        self.native.rows_into(row, r)
+        (grammar or self.native).rows_into(row, r)
         return row[0]
 
     def allowed(self, state: int) -> NDArray[np.bool_]:

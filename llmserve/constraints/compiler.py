@@ -36,8 +36,9 @@ whole automaton and computes and keeps them (``_steerable``), and the engine ser
 from the complete form, which takes them from there (``serving_form``'s ``within``).
 
 ``compile_constraint`` on a miss compiles lazily too, in its own way (``CompiledConstraint.lazy``):
-the whole automaton now, the mask rows as rows reach them; the background finisher completes the
-rest and writes the cache file. ``CompiledConstraint.complete()`` waits for all of it.
+the whole automaton now, the mask rows as rows reach them; the background finisher compresses all
+the rows, one at a time (never the dense table), swaps them in and writes the cache file.
+``CompiledConstraint.complete()`` waits for all of it.
 """
 
 from __future__ import annotations
@@ -752,20 +753,9 @@ def _cache_root(cache_dir: Path | str | bool | None) -> Path:
 
 
 def _complete_later(compiled: CompiledConstraint, path: Path) -> None:
-    # Larger constraints (e.g. 20k states over a 128k vocabulary: 320 MiB) are neither completed in
-    # the background nor cached: only the rows requests actually reach are computed.
-    nbytes = compiled.dense_bytes  # what completing it holds until it is compressed
-    if nbytes <= limits().complete_max_mb << 20:
-        FINISHER.submit(compiled, path)
-        return
-    log.info(
-        "constraint %s: %d states x %d tokens is %d MiB of masks; computing only the rows "
-        "requests reach, not caching it",
-        compiled.key[:12],
-        compiled.num_states,
-        compiled.vocab.size,
-        nbytes >> 20,
-    )
+    # compressed row by row in the background, whatever its dense size: one whose compressed rows
+    # pass complete_max_mb stays lazy (only the rows requests reach are computed) and uncached
+    FINISHER.submit(compiled, path)
 
 
 def load_cached(spec: Any, vocab: Vocab, cache_dir: Path | str | None = None) -> CompiledConstraint | None:

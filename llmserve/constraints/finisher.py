@@ -1,14 +1,19 @@
 """Background completion of lazily compiled constraints, and their cache files.
 
 One thread per process waits inside the native core (``finished_next``, without the GIL) and
-computes the remaining rows there, alone (the pool stays free for batch fills); it only takes the
-GIL once a constraint is complete, to write its file. Queueing is a native call, so it adds nothing
-to the compile that queues: no thread to start, no GIL handoff.
+compresses each queued constraint's rows there, alone (the pool stays free for batch fills), one row
+at a time: rows requests computed are read, the others computed into a scratch row, so completing a
+constraint holds what its compressed form holds, never its dense rows (a 60,000-state schema over a
+128k vocabulary: 1 GB dense). It only takes the GIL once a constraint is compressed, to swap the
+compressed rows in and write its file. Queueing is a native call, so it adds nothing to the compile
+that queues: no thread to start, no GIL handoff. A constraint whose compressed rows pass
+``complete_max_mb`` stays lazy (rows computed as requests reach them) and is not cached on disk.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import threading
@@ -17,10 +22,16 @@ from pathlib import Path
 
 from llmserve.constraints.compiled import CompiledConstraint, Completion
 from llmserve.constraints.disk_cache import try_write_cache
+from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import require_native
 
 log = logging.getLogger(__name__)
+
+
+def completed_max_bytes() -> int:
+    """What a completed (compressed) form may hold: ``complete_max_mb`` (within the core's int64)."""
+    return min(limits().complete_max_mb, 1 << 40) << 20
 
 
 class Finisher:
@@ -31,19 +42,36 @@ class Finisher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # also keeps the buffers alive until the native side is done with them
-        self._pending: dict[int, tuple[CompiledConstraint, Path, Completion]] = {}
+        self._pending: dict[int, tuple[CompiledConstraint, core.Grammar, Path, Completion]] = {}
         self._next_id = 0
         self.thread: threading.Thread | None = None
+        # constraints (keys) whose compressed rows passed the cap here, and the cap they passed: not
+        # tried again at that cap (a pass up to the cap is a core's work for seconds), most recent kept
+        self._over: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    OVER_KEPT = 4096
 
     def submit(self, compiled: CompiledConstraint, path: Path) -> None:
+        cap = completed_max_bytes()
         with self._lock:
+            if self._over.get(compiled.key, cap + 1) <= cap:
+                return  # stays lazy, as it did the last time
             self._next_id += 1
             job = self._next_id
             if self.thread is None or not self.thread.is_alive():  # first use, or a forked child
                 self.thread = threading.Thread(target=self._run, name="llmserve-constraint-cache", daemon=True)
                 self.thread.start()
-            self._pending[job] = (compiled, path, compiled.completed_by(self.thread))
-        compiled.native.finish_later(job)
+            grammar = compiled.native  # (the lazy one: the finished rows are its rows)
+            completion = compiled.completed_by(self.thread)
+            self._pending[job] = (compiled, grammar, path, completion)
+        try:
+            grammar.finish_later(job, cap)
+        except Exception:
+            # never a completion nobody will finish: complete() would wait for it forever
+            log.exception("constraint %s: its background completion could not be queued", compiled.key[:12])
+            with self._lock:
+                self._pending.pop(job, None)
+            completion.done.set()
 
     def _run(self) -> None:
         require_native()
@@ -52,18 +80,43 @@ class Finisher:
             with self._lock:
                 entry = self._pending.get(job)
             if entry is None:  # an id this process does not know: nothing to write
+                core.finished_take(job, None)
                 continue
-            compiled, path, completion = entry
+            compiled, grammar, path, completion = entry
             try:
-                compiled.mark_complete()
-                compiled.compress()
-                try_write_cache(path, compiled)
+                done = self._take(job, compiled, grammar)
+                if done is not None:
+                    compiled.adopt_compressed(done)
+                    try_write_cache(path, compiled)
             except Exception:
                 log.exception("writing the cache of constraint %s failed", compiled.key)
             finally:
                 completion.done.set()
                 with self._lock:
                     del self._pending[job]
+
+    def _take(self, job: int, compiled: CompiledConstraint, grammar: core.Grammar) -> core.Grammar | None:
+        """The compressed grammar the core made of job ``job``, or None where the form stays lazy
+        (logged: it passed the cap, or the core failed to complete it)."""
+        try:
+            done = core.finished_take(job, grammar)
+        except RuntimeError as exc:
+            log.warning("constraint %s: %s; computing only the rows requests reach", compiled.key[:12], exc)
+            return None
+        if done is None:
+            cap = completed_max_bytes()
+            log.info(
+                "constraint %s: its compressed rows pass complete_max_mb (%d MiB); computing only the rows "
+                "requests reach, not caching it",
+                compiled.key[:12],
+                cap >> 20,
+            )
+            with self._lock:
+                self._over[compiled.key] = cap
+                self._over.move_to_end(compiled.key)
+                while len(self._over) > self.OVER_KEPT:
+                    self._over.popitem(last=False)
+        return done
 
     def _forked(self) -> None:
         """In a forked child: the completions pending here were the parent's finisher thread's, which
@@ -79,7 +132,7 @@ class Finisher:
         """At exit: let pending cache files be written rather than leave temporary ones behind."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            pending = [completion for _, _, completion in self._pending.values()]
+            pending = [completion for *_, completion in self._pending.values()]
         for completion in pending:
             completion.done.wait(max(0.0, deadline - time.monotonic()))
 

@@ -15,8 +15,8 @@ LLMSERVE_CONSTRAINT_MAX_STATES         65536      states of the byte automaton, 
                                                   minimised: 4 bytes per byte class each for its
                                                   transitions (about 230 for a JSON schema), and a
                                                   mask row of vocabulary-size bits (16 KiB at 128k
-                                                  tokens) for each state a request reaches (a form
-                                                  over COMPLETE_MAX_MB never computes the others);
+                                                  tokens) for each state a request reaches until
+                                                  the form is compressed (COMPLETE_MAX_MB);
                                                   the construction may pass through
                                                   regex.SUBSET_FACTOR times as many (bounded by the
                                                   time and memory budgets too)
@@ -28,9 +28,11 @@ LLMSERVE_CONSTRAINT_CACHE_MB           1024       compiled constraints (automata
                                                   a running request uses stay (it holds them)
 LLMSERVE_CONSTRAINT_DISK_CACHE_MB      4096       the on-disk cache ($LLMSERVE_CACHE/constraints),
                                                   least recently used files deleted
-LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB    256        mask tables larger than this are never completed
-                                                  in the background nor cached on disk: only the
-                                                  rows requests reach are computed
+LLMSERVE_CONSTRAINT_COMPLETE_MAX_MB    256        a constraint's mask rows once compressed: the
+                                                  background completion compresses them row by row
+                                                  and gives up past this (never holding the dense
+                                                  table); such a form is not cached on disk and
+                                                  computes only the rows requests reach
 =====================================  =========  ==================================================
 
 The native core reads three more variables itself, when it loads; they are checked here too, so a

@@ -117,7 +117,7 @@ def test_a_fork_while_a_parent_thread_waits_on_a_completion_does_not_hold_the_ch
         from llmserve.constraints.finisher import FINISHER
 
         pending = Completion(threading.current_thread())
-        FINISHER._pending[10**9] = (None, None, pending)  # as the finisher's own thread would hold it
+        FINISHER._pending[10**9] = (None, None, None, pending)  # as the finisher's own thread would hold it
         stop = threading.Event()
 
         def waiter():

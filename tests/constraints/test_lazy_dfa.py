@@ -341,7 +341,8 @@ def test_a_lazy_grammar_refuses_what_needs_the_whole_automaton():
         lambda: g.token_distances(one, one),
         lambda: g.budget_row(0, one, 1, np.zeros(1, np.uint32)),
         lambda: g.rows_into(np.zeros((1, 1), np.uint32)),
-        lambda: g.finish_later(1),
+        lambda: g.finish_later(1, 1 << 20),
+        g.compact_all,
     ):
         with pytest.raises(ValueError, match="lazy"):
             call()
