@@ -579,18 +579,13 @@ PYBIND11_MODULE(_core, m) {
             const Grammar& gr = *g.g;
             check_whole(gr, "compact_all");
             if (gr.compact) return py::cast(g);
-            CompactArrays a;
-            uint8_t classes[256];
-            std::vector<int32_t> ct;
-            int64_t C = 0;
-            bool fits = false;
+            Finisher::Done done;
             {
               py::gil_scoped_release nogil;
-              fits = gr.compact_all(max_bytes, a);
-              if (fits) ct = byte_classes(gr.tr, gr.S, classes, C);
+              done = Finisher::compress(gr, max_bytes);
             }
-            if (!fits) return py::none();
-            return py::cast(compressed_from(g, std::move(a), classes, ct, C));
+            if (!done.complete) return py::none();
+            return py::cast(compressed_from(g, std::move(done.rows), done.classes.data(), done.columns, done.C));
           },
           py::arg("max_bytes") = INT64_MAX,
           "A compressed copy of this grammar made row by row on this thread, as the background completion "

@@ -24,19 +24,25 @@ int64_t Finisher::next_done() {
   }
   auto done = std::make_unique<Done>();
   try {
-    done->complete = job.g->compact_all(job.max_bytes, done->rows);
-    if (done->complete) {
-      done->classes.resize(256);
-      done->columns = byte_classes(job.g->tr, job.g->S, done->classes.data(), done->C);
-    }
+    *done = compress(*job.g, job.max_bytes);
   } catch (const std::exception& e) {  // (out of memory) the grammar stays lazy, as past the cap
-    *done = Done{};
     done->error = e.what();
   }
-  if (!done->complete) done->rows = CompactArrays{};  // what it held on the way
   std::lock_guard<std::mutex> lk(mu_);
   done_[job.id] = std::move(done);
   return job.id;
+}
+
+Finisher::Done Finisher::compress(const Grammar& g, int64_t max_bytes) {
+  Done done;
+  done.complete = g.compact_all(max_bytes, done.rows);
+  if (!done.complete) {
+    done.rows = CompactArrays{};  // what it held on the way
+    return done;
+  }
+  done.classes.resize(256);
+  done.columns = byte_classes(g.tr, g.S, done.classes.data(), done.C);
+  return done;
 }
 
 std::unique_ptr<Finisher::Done> Finisher::take(int64_t id) {

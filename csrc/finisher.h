@@ -30,6 +30,9 @@ class Finisher {
     std::vector<int32_t> columns;  // [S, C]
     int64_t C = 0;
   };
+  // `g` compressed row by row on this thread (Grammar::compact_all, then its byte classes); throws
+  // what they throw (out of memory)
+  static Done compress(const Grammar& g, int64_t max_bytes);
   void enqueue(int64_t id, std::shared_ptr<const Grammar> g, int64_t max_bytes);
   int64_t next_done();  // blocks until a queued grammar is complete; returns its id
   // the result of next_done()'s grammar `id`, once (null if there is none)

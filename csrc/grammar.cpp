@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -260,6 +261,10 @@ void CompactRows::check(int64_t rows, int64_t ndata) const {
 }
 
 namespace {
+// row s's W words: where they stay until the end (a table's row), or written into `scratch`
+// (overwritten by the next call)
+using RowSource = std::function<const uint32_t*(int64_t s, uint32_t* scratch)>;
+
 uint64_t row_hash(const uint32_t* m, int64_t W) {
   uint64_t h = 0x9E3779B97F4A7C15ull;
   for (int64_t w = 0; w < W; ++w) h = (h ^ m[w]) * 0x100000001B3ull + (h >> 29);
@@ -397,6 +402,12 @@ void store_row(const uint32_t* m, bool stable, int64_t W, DeltaBases& bases, Com
   out.off.push_back(static_cast<int64_t>(out.data.size()));
 }
 
+int64_t compact_bytes(const CompactArrays& a) {
+  // capacities, not sizes: what the vectors hold while they grow (up to twice their contents)
+  return static_cast<int64_t>(a.row_of.capacity() * sizeof(int32_t) + a.off.capacity() * sizeof(int64_t) +
+                              a.kind.capacity() + a.data.capacity() * sizeof(uint32_t));
+}
+
 // compact_rows over rows given in order; `hashes` (nullable) the rows' row_hash, computed beforehand
 bool compact_in_order(int64_t rows, int64_t W, const RowSource& row, const uint64_t* hashes, int64_t max_bytes,
                       CompactArrays& out) {
@@ -443,12 +454,6 @@ bool compact_in_order(int64_t rows, int64_t W, const RowSource& row, const uint6
 }
 }  // namespace
 
-int64_t compact_bytes(const CompactArrays& a) {
-  // capacities, not sizes: what the vectors hold while they grow (up to twice their contents)
-  return static_cast<int64_t>(a.row_of.capacity() * sizeof(int32_t) + a.off.capacity() * sizeof(int64_t) +
-                              a.kind.capacity() + a.data.capacity() * sizeof(uint32_t));
-}
-
 CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads) {
   std::vector<uint64_t> hash(rows);
   ThreadPool::global().parallel_for(rows, [&](int64_t s) { hash[s] = row_hash(masks + s * W, W); }, nthreads);
@@ -458,21 +463,17 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
   return out;
 }
 
-bool compact_rows(int64_t rows, int64_t W, const RowSource& row, int64_t max_bytes, CompactArrays& out) {
-  return compact_in_order(rows, W, row, nullptr, max_bytes, out);
-}
-
 bool Grammar::compact_all(int64_t max_bytes, CompactArrays& out) const {
   if (lazy) throw std::invalid_argument("a grammar over a lazy automaton has no complete set of rows");
   if (compact) throw std::invalid_argument("compact_all: the grammar is compressed already");
-  return compact_rows(
+  return compact_in_order(
       S + 1, vocab->words(),
       [&](int64_t r, uint32_t* scratch) -> const uint32_t* {
         if (ready(r)) return row_ptr(r);  // a ready row is never written again
         state_row(*vocab, tr, accept, S, r, scratch);
         return scratch;
       },
-      max_bytes, out);
+      nullptr, max_bytes, out);
 }
 
 int32_t Grammar::step(int32_t state, int64_t token) const {

@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -74,14 +73,6 @@ struct CompactArrays {
 // Compress masks[rows, W] (complete rows; rows may repeat).
 CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int nthreads);
 
-// The same, the rows given one at a time in order: `row(s, scratch)` returns row s's W words, either
-// where they stay until the end (a row of a table) or written into `scratch` (overwritten by the next
-// call). The rows are never held together: a constraint whose dense table would take gigabytes is
-// compressed in what its compressed form takes, plus at most DeltaBases' copies of large rows.
-// Returns false, `out` unspecified, as soon as the compressed arrays pass `max_bytes`.
-using RowSource = std::function<const uint32_t*(int64_t s, uint32_t* scratch)>;
-bool compact_rows(int64_t rows, int64_t W, const RowSource& row, int64_t max_bytes, CompactArrays& out);
-int64_t compact_bytes(const CompactArrays& a);
 
 // A compiled constraint. Raw pointers into buffers owned by the Python object (numpy, possibly mmap).
 // Mask rows may be computed lazily: `status` says per row whether it is ready; `ensure` computes a
@@ -132,8 +123,11 @@ struct Grammar {
   bool ready(int64_t row) const { return status[row].load(std::memory_order_acquire) == 2; }
   void ensure(int64_t row) const;
   void complete(int nthreads) const;
-  // every row compressed on this thread (rows already ready are read, the others computed into a
-  // scratch row and left missing: the dense table is never held); false past `max_bytes`
+  // every row compressed on this thread, in the same arrays as compact_rows over the dense table:
+  // rows already ready are read where they are, the others computed one at a time into a scratch
+  // row and left missing, so the dense table is never held (a schema whose dense table takes
+  // gigabytes costs its compressed form plus at most 512 copied delta bases). False, `out`
+  // unspecified, as soon as the arrays' capacity passes `max_bytes`.
   bool compact_all(int64_t max_bytes, CompactArrays& out) const;
   int64_t ready_rows() const;
   // words [w0, w1) of mask row r (w1 <= vocab->words()) into out[0, w1 - w0); the row must be ready

@@ -441,10 +441,7 @@ class CompiledConstraint:
     def complete(self) -> CompiledConstraint:
         """Compute every mask row not computed yet and compress them (and the automaton); wait for
         the background cache writer if any."""
-        finished = self._finished
-        if finished is not None and threading.current_thread() is not finished.thread and finished.pid == os.getpid():
-            finished.done.wait()
-        if not self._ready:
+        if not self.wait_completed() and not self._ready:  # the background did not compress it
             self.native.complete()
             self._ready = True
             self.compress()

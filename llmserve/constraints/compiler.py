@@ -190,8 +190,8 @@ def compile_constraint(
             try_write_cache(path, compiled)
     else:
         compiled = CompiledConstraint.lazy(vocab, dfa, key)
-        if path is not None:
-            _complete_later(compiled, path)
+        if path is not None:  # compressed and cached in the background (finisher.py)
+            FINISHER.submit(compiled, path)
     _reuse_distances(compiled, key, cache_dir)
     _hold(memo, compiled)
     return compiled
@@ -516,7 +516,7 @@ def _build_complete(
     _MEMORY.discard(("lazy-form", key, id(vocab)))  # rows served from it hold their own reference
     _MEMORY.discard(("lazy-dfa", dkey))
     if path is not None:
-        _complete_later(compiled, path)
+        FINISHER.submit(compiled, path)
 
 
 def _route_whole(key: str, cache_dir: Path | str | bool | None) -> None:
@@ -750,12 +750,6 @@ def _cache_root(cache_dir: Path | str | bool | None) -> Path:
     if not cache_dir or cache_dir is True:
         return default_cache_dir()
     return Path(cache_dir)
-
-
-def _complete_later(compiled: CompiledConstraint, path: Path) -> None:
-    # compressed row by row in the background, whatever its dense size: one whose compressed rows
-    # pass complete_max_mb stays lazy (only the rows requests reach are computed) and uncached
-    FINISHER.submit(compiled, path)
 
 
 def load_cached(spec: Any, vocab: Vocab, cache_dir: Path | str | None = None) -> CompiledConstraint | None:
