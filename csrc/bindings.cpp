@@ -17,6 +17,7 @@
 #include "apply.h"
 #include "batch.h"
 #include "checksum.h"
+#include "comb.h"
 #include "dfa.h"
 #include "finisher.h"
 #include "grammar.h"
@@ -40,6 +41,15 @@ T* buffer_of(py::array& a, int ndim, const char* what, bool writable) {
     throw std::invalid_argument(std::string(what) + ": last dimension must be contiguous");
   if (writable && !a.writeable()) throw std::invalid_argument(std::string(what) + ": read-only");
   return static_cast<T*>(writable ? a.mutable_data() : const_cast<void*>(a.data()));
+}
+
+// A vector handed to numpy as it is, not copied (numpy owns it through a capsule): a large form's
+// arrays would otherwise be held twice while they are handed over.
+template <typename T>
+py::array owned_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(std::move(shape), owned->data(), owner);
 }
 
 // Rows a batch may hold: far above any engine's batch, low enough that a wrong index fails here
@@ -89,26 +99,71 @@ Transitions class_table(py::array& classes, py::array& table, py::array& accept,
   return tr;
 }
 
-// A compressed form's class columns [S, C]: int16 where every state fits (half the memory), else int32.
-py::array class_columns(const std::vector<int32_t>& ct, int64_t S, int64_t C) {
-  const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(S), static_cast<py::ssize_t>(C)};
-  if (S <= Transitions::kMax16) {
-    py::array_t<int16_t> table(shape);
-    std::copy(ct.begin(), ct.end(), table.mutable_data());
-    return std::move(table);
-  }
-  py::array_t<int32_t> table(shape);
-  std::copy(ct.begin(), ct.end(), table.mutable_data());
-  return std::move(table);
+// The very array in a Python object, not a converted copy: pointers into it stay valid while the
+// caller keeps the object alive (a converted copy would be a temporary).
+py::array array_in(const py::handle& o, const char* what) {
+  if (!py::isinstance<py::array>(o)) throw py::type_error(std::string(what) + " must be a numpy array");
+  return py::reinterpret_borrow<py::array>(o);
 }
 
-// The transitions of a table given with or without its byte classes (None: a dense [S, 256] table).
-Transitions any_table(const py::object& classes, py::array& table, py::array& accept, int64_t& S) {
-  if (classes.is_none()) return Transitions::dense(dfa_table(table, accept, S));
-  // the very array, not a converted copy: the caller keeps `classes` alive, not a temporary
-  if (!py::isinstance<py::array>(classes)) throw py::type_error("classes must be a numpy array");
-  py::array c = py::reinterpret_borrow<py::array>(classes);
-  return class_table(c, table, accept, S);
+// A comb's transitions (comb.h) over byte classes: classes uint8[256], (base int32[S], slots [N, 2]
+// int16 where S fits, else int32) with C-contiguous rows; every base[s] + C within the slots (C: the
+// largest class + 1) and every owner and next a state or -1. Checked whole, as class_table.
+Transitions comb_table(py::array& classes, const py::tuple& comb, py::array& accept, int64_t& S) {
+  if (comb.size() != 2) throw std::invalid_argument("comb: (base, slots)");
+  py::array base_a = array_in(comb[0], "comb base");
+  py::array slots = array_in(comb[1], "comb slots");
+  const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
+  const int32_t* base = buffer_of<int32_t>(base_a, 1, "comb base", false);
+  const bool narrow = slots.itemsize() == sizeof(int16_t);
+  const int32_t* t = narrow ? nullptr : buffer_of<int32_t>(slots, 2, "comb slots", false);
+  const int16_t* t16 = narrow ? buffer_of<int16_t>(slots, 2, "comb slots", false) : nullptr;
+  buffer_of<uint8_t>(accept, 1, "accept", false);
+  S = base_a.shape(0);
+  const int64_t N = slots.shape(0);
+  if (classes.shape(0) != 256 || accept.shape(0) != S || slots.shape(1) != 2 ||
+      (N > 1 && slots.strides(0) != 2 * static_cast<py::ssize_t>(slots.itemsize())) ||
+      (narrow && S > Transitions::kMax16))
+    throw std::invalid_argument("classes/comb/accept shapes");
+  const int64_t C = *std::max_element(cls, cls + 256) + 1;
+  for (int64_t s = 0; s < S; ++s)
+    if (base[s] < 0 || base[s] + C > N) throw std::invalid_argument("comb base out of range");
+  for (int64_t i = 0; i < 2 * N; ++i) {
+    const int32_t x = narrow ? t16[i] : t[i];
+    if (x < -1 || x >= S) throw std::invalid_argument("comb slot out of range");
+  }
+  Transitions tr{t, cls, C};
+  tr.t16 = t16;
+  tr.base = base;
+  return tr;
+}
+
+// A compressed form's transitions for numpy: (base int32[S], slots [N, 2]), the slots in int16 where
+// every state fits (half the memory). Handed over without a copy where the width allows.
+py::tuple comb_arrays(Comb&& comb) {
+  const int64_t S = static_cast<int64_t>(comb.base.size());
+  const auto N = static_cast<py::ssize_t>(comb.slots.size() / 2);
+  py::array base = owned_array(std::move(comb.base), {static_cast<py::ssize_t>(S)});
+  if (S <= Transitions::kMax16) {
+    std::vector<int16_t> narrow(comb.slots.begin(), comb.slots.end());
+    comb.slots = {};
+    return py::make_tuple(base, owned_array(std::move(narrow), {N, 2}));
+  }
+  return py::make_tuple(base, owned_array(std::move(comb.slots), {N, 2}));
+}
+
+// The transitions of a table given with or without its byte classes (None: a dense [S, 256] table;
+// with classes, a table of their columns or a comb, (base, slots)).
+Transitions any_table(const py::object& classes, const py::object& table, py::array& accept, int64_t& S) {
+  if (classes.is_none()) {
+    if (py::isinstance<py::tuple>(table)) throw std::invalid_argument("a comb needs its byte classes");
+    py::array t = array_in(table, "table");
+    return Transitions::dense(dfa_table(t, accept, S));
+  }
+  py::array c = array_in(classes, "classes");
+  if (py::isinstance<py::tuple>(table)) return comb_table(c, table.cast<py::tuple>(), accept, S);
+  py::array t = array_in(table, "table");
+  return class_table(c, t, accept, S);
 }
 
 // A Python object that must be of a core class (pybind's own cast failure is a RuntimeError).
@@ -162,20 +217,20 @@ void check_order(const int32_t* ord, int64_t S) {
 
 struct PyGrammar {
   std::shared_ptr<Grammar> g;
-  py::object table, accept, masks;  // keep the buffers alive (table: [S, C] once compressed)
+  py::object table, accept, masks;  // keep the buffers alive (table: a comb, (base, slots), once compressed)
   py::object classes;               // a compressed grammar's byte classes
   py::tuple rows;                   // compressed rows (row_of, off, kind, data), kept alive likewise
 };
 
 // A compressed grammar over arrays from Python (possibly from a cache file): every index checked.
-PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::array table, py::array accept,
+PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::object table, py::array accept,
                              py::array row_of, py::array off, py::array kind, py::array data, int32_t start) {
   PyGrammar g;
   g.g = std::make_shared<Grammar>();
   Grammar& gr = *g.g;
   gr.vocab = v.v;
   int64_t S = 0;
-  gr.tr = class_table(classes, table, accept, S);
+  gr.tr = any_table(classes, table, accept, S);
   gr.accept = static_cast<const uint8_t*>(accept.data());
   gr.S = S;
   gr.start = start;
@@ -202,26 +257,19 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::array tabl
   return g;
 }
 
-// The arrays handed to numpy as they are, not copied: a large form's data would otherwise be held twice
-// while it is handed over.
+// The compressed rows for numpy, not copied (owned_array).
 py::tuple compact_to_numpy(CompactArrays&& a) {
-  auto vec = [](auto& v) {
-    using V = std::decay_t<decltype(v)>;
-    auto* owned = new V(std::move(v));
-    py::capsule owner(owned, [](void* p) { delete static_cast<V*>(p); });
-    return py::array_t<typename V::value_type>(static_cast<py::ssize_t>(owned->size()), owned->data(), owner);
-  };
+  auto vec = [](auto& v) { return owned_array(std::move(v), {static_cast<py::ssize_t>(v.size())}); };
   return py::make_tuple(vec(a.row_of), vec(a.off), vec(a.kind), vec(a.data));
 }
 
 // `g` compressed, from the arrays the core made of it (compress, compact_all, the finisher): the same
 // vocabulary, acceptance and start; the arrays checked on the way in, as any compressed grammar's.
-PyGrammar compressed_from(const PyGrammar& g, CompactArrays&& a, const uint8_t* classes,
-                          const std::vector<int32_t>& columns, int64_t C) {
+PyGrammar compressed_from(const PyGrammar& g, CompactArrays&& a, const uint8_t* classes, Comb&& comb) {
   const Grammar& gr = *g.g;
   py::array_t<uint8_t> cls(256);
   std::memcpy(cls.mutable_data(), classes, 256);
-  py::array table = class_columns(columns, gr.S, C);
+  py::tuple table = comb_arrays(std::move(comb));
   py::tuple t = compact_to_numpy(std::move(a));
   return compressed_grammar(PyVocab{gr.vocab}, cls, table, g.accept.cast<py::array>(), t[0].cast<py::array>(),
                             t[1].cast<py::array>(), t[2].cast<py::array>(), t[3].cast<py::array>(), gr.start);
@@ -506,7 +554,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("vocab"), py::arg("table"), py::arg("accept"), py::arg("nthreads") = 0);
 
   py::class_<PyGrammar>(m, "Grammar")
-      .def(py::init([](const PyVocab& v, py::array table, py::array accept, py::array masks, int32_t start,
+      .def(py::init([](const PyVocab& v, py::object table, py::array accept, py::array masks, int32_t start,
                        bool ready, py::object classes) {
              PyGrammar g;
              g.g = std::make_shared<Grammar>();
@@ -562,14 +610,13 @@ PYBIND11_MODULE(_core, m) {
               if (!gr.ready(r)) throw std::invalid_argument("compress: the grammar is not complete");
             CompactArrays a;
             uint8_t classes[256];
-            std::vector<int32_t> ct;
-            int64_t C = 0;
+            Comb comb;
             {
               py::gil_scoped_release nogil;
               a = compact_rows(gr.masks, gr.S + 1, gr.vocab->words(), nthreads);
-              ct = byte_classes(gr.tr, gr.S, classes, C);
+              comb = comb_of(gr.tr, gr.S, classes);
             }
-            return compressed_from(g, std::move(a), classes, ct, C);
+            return compressed_from(g, std::move(a), classes, std::move(comb));
           },
           py::arg("nthreads") = 0,
           "A compressed copy of this complete grammar (same automaton and states); this one is unchanged.")
@@ -585,7 +632,7 @@ PYBIND11_MODULE(_core, m) {
               done = Finisher::compress(gr, max_bytes);
             }
             if (!done.complete) return py::none();
-            return py::cast(compressed_from(g, std::move(done.rows), done.classes.data(), done.columns, done.C));
+            return py::cast(compressed_from(g, std::move(done.rows), done.classes.data(), std::move(done.comb)));
           },
           py::arg("max_bytes") = INT64_MAX,
           "A compressed copy of this grammar made row by row on this thread, as the background completion "
@@ -693,7 +740,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "token_distances",
-      [](const PyVocab& v, py::array table, py::array accept, py::array dist, py::array order, py::object classes) {
+      [](const PyVocab& v, py::object table, py::array accept, py::array dist, py::array order, py::object classes) {
         int64_t S = 0;
         const Transitions tr = any_table(classes, table, accept, S);
         const uint8_t* a = static_cast<const uint8_t*>(accept.data());
@@ -711,7 +758,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "fewest_tokens",
-      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::object classes, int64_t budget_ms) {
+      [](const PyVocab& v, py::object table, py::array accept, int32_t start, py::object classes, int64_t budget_ms) {
         int64_t S = 0;
         const Transitions tr = any_table(classes, table, accept, S);
         if (start < 0 || start >= S) throw std::invalid_argument("fewest_tokens: start state out of range");
@@ -727,8 +774,28 @@ PYBIND11_MODULE(_core, m) {
       "and every answer then takes more than `explored` tokens.");
 
   m.def(
+      "pack_comb",
+      [](py::array columns) {
+        const int32_t* c = buffer_of<int32_t>(columns, 2, "columns", false);
+        const int64_t S = columns.shape(0), C = columns.shape(1);
+        if (C < 1 || C > 256 || (S > 1 && columns.strides(0) != C * 4))
+          throw std::invalid_argument("pack_comb: columns must be C-contiguous int32[S, C], 1 <= C <= 256");
+        for (int64_t i = 0; i < S * C; ++i)
+          if (c[i] < -1 || c[i] >= S) throw std::invalid_argument("pack_comb: entry out of range");
+        Comb comb;
+        {
+          py::gil_scoped_release nogil;
+          comb = pack_comb(c, S, C);
+        }
+        return comb_arrays(std::move(comb));
+      },
+      py::arg("columns"),
+      "(base int32[S], slots [N, 2]): class columns int32[S, C] packed as the comb a compressed grammar "
+      "holds (csrc/comb.h; slots int16 where S <= 32,767). Releases the GIL.");
+
+  m.def(
       "byte_distances",
-      [](py::array table, py::array accept, py::array usable, py::object classes) {
+      [](py::object table, py::array accept, py::array usable, py::object classes) {
         int64_t S = 0;
         const Transitions tr = any_table(classes, table, accept, S);
         const uint8_t* u = buffer_of<uint8_t>(usable, 1, "usable", false);
@@ -772,7 +839,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "greedy_tokens",
-      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::object classes) {
+      [](const PyVocab& v, py::object table, py::array accept, int32_t start, py::object classes) {
         int64_t S = 0;
         const Transitions tr = any_table(classes, table, accept, S);
         if (start < 0 || start >= S) throw std::invalid_argument("greedy_tokens: start state out of range");
@@ -786,7 +853,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "shortest_answer",
-      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::object classes) -> py::object {
+      [](const PyVocab& v, py::object table, py::array accept, int32_t start, py::object classes) -> py::object {
         int64_t S = 0;
         const Transitions tr = any_table(classes, table, accept, S);
         if (start < 0 || start >= S) throw std::invalid_argument("shortest_answer: start state out of range");
@@ -806,7 +873,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "token_path",
-      [](const PyVocab& v, py::array table, py::array accept, int32_t start, py::bytes answer,
+      [](const PyVocab& v, py::object table, py::array accept, int32_t start, py::bytes answer,
          py::object classes) -> py::object {
         int64_t S = 0;
         const Transitions tr = any_table(classes, table, accept, S);
@@ -879,7 +946,7 @@ PYBIND11_MODULE(_core, m) {
         const PyGrammar& g = cast_to<PyGrammar>(grammar, "grammar");
         if (g.g->compact || g.g->S + 1 != static_cast<int64_t>(done->rows.row_of.size()))
           throw std::invalid_argument("finished_take: not the grammar queued as this id");
-        return py::cast(compressed_from(g, std::move(done->rows), done->classes.data(), done->columns, done->C));
+        return py::cast(compressed_from(g, std::move(done->rows), done->classes.data(), std::move(done->comb)));
       },
       py::arg("id"), py::arg("grammar"),
       "The compressed grammar finished_next() made of `grammar` (queued as `id`): same automaton and states; "

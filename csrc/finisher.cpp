@@ -41,7 +41,7 @@ Finisher::Done Finisher::compress(const Grammar& g, int64_t max_bytes) {
     return done;
   }
   done.classes.resize(256);
-  done.columns = byte_classes(g.tr, g.S, done.classes.data(), done.C);
+  done.comb = comb_of(g.tr, g.S, done.classes.data());
   return done;
 }
 

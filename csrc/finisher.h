@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "comb.h"
 #include "grammar.h"
 
 namespace llmserve {
@@ -27,10 +28,9 @@ class Finisher {
     std::string error;
     CompactArrays rows;
     std::vector<uint8_t> classes;  // [256]
-    std::vector<int32_t> columns;  // [S, C]
-    int64_t C = 0;
+    Comb comb;                     // the transitions over those classes
   };
-  // `g` compressed row by row on this thread (Grammar::compact_all, then its byte classes); throws
+  // `g` compressed row by row on this thread (Grammar::compact_all, then its transitions' comb); throws
   // what they throw (out of memory)
   static Done compress(const Grammar& g, int64_t max_bytes);
   void enqueue(int64_t id, std::shared_ptr<const Grammar> g, int64_t max_bytes);

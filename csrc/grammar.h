@@ -4,7 +4,7 @@
 // Layout shared with Python (llmserve/constraints/compiled.py), while rows are computed or when
 // dense: table int32[S,256] (-1 dead), accept uint8[S], masks uint32[S+1, W] (row S: the dead row);
 // bit (t % 32) of word (t / 32) of a row set = token t allowed. A complete grammar is compressed
-// (CompactRows below, and byte classes: Transitions in vocab_trie.h).
+// (CompactRows below, and its byte classes packed as a comb: Transitions in vocab_trie.h, comb.h).
 #pragma once
 
 #include <atomic>
@@ -81,7 +81,7 @@ CompactArrays compact_rows(const uint32_t* masks, int64_t rows, int64_t W, int n
 // background (`complete`).
 struct Grammar {
   std::shared_ptr<Vocab> vocab;
-  Transitions tr;  // dense or byte classes while lazy (as given), byte classes once compressed
+  Transitions tr;  // dense or byte classes while lazy (as given), a comb of byte classes once compressed
   const uint8_t* accept = nullptr;
   uint32_t* masks = nullptr;  // written only for rows that are not ready yet
   int64_t S = 0;

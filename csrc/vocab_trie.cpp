@@ -112,24 +112,28 @@ std::vector<int32_t> byte_classes(const Transitions& tr, int64_t S, uint8_t* cls
 }
 
 void Vocab::state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t* stack) const {
-  walk_mask([&tr](int32_t q, uint8_t b) { return tr.next(q, b); }, s, out, stack);
+  tr.visit([&](const auto& view) { walk_mask([&view](int32_t q, uint8_t b) { return view.next(q, b); }, s, out, stack); });
 }
 
 void Vocab::state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,
                               int32_t* stack) const {
   std::memset(out, 0, words_ * sizeof(uint32_t));
-  each_successor(tr, s, stack, [&](int32_t q, int32_t node) {
-    if (dist[q] <= k)
-      for (auto [t, end] = node_tokens(node); t < end; ++t) out[*t >> 5] |= 1u << (*t & 31);
-    return false;
+  tr.visit([&](const auto& view) {
+    each_successor(view, s, stack, [&](int32_t q, int32_t node) {
+      if (dist[q] <= k)
+        for (auto [t, end] = node_tokens(node); t < end; ++t) out[*t >> 5] |= 1u << (*t & 31);
+      return false;
+    });
   });
 }
 
 int32_t Vocab::min_successor(const Transitions& tr, int32_t s, const int32_t* dist, int32_t* stack) const {
   int32_t best = INT32_MAX;
-  each_successor(tr, s, stack, [&](int32_t q, int32_t) {
-    best = std::min(best, dist[q]);
-    return false;
+  tr.visit([&](const auto& view) {
+    each_successor(view, s, stack, [&](int32_t q, int32_t) {
+      best = std::min(best, dist[q]);
+      return false;
+    });
   });
   return best;
 }
@@ -253,13 +257,16 @@ int32_t greedy_tokens(const Vocab& v, const Transitions& tr, const uint8_t* acce
 
 FewestTokens fewest_tokens(const Vocab& v, const Transitions& tr, const uint8_t* accept, int64_t S, int32_t start,
                            int64_t budget_ms) {
-  struct Table {
-    const Transitions& tr;
-    const uint8_t* accept;
-    int32_t next(int32_t s, uint8_t b) const { return tr.next(s, b); }
-    bool accepting(int32_t s) const { return accept[s] != 0; }
-  } table{tr, accept};
-  return fewest_tokens_in(v, table, start, budget_ms);
+  return tr.visit([&](const auto& view) {
+    using View = std::decay_t<decltype(view)>;
+    struct Table {
+      View view;
+      const uint8_t* accept;
+      int32_t next(int32_t s, uint8_t b) const { return view.next(s, b); }
+      bool accepting(int32_t s) const { return accept[s] != 0; }
+    } table{view, accept};
+    return fewest_tokens_in(v, table, start, budget_ms);
+  });
 }
 
 }  // namespace llmserve

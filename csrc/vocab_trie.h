@@ -15,23 +15,61 @@
 namespace llmserve {
 
 // A DFA's transitions: the next state from s on byte b is t[s * stride + cls[b]] (-1: dead). A dense
-// table is its own classes (the identity, stride 256); a compressed grammar keeps one column per
-// class of bytes that every state treats alike (a JSON schema's ~2,000 states need a few dozen), a
-// fraction of the 1 KB per state of a dense table.
+// table is its own classes (the identity, stride 256); a construction keeps one column per class of
+// bytes that every state treats alike (a JSON schema's ~2,000 states need a few dozen), a fraction
+// of the 1 KB per state of a dense table. A compressed form packs those columns as a comb (comb.h):
+// with `base` set, t (or t16) holds the (owner, next) slots, and s moves on b only where the slot at
+// base[s] + cls[b] is its own.
 struct Transitions {
   const int32_t* t = nullptr;
   const uint8_t* cls = nullptr;
   int64_t stride = 256;
-  // set instead of t: the same table in 16 bits, for an automaton of at most kMax16 states (a
-  // compressed form's columns are most of its memory once its rows are shared)
+  // set instead of t: the same in 16 bits, for an automaton of at most kMax16 states
   const int16_t* t16 = nullptr;
+  const int32_t* base = nullptr;  // set: a comb
   static constexpr int64_t kMax16 = 32767;
   int32_t next(int32_t s, uint8_t b) const {
+    if (base) {
+      const int64_t i = 2 * (static_cast<int64_t>(base[s]) + cls[b]);
+      if (t16) return t16[i] == s ? t16[i + 1] : -1;
+      return t[i] == s ? t[i + 1] : -1;
+    }
     const int64_t i = static_cast<int64_t>(s) * stride + cls[b];
     return t16 ? t16[i] : t[i];
   }
   static Transitions dense(const int32_t* table);
+  // f(view), where view.next(s, b) is next(s, b) for this layout alone: a walk over the token trie
+  // makes thousands of steps from one state, and the choice of layout on each of them cost 20% of
+  // the exact distance search over a comb.
+  template <class F>
+  decltype(auto) visit(F&& f) const;
 };
+
+namespace layout {
+template <class T>
+struct Columns {
+  const T* t;
+  const uint8_t* cls;
+  int64_t stride;
+  int32_t next(int32_t s, uint8_t b) const { return t[static_cast<int64_t>(s) * stride + cls[b]]; }
+};
+template <class T>
+struct Comb {
+  const T* slots;
+  const int32_t* base;
+  const uint8_t* cls;
+  int32_t next(int32_t s, uint8_t b) const {
+    const T* slot = slots + 2 * (static_cast<int64_t>(base[s]) + cls[b]);
+    return slot[0] == s ? slot[1] : -1;
+  }
+};
+}  // namespace layout
+
+template <class F>
+decltype(auto) Transitions::visit(F&& f) const {
+  if (base) return t16 ? f(layout::Comb<int16_t>{t16, base, cls}) : f(layout::Comb<int32_t>{t, base, cls});
+  return t16 ? f(layout::Columns<int16_t>{t16, cls, stride}) : f(layout::Columns<int32_t>{t, cls, stride});
+}
 
 // The byte classes of an automaton, fewest (bytes every state treats alike share one): cls[256]
 // (classes numbered by first byte) and the table with one column per class, [S, C]. From a dense

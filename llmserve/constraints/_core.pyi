@@ -7,7 +7,9 @@
 #   vocabulary  offsets int64[size + 1], data uint8: token i = data[offsets[i]:offsets[i + 1]]
 #               (an empty token is never allowed); W = (size + 31) // 32 uint32 words per mask row
 #   DFA         table int32[S, 256] (-1: dead), accept uint8[S], start state in [0, S); or over byte
-#               classes: classes uint8[256] and table int32[S, C], next state on byte b table[s, classes[b]]
+#               classes: classes uint8[256] and table int32[S, C], next state on byte b table[s, classes[b]],
+#               or a comb of those columns, (base int32[S], slots [N, 2] of (owner, next)): next state
+#               slots[base[s] + classes[b], 1] where its owner is s, else -1 (csrc/comb.h)
 #   masks       uint32[S + 1, W]: row s = tokens allowed in state s, row S = the dead row (end of
 #               sequence only); bit (t % 32) of word (t // 32) set = token t allowed
 #   batch       bitmask uint32[B, W'] (W' >= ceil(V / 32)), logits float32[B, V] (rows may be strided),
@@ -23,8 +25,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 # an automaton's table: dense int32[S, 256], or one column per byte class, int32[S, C] or, where S
-# <= 32,767, int16 (a compressed grammar's; csrc/vocab_trie.h, Transitions)
-Columns = NDArray[np.int32] | NDArray[np.int16]
+# <= 32,767, int16; or a comb of the class columns (a compressed grammar's: base int32[S], slots
+# [N, 2] in int16 where S <= 32,767, else int32; csrc/vocab_trie.h, Transitions, and csrc/comb.h)
+Comb = tuple[NDArray[np.int32], NDArray[np.int16] | NDArray[np.int32]]
+Columns = NDArray[np.int32] | NDArray[np.int16] | Comb
 
 def default_threads() -> int:
     """LLMSERVE_CONSTRAINT_THREADS when set, else the hardware threads (at most 16)."""
@@ -113,7 +117,7 @@ class Grammar:
         ready: bool = True,
         classes: NDArray[np.uint8] | None = None,
     ) -> None:
-        """table int32[S, 256] (or int32[S, C] with its ``classes``), accept uint8[S],
+        """table int32[S, 256] (or class columns or their comb with its ``classes``), accept uint8[S],
         masks uint32[S + 1, vocab.words]."""
     @staticmethod
     def over_lazy(vocab: Vocab, lazy: LazyDfa) -> Grammar:
@@ -135,16 +139,17 @@ class Grammar:
         start: int = 0,
     ) -> Grammar:
         """A complete grammar over compressed rows (``compact_rows``'s arrays, kept alive by it) and a
-        compressed automaton: byte classes uint8[256] and table int32[S, C], the next state from s on
-        byte b being table[s, classes[b]]. ValueError when an index in them is out of range."""
+        compressed automaton: byte classes uint8[256] and their columns, or (as the core makes them)
+        their comb. ValueError when an index in them is out of range."""
     @property
     def compressed_rows(
         self,
     ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]] | None:
         """(row_of, off, kind, data) of a compressed grammar; None for a dense one."""
     @property
-    def transitions(self) -> tuple[NDArray[np.uint8], Columns] | None:
-        """(classes, table[S, C]) of a compressed grammar; None for a dense one."""
+    def transitions(self) -> tuple[NDArray[np.uint8], Comb] | None:
+        """(classes, (base, slots)) of a compressed grammar, its columns packed as a comb; None for a
+        dense one."""
     def compress(self, nthreads: int = 0) -> Grammar:
         """A compressed copy of this complete grammar (rows and automaton; same state ids). Releases the GIL.
         ValueError: a row is not computed yet."""
@@ -205,6 +210,10 @@ def fewest_tokens(
     searched breadth-first from ``start`` over token steps, so it costs the states nearer the start
     than the shortest answer. tokens is -1 when ``budget_ms`` (> 0) ran out first: every answer then
     takes more than ``explored`` tokens. Releases the GIL."""
+
+def pack_comb(columns: NDArray[np.int32]) -> Comb:
+    """Class columns int32[S, C] packed as the comb a compressed grammar holds (csrc/comb.h): every
+    state at the lowest base where its moves land on free slots. Releases the GIL."""
 
 def byte_distances(
     table: Columns,

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from llmserve.constraints.comb import Comb, class_columns
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.native import native, native_vocab
 
@@ -43,29 +44,33 @@ class BudgetError(ConstraintError):
     default_hint = "Raise max_tokens, or loosen the constraint (fewer required properties, shorter minimums)."
 
 
-def _columns(table, classes) -> NDArray[np.int16] | NDArray[np.int32]:
-    """The table as the core reads it: a compressed form's int16 class columns as they are (no int32
-    copy of them per search), anything else as int32 (the core reads a dense table in 32 bits only)."""
+def _columns(table, classes) -> NDArray[np.int16] | NDArray[np.int32] | Comb:
+    """The table as the core reads it: a compressed form's comb, or int16 class columns, as they are
+    (no int32 copy of them per search), anything else as int32 (the core reads a dense table in 32
+    bits only)."""
+    if classes is not None and isinstance(table, tuple):
+        return Comb(*table)
     if classes is not None and isinstance(table, np.ndarray) and table.dtype == np.int16 and table.flags.c_contiguous:
         return table
     return np.ascontiguousarray(table, dtype=np.int32)
 
 
 def distances(
-    table: NDArray[np.int32] | NDArray[np.int16],
+    table: NDArray[np.int32] | NDArray[np.int16] | Comb,
     accept: NDArray[np.uint8],
     bytes_usable: NDArray[np.bool_] | None = None,
     classes: NDArray[np.uint8] | None = None,
 ):
     """int32 [S]: fewest single-byte steps to an accepting state (UNREACHABLE where none), a
     breadth-first search backwards from the accepting states. ``classes``: ``table`` is over byte
-    classes, int32[S, C] or a compressed form's int16 (see ``regex.ByteDFA``); a class is a usable
+    classes: columns int32[S, C] (see ``regex.ByteDFA``) or a compressed form's comb; a class is a usable
     step when any of its bytes is.
     Natively when the core is built (steering reads it inline, at a request's first steered step:
     tens of milliseconds in numpy for a 50,000-state schema)."""
     usable = np.ones(256, dtype=bool) if bytes_usable is None else np.asarray(bytes_usable, dtype=bool)
     if native is None:
-        return _distances_numpy(np.asarray(table), accept, usable, classes)
+        held = table if classes is None else class_columns(table, classes)
+        return _distances_numpy(np.asarray(held), accept, usable, classes)
     return native.byte_distances(
         _columns(table, classes),
         np.ascontiguousarray(accept, dtype=np.uint8),
@@ -130,7 +135,7 @@ class Shortest(NamedTuple):
 
 
 def fewest_tokens(
-    table: NDArray[np.int32] | NDArray[np.int16],
+    table: NDArray[np.int32] | NDArray[np.int16] | Comb,
     accept: NDArray[np.uint8],
     start: int,
     vocab,

@@ -9,8 +9,8 @@ mask fill writes ``masks[state]``'s words: cost per row is flat, whatever the co
 A complete form keeps its rows compressed (``csrc/grammar.h``, ``CompactRows``): each distinct row
 once, as its allowed ids, its refused ids, its partial words or its plain words, the smallest once
 weighed by what each costs a fill, or as the few words where it differs from an earlier large row
-(free strings at each depth of a JSON value); and its automaton as byte classes (``csrc/vocab_trie.h``,
-``Transitions``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
+(free strings at each depth of a JSON value); and its automaton as byte classes whose columns are
+packed as a comb (``comb.py``, ``csrc/comb.h``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
 logits pass reads from L1. A 2,000-state schema over 100k tokens takes 2-3 MB instead of 26 MB
 (``benchmarks/constraints/memory.py``); ``nbytes`` counts what a form holds now.
 
@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from llmserve.constraints import reference
 from llmserve.constraints.budget import UNREACHABLE, steerable_from, token_distances
 from llmserve.constraints.budget import distances as byte_distances
+from llmserve.constraints.comb import Comb, as_comb, class_columns
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.regex import ByteDFA
@@ -58,10 +59,10 @@ os.register_at_fork(after_in_child=_free_exact_slot)
 
 # compressed mask rows, as the core lays them out (csrc/grammar.h, CompactRows): row_of, off, kind, data
 Rows = tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]
-# a compressed automaton: byte classes uint8[256] and one column per class, int32[S, C], or int16
-# where S <= 32,767 (csrc/vocab_trie.h, Transitions): the next state from s on byte b is
-# table[s, classes[b]]
-ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int16] | NDArray[np.int32]]
+# an automaton over byte classes: classes uint8[256] and a lazy form's columns, one per class, int32[S, C]
+# (the next state from s on byte b is table[s, classes[b]]), or a compressed form's comb of them
+# (comb.py; csrc/vocab_trie.h, Transitions)
+ByteClasses = tuple[NDArray[np.uint8], NDArray[np.int16] | NDArray[np.int32] | Comb]
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class CompiledConstraint:
             return self._table
         assert self._transitions is not None
         classes, table = self._transitions
-        return np.ascontiguousarray(table[:, classes], dtype=np.int32)
+        return np.ascontiguousarray(class_columns(table, classes)[:, classes], dtype=np.int32)
 
     @property
     def transitions(self) -> ByteClasses | None:
@@ -272,19 +273,20 @@ class CompiledConstraint:
 
     def _hold_compressed(self, g: core.Grammar) -> None:
         rows, transitions = g.compressed_rows, g.transitions
-        if rows is None or transitions is None or g.num_states != self.num_states:
+        comb = None if transitions is None else as_comb(transitions[1])
+        if rows is None or transitions is None or comb is None or g.num_states != self.num_states:
             raise ValueError("not this form's rows compressed")
         # the compressed fields before the dense ones are cleared: ``nbytes`` reads without the lock
-        self._rows, self._transitions = rows, transitions
+        self._rows, self._transitions = rows, (transitions[0], comb)
         # in this order: readers without the lock (nbytes, mask_row) take the dense rows, then the
         # grammar; a lazy form's rows are not all computed, so `_ready` stays as it was
         self._native = g
         self._masks = None
         self._table = None
 
-    def _search_form(self) -> tuple[NDArray[np.int16] | NDArray[np.int32], NDArray[np.uint8] | None]:
+    def _search_form(self) -> tuple[NDArray[np.int16] | NDArray[np.int32] | Comb, NDArray[np.uint8] | None]:
         """(table, classes): the automaton as held, for the core and the distance searches: the class
-        columns and their classes, or the dense table and None (never expanded for them)."""
+        columns or their comb, and their classes; or the dense table and None (never expanded for them)."""
         if self._table is not None:
             return self._table, None
         assert self._transitions is not None

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from llmserve.constraints.comb import Comb
 from llmserve.constraints.compiled import CompiledConstraint
 from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
@@ -47,8 +48,10 @@ log = logging.getLogger(__name__)
 # 4: the automaton as byte classes (classes uint8[256], table int32[S, C]; csrc/vocab_trie.h)
 # 5: a row may be held as a delta of an earlier one (kind 4), and the class columns as int16 where
 #    the automaton has at most 32,767 states: an older reader refuses both
-FORMAT_VERSION = 5
-_MAGIC = b"LLMSCST5"
+# 6: a compressed form's class columns packed as a comb (comb_base int32[S], comb_slots [N, 2];
+#    csrc/comb.h) instead of the columns themselves
+FORMAT_VERSION = 6
+_MAGIC = b"LLMSCST6"
 _FIXED = 24  # magic, header length, checksum
 _ALIGN = 64
 _M64 = (1 << 64) - 1
@@ -200,7 +203,14 @@ def write_cache(path: Path, c: CompiledConstraint) -> None:
         c = CompiledConstraint(c.vocab, c.table, c.accept, c.masks, c.start, c.key).compress()
     rows, transitions = c.compressed_rows, c.transitions
     assert rows is not None and transitions is not None
-    arrays: dict[str, np.ndarray] = {"classes": transitions[0], "table": transitions[1], "accept": c.accept}
+    classes, comb = transitions
+    assert isinstance(comb, Comb)
+    arrays: dict[str, np.ndarray] = {
+        "classes": classes,
+        "comb_base": comb.base,
+        "comb_slots": comb.slots,
+        "accept": c.accept,
+    }
     arrays.update(zip(_ROWS, rows, strict=True))
     write_arrays(path, c.key, arrays, {"start": c.start})
 
@@ -301,14 +311,15 @@ def read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
         return None
     header, a = found
     try:
-        classes, table, accept, start = a["classes"], a["table"], a["accept"], int(header["start"])
+        classes, accept, start = a["classes"], a["accept"], int(header["start"])
+        comb = Comb(a["comb_base"], a["comb_slots"])
         rows = (a["row_of"], a["off"], a["kind"], a["data"])
     except (KeyError, ValueError, TypeError):
         log.warning("constraint cache file %s ignored (arrays missing); it will be rebuilt", path)
         return None
-    if core is None or table.ndim != 2 or accept.shape != (table.shape[0],):
+    if core is None or comb.base.ndim != 1 or accept.shape != comb.base.shape:
         return None
-    c = CompiledConstraint(vocab, None, accept, None, start, header["key"], rows=rows, transitions=(classes, table))
+    c = CompiledConstraint(vocab, None, accept, None, start, header["key"], rows=rows, transitions=(classes, comb))
     try:
         c.native  # noqa: B018 - builds the grammar, which checks every index of the compressed rows
     except (ValueError, TypeError) as exc:  # the checksum passed, so written by another version or vocabulary

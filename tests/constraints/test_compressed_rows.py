@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from llmserve.constraints import Vocab, budget, compile_constraint, disk_cache, load_cached, reference
 from llmserve.constraints import compiler as compiler_mod
+from llmserve.constraints.comb import Comb
 from llmserve.constraints.compiled import compile_dfa
 from llmserve.constraints.native import native, native_vocab, require_native
 from llmserve.constraints.regex import compile_regex
@@ -188,8 +189,12 @@ def test_random_automata_compressed_equals_dense(pattern, vocab, seed):
     assert c.compressed
     np.testing.assert_array_equal(c.masks, dense)
     np.testing.assert_array_equal(c.table, dfa.table)  # the byte classes expand to the same automaton
-    classes, table = c.transitions
-    assert table.shape[1] == len(set(classes.tolist())) <= 256
+    classes, comb = c.transitions
+    n_classes = len(set(classes.tolist()))
+    assert isinstance(comb, Comb) and int(classes.max()) + 1 == n_classes <= 256
+    # the comb holds one slot per move and no more: every owned slot is a move of its owner
+    assert (comb.slots[:, 0] >= 0).sum() == (comb.columns(n_classes) >= 0).sum()
+    assert comb.slots.shape[0] >= int(comb.base.max()) + n_classes
     for s in range(c.num_states):
         for t in range(vocab.size):
             assert c.step(s, t) == reference.step(vocab, dfa.table, dfa.accept, s, t)
@@ -372,27 +377,34 @@ def test_unsorted_ids_are_refused(wide_vocab):
         native.Grammar.compressed(native_vocab(wide_vocab), *c.transitions, c.accept, row_of, off, kind, data)
 
 
-def test_class_columns_take_16_bits_where_the_states_fit(wide_vocab):
-    """A compressed automaton of at most 32,767 states holds its columns as int16 (half the bytes:
-    most of a large schema's memory once its rows are shared), and steps, fills and distances read
-    them as the int32 columns they replace; int32 columns (an automaton over 32,767 states) are
-    still taken for any."""
+def test_comb_slots_take_16_bits_where_the_states_fit(wide_vocab):
+    """A compressed automaton of at most 32,767 states holds its comb's slots as int16, and steps,
+    fills and distances read them as the class columns they pack; int32 slots, and the columns
+    themselves in either width, are still taken for any."""
     c = compile_dfa(compile_regex("[a-c]{2,5}x|ab(cd)*"), wide_vocab)
-    classes, table = c.transitions
-    assert table.dtype == np.int16
+    classes, comb = c.transitions
+    assert isinstance(comb, Comb) and comb.slots.dtype == np.int16 and comb.base.dtype == np.int32
     assert c.table.dtype == np.int32
-    wide = native.Grammar.compressed(
-        native_vocab(wide_vocab), classes, table.astype(np.int32), c.accept, *c.compressed_rows, c.start
-    )
+    columns = comb.columns(int(classes.max()) + 1)
+    others = [
+        native.Grammar.compressed(native_vocab(wide_vocab), classes, held, c.accept, *c.compressed_rows, c.start)
+        for held in (Comb(comb.base, comb.slots.astype(np.int32)), columns, columns.astype(np.int16))
+    ]
     ids = [t for t, b in enumerate(wide_vocab.tokens) if b][:300]
     for s in range(c.num_states):
         for t in ids:
-            assert c.native.step(s, t) == wide.step(s, t)
+            assert {g.step(s, t) for g in others} == {c.native.step(s, t)}
     np.testing.assert_array_equal(c.distances, budget.token_distances(c.table, c.accept, wide_vocab))
+    for held in (comb, columns):
+        np.testing.assert_array_equal(c.distances, budget.token_distances(held, c.accept, wide_vocab, classes))
+        np.testing.assert_array_equal(
+            budget.distances(held, c.accept, wide_vocab.single_bytes, classes),
+            budget.distances(c.table, c.accept, wide_vocab.single_bytes),
+        )
 
 
-def test_class_columns_stay_32_bits_past_32767_states():
-    """A chain of 40,000 states (one byte each) cannot be numbered in 16 bits: int32 columns."""
+def test_comb_slots_stay_32_bits_past_32767_states():
+    """A chain of 40,000 states (one byte each) cannot be numbered in 16 bits: int32 slots."""
     S = 40_000
     vocab = Vocab([bytes([i]) for i in range(256)], (0,), 256)
     table = np.full((S, 256), -1, np.int32)
@@ -401,14 +413,17 @@ def test_class_columns_stay_32_bits_past_32767_states():
     accept[-1] = 1
     masks = native.compile_masks(native_vocab(vocab), table, accept)
     g = dense_grammar(vocab, table, accept, masks).compress()
-    _classes, columns = g.transitions
-    assert columns.dtype == np.int32 and columns.shape == (S, 2)
+    _classes, (base, slots) = g.transitions
+    assert base.shape == (S,) and slots.dtype == np.int32
+    assert (slots[:, 0] >= 0).sum() == S - 1 and slots.shape[0] <= S + 1  # a slot per move, packed
     assert g.walk(0, [ord("a")] * (S - 1)) == S - 1
 
 
 def test_bad_byte_classes_are_refused(wide_vocab):
     c = compile_dfa(compile_regex("ab|cd"), wide_vocab)
-    classes, table = (a.copy() for a in c.transitions)
+    classes, comb = c.transitions
+    assert isinstance(comb, Comb)
+    table = comb.columns(int(classes.max()) + 1)
     rows = c.native.compressed_rows
     bad_class = classes.copy()
     bad_class[7] = table.shape[1]
@@ -417,6 +432,55 @@ def test_bad_byte_classes_are_refused(wide_vocab):
     for cl, tb in ((bad_class, table), (classes, bad_state), (classes, table[:, :0])):
         with pytest.raises(ValueError):
             native.Grammar.compressed(native_vocab(wide_vocab), cl, np.ascontiguousarray(tb), c.accept, *rows)
+
+
+def broken_comb(comb: Comb, n_classes: int, how: str) -> tuple:
+    base, slots = comb.base.copy(), comb.slots.copy()
+    if how == "base past the slots":
+        base[0] = slots.shape[0] - n_classes + 1
+    elif how == "negative base":
+        base[0] = -1
+    elif how == "owner out of range":
+        slots[0, 0] = base.shape[0]
+    elif how == "next out of range":
+        slots[np.flatnonzero(slots[:, 0] >= 0)[0], 1] = base.shape[0]
+    elif how == "slots not pairs":
+        slots = np.ascontiguousarray(np.repeat(slots, 2, axis=1)[:, :3])
+    elif how == "base of another length":
+        base = base[:-1]
+    elif how == "not a pair":
+        return (base, slots, slots)
+    elif how == "base not an array":
+        return (base.tolist(), slots)
+    return (base, slots)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "base past the slots",
+        "negative base",
+        "owner out of range",
+        "next out of range",
+        "slots not pairs",
+        "base of another length",
+        "not a pair",
+        "base not an array",
+    ],
+)
+def test_bad_combs_are_refused(wide_vocab, how):
+    """A comb from a cache file is checked whole before any lookup: every base keeps its classes
+    inside the slots, every owner and move is a state (no lookup reads outside the arrays)."""
+    c = compile_dfa(compile_regex("ab|cd|[e-h]+x"), wide_vocab)
+    classes, comb = c.transitions
+    assert isinstance(comb, Comb)
+    bad = broken_comb(comb, int(classes.max()) + 1, how)
+    with pytest.raises((ValueError, TypeError)):
+        native.Grammar.compressed(native_vocab(wide_vocab), classes, bad, c.accept, *c.compressed_rows)
+    with pytest.raises((ValueError, TypeError)):
+        native.byte_distances(bad, c.accept, np.ones(256, np.uint8), classes)
+    with pytest.raises(ValueError, match="byte classes"):
+        native.byte_distances(comb, c.accept, np.ones(256, np.uint8), None)
 
 
 def test_cache_files_of_earlier_formats_are_recompiled(wide_vocab, tmp_path):
@@ -437,3 +501,22 @@ def test_cache_files_of_earlier_formats_are_recompiled(wide_vocab, tmp_path):
     hit = disk_cache.read_cache(path, wide_vocab)  # rewritten in the current format
     assert hit is not None and hit.compressed
     np.testing.assert_array_equal(hit.masks, good)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pack_comb_keeps_every_move_in_one_slot(seed):
+    """Random class columns of every density (none live, a few, all): the comb looks every (state,
+    class) up to the columns' entry, owns exactly one slot per move, and keeps each state's classes
+    inside the slots; 16-bit slots up to 32,767 states."""
+    rng = np.random.default_rng(seed)
+    S, C = int(rng.integers(1, 400)), int(rng.integers(1, 80))
+    density = [0.0, 0.03, 0.1, 0.5, 1.0][seed % 5]
+    columns = np.where(rng.random((S, C)) < density, rng.integers(0, S, (S, C)), -1).astype(np.int32)
+    base, slots = native.pack_comb(columns)
+    comb = Comb(base, slots)
+    assert slots.dtype == np.int16 and base.shape == (S,)
+    np.testing.assert_array_equal(comb.columns(C), columns)
+    assert (slots[:, 0] >= 0).sum() == (columns >= 0).sum()
+    assert int(base.min()) >= 0 and int(base.max()) + C <= slots.shape[0]
+    # first fit: a state never lands past the slots taken before it, so never more than the columns
+    assert slots.shape[0] <= max(1, int((columns >= 0).any(1).sum())) * C

@@ -19,6 +19,7 @@ from test_equivalence import SETTINGS, regexes, vocabs
 from llmserve.constraints import Vocab, compile_constraint, load_cached
 from llmserve.constraints import compiler as compiler_mod
 from llmserve.constraints import finisher as finisher_mod
+from llmserve.constraints.comb import Comb
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.limits import Limits, set_limits
 from llmserve.constraints.native import require_native
@@ -34,8 +35,12 @@ def assert_same_compressed(streamed, whole: CompiledConstraint) -> None:
     for a, b in zip(streamed.compressed_rows, whole.compressed_rows, strict=True):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
-    classes, table = streamed.transitions
-    np.testing.assert_array_equal(np.asarray(table)[:, classes], whole.table)
+    classes, (base, slots) = streamed.transitions
+    whole_classes, whole_comb = whole.transitions
+    np.testing.assert_array_equal(classes, whole_classes)
+    np.testing.assert_array_equal(base, whole_comb.base)
+    np.testing.assert_array_equal(slots, whole_comb.slots)
+    np.testing.assert_array_equal(Comb(base, slots).columns(int(classes.max()) + 1)[:, classes], whole.table)
 
 
 def lazy_form(vocab: Vocab, spec) -> CompiledConstraint:
