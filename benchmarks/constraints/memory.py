@@ -100,17 +100,18 @@ def xgrammar_bytes(vocab, name: str, spec: dict) -> int | None:
 
 
 def ours(vocab, spec: dict, cache: Path) -> dict:
-    """The complete form as the engine holds it (compressed rows, byte-class automaton; what the
-    in-memory cache counts, ``CompiledConstraint.nbytes``) and what the dense form took before."""
+    """The complete form as the engine holds it (compressed rows, the byte-class automaton as a
+    comb; what the in-memory cache counts, ``CompiledConstraint.nbytes``) and what the dense form
+    took before."""
     c = compile_constraint(spec, vocab, cache_dir=cache).complete()
     assert c.compressed_rows is not None and c.transitions is not None
     _row_of, _off, kind, _data = c.compressed_rows
-    classes, table = c.transitions
+    classes, comb = c.transitions
     S = c.num_states
-    automaton = int(classes.nbytes + table.nbytes + c.accept.nbytes)
+    automaton = int(classes.nbytes + comb.nbytes + c.accept.nbytes)
     return {
         "states": S,
-        "byte_classes": int(table.shape[1]),
+        "byte_classes": int(classes.max()) + 1,
         "distinct_rows": int(kind.shape[0]),
         "row_kinds": {
             k: int(np.count_nonzero(kind == i)) for i, k in enumerate(("words", "allowed", "refused", "dense", "delta"))

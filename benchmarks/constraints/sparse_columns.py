@@ -1,14 +1,14 @@
-"""What a comb vector would hold of a compressed form's class columns (a measurement for the next
-step on issue #17 item 4's memory target, not something the engine does yet).
+"""What the comb holds of a compressed form's class columns (issue #17 item 4's memory target).
 
-Once rows are shared as deltas, a large schema's form is mostly its automaton: int16 or int32 columns
-[S, C], one per byte class, -1 where a state has no move. They are sparse (a JSON schema's state
-moves on a few of its ~50-80 classes). A comb vector (row displacement with a check array, the
-classic scanner-table compression) packs every state's live entries into one array at an offset of
-its own: next(s, c) = nxt[base[s] + c] if check[base[s] + c] == s, else -1. This packs each form's
-columns first-fit (states with the most live entries first) and reports the bytes against the
-columns as held now (check and nxt in the columns' width, base int32[S]), checking that every
-(state, class) looks up to the same move.
+Once rows are shared as deltas, a large schema's form is mostly its automaton. A compressed form no
+longer holds it as class columns [S, C] (int16 or int32, -1 where a state has no move; 5-11% of the
+entries live in the large corpus forms) but as a comb (``csrc/comb.h``): one (owner, next) slot per
+live entry at a base of each state's own. This reports, per schema, the comb against the columns it
+packs (in the width they would be held), the slots per move, what the packing costs (the core's
+packer timed on the columns, best of 3) and what its one more load per byte step costs where steps
+are most of the work: the exact token distances steering uses (a walk of the vocabulary's trie per
+state and round, ``budget.token_distances``) over the comb against over the columns, best of 3. Every
+(state, class) is checked to look up to the same move, and token walks to end in the same state.
 
     PYTHONPATH=/tmp/pysch/u .venv/bin/python benchmarks/constraints/sparse_columns.py [--schemas a,b]
 """
@@ -16,6 +16,7 @@ columns as held now (check and nxt in the columns' width, base int32[S]), checki
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -30,54 +31,42 @@ from bench import cl100k_vocab  # noqa: E402
 from corpus import corpus_dir  # noqa: E402
 
 from llmserve.constraints import compile_constraint  # noqa: E402
+from llmserve.constraints.budget import token_distances  # noqa: E402
+from llmserve.constraints.comb import Comb  # noqa: E402
+from llmserve.constraints.native import native, native_vocab  # noqa: E402
 
 # corpus_kernels.py's largest ratios to xgrammar (session 22), and the largest form
 DEFAULT = ("b390c0806ab9", "41d20eb1f14e", "66f0cab0a3bf", "2bcf9a82786c", "36fdde52e167")
-WINDOW = 4096  # offsets tried at once
+WALKS = 300  # token walks checked per form
+WALK_LEN = 64
 
 
-def comb(columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(base int64[S], check int64[N], nxt int64[N]) packing ``columns`` [S, C] first-fit."""
-    S, C = columns.shape
-    live = columns >= 0
-    free = np.ones(2 * int(live.sum()) + 2 * C + WINDOW, bool)
-    base = np.zeros(S, np.int64)
-    first_free = 0
-    for s in np.argsort(-live.sum(1), kind="stable"):
-        cols = np.flatnonzero(live[s])
-        if cols.size == 0:
-            continue
-        lo = max(0, first_free - int(cols[0]))
-        while True:
-            if lo + C + WINDOW > free.size:
-                free = np.concatenate([free, np.ones(free.size, bool)])
-            fits = np.ones(WINDOW, bool)
-            for c in cols:
-                fits &= free[lo + c : lo + c + WINDOW]
-            hit = np.flatnonzero(fits)
-            if hit.size:
+def best(fn, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def walks(grammar, vocab_size: int, rng: np.random.Generator) -> list[tuple[int, list[int]]]:
+    """Token walks that stay alive: from random states, each token drawn among those the state allows."""
+    out = []
+    for s in rng.integers(0, grammar.num_states, WALKS):
+        state, tokens = int(s), []
+        for _ in range(WALK_LEN):
+            nxt = -1
+            for t in rng.integers(0, vocab_size, 64):
+                nxt = grammar.step(state, int(t))
+                if nxt >= 0:
+                    tokens.append(int(t))
+                    break
+            if nxt < 0:
                 break
-            lo += WINDOW
-        base[s] = lo + int(hit[0])
-        free[base[s] + cols] = False
-        while not free[first_free]:
-            first_free += 1
-    n = int(np.flatnonzero(~free).max()) + 1 if (~free).any() else 0
-    check = np.full(n, -1, np.int64)
-    nxt = np.full(n, -1, np.int64)
-    states, classes = np.nonzero(live)
-    check[base[states] + classes] = states
-    nxt[base[states] + classes] = columns[states, classes]
-    return base, check, nxt
-
-
-def lookup(base: np.ndarray, check: np.ndarray, nxt: np.ndarray, S: int, C: int) -> np.ndarray:
-    """Every (state, class) looked up in the comb: the columns back."""
-    idx = base[:, None] + np.arange(C)[None, :]
-    inside = idx < check.size
-    safe = np.where(inside, idx, 0)
-    states = np.arange(S)[:, None]
-    return np.where(inside & (check[safe] == states), nxt[safe], -1)
+            state = nxt
+        out.append((int(s), tokens))
+    return out
 
 
 def main() -> None:
@@ -87,34 +76,45 @@ def main() -> None:
     args = ap.parse_args()
     folder = corpus_dir(args.corpus)
     vocab = cl100k_vocab()
+    nv = native_vocab(vocab)
+    rng = np.random.default_rng(17)
     for stem in args.schemas.split(","):
         schema = json.loads((folder / f"{stem}.json").read_text())
         c = compile_constraint({"json_schema": schema}, vocab, cache_dir=False).complete()
-        assert c.transitions is not None
-        _classes, held = c.transitions
-        columns = np.asarray(held, dtype=np.int64)
-        S, C = columns.shape
-        t = time.perf_counter()
-        base, check, nxt = comb(columns)
-        took = time.perf_counter() - t
-        assert np.array_equal(lookup(base, check, nxt, S, C), columns), stem
-        width = held.itemsize
-        comb_bytes = check.size * 2 * width + S * 4
+        assert c.transitions is not None and c.compressed_rows is not None
+        classes, comb = c.transitions
+        assert isinstance(comb, Comb)
+        n_classes = int(classes.max()) + 1
+        columns = comb.columns(n_classes)
+        S = c.num_states
+        pack_s = best(functools.partial(native.pack_comb, columns), 3)
+        again = native.pack_comb(columns)
+        assert all(np.array_equal(a, b) for a, b in zip(again, comb, strict=True)), stem
+        held_columns = columns.astype(comb.slots.dtype)
+        over_columns = native.Grammar.compressed(nv, classes, held_columns, c.accept, *c.compressed_rows, c.start)
+        for s, tokens in walks(c.native, vocab.size, rng):
+            assert c.native.walk(s, tokens) == over_columns.walk(s, tokens), stem
+        exact = token_distances(comb, c.accept, vocab, classes)
+        np.testing.assert_array_equal(exact, token_distances(held_columns, c.accept, vocab, classes))
+        comb_s = best(functools.partial(token_distances, comb, c.accept, vocab, classes), 3)
+        columns_s = best(functools.partial(token_distances, held_columns, c.accept, vocab, classes), 3)
         live = int((columns >= 0).sum())
         print(
             json.dumps(
                 {
                     "schema": stem,
                     "states": S,
-                    "classes": C,
+                    "classes": n_classes,
                     "live_share": round(live / columns.size, 3),
-                    "slots_per_live": round(check.size / live, 3),
-                    "columns_kb": held.nbytes // 1024,
-                    "comb_kb": comb_bytes // 1024,
-                    "comb_over_columns": round(comb_bytes / held.nbytes, 3),
-                    "form_kb_now": c.nbytes // 1024,
-                    "form_kb_with_comb": (c.nbytes - held.nbytes + comb_bytes) // 1024,
-                    "pack_s": round(took, 2),
+                    "slots_per_live": round(comb.slots.shape[0] / max(1, live), 3),
+                    "columns_kb": held_columns.nbytes // 1024,
+                    "comb_kb": comb.nbytes // 1024,
+                    "comb_over_columns": round(comb.nbytes / held_columns.nbytes, 3),
+                    "form_kb": c.nbytes // 1024,
+                    "form_kb_with_columns": (c.nbytes - comb.nbytes + held_columns.nbytes) // 1024,
+                    "pack_ms": round(pack_s * 1000, 1),
+                    "distances_s_comb": round(comb_s, 3),
+                    "distances_comb_over_columns": round(comb_s / columns_s, 3),
                 }
             ),
             flush=True,
