@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,8 @@ T* buffer_of(py::array& a, int ndim, const char* what, bool writable) {
       a.itemsize() != sizeof(T))
     throw std::invalid_argument(std::string(what) + ": wrong dtype");
   if (a.ndim() != ndim) throw std::invalid_argument(std::string(what) + ": wrong number of dimensions");
+  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(T) != 0)
+    throw std::invalid_argument(std::string(what) + ": misaligned");
   if (a.size() > 0 && a.strides(ndim - 1) != static_cast<py::ssize_t>(sizeof(T)))
     throw std::invalid_argument(std::string(what) + ": last dimension must be contiguous");
   if (writable && !a.writeable()) throw std::invalid_argument(std::string(what) + ": read-only");
@@ -44,12 +47,15 @@ T* buffer_of(py::array& a, int ndim, const char* what, bool writable) {
 }
 
 // A vector handed to numpy as it is, not copied (numpy owns it through a capsule): a large form's
-// arrays would otherwise be held twice while they are handed over.
+// arrays would otherwise be held twice while they are handed over. Read-only: the core checked every
+// index in them once, and reads them unchecked after (a base written later could point anywhere).
 template <typename T>
 py::array owned_array(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
   auto* owned = new std::vector<T>(std::move(v));
   py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>(std::move(shape), owned->data(), owner);
+  py::array a = py::array_t<T>(std::move(shape), owned->data(), owner);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
 }
 
 // Rows a batch may hold: far above any engine's batch, low enough that a wrong index fails here
@@ -259,7 +265,10 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::object tab
 
 // The compressed rows for numpy, not copied (owned_array).
 py::tuple compact_to_numpy(CompactArrays&& a) {
-  auto vec = [](auto& v) { return owned_array(std::move(v), {static_cast<py::ssize_t>(v.size())}); };
+  auto vec = [](auto& v) {
+    const auto n = static_cast<py::ssize_t>(v.size());
+    return owned_array(std::move(v), {n});
+  };
   return py::make_tuple(vec(a.row_of), vec(a.off), vec(a.kind), vec(a.data));
 }
 

@@ -9,27 +9,40 @@ namespace llmserve {
 void Finisher::enqueue(int64_t id, std::shared_ptr<const Grammar> g, int64_t max_bytes) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back({id, std::move(g), max_bytes});
+    auto place = done_.emplace(id, std::make_unique<Done>());
+    try {
+      queue_.push_back({id, std::move(g), max_bytes});
+    } catch (...) {
+      done_.erase(place.first);
+      throw;
+    }
   }
   cv_.notify_one();
 }
 
 int64_t Finisher::next_done() {
   Job job;
+  Done* out = nullptr;
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !queue_.empty(); });
     job = std::move(queue_.front());
     queue_.erase(queue_.begin());
+    out = done_.at(job.id).get();  // made by enqueue; only take() removes it, after this returns
   }
-  auto done = std::make_unique<Done>();
+  Done done;
   try {
-    *done = compress(*job.g, job.max_bytes);
+    done = compress(*job.g, job.max_bytes);
   } catch (const std::exception& e) {  // (out of memory) the grammar stays lazy, as past the cap
-    done->error = e.what();
+    try {
+      done.error = e.what();
+    } catch (...) {  // the message did not fit either: the caller still learns that it failed
+    }
+    if (done.error.empty()) done.error = "out of memory";  // short enough to need no allocation
   }
   std::lock_guard<std::mutex> lk(mu_);
-  done_[job.id] = std::move(done);
+  *out = std::move(done);
+  out->finished = true;
   return job.id;
 }
 
@@ -48,7 +61,7 @@ Finisher::Done Finisher::compress(const Grammar& g, int64_t max_bytes) {
 std::unique_ptr<Finisher::Done> Finisher::take(int64_t id) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = done_.find(id);
-  if (it == done_.end()) return nullptr;
+  if (it == done_.end() || !it->second->finished) return nullptr;
   std::unique_ptr<Done> out = std::move(it->second);
   done_.erase(it);
   return out;

@@ -24,6 +24,7 @@ class Finisher {
   // The compressed form of a finished grammar, for take(); `complete` false: it passed max_bytes,
   // or failed with `error` (out of memory)
   struct Done {
+    bool finished = false;  // next_done() is through with it (until then take() leaves it)
     bool complete = false;
     std::string error;
     CompactArrays rows;
@@ -33,9 +34,11 @@ class Finisher {
   // `g` compressed row by row on this thread (Grammar::compact_all, then its transitions' comb); throws
   // what they throw (out of memory)
   static Done compress(const Grammar& g, int64_t max_bytes);
+  // throws (out of memory) before anything is queued: the result's place is made here, so that
+  // next_done() allocates nothing once it has taken a job (a job it lost would never be reported)
   void enqueue(int64_t id, std::shared_ptr<const Grammar> g, int64_t max_bytes);
   int64_t next_done();  // blocks until a queued grammar is complete; returns its id
-  // the result of next_done()'s grammar `id`, once (null if there is none)
+  // the result of next_done()'s grammar `id`, once (null if there is none, or not yet)
   std::unique_ptr<Done> take(int64_t id);
   static Finisher& global();
 

@@ -147,9 +147,10 @@ class Grammar:
     ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]] | None:
         """(row_of, off, kind, data) of a compressed grammar; None for a dense one."""
     @property
-    def transitions(self) -> tuple[NDArray[np.uint8], Comb] | None:
-        """(classes, (base, slots)) of a compressed grammar, its columns packed as a comb; None for a
-        dense one."""
+    def transitions(self) -> tuple[NDArray[np.uint8], Columns] | None:
+        """(classes, table) of a compressed grammar: its columns packed as a comb, (base, slots), as
+        compress() and the background completion make it (or the columns it was given); read-only
+        arrays where the core made them. None for a dense one."""
     def compress(self, nthreads: int = 0) -> Grammar:
         """A compressed copy of this complete grammar (rows and automaton; same state ids). Releases the GIL.
         ValueError: a row is not computed yet."""

@@ -41,15 +41,6 @@ class Comb(NamedTuple):
         return np.where(mine, nxt, -1).astype(np.int32)
 
 
-def as_comb(table: object) -> Comb | None:
-    """The comb in ``table`` as the core hands it over (a plain (base, slots) tuple), or None when
-    ``table`` is a table of columns."""
-    if isinstance(table, tuple):
-        base, slots = table
-        return Comb(base, slots)
-    return None
-
-
 def class_columns(
     table: NDArray[np.int16] | NDArray[np.int32] | Comb, classes: NDArray[np.uint8]
 ) -> NDArray[np.int16] | NDArray[np.int32]:

@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from llmserve.constraints import reference
 from llmserve.constraints.budget import UNREACHABLE, steerable_from, token_distances
 from llmserve.constraints.budget import distances as byte_distances
-from llmserve.constraints.comb import Comb, as_comb, class_columns
+from llmserve.constraints.comb import Comb, class_columns
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.regex import ByteDFA
@@ -273,11 +273,13 @@ class CompiledConstraint:
 
     def _hold_compressed(self, g: core.Grammar) -> None:
         rows, transitions = g.compressed_rows, g.transitions
-        comb = None if transitions is None else as_comb(transitions[1])
-        if rows is None or transitions is None or comb is None or g.num_states != self.num_states:
+        if rows is None or transitions is None or g.num_states != self.num_states:
             raise ValueError("not this form's rows compressed")
+        classes, table = transitions
+        # the core's comb; columns where a grammar was made over them
+        held: ByteClasses = (classes, Comb(*table)) if isinstance(table, tuple) else (classes, table)
         # the compressed fields before the dense ones are cleared: ``nbytes`` reads without the lock
-        self._rows, self._transitions = rows, (transitions[0], comb)
+        self._rows, self._transitions = rows, held
         # in this order: readers without the lock (nbytes, mask_row) take the dense rows, then the
         # grammar; a lazy form's rows are not all computed, so `_ready` stays as it was
         self._native = g

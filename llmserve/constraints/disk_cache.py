@@ -310,6 +310,8 @@ def read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
     if found is None:
         return None
     header, a = found
+    for array in a.values():  # the core checks every index once, then reads them unchecked
+        array.flags.writeable = False
     try:
         classes, accept, start = a["classes"], a["accept"], int(header["start"])
         comb = Comb(a["comb_base"], a["comb_slots"])

@@ -50,6 +50,7 @@ class Finisher:
         self._over: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     OVER_KEPT = 4096
+    RETRY_S = 1.0  # after finished_next itself failed
 
     def submit(self, compiled: CompiledConstraint, path: Path) -> None:
         cap = completed_max_bytes()
@@ -76,7 +77,13 @@ class Finisher:
     def _run(self) -> None:
         require_native()
         while True:
-            job = core.finished_next()
+            try:
+                job = core.finished_next()
+            except Exception:
+                # (out of memory) the thread goes on: every later completion would otherwise wait forever
+                log.exception("the background completion of constraints failed; going on")
+                time.sleep(self.RETRY_S)
+                continue
             with self._lock:
                 entry = self._pending.get(job)
             if entry is None:  # an id this process does not know: nothing to write

@@ -520,3 +520,29 @@ def test_pack_comb_keeps_every_move_in_one_slot(seed):
     assert int(base.min()) >= 0 and int(base.max()) + C <= slots.shape[0]
     # first fit: a state never lands past the slots taken before it, so never more than the columns
     assert slots.shape[0] <= max(1, int((columns >= 0).any(1).sum())) * C
+
+
+def test_arrays_the_core_checked_are_read_only(wide_vocab, tmp_path):
+    """The core checks a compressed form's indices once and reads them unchecked after: the arrays it
+    hands over, and those a cache file is read into, cannot be written (a base written later would
+    point anywhere: review finding, session 23, reproduced as a segfault)."""
+    c = compile_dfa(compile_regex("ab|cd|[e-h]+x"), wide_vocab)
+    _classes, comb = c.transitions
+    for array in (*comb, *c.compressed_rows):
+        assert not array.flags.writeable
+        with pytest.raises(ValueError):
+            array[0] = 0
+    cached = compile_constraint({"regex": "ab|cd|[e-h]+x"}, wide_vocab, cache_dir=tmp_path).complete()
+    hit = disk_cache.read_cache(tmp_path / f"{cached.key}.bin", wide_vocab)
+    assert hit is not None and hit.transitions is not None and hit.compressed_rows is not None
+    for array in (hit.transitions[0], *hit.transitions[1], hit.accept, *hit.compressed_rows):
+        assert not array.flags.writeable
+
+
+def test_misaligned_arrays_are_refused(wide_vocab):
+    c = compile_dfa(compile_regex("ab|cd|[e-h]+x"), wide_vocab)
+    classes, comb = c.transitions
+    raw = np.zeros(comb.base.nbytes + 1, np.uint8)
+    misaligned = np.frombuffer(raw.data, np.int32, count=comb.base.shape[0], offset=1)
+    with pytest.raises(ValueError, match="misaligned"):
+        native.byte_distances(Comb(misaligned, comb.slots), c.accept, np.ones(256, np.uint8), classes)

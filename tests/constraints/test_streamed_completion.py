@@ -8,6 +8,7 @@ must be exactly what compressing the dense table gives."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -164,6 +165,41 @@ def test_a_completion_that_cannot_be_queued_is_never_waited_for(json_vocab, tmp_
     assert c._finished is not None and c._finished.done.is_set()
     assert not finisher_mod.FINISHER._pending
     assert c.complete().compressed  # completes on this thread instead of waiting
+
+
+class FailingOnce:
+    """The core, except that its next finished_next() raises (as an allocation failing there would)."""
+
+    def __init__(self, core) -> None:
+        self._core = core
+        self.failed = threading.Event()
+
+    def finished_next(self) -> int:
+        if not self.failed.is_set():
+            self.failed.set()
+            raise MemoryError("std::bad_alloc")
+        return self._core.finished_next()
+
+    def __getattr__(self, name: str):
+        return getattr(self._core, name)
+
+
+def test_the_finisher_thread_outlives_a_failure_of_finished_next(json_vocab, tmp_path, monkeypatch, caplog):  # noqa: F811
+    """An error in the wait itself is logged and the thread goes on: later completions still finish
+    (before, the thread ended and every later complete() waited forever for its completion)."""
+    failing = FailingOnce(finisher_mod.core)
+    monkeypatch.setattr(finisher_mod, "core", failing)
+    monkeypatch.setattr(finisher_mod.Finisher, "RETRY_S", 0.01)
+    compiler_mod._MEMORY.clear()
+    with caplog.at_level(logging.ERROR, logger="llmserve.constraints.finisher"):
+        # a thread already waiting in the core finishes this one, then fails; a new one fails first
+        first = compile_constraint({"json_schema": {"type": "array", "maxItems": 3}}, json_vocab, cache_dir=tmp_path)
+        assert first.wait_completed(60)
+        assert failing.failed.wait(60)
+        second = compile_constraint({"json_schema": {"type": "array", "maxItems": 4}}, json_vocab, cache_dir=tmp_path)
+        assert second.wait_completed(60)
+    assert "failed; going on" in caplog.text
+    assert finisher_mod.FINISHER.thread is not None and finisher_mod.FINISHER.thread.is_alive()
 
 
 def test_rows_read_across_the_swap_are_whole(json_vocab):  # noqa: F811
