@@ -226,11 +226,13 @@ struct PyGrammar {
   py::object table, accept, masks;  // keep the buffers alive (table: a comb, (base, slots), once compressed)
   py::object classes;               // a compressed grammar's byte classes
   py::tuple rows;                   // compressed rows (row_of, off, kind, data), kept alive likewise
+  py::tuple shared;                 // the shared rows they name, ((kind, words), ...), likewise
 };
 
 // A compressed grammar over arrays from Python (possibly from a cache file): every index checked.
 PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::object table, py::array accept,
-                             py::array row_of, py::array off, py::array kind, py::array data, int32_t start) {
+                             py::array row_of, py::array off, py::array kind, py::array data, int32_t start,
+                             const py::tuple& shared) {
   PyGrammar g;
   g.g = std::make_shared<Grammar>();
   Grammar& gr = *g.g;
@@ -248,6 +250,18 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::object tab
   c.data = buffer_of<uint32_t>(data, 1, "data", false);
   c.R = kind.shape(0);
   c.W = v.v->words();
+  for (const py::handle& item : shared) {
+    if (!py::isinstance<py::tuple>(item) || py::len(item) != 2)
+      throw std::invalid_argument("shared rows: (kind, words) pairs");
+    const py::tuple pair = py::reinterpret_borrow<py::tuple>(item);
+    py::array words = array_in(pair[1], "shared row");
+    const auto how = pair[0].cast<int64_t>();
+    if (how < 0 || how > 255) throw std::invalid_argument("compressed mask rows: a shared row's kind");
+    gr.shared_rows.push_back({buffer_of<uint32_t>(words, 1, "shared row", false), words.shape(0),
+                              static_cast<uint8_t>(how)});
+  }
+  c.shared = gr.shared_rows.data();
+  c.n_shared = static_cast<int64_t>(gr.shared_rows.size());
   if (row_of.shape(0) != S + 1 || off.shape(0) != c.R + 1) throw std::invalid_argument("compressed rows: shapes");
   {
     const int64_t ndata = data.shape(0);
@@ -260,6 +274,7 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::object tab
   g.classes = classes;
   g.accept = accept;
   g.rows = py::make_tuple(row_of, off, kind, data);
+  g.shared = shared;
   return g;
 }
 
@@ -281,7 +296,8 @@ PyGrammar compressed_from(const PyGrammar& g, CompactArrays&& a, const uint8_t* 
   py::tuple table = comb_arrays(std::move(comb));
   py::tuple t = compact_to_numpy(std::move(a));
   return compressed_grammar(PyVocab{gr.vocab}, cls, table, g.accept.cast<py::array>(), t[0].cast<py::array>(),
-                            t[1].cast<py::array>(), t[2].cast<py::array>(), t[3].cast<py::array>(), gr.start);
+                            t[1].cast<py::array>(), t[2].cast<py::array>(), t[3].cast<py::array>(), gr.start,
+                            py::tuple());
 }
 
 // A state id from Python: one of the grammar's states, or -1 (dead; stepping it stays dead).
@@ -600,7 +616,13 @@ PYBIND11_MODULE(_core, m) {
           "token_distances and finish_later refuse it.")
       .def_static("compressed", &compressed_grammar, py::arg("vocab"), py::arg("classes"), py::arg("table"),
                   py::arg("accept"), py::arg("row_of"), py::arg("off"), py::arg("kind"), py::arg("data"),
-                  py::arg("start") = 0)
+                  py::arg("start") = 0, py::arg("shared") = py::tuple(),
+                  "A complete grammar over compressed rows (kind 5 rows name a row of `shared`, ((kind, words), "
+                  "...)) and a compressed automaton; every index checked.")
+      .def_property_readonly("shared_rows", [](const PyGrammar& g) -> py::object {
+        if (!g.g->compact) return py::none();
+        return g.shared;
+      })
       .def_property_readonly("compressed_rows", [](const PyGrammar& g) -> py::object {
         if (!g.g->compact) return py::none();
         return g.rows;

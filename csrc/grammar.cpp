@@ -160,10 +160,12 @@ void Grammar::row_words(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const 
 }
 
 void CompactRows::expand_row(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const {
-  const uint32_t* d = data + off[r];
-  const int64_t n = off[r + 1] - off[r];
+  expand_span(kind[r], data + off[r], off[r + 1] - off[r], w0, w1, out);
+}
+
+void CompactRows::expand_span(uint8_t how, const uint32_t* d, int64_t n, int64_t w0, int64_t w1, uint32_t* out) const {
   const int64_t len = w1 - w0;
-  switch (kind[r]) {
+  switch (how) {
     case kWords: {
       const int64_t nb = (W + 31) / 32;
       const uint32_t* bm = d;
@@ -191,7 +193,7 @@ void CompactRows::expand_row(int64_t r, int64_t w0, int64_t w1, uint32_t* out) c
       break;
     case kAllowed:
     case kRefused: {
-      const bool allowed = kind[r] == kAllowed;
+      const bool allowed = how == kAllowed;
       std::memset(out, allowed ? 0 : 0xFF, len * sizeof(uint32_t));
       const uint32_t lo = static_cast<uint32_t>(w0 * 32), hi = static_cast<uint32_t>(w1 * 32);
       // a word's bits gathered in a register and written once: ids of one word are adjacent, and a
@@ -218,6 +220,11 @@ void CompactRows::expand_row(int64_t r, int64_t w0, int64_t w1, uint32_t* out) c
         out[*k - w0] = words[k - idx];
       break;
     }
+    case kShared: {
+      const Shared& row = shared[d[0]];
+      expand_span(row.kind, row.data, row.n, w0, w1, out);  // never shared again (check): one level
+      break;
+    }
   }
 }
 
@@ -228,35 +235,45 @@ void CompactRows::check(int64_t rows, int64_t ndata) const {
     if (row_of[s] < 0 || row_of[s] >= R) fail("row index out of range");
   if (R > 0 && off[0] != 0) fail("offsets must start at 0");
   if (off[R] != ndata) fail("offsets must end at the data's length");
-  const int64_t nb = (W + 31) / 32;
-  const uint32_t ids = static_cast<uint32_t>(W * 32);
+  for (int64_t i = 0; i < n_shared; ++i) {
+    if (shared[i].kind != kWords && shared[i].kind != kDense) fail("a shared row's kind");
+    check_span(shared[i].kind, shared[i].data, shared[i].n, -1);
+  }
   for (int64_t r = 0; r < R; ++r) {
     if (off[r + 1] < off[r]) fail("offsets must not decrease");
     // an offset past the data that a later one brings back down would pass the two checks above
     if (off[r + 1] > ndata) fail("offsets past the data");
-    const uint32_t* d = data + off[r];
-    const int64_t n = off[r + 1] - off[r];
-    if (kind[r] == kWords) {
-      if (n < nb + 1 || n != nb + 1 + 2 * static_cast<int64_t>(d[nb])) fail("a word row's length");
-      const int64_t p = d[nb];
-      for (int64_t k = 0; k < p; ++k)
-        if (d[nb + 1 + k] >= W || (k > 0 && d[nb + 1 + k] <= d[nb + k])) fail("word indices");
-      if (W % 32 && (d[nb - 1] >> (W % 32))) fail("bitmap past the row");
-    } else if (kind[r] == kDense) {
-      if (n != W) fail("a dense row's length");
-    } else if (kind[r] == kAllowed || kind[r] == kRefused) {
-      for (int64_t k = 0; k < n; ++k)
-        if (d[k] >= ids || (k > 0 && d[k] <= d[k - 1])) fail("token ids");
-    } else if (kind[r] == kDelta) {
-      // the base an earlier row of another kind: expansion is one level deep and never cycles
-      if (n < 2 || n != 2 + 2 * static_cast<int64_t>(d[1])) fail("a delta row's length");
-      if (d[0] >= r || kind[d[0]] == kDelta) fail("a delta row's base");
-      const int64_t p = d[1];
-      for (int64_t k = 0; k < p; ++k)
-        if (d[2 + k] >= W || (k > 0 && d[2 + k] <= d[1 + k])) fail("word indices");
-    } else {
-      fail("unknown row kind");
-    }
+    check_span(kind[r], data + off[r], off[r + 1] - off[r], r);
+  }
+}
+
+// row r's kind and words (r = -1: a shared row, which names no other row)
+void CompactRows::check_span(uint8_t how, const uint32_t* d, int64_t n, int64_t r) const {
+  auto fail = [](const std::string& why) { throw std::invalid_argument("compressed mask rows: " + why); };
+  const int64_t nb = (W + 31) / 32;
+  const uint32_t ids = static_cast<uint32_t>(W * 32);
+  if (how == kWords) {
+    if (n < nb + 1 || n != nb + 1 + 2 * static_cast<int64_t>(d[nb])) fail("a word row's length");
+    const int64_t p = d[nb];
+    for (int64_t i = 0; i < p; ++i)
+      if (d[nb + 1 + i] >= W || (i > 0 && d[nb + 1 + i] <= d[nb + i])) fail("word indices");
+    if (W % 32 && (d[nb - 1] >> (W % 32))) fail("bitmap past the row");
+  } else if (how == kDense) {
+    if (n != W) fail("a dense row's length");
+  } else if (how == kAllowed || how == kRefused) {
+    for (int64_t i = 0; i < n; ++i)
+      if (d[i] >= ids || (i > 0 && d[i] <= d[i - 1])) fail("token ids");
+  } else if (how == kDelta && r >= 0) {
+    // the base an earlier row of another kind: expansion is one level deep and never cycles
+    if (n < 2 || n != 2 + 2 * static_cast<int64_t>(d[1])) fail("a delta row's length");
+    if (d[0] >= r || kind[d[0]] == kDelta) fail("a delta row's base");
+    const int64_t p = d[1];
+    for (int64_t i = 0; i < p; ++i)
+      if (d[2 + i] >= W || (i > 0 && d[2 + i] <= d[1 + i])) fail("word indices");
+  } else if (how == kShared && r >= 0) {
+    if (n != 1 || d[0] >= n_shared) fail("a shared row's index");
+  } else {
+    fail("unknown row kind");
   }
 }
 

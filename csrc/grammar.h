@@ -43,24 +43,39 @@ void compile_masks(const Vocab& v, const int32_t* table, const uint8_t* accept, 
 //             distinct row `base` (an earlier row of another kind): strings at different depths of
 //             a JSON value allow the same tokens but the few that close them, so such rows repeat
 //             one large row with a few words changed
+//   kShared:  k: the row is shared row k (`shared`), a kWords or kDense row held once per process
+//             for every constraint over the vocabulary that has it (llmserve/constraints/
+//             shared_rows.py): the rows of a JSON value's free strings and numbers recur in most
+//             schemas
 // A fill expands a row's words straight into the bitmask, or into a chunk buffer that stays in L1
 // before the logits pass: a write of the row's words, never a second pass over the logits.
 // Layout shared with Python (llmserve/constraints/compiled.py, disk_cache.py):
 //   row_of int32[S+1] (distinct row per state row), off int64[R+1] (row r: data[off[r], off[r+1])),
 //   kind uint8[R], data uint32[off[R]]
 struct CompactRows {
-  enum Kind : uint8_t { kWords = 0, kAllowed = 1, kRefused = 2, kDense = 3, kDelta = 4 };
+  enum Kind : uint8_t { kWords = 0, kAllowed = 1, kRefused = 2, kDense = 3, kDelta = 4, kShared = 5 };
+  struct Shared {
+    const uint32_t* data;
+    int64_t n;
+    uint8_t kind;  // kWords or kDense
+  };
   const int32_t* row_of = nullptr;
   const int64_t* off = nullptr;
   const uint8_t* kind = nullptr;
   const uint32_t* data = nullptr;
   int64_t R = 0, W = 0;
+  const Shared* shared = nullptr;
+  int64_t n_shared = 0;
   // words [w0, w1) of state row s into out[0, w1 - w0)
   void expand(int64_t s, int64_t w0, int64_t w1, uint32_t* out) const { expand_row(row_of[s], w0, w1, out); }
   // the same for distinct row r
   void expand_row(int64_t r, int64_t w0, int64_t w1, uint32_t* out) const;
   // throws std::invalid_argument unless every index stays inside the arrays (a file read from disk)
   void check(int64_t rows, int64_t ndata) const;
+
+ private:
+  void expand_span(uint8_t how, const uint32_t* d, int64_t n, int64_t w0, int64_t w1, uint32_t* out) const;
+  void check_span(uint8_t how, const uint32_t* d, int64_t n, int64_t r) const;
 };
 
 struct CompactArrays {
@@ -95,6 +110,7 @@ struct Grammar {
   // set: the rows are complete and compressed (`masks` is null); a compressed grammar is never lazy
   bool compact = false;
   CompactRows rows;
+  std::vector<CompactRows::Shared> shared_rows;  // rows.shared (their words: buffers Python owns)
   // set: the automaton itself is built as steps and rows reach it (lazy_dfa.h; `tr`, `accept` and
   // `masks` are unused): S is its state limit (row S the dead row, as always), rows are allocated
   // in blocks of kRowBlock on first use, and every use of the automaton holds `lazy_lock` (shared

@@ -14,7 +14,10 @@ Per schema of the sample:
 1. memory: llmserve's complete form as the engine holds it once complete and compressed (memory.py's
    ``ours``: ``compile_constraint`` into a fresh cache folder, ``complete()``, ``nbytes``; with its
    states, distinct rows and automaton bytes) against xgrammar's ``CompiledGrammar.memory_size_bytes``
-   for the same schema (compact JSON: ``any_whitespace=False``, "," and ":" separators). A form whose
+   for the same schema (compact JSON: ``any_whitespace=False``, "," and ":" separators); also
+   ``private_nbytes``, the form less the large rows it shares with the other forms over the
+   vocabulary (``shared_rows.py``; held once per process, as xgrammar holds its tokenizer's data
+   once and leaves it out of ``memory_size_bytes``). A form whose
    compressed rows pass ``complete_max_mb`` is never completed by the engine, and one that only
    the lazy path serves has no complete form: both are reported as such, with no ratio.
 2. fill+apply at B=1 and B=256 on float32 logits [B, V] (CPU), each row at the state a seeded random
@@ -379,6 +382,7 @@ def measure(entry, env: dict, rounds: int) -> dict:
         row["xgrammar_bytes"] = int(xg.memory_size_bytes)
         if "bytes" in row:
             row["over_xgrammar"] = row["bytes"] / row["xgrammar_bytes"]
+            row["private_over_xgrammar"] = row["private_bytes"] / row["xgrammar_bytes"]
         lgram = llg.grammar_from("json_schema", json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}}))
         row["fill_apply"] = fa = measure_kernels(form, xg, lgram, env, zlib.crc32(name.encode()), rounds)
         # tokens of ours (that llguidance took, for xgrammar's) the other engine refused in the walks:
@@ -408,6 +412,9 @@ def summary(rows: dict[str, dict], dropped: dict[str, str]) -> dict:
         "memory": {
             "over_xgrammar": spread([r["over_xgrammar"] for r in mem.values()]),
             "over_4x": sum(1 for r in mem.values() if r["over_xgrammar"] > 4),
+            # without the rows shared with the sample's other forms (each held once per process)
+            "private_over_xgrammar": spread([r["private_over_xgrammar"] for r in mem.values()]),
+            "private_over_4x": sum(1 for r in mem.values() if r["private_over_xgrammar"] > 4),
             # the largest ratios: what the bytes are (states, distinct rows, automaton share) and how
             # many of our walks' tokens xgrammar refused (its language narrower than ours there)
             "worst": [
@@ -415,6 +422,7 @@ def summary(rows: dict[str, dict], dropped: dict[str, str]) -> dict:
                     "schema": n,
                     "over_xgrammar": round(r["over_xgrammar"], 2),
                     "llmserve_kb": round(r["bytes"] / 1024),
+                    "private_kb": round(r["private_bytes"] / 1024),
                     "xgrammar_kb": round(r["xgrammar_bytes"] / 1024, 1),
                     "states": r["states"],
                     "distinct_rows": r["distinct_rows"],

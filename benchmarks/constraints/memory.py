@@ -117,6 +117,9 @@ def ours(vocab, spec: dict, cache: Path) -> dict:
             k: int(np.count_nonzero(kind == i)) for i, k in enumerate(("words", "allowed", "refused", "dense", "delta"))
         },
         "bytes": c.nbytes,
+        # less the large rows it shares with the process's other forms over the vocabulary (each
+        # held once: shared_rows.py), what one more form costs where those are held already
+        "private_bytes": c.private_nbytes,
         "automaton_bytes": automaton,
         "rows_bytes": c.nbytes - automaton,
         # before: int32[S, 256] automaton and one packed row of V bits per state (+ the dead row)

@@ -137,10 +137,16 @@ class Grammar:
         kind: NDArray[np.uint8],
         data: NDArray[np.uint32],
         start: int = 0,
+        shared: tuple[tuple[int, NDArray[np.uint32]], ...] = (),
     ) -> Grammar:
         """A complete grammar over compressed rows (``compact_rows``'s arrays, kept alive by it) and a
         compressed automaton: byte classes uint8[256] and their columns, or (as the core makes them)
-        their comb. ValueError when an index in them is out of range."""
+        their comb. A row of kind 5 is ``shared[k]`` (its one word k): a (kind, words) pair of kind 0
+        or 3, held once for many grammars (``shared_rows.py``). ValueError when an index in them is
+        out of range."""
+    @property
+    def shared_rows(self) -> tuple[tuple[int, NDArray[np.uint32]], ...] | None:
+        """The shared rows a compressed grammar's kind-5 rows name; None for a dense one."""
     @property
     def compressed_rows(
         self,

@@ -10,7 +10,8 @@ A complete form keeps its rows compressed (``csrc/grammar.h``, ``CompactRows``):
 once, as its allowed ids, its refused ids, its partial words or its plain words, the smallest once
 weighed by what each costs a fill, or as the few words where it differs from an earlier large row
 (free strings at each depth of a JSON value); and its automaton as byte classes whose columns are
-packed as a comb (``comb.py``, ``csrc/comb.h``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
+packed as a comb (``comb.py``, ``csrc/comb.h``). Its large rows (a free string's, a number's) recur
+in most schemas and are held once per process for all of them (``shared_rows.py``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
 logits pass reads from L1. A 2,000-state schema over 100k tokens takes 2-3 MB instead of 26 MB
 (``benchmarks/constraints/memory.py``); ``nbytes`` counts what a form holds now.
 
@@ -39,6 +40,7 @@ from llmserve.constraints.comb import Comb, class_columns
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.regex import ByteDFA
+from llmserve.constraints.shared_rows import Rows, Shared, share, shared_nbytes, unshare
 from llmserve.constraints.vocab import Vocab
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,6 @@ def _free_exact_slot() -> None:
 
 os.register_at_fork(after_in_child=_free_exact_slot)
 
-# compressed mask rows, as the core lays them out (csrc/grammar.h, CompactRows): row_of, off, kind, data
-Rows = tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.uint8], NDArray[np.uint32]]
 # an automaton over byte classes: classes uint8[256] and a lazy form's columns, one per class, int32[S, C]
 # (the next state from s on byte b is table[s, classes[b]]), or a compressed form's comb of them
 # (comb.py; csrc/vocab_trie.h, Transitions)
@@ -94,6 +94,37 @@ def _sparse_rows(rows: int, words: int) -> NDArray[np.uint32]:
     return np.frombuffer(buf, dtype=np.uint32).reshape(rows, words)
 
 
+def _held(
+    vocab: Vocab, g: core.Grammar, accept: NDArray[np.uint8]
+) -> tuple[Rows, Shared, ByteClasses, NDArray[np.uint8], core.Grammar]:
+    """A compressed core grammar's arrays as a form holds them (rows, the shared rows they name, the
+    automaton with its comb wrapped, acceptance) and the grammar over those: ``g`` where no row is
+    shared, else a new one (``g``'s copies of the shared rows are freed with it)."""
+    rows, transitions = g.compressed_rows, g.transitions
+    if rows is None or transitions is None:
+        raise ValueError("not a compressed grammar")
+    classes, table = transitions
+    rows, shared = share(rows, vocab.digest)
+    if shared:
+        # arrays that are views into one buffer (a cache file's) would keep all of it, the shared
+        # rows' words included: copied, so that it is freed
+        def own(a):
+            if not isinstance(a.base, np.ndarray):
+                return a
+            a = a.copy()
+            a.flags.writeable = False
+            return a
+
+        classes, accept = own(classes), own(accept)
+        table = tuple(own(a) for a in table) if isinstance(table, tuple) else own(table)
+        rows = (own(rows[0]), *rows[1:])
+    # the core's comb; columns where a grammar was made over them
+    held: ByteClasses = (classes, Comb(*table)) if isinstance(table, tuple) else (classes, table)
+    if shared:
+        g = core.Grammar.compressed(native_vocab(vocab), classes, held[1], accept, *rows, g.start, shared)
+    return rows, shared, held, accept, g
+
+
 class CompiledConstraint:
     """A DFA compiled against one vocabulary: ``table`` int32[S,256], ``accept`` uint8[S],
     mask rows uint32[S+1, W] (row S: the dead row, end of sequence only), start state 0; the rows
@@ -116,6 +147,7 @@ class CompiledConstraint:
         ready: bool = True,
         rows: Rows | None = None,
         transitions: ByteClasses | None = None,
+        shared: Shared = (),
     ):
         if (
             (masks is None) == (rows is None)
@@ -129,6 +161,7 @@ class CompiledConstraint:
         self.accept = accept
         self._masks = masks
         self._rows = rows
+        self._shared = shared  # the rows `rows` names (shared_rows.py)
         self._compress_lock = threading.Lock()
         # called with this form once its rows are compressed (the in-memory cache re-counts its size)
         self.on_compressed: Callable[[CompiledConstraint], None] | None = None
@@ -170,6 +203,15 @@ class CompiledConstraint:
         c.native.ensure(c.start)
         return c
 
+    @classmethod
+    def from_compressed(cls, vocab: Vocab, g: core.Grammar, accept: NDArray[np.uint8], key: str) -> CompiledConstraint:
+        """The form of ``g``, a compressed core grammar (every index checked), e.g. over a cache file's
+        arrays: its large rows shared with the process's other forms."""
+        rows, shared, held, accept, g = _held(vocab, g, accept)
+        c = cls(vocab, None, accept, None, g.start, key, rows=rows, transitions=held, shared=shared)
+        c._native = g
+        return c
+
     @property
     def num_states(self) -> int:
         return int(self.accept.shape[0])
@@ -198,7 +240,16 @@ class CompiledConstraint:
                 classes, table = self._transitions
                 row_of, off, kind, data = self._rows
                 self._native = core.Grammar.compressed(
-                    native_vocab(self.vocab), classes, table, self.accept, row_of, off, kind, data, self.start
+                    native_vocab(self.vocab),
+                    classes,
+                    table,
+                    self.accept,
+                    row_of,
+                    off,
+                    kind,
+                    data,
+                    self.start,
+                    self._shared,
                 )
             else:
                 assert self._masks is not None
@@ -214,22 +265,33 @@ class CompiledConstraint:
 
     @property
     def compressed_rows(self) -> Rows | None:
-        return self._rows
+        """The compressed rows with every one in place, as a cache file holds them (a copy where the
+        form names shared rows: for files, tests and tools; fills go through ``native``)."""
+        rows = self._rows
+        return None if rows is None else unshare(rows, self._shared)
+
+    @property
+    def private_nbytes(self) -> int:
+        """``nbytes`` less the shared rows it names (``shared_rows.py``): what holding this form costs
+        where other forms over the vocabulary already hold those rows."""
+        return self.nbytes - (shared_nbytes(self._shared) if self._rows is not None else 0)
 
     @property
     def nbytes(self) -> int:
         """What this form holds now: the automaton and the mask rows computed so far (dense), or its
-        compressed rows once complete. The in-memory cache's budget and the benchmarks count this.
+        compressed rows once complete, the shared rows it names included (each form counts them: the
+        in-memory cache's budget stays an upper bound). The in-memory cache's budget and the
+        benchmarks count this; ``private_nbytes`` leaves the shared rows out.
         A lazy form's mask buffer is allocated whole but left untouched (the pages of rows never
         computed are never backed by memory), so only its computed rows count."""
         # read without the lock, while a compressed form may be swapped in: that sets the compressed
         # fields, then the grammar, before it clears the dense ones, so reading the dense ones and the
         # grammar first sees one form whole
         table, masks, grammar = self._table, self._masks, self._native
-        compact, transitions = self._rows, self._transitions
+        compact, transitions, shared = self._rows, self._transitions, self._shared
         if compact is not None and transitions is not None:
             held: tuple = (*transitions, self.accept, *compact)
-            return int(sum(a.nbytes for a in held))
+            return int(sum(a.nbytes for a in held)) + shared_nbytes(shared)
         assert masks is not None
         rows = masks.shape[0] if self._ready else (grammar or self.native).ready_rows
         return int(self._automaton_bytes(table, transitions) + self.accept.nbytes + rows * masks.strides[0])
@@ -272,13 +334,12 @@ class CompiledConstraint:
             self.on_compressed(self)
 
     def _hold_compressed(self, g: core.Grammar) -> None:
-        rows, transitions = g.compressed_rows, g.transitions
-        if rows is None or transitions is None or g.num_states != self.num_states:
+        if g.num_states != self.num_states:
             raise ValueError("not this form's rows compressed")
-        classes, table = transitions
-        # the core's comb; columns where a grammar was made over them
-        held: ByteClasses = (classes, Comb(*table)) if isinstance(table, tuple) else (classes, table)
+        rows, shared, held, _accept, g = _held(self.vocab, g, self.accept)
         # the compressed fields before the dense ones are cleared: ``nbytes`` reads without the lock
+        # (the shared rows first: a reader that sees the rows sees what they name)
+        self._shared = shared
         self._rows, self._transitions = rows, held
         # in this order: readers without the lock (nbytes, mask_row) take the dense rows, then the
         # grammar; a lazy form's rows are not all computed, so `_ready` stays as it was

@@ -38,6 +38,7 @@ from llmserve.constraints.comb import Comb
 from llmserve.constraints.compiled import CompiledConstraint
 from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
+from llmserve.constraints.native import native_vocab
 from llmserve.constraints.regex import ByteDFA
 from llmserve.constraints.spec import ConstraintSpec
 from llmserve.constraints.vocab import Vocab
@@ -321,13 +322,12 @@ def read_cache(path: Path, vocab: Vocab) -> CompiledConstraint | None:
         return None
     if core is None or comb.base.ndim != 1 or accept.shape != comb.base.shape:
         return None
-    c = CompiledConstraint(vocab, None, accept, None, start, header["key"], rows=rows, transitions=(classes, comb))
-    try:
-        c.native  # noqa: B018 - builds the grammar, which checks every index of the compressed rows
+    try:  # checks every index of the compressed rows and the comb
+        g = core.Grammar.compressed(native_vocab(vocab), classes, comb, accept, *rows, start)
+        return CompiledConstraint.from_compressed(vocab, g, accept, header["key"])
     except (ValueError, TypeError) as exc:  # the checksum passed, so written by another version or vocabulary
         log.warning("constraint cache file %s ignored (%s); it will be rebuilt", path, exc)
         return None
-    return c
 
 
 def read_dfa(path: Path) -> ByteDFA | None:

@@ -1,0 +1,114 @@
+"""Large mask rows held once per process for every form over the vocabulary (shared_rows.py;
+csrc/grammar.h, CompactRows::kShared): what fills read is unchanged, the rows are one copy, freed
+with the last form, and cache files stay self-contained."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from test_compressed_rows import json_vocab  # noqa: F401 (fixture)
+
+from llmserve.constraints import compile_constraint, disk_cache
+from llmserve.constraints import compiler as compiler_mod
+from llmserve.constraints.native import native, native_vocab, require_native
+from llmserve.constraints.shared_rows import DELTA, POOL, SHARED, RowPool, share, unshare
+
+require_native()
+
+ORDER = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["id"],
+}
+NOTE = {"type": "object", "properties": {"title": {"type": "string"}, "body": {"type": "string"}}}
+
+
+def complete(spec, vocab, cache_dir=False):
+    compiler_mod._MEMORY.clear()
+    return compile_constraint({"json_schema": spec}, vocab, cache_dir=cache_dir).complete()
+
+
+def dense_masks(c, vocab) -> np.ndarray:
+    return native.compile_masks(native_vocab(vocab), c.table, c.accept)
+
+
+def test_forms_name_one_copy_of_their_common_rows(json_vocab):  # noqa: F811
+    a, b = complete(ORDER, json_vocab), complete(NOTE, json_vocab)
+    assert a._shared and b._shared
+    common = {id(w) for _, w in a._shared} & {id(w) for _, w in b._shared}
+    assert common  # a free string's row, at least: the same array in both
+    for c in (a, b):
+        np.testing.assert_array_equal(c.masks, dense_masks(c, json_vocab))
+        held = sum(w.nbytes for _, w in c._shared)
+        assert c.nbytes - c.private_nbytes == held > 0
+        kind = c._rows[2]
+        assert (kind == SHARED).sum() == len(c._shared)
+        for _, words in c._shared:
+            assert not words.flags.writeable
+    # a delta row over a shared base expands through it
+    _row_of, off, kind, data = a._rows
+    bases = [int(data[off[r]]) for r in np.flatnonzero(kind == DELTA)]
+    assert any(kind[base] == SHARED for base in bases)
+
+
+def test_the_rows_as_a_file_holds_them_are_whole(json_vocab, tmp_path):  # noqa: F811
+    live = complete(ORDER, json_vocab)
+    c = complete(ORDER, json_vocab, cache_dir=tmp_path)
+    whole = c.compressed_rows
+    assert whole is not None and SHARED not in set(whole[2].tolist())
+    back, _ = share(whole, json_vocab.digest)
+    for x, y in zip(back, c._rows, strict=True):
+        np.testing.assert_array_equal(x, y)
+    _header, arrays = disk_cache.read_arrays(tmp_path / f"{c.key}.bin", c.key)
+    assert SHARED not in set(arrays["kind"].tolist())
+    hit = disk_cache.read_cache(tmp_path / f"{c.key}.bin", json_vocab)
+    assert hit is not None and hit._shared
+    assert {id(w) for _, w in hit._shared} <= {id(w) for _, w in live._shared}  # the live form's copies
+    np.testing.assert_array_equal(hit.masks, dense_masks(live, json_vocab))
+    # none of the file's buffer is kept once its large rows are shared: every array owns its memory
+    for array in (hit.accept, *hit.transitions[1], hit._rows[0]):
+        assert not isinstance(array.base, np.ndarray)
+
+
+def test_a_row_is_freed_with_the_last_form_that_names_it(json_vocab):  # noqa: F811
+    pool = RowPool()
+    c = complete(NOTE, json_vocab)
+    rows = unshare(c._rows, c._shared)
+    held, shared = share(rows, "v", pool)
+    again, shared_again = share(rows, "v", pool)
+    assert [id(w) for _, w in shared] == [id(w) for _, w in shared_again]
+    assert len(pool) == len(shared) and pool.nbytes == sum(w.nbytes for _, w in shared)
+    _other, elsewhere = share(rows, "another vocabulary", pool)
+    assert len(pool) == 2 * len(shared) and not {id(w) for _, w in elsewhere} & {id(w) for _, w in shared}
+    del shared, shared_again, elsewhere, held, again, _other
+    gc.collect()
+    assert len(pool) == 0 and pool.nbytes == 0
+
+
+def test_rows_naming_shared_rows_are_checked(json_vocab):  # noqa: F811
+    c = complete(ORDER, json_vocab)
+    classes, comb = c.transitions
+    nv = native_vocab(json_vocab)
+    row_of, off, kind, data = c._rows
+    ok = native.Grammar.compressed(nv, classes, comb, c.accept, row_of, off, kind, data, c.start, c._shared)
+    assert ok.walk(c.start, []) == c.start
+    with pytest.raises(ValueError, match="shared row's index"):  # a reference past the shared rows
+        native.Grammar.compressed(nv, classes, comb, c.accept, row_of, off, kind, data, c.start, c._shared[:-1])
+    how, words = c._shared[0]
+    for bad, why in (
+        (((1, words), *c._shared[1:]), "shared row's kind"),  # ids are never shared
+        (((5, words), *c._shared[1:]), "shared row's kind"),  # nor a reference to another
+        (((how, words[:-1]), *c._shared[1:]), "length"),
+        (((how,), *c._shared[1:]), "pairs"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            native.Grammar.compressed(nv, classes, comb, c.accept, row_of, off, kind, data, c.start, bad)
+
+
+def test_the_process_pool_holds_each_row_once(json_vocab):  # noqa: F811
+    a, b = complete(ORDER, json_vocab), complete(NOTE, json_vocab)
+    distinct = {id(w): w.nbytes for c in (a, b) for _, w in c._shared}
+    assert POOL.nbytes >= sum(distinct.values())
+    assert sum(distinct.values()) < sum(w.nbytes for c in (a, b) for _, w in c._shared)
