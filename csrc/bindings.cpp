@@ -255,6 +255,7 @@ PyGrammar compressed_grammar(const PyVocab& v, py::array classes, py::object tab
       throw std::invalid_argument("shared rows: (kind, words) pairs");
     const py::tuple pair = py::reinterpret_borrow<py::tuple>(item);
     py::array words = array_in(pair[1], "shared row");
+    if (!py::isinstance<py::int_>(pair[0])) throw std::invalid_argument("compressed mask rows: a shared row's kind");
     const auto how = pair[0].cast<int64_t>();
     if (how < 0 || how > 255) throw std::invalid_argument("compressed mask rows: a shared row's kind");
     gr.shared_rows.push_back({buffer_of<uint32_t>(words, 1, "shared row", false), words.shape(0),

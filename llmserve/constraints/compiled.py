@@ -40,7 +40,7 @@ from llmserve.constraints.comb import Comb, class_columns
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import native_vocab, require_native
 from llmserve.constraints.regex import ByteDFA
-from llmserve.constraints.shared_rows import Rows, Shared, share, shared_nbytes, unshare
+from llmserve.constraints.shared_rows import Rows, Shared, frozen, share, shared_nbytes, unshare
 from llmserve.constraints.vocab import Vocab
 
 log = logging.getLogger(__name__)
@@ -104,16 +104,13 @@ def _held(
     if rows is None or transitions is None:
         raise ValueError("not a compressed grammar")
     classes, table = transitions
-    rows, shared = share(rows, vocab.digest)
+    # (a grammar that names shared rows already: in place again first, then shared with this process's)
+    rows, shared = share(unshare(rows, g.shared_rows or ()), vocab.digest)
     if shared:
         # arrays that are views into one buffer (a cache file's) would keep all of it, the shared
         # rows' words included: copied, so that it is freed
         def own(a):
-            if not isinstance(a.base, np.ndarray):
-                return a
-            a = a.copy()
-            a.flags.writeable = False
-            return a
+            return frozen(a) if isinstance(a.base, np.ndarray) else a
 
         classes, accept = own(classes), own(accept)
         table = tuple(own(a) for a in table) if isinstance(table, tuple) else own(table)
@@ -274,7 +271,10 @@ class CompiledConstraint:
     def private_nbytes(self) -> int:
         """``nbytes`` less the shared rows it names (``shared_rows.py``): what holding this form costs
         where other forms over the vocabulary already hold those rows."""
-        return self.nbytes - (shared_nbytes(self._shared) if self._rows is not None else 0)
+        compact, transitions = self._rows, self._transitions
+        if compact is None or transitions is None:
+            return self.nbytes
+        return self._compressed_bytes(compact, transitions)
 
     @property
     def nbytes(self) -> int:
@@ -290,11 +290,13 @@ class CompiledConstraint:
         table, masks, grammar = self._table, self._masks, self._native
         compact, transitions, shared = self._rows, self._transitions, self._shared
         if compact is not None and transitions is not None:
-            held: tuple = (*transitions, self.accept, *compact)
-            return int(sum(a.nbytes for a in held)) + shared_nbytes(shared)
+            return self._compressed_bytes(compact, transitions) + shared_nbytes(shared)
         assert masks is not None
         rows = masks.shape[0] if self._ready else (grammar or self.native).ready_rows
         return int(self._automaton_bytes(table, transitions) + self.accept.nbytes + rows * masks.strides[0])
+
+    def _compressed_bytes(self, compact: Rows, transitions: ByteClasses) -> int:
+        return int(sum(a.nbytes for a in (*transitions, self.accept, *compact)))
 
     @staticmethod
     def _automaton_bytes(table: NDArray[np.int32] | None, transitions: ByteClasses | None) -> int:

@@ -84,23 +84,29 @@ class Finisher:
                 log.exception("the background completion of constraints failed; going on")
                 time.sleep(self.RETRY_S)
                 continue
+            self._finish(job)
+
+    def _finish(self, job: int) -> None:
+        """Job ``job``'s form compressed, swapped in and written. A call of its own: nothing of the form
+        (the grammar the core made, a whole copy of the rows the form now holds shared, or the lazy
+        form's rows) stays referenced from the loop while it waits for the next job."""
+        with self._lock:
+            entry = self._pending.get(job)
+        if entry is None:  # an id this process does not know: nothing to write
+            core.finished_take(job, None)
+            return
+        compiled, grammar, path, completion = entry
+        try:
+            done = self._take(job, compiled, grammar)
+            if done is not None:
+                compiled.adopt_compressed(done)
+                try_write_cache(path, compiled)
+        except Exception:
+            log.exception("writing the cache of constraint %s failed", compiled.key)
+        finally:
+            completion.done.set()
             with self._lock:
-                entry = self._pending.get(job)
-            if entry is None:  # an id this process does not know: nothing to write
-                core.finished_take(job, None)
-                continue
-            compiled, grammar, path, completion = entry
-            try:
-                done = self._take(job, compiled, grammar)
-                if done is not None:
-                    compiled.adopt_compressed(done)
-                    try_write_cache(path, compiled)
-            except Exception:
-                log.exception("writing the cache of constraint %s failed", compiled.key)
-            finally:
-                completion.done.set()
-                with self._lock:
-                    del self._pending[job]
+                del self._pending[job]
 
     def _take(self, job: int, compiled: CompiledConstraint, grammar: core.Grammar) -> core.Grammar | None:
         """The compressed grammar the core made of job ``job``, or None where the form stays lazy

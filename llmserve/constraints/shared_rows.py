@@ -48,8 +48,7 @@ class RowPool:
             held = ref() if ref is not None else None
             if held is not None and np.array_equal(held, words):
                 return held
-            row = np.array(words, dtype=np.uint32, copy=True)
-            row.flags.writeable = False  # the core checked it once for each form that names it
+            row = frozen(words)  # the core checked it once for each form that names it
             self._rows[key] = weakref.ref(row, functools.partial(self._forget, key))
             return row
 
@@ -76,6 +75,12 @@ class RowPool:
 POOL = RowPool()
 
 
+def frozen(a: NDArray) -> NDArray:
+    """A copy of ``a`` that cannot be made writable again (over immutable bytes): arrays the core
+    checked once and then reads unchecked."""
+    return np.ndarray(a.shape, dtype=a.dtype, buffer=np.ascontiguousarray(a).tobytes())
+
+
 def share(rows: Rows, vocab_key: str, pool: RowPool = POOL) -> tuple[Rows, Shared]:
     """``rows`` with each large word or dense row replaced by a reference to the pool's copy, and the
     rows those references name; ``rows`` itself (and no shared rows) when none is large."""
@@ -98,10 +103,7 @@ def share(rows: Rows, vocab_key: str, pool: RowPool = POOL) -> tuple[Rows, Share
     new_off = np.zeros_like(off)
     np.cumsum([p.shape[0] for p in pieces], out=new_off[1:])
     new_data = np.concatenate(pieces).astype(np.uint32, copy=False)
-    held = (row_of, new_off, new_kind, new_data)
-    for a in held:
-        a.flags.writeable = False
-    return held, tuple(shared)
+    return (row_of, frozen(new_off), frozen(new_kind), frozen(new_data)), tuple(shared)
 
 
 def unshare(rows: Rows, shared: Shared) -> Rows:

@@ -12,6 +12,7 @@ from test_compressed_rows import json_vocab  # noqa: F401 (fixture)
 
 from llmserve.constraints import compile_constraint, disk_cache
 from llmserve.constraints import compiler as compiler_mod
+from llmserve.constraints.compiled import CompiledConstraint
 from llmserve.constraints.native import native, native_vocab, require_native
 from llmserve.constraints.shared_rows import DELTA, POOL, SHARED, RowPool, share, unshare
 
@@ -46,7 +47,8 @@ def test_forms_name_one_copy_of_their_common_rows(json_vocab):  # noqa: F811
         kind = c._rows[2]
         assert (kind == SHARED).sum() == len(c._shared)
         for _, words in c._shared:
-            assert not words.flags.writeable
+            with pytest.raises(ValueError):  # read unchecked by every grammar that names it
+                words.flags.writeable = True
     # a delta row over a shared base expands through it
     _row_of, off, kind, data = a._rows
     bases = [int(data[off[r]]) for r in np.flatnonzero(kind == DELTA)]
@@ -102,6 +104,7 @@ def test_rows_naming_shared_rows_are_checked(json_vocab):  # noqa: F811
         (((5, words), *c._shared[1:]), "shared row's kind"),  # nor a reference to another
         (((how, words[:-1]), *c._shared[1:]), "length"),
         (((how,), *c._shared[1:]), "pairs"),
+        ((("3", words), *c._shared[1:]), "shared row's kind"),
     ):
         with pytest.raises(ValueError, match=why):
             native.Grammar.compressed(nv, classes, comb, c.accept, row_of, off, kind, data, c.start, bad)
@@ -112,3 +115,19 @@ def test_the_process_pool_holds_each_row_once(json_vocab):  # noqa: F811
     distinct = {id(w): w.nbytes for c in (a, b) for _, w in c._shared}
     assert POOL.nbytes >= sum(distinct.values())
     assert sum(distinct.values()) < sum(w.nbytes for c in (a, b) for _, w in c._shared)
+
+
+def test_a_grammar_naming_shared_rows_is_held_as_any_other(json_vocab, tmp_path):  # noqa: F811
+    """A form made of a core grammar that names shared rows already: the rows in place again, then
+    shared with this process's (no reference left dangling, the file written whole and read back)."""
+    c = complete(ORDER, json_vocab)
+    assert c.native.shared_rows
+    again = CompiledConstraint.from_compressed(json_vocab, c.native, c.accept, "k" * 64)
+    assert [id(w) for _, w in again._shared] == [id(w) for _, w in c._shared]
+    assert again.nbytes == c.nbytes and again.private_nbytes == c.private_nbytes
+    assert SHARED not in set(again.compressed_rows[2].tolist())
+    np.testing.assert_array_equal(again.masks, dense_masks(c, json_vocab))
+    disk_cache.write_cache(tmp_path / f"{again.key}.bin", again)
+    hit = disk_cache.read_cache(tmp_path / f"{again.key}.bin", json_vocab)
+    assert hit is not None
+    np.testing.assert_array_equal(hit.masks, again.masks)
