@@ -14,6 +14,7 @@ one packed row of V bits per state), and xgrammar's compiled grammar
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -117,9 +118,14 @@ def ours(vocab, spec: dict, cache: Path) -> dict:
             k: int(np.count_nonzero(kind == i)) for i, k in enumerate(("words", "allowed", "refused", "dense", "delta"))
         },
         "bytes": c.nbytes,
-        # less the large rows it shares with the process's other forms over the vocabulary (each
-        # held once: shared_rows.py), what one more form costs where those are held already
+        # less the large rows it names that are held once per process for every form over the
+        # vocabulary (shared_rows.py): a lower bound, reached where other forms hold all of them
         "private_bytes": c.private_nbytes,
+        # those rows by content (their bytes), so that a sample can share them out among its forms
+        "shared_rows": {
+            hashlib.blake2b(words.tobytes(), digest_size=16).hexdigest(): int(words.nbytes)
+            for _, words in (c.native.shared_rows or ())
+        },
         "automaton_bytes": automaton,
         "rows_bytes": c.nbytes - automaton,
         # before: int32[S, 256] automaton and one packed row of V bits per state (+ the dead row)
