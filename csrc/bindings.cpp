@@ -80,14 +80,32 @@ const int32_t* dfa_table(py::array& table, py::array& accept, int64_t& S) {
   return t;
 }
 
+// A 2-D array of states, int16 (where the automaton's states fit) or int32: as Transitions reads it.
+struct States {
+  const int32_t* t = nullptr;
+  const int16_t* t16 = nullptr;
+  bool narrow() const { return t16 != nullptr; }
+};
+
+States states_of(py::array& a, const char* what) {
+  if (a.itemsize() == sizeof(int16_t)) return {nullptr, buffer_of<int16_t>(a, 2, what, false)};
+  return {buffer_of<int32_t>(a, 2, what, false), nullptr};
+}
+
+// Every one of the first n entries a state below S, or -1.
+void check_states(const States& st, int64_t n, int64_t S, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t x = st.narrow() ? st.t16[i] : st.t[i];
+    if (x < -1 || x >= S) throw std::invalid_argument(std::string(what) + " out of range");
+  }
+}
+
 // A DFA's transitions over byte classes: classes uint8[256] and table int32[S, C] (or int16 where S
 // fits) with C-contiguous rows, every class below C and every entry a state or -1. Checked whole:
 // the arrays may come from a cache file.
 Transitions class_table(py::array& classes, py::array& table, py::array& accept, int64_t& S) {
   const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
-  const bool narrow = table.itemsize() == sizeof(int16_t);
-  const int32_t* t = narrow ? nullptr : buffer_of<int32_t>(table, 2, "table", false);
-  const int16_t* t16 = narrow ? buffer_of<int16_t>(table, 2, "table", false) : nullptr;
+  const States st = states_of(table, "table");
   buffer_of<uint8_t>(accept, 1, "accept", false);
   S = table.shape(0);
   const int64_t C = table.shape(1);
@@ -96,12 +114,9 @@ Transitions class_table(py::array& classes, py::array& table, py::array& accept,
     throw std::invalid_argument("classes/table/accept shapes");
   for (int b = 0; b < 256; ++b)
     if (cls[b] >= C) throw std::invalid_argument("byte class out of range");
-  for (int64_t i = 0; i < S * C; ++i) {
-    const int32_t x = narrow ? t16[i] : t[i];
-    if (x < -1 || x >= S) throw std::invalid_argument("table entry out of range");
-  }
-  Transitions tr{t, cls, C};
-  tr.t16 = t16;
+  check_states(st, S * C, S, "table entry");
+  Transitions tr{st.t, cls, C};
+  tr.t16 = st.t16;
   return tr;
 }
 
@@ -121,25 +136,20 @@ Transitions comb_table(py::array& classes, const py::tuple& comb, py::array& acc
   py::array slots = array_in(comb[1], "comb slots");
   const uint8_t* cls = buffer_of<uint8_t>(classes, 1, "classes", false);
   const int32_t* base = buffer_of<int32_t>(base_a, 1, "comb base", false);
-  const bool narrow = slots.itemsize() == sizeof(int16_t);
-  const int32_t* t = narrow ? nullptr : buffer_of<int32_t>(slots, 2, "comb slots", false);
-  const int16_t* t16 = narrow ? buffer_of<int16_t>(slots, 2, "comb slots", false) : nullptr;
+  const States st = states_of(slots, "comb slots");
   buffer_of<uint8_t>(accept, 1, "accept", false);
   S = base_a.shape(0);
   const int64_t N = slots.shape(0);
   if (classes.shape(0) != 256 || accept.shape(0) != S || slots.shape(1) != 2 ||
       (N > 1 && slots.strides(0) != 2 * static_cast<py::ssize_t>(slots.itemsize())) ||
-      (narrow && S > Transitions::kMax16))
+      (st.narrow() && S > Transitions::kMax16))
     throw std::invalid_argument("classes/comb/accept shapes");
   const int64_t C = *std::max_element(cls, cls + 256) + 1;
   for (int64_t s = 0; s < S; ++s)
     if (base[s] < 0 || base[s] + C > N) throw std::invalid_argument("comb base out of range");
-  for (int64_t i = 0; i < 2 * N; ++i) {
-    const int32_t x = narrow ? t16[i] : t[i];
-    if (x < -1 || x >= S) throw std::invalid_argument("comb slot out of range");
-  }
-  Transitions tr{t, cls, C};
-  tr.t16 = t16;
+  check_states(st, 2 * N, S, "comb slot");
+  Transitions tr{st.t, cls, C};
+  tr.t16 = st.t16;
   tr.base = base;
   return tr;
 }
