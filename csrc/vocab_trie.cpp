@@ -112,7 +112,9 @@ std::vector<int32_t> byte_classes(const Transitions& tr, int64_t S, uint8_t* cls
 }
 
 void Vocab::state_mask(const Transitions& tr, int32_t s, uint32_t* out, int32_t* stack) const {
-  tr.visit([&](const auto& view) { walk_mask([&view](int32_t q, uint8_t b) { return view.next(q, b); }, s, out, stack); });
+  tr.visit([&](const auto& view) {
+    walk_mask([&view](int32_t q, uint8_t b) { return view.next(q, b); }, s, out, stack);
+  });
 }
 
 void Vocab::state_mask_within(const Transitions& tr, int32_t s, const int32_t* dist, int32_t k, uint32_t* out,

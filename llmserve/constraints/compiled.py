@@ -11,9 +11,10 @@ once, as its allowed ids, its refused ids, its partial words or its plain words,
 weighed by what each costs a fill, or as the few words where it differs from an earlier large row
 (free strings at each depth of a JSON value); and its automaton as byte classes whose columns are
 packed as a comb (``comb.py``, ``csrc/comb.h``). Its large rows (a free string's, a number's) recur
-in most schemas and are held once per process for all of them (``shared_rows.py``). Fills expand a row's words straight into the bitmask, or into a chunk buffer the
-logits pass reads from L1. A 2,000-state schema over 100k tokens takes 2-3 MB instead of 26 MB
-(``benchmarks/constraints/memory.py``); ``nbytes`` counts what a form holds now.
+in most schemas and are held once per process for all of them (``shared_rows.py``). Fills expand a
+row's words straight into the bitmask, or into a chunk buffer the logits pass reads from L1. A
+2,000-state schema over 100k tokens takes 2-3 MB instead of 26 MB (``benchmarks/constraints/
+memory.py``); ``nbytes`` counts what a form holds now.
 
 Mask rows may be computed lazily (``CompiledConstraint.lazy``): the form is usable once the DFA and
 the start state's row exist, a row is computed the first time a batch row needs it, and the rest
