@@ -229,6 +229,38 @@ def _await_other_push(client: Any, store: StoreLocation, digest: str, size: int)
     return False
 
 
+_START_ATTEMPTS = 3
+
+
+def _start_upload(client: Any, store: StoreLocation, digest: str, size: int) -> tuple[str, dict[int, dict]]:
+    """The upload to continue (the newest unfinished one of the blob, with its parts) or a new one."""
+    bucket, key = store.bucket, store.blob_key(digest)
+    url = f"s3://{bucket}/{key}"
+    for _ in range(_START_ATTEMPTS):
+        try:
+            upload_id, listed = _find_upload(client, bucket, key)
+            if upload_id is None:
+                upload_id = client.create_multipart_upload(
+                    Bucket=bucket,
+                    Key=key,
+                    ChecksumAlgorithm="SHA256",
+                    ContentType="application/x-tar",
+                    Metadata={"llmserve-digest": digest},
+                )["UploadId"]
+            return upload_id, listed
+        except store_errors() as exc:
+            if error_code(exc) != "NoSuchUpload":
+                raise translate(exc, f"starting the upload of {url}", bucket=bucket) from exc
+            # The upload we listed was completed or aborted before its parts were read: another push
+            # of the same package finished it (then wait for that push), or gave it up (look again).
+            if _blob_exists(client, store, digest, size):
+                raise _Superseded() from exc
+    raise TransferInterruptedError(
+        f"starting the upload of {url}: the unfinished uploads of this package kept going away while being read",
+        hint="Another push of the same package may still be running: wait for it, then run this one again.",
+    )
+
+
 def _composite(shas: list[bytes]) -> str:
     return _b64(hashlib.sha256(b"".join(shas)).digest())
 
@@ -249,18 +281,7 @@ def _upload_blob(
     bucket, key = store.bucket, store.blob_key(digest)
     url = f"s3://{bucket}/{key}"
     ranges = [(off, min(part_size, size - off)) for off in range(0, size, part_size)] or [(0, 0)]
-    try:
-        upload_id, listed = _find_upload(client, bucket, key)
-        if upload_id is None:
-            upload_id = client.create_multipart_upload(
-                Bucket=bucket,
-                Key=key,
-                ChecksumAlgorithm="SHA256",
-                ContentType="application/x-tar",
-                Metadata={"llmserve-digest": digest},
-            )["UploadId"]
-    except store_errors() as exc:
-        raise translate(exc, f"starting the upload of {url}", bucket=bucket) from exc
+    upload_id, listed = _start_upload(client, store, digest, size)
     fd = os.open(package, os.O_RDONLY)
     up = _Upload(client, bucket, key, upload_id, listed, fd, limit, advance)
     try:

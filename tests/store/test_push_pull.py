@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import stat
 
@@ -10,6 +11,7 @@ from support.cli import run_cli, run_cli_json
 
 from llmserve.packaging import read_index
 from llmserve.store import pull, push
+from llmserve.store.reference import parse_store
 
 
 def test_push_then_pull_round_trip(tmp_path, aws_env, s3, bucket, multipart_package):
@@ -130,4 +132,67 @@ def test_concurrent_pushes_of_one_package_both_succeed(tmp_path, aws_env, s3, bu
     assert len([k for k in keys if k.endswith(".llmpkg")]) == 1 and len(keys) == 3
     assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
     code, pulled, out = run_cli_json("pull", f"s3://{bucket}/big-model:3", "--cache", tmp_path / "c", env=aws_env)
+    assert code == 0 and pulled["downloaded"], out
+
+
+def _after_each_listing(monkeypatch, then) -> None:
+    """Push's clients call then(listing) after each list of unfinished uploads: another party's step,
+    run on the real store at the one moment a race would put it."""
+    push_module = importlib.import_module("llmserve.store.push")  # the package exports a function of that name
+    real_client = push_module.make_client
+
+    class Interleaved:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def list_multipart_uploads(self, **kwargs):
+            listing = self._inner.list_multipart_uploads(**kwargs)
+            then(listing)
+            return listing
+
+    monkeypatch.setattr(push_module, "make_client", lambda options: Interleaved(real_client(options)))
+
+
+def test_a_push_whose_listed_upload_another_completes_waits_for_that_push(
+    aws_env, s3, bucket, multipart_package, monkeypatch
+):
+    """The interleaving behind a flaky CI run, forced: push A lists an unfinished upload of the blob,
+    push B completes that upload before A reads its parts (A then met NoSuchUpload and failed)."""
+    store = f"s3://{bucket}"
+    digest = read_index(multipart_package, verify=False).digest
+    s3.create_multipart_upload(Bucket=bucket, Key=parse_store(store).blob_key(digest), ChecksumAlgorithm="SHA256")
+    other: list = []
+
+    def b_runs_to_the_end(listing):
+        if not other:
+            other.append(None)  # B's own listings pass through
+            other[0] = push(multipart_package, store, part_size=5 << 20)
+
+    _after_each_listing(monkeypatch, b_runs_to_the_end)
+    first = push(multipart_package, store, part_size=5 << 20)
+    assert other[0].alreadyPresent is False and other[0].partsUploaded == 5
+    assert first.alreadyPresent is True and first.digest == digest
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def test_a_push_whose_listed_upload_is_aborted_starts_a_new_one(
+    tmp_path, aws_env, s3, bucket, multipart_package, monkeypatch
+):
+    """An unfinished upload aborted between the listing and the read of its parts (a lifecycle rule,
+    an operator) leaves no blob: the push looks again and uploads into an upload of its own."""
+    store = f"s3://{bucket}"
+    key = parse_store(store).blob_key(read_index(multipart_package, verify=False).digest)
+    stale = s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256")["UploadId"]
+
+    def aborted(listing):
+        if any(u["UploadId"] == stale for u in listing.get("Uploads", [])):
+            s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=stale)
+
+    _after_each_listing(monkeypatch, aborted)
+    result = push(multipart_package, store, part_size=5 << 20)
+    assert result.alreadyPresent is False and result.partsUploaded == 5
+    code, pulled, out = run_cli_json("pull", f"{store}/big-model:3", "--cache", tmp_path / "c", env=aws_env)
     assert code == 0 and pulled["downloaded"], out
