@@ -14,7 +14,7 @@ from llmserve.constraints import compile_constraint, disk_cache
 from llmserve.constraints import compiler as compiler_mod
 from llmserve.constraints.compiled import CompiledConstraint
 from llmserve.constraints.native import native, native_vocab, require_native
-from llmserve.constraints.shared_rows import DELTA, POOL, SHARED, RowPool, share, unshare
+from llmserve.constraints.shared_rows import DELTA, POOL, SHARED, WORDS, RowPool, share, unshare
 
 require_native()
 
@@ -131,3 +131,41 @@ def test_a_grammar_naming_shared_rows_is_held_as_any_other(json_vocab, tmp_path)
     hit = disk_cache.read_cache(tmp_path / f"{again.key}.bin", json_vocab)
     assert hit is not None
     np.testing.assert_array_equal(hit.masks, again.masks)
+
+
+def test_rows_whose_checksums_collide_are_never_confused(monkeypatch):
+    """The pool keys rows by a fast checksum and compares the words before handing out a copy: two
+    different rows under one key each come back as themselves."""
+    from llmserve.constraints import shared_rows
+
+    monkeypatch.setattr(shared_rows, "core", type("Colliding", (), {"checksum": staticmethod(lambda words, seed: 7)}))
+    pool = RowPool()
+    a = np.arange(300, dtype=np.uint32)
+    b = a[::-1].copy()
+    held_a = pool.intern("v", WORDS, a)
+    held_b = pool.intern("v", WORDS, b)
+    assert np.array_equal(held_a, a) and np.array_equal(held_b, b)
+    assert np.array_equal(pool.intern("v", WORDS, b.copy()), b)
+
+
+def test_sharing_and_unsharing_keep_every_row_in_order():
+    """Mixed rows (small, large words and dense, deltas) through share and unshare: the same rows,
+    each large one named once, against a row-by-row rebuild."""
+    rng = np.random.default_rng(5)
+    lengths = [3, 300, 0, 512, 7, 256, 255, 1]
+    kinds = [0, 0, DELTA, 3, 1, 3, 0, 2]
+    words = [rng.integers(0, 2**32, n, dtype=np.uint32) for n in lengths]
+    off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rows = (np.arange(len(lengths), dtype=np.int32), off, np.array(kinds, np.uint8), np.concatenate(words))
+    held, shared = share(rows, "v", RowPool())
+    large = [i for i, (n, k) in enumerate(zip(lengths, kinds, strict=True)) if n >= 256 and k in (0, 3)]
+    assert [int(k) for k in held[2]] == [SHARED if i in large else k for i, k in enumerate(kinds)]
+    for i in range(len(lengths)):
+        got = held[3][held[1][i] : held[1][i + 1]]
+        if i in large:
+            kind, named = shared[int(got[0])]
+            assert got.shape == (1,) and kind == kinds[i] and np.array_equal(named, words[i])
+        else:
+            assert np.array_equal(got, words[i])
+    back = unshare(held, shared)
+    assert all(np.array_equal(x, y) for x, y in zip(back, rows, strict=True))
