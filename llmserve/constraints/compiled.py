@@ -269,6 +269,11 @@ class CompiledConstraint:
         return None if rows is None else unshare(rows, self._shared)
 
     @property
+    def shared_words(self) -> tuple[NDArray[np.uint32], ...]:
+        """The process-wide rows this form names (``shared_rows.py``), each the pool's one copy."""
+        return tuple(words for _kind, words in self._shared)
+
+    @property
     def private_nbytes(self) -> int:
         """``nbytes`` less the shared rows it names (``shared_rows.py``): what holding this form costs
         where other forms over the vocabulary already hold those rows."""
@@ -280,9 +285,8 @@ class CompiledConstraint:
     @property
     def nbytes(self) -> int:
         """What this form holds now: the automaton and the mask rows computed so far (dense), or its
-        compressed rows once complete, the shared rows it names included (each form counts them: the
-        in-memory cache's budget stays an upper bound). The in-memory cache's budget and the
-        benchmarks count this; ``private_nbytes`` leaves the shared rows out.
+        compressed rows once complete, the shared rows it names included (the benchmarks count this;
+        the in-memory cache counts ``private_nbytes`` and each of ``shared_words`` once for all forms).
         A lazy form's mask buffer is allocated whole but left untouched (the pages of rows never
         computed are never backed by memory), so only its computed rows count."""
         # read without the lock, while a compressed form may be swapped in: that sets the compressed

@@ -99,15 +99,16 @@ log = logging.getLogger(__name__)
 _MEMORY = MemoryCache(lambda: limits().cache_bytes)
 
 
-def _form_bytes(c: CompiledConstraint) -> int:
-    return c.nbytes
+def _keep_form(memo: tuple, c: CompiledConstraint) -> None:
+    """``c`` in the in-memory cache at its own bytes, its shared rows counted once for all forms."""
+    _MEMORY.put(memo, c, c.private_nbytes, weak=True, shared=c.shared_words)
 
 
 def _hold(memo: tuple, c: CompiledConstraint) -> None:
     """Keep ``c`` in memory, counted at its size now and again once its rows are compressed."""
-    _MEMORY.put(memo, c, _form_bytes(c), weak=True)
+    _keep_form(memo, c)
     if not c.compressed:
-        c.on_compressed = lambda done: _MEMORY.put(memo, done, _form_bytes(done), weak=True)
+        c.on_compressed = lambda done: _keep_form(memo, done)
 
 
 def dfa_for(
@@ -721,7 +722,7 @@ def _held_form(memo: tuple, vocab: Vocab) -> CompiledConstraint | None:
         return None
     # a lazy form grows by the rows requests reach, and a form compressed since it was counted
     # shrinks: counted again at each use
-    _MEMORY.put(memo, mem, _form_bytes(mem), weak=True)
+    _keep_form(memo, mem)
     return mem
 
 

@@ -6,6 +6,9 @@ compiled form (the processor keeps it), so evicting only drops the cache's refer
 memory goes when the last request using the form ends. A form evicted while still in use stays
 findable through a weak index (``live``), so a second request for the same constraint shares it
 instead of compiling a second copy.
+
+Compressed forms hold their large mask rows in common (``shared_rows.py``): the cache counts each
+such row once for all the values it keeps that name it, so sharing lets it keep more forms.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+
+import numpy as np
 
 
 class MemoryCache:
@@ -23,8 +28,11 @@ class MemoryCache:
     def __init__(self, budget: Callable[[], int]):
         self._budget = budget
         self._lock = threading.Lock()
-        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        # key -> (value, its own bytes, the ids of the shared arrays it names)
+        self._items: OrderedDict[Hashable, tuple[Any, int, tuple[int, ...]]] = OrderedDict()
         self._live: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
+        # id -> [values kept that name it, the array]: held here so that its id is not reused
+        self._shared: dict[int, list[Any]] = {}
         self.nbytes = 0
 
     def get(self, key: Hashable) -> Any | None:
@@ -35,36 +43,57 @@ class MemoryCache:
                 return item[0]
             return self._live.get(key)
 
-    def put(self, key: Hashable, value: Any, nbytes: int, *, weak: bool = False) -> None:
-        """Keep ``value`` (``weak``: it can be weakly referenced, so the live index keeps finding it
-        after eviction while something else holds it). A value over the whole budget is not kept."""
+    def put(
+        self, key: Hashable, value: Any, nbytes: int, *, weak: bool = False, shared: Sequence[np.ndarray] = ()
+    ) -> None:
+        """Keep ``value`` at ``nbytes`` plus the ``shared`` arrays it holds in common with other values,
+        those counted once for all that name them (``weak``: it can be weakly referenced, so the live
+        index keeps finding it after eviction while something else holds it). A value over the whole
+        budget is not kept."""
         budget = self._budget()
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self.nbytes -= old[1]
+                self._forget(old)
             if weak:
                 self._live[key] = value
-            if nbytes > budget:
+            unique = {id(a): a for a in shared}
+            if nbytes + sum(a.nbytes for a in unique.values()) > budget:
                 return
-            self._items[key] = (value, nbytes)
+            for i, a in unique.items():
+                held = self._shared.setdefault(i, [0, a])
+                held[0] += 1
+                if held[0] == 1:
+                    self.nbytes += int(a.nbytes)
+            self._items[key] = (value, nbytes, tuple(unique))
             self.nbytes += nbytes
             while self.nbytes > budget:
-                _, (_, size) = self._items.popitem(last=False)
-                self.nbytes -= size
+                _, item = self._items.popitem(last=False)
+                self._forget(item)
+
+    def _forget(self, item: tuple[Any, int, tuple[int, ...]]) -> None:
+        _value, nbytes, ids = item
+        self.nbytes -= nbytes
+        for i in ids:
+            held = self._shared[i]
+            held[0] -= 1
+            if held[0] == 0:
+                self.nbytes -= int(held[1].nbytes)
+                del self._shared[i]
 
     def discard(self, key: Hashable) -> None:
         """Forget ``key`` (a value superseded by a better one kept under another key)."""
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self.nbytes -= old[1]
+                self._forget(old)
             self._live.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
             self._live.clear()
+            self._shared.clear()
             self.nbytes = 0
 
     def __len__(self) -> int:

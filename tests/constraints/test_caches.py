@@ -59,6 +59,25 @@ def test_memory_cache_is_bounded_in_bytes_least_recently_used_first():
     assert "huge" not in cache and cache.nbytes == 80
 
 
+def test_memory_cache_counts_shared_arrays_once_for_all_values_naming_them():
+    cache = MemoryCache(lambda: 1000)
+    common, other = np.zeros(50, np.uint32), np.zeros(25, np.uint32)  # 200 and 100 bytes
+    cache.put("a", ["a"], 100, shared=[common])
+    cache.put("b", ["b"], 100, shared=[common, other, common])  # named twice: still one array
+    assert cache.nbytes == 100 + 100 + 200 + 100
+    cache.put("b", ["b"], 150, shared=[other])  # replaced: b no longer names common
+    assert cache.nbytes == 100 + 150 + 200 + 100
+    cache.discard("a")  # the last value naming common
+    assert cache.nbytes == 150 + 100
+    for k in "cdefgh":
+        cache.put(k, [k], 150, shared=[other])
+    assert "b" not in cache and cache.nbytes == 6 * 150 + 100  # b evicted; other still counted, once
+    cache.put("huge", ["h"], 900, shared=[common])  # with its shared array over the budget: not kept
+    assert "huge" not in cache and cache.nbytes == 1000
+    cache.clear()
+    assert cache.nbytes == 0
+
+
 def test_an_evicted_form_in_use_is_shared_not_recompiled():
     """A running request holds its form: eviction drops only the cache's reference, and the same
     constraint asked again finds that very object (no second copy) until the request lets go."""

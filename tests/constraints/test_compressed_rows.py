@@ -293,9 +293,11 @@ def test_memory_accounting_counts_the_compressed_rows(wide_vocab, tmp_path):
         c.dense_bytes
         == sum(a.nbytes for a in c.transitions) + c.accept.nbytes + (c.num_states + 1) * wide_vocab.words * 4
     )
-    # the in-memory cache counts the form at its compressed size (its automaton is an entry of its own)
-    counted = [size for value, size in compiler_mod._MEMORY._items.values() if value is c]
-    assert counted == [held]
+    # the in-memory cache counts the form at its compressed size (its automaton is an entry of its own),
+    # the rows it shares with other forms apart (counted once for all: test_shared_rows.py)
+    counted = [(size, shared) for value, size, shared in compiler_mod._MEMORY._items.values() if value is c]
+    assert counted == [(c.private_nbytes, tuple(id(w) for w in c.shared_words))]
+    assert c.private_nbytes + sum(w.nbytes for w in c.shared_words) == held
     files = [f for f in tmp_path.glob("*.bin") if f.stem == c.key]
     assert files and files[0].stat().st_size < held + 4096  # so does the file, header aside
 

@@ -169,3 +169,16 @@ def test_sharing_and_unsharing_keep_every_row_in_order():
             assert np.array_equal(got, words[i])
     back = unshare(held, shared)
     assert all(np.array_equal(x, y) for x, y in zip(back, rows, strict=True))
+
+
+def test_the_in_memory_cache_counts_each_shared_row_once(json_vocab):  # noqa: F811
+    """Two forms naming common rows cost the cache their own bytes and each common row once
+    (``MemoryCache`` itself: tests/constraints/test_caches.py)."""
+    compiler_mod._MEMORY.clear()
+    order = compile_constraint({"json_schema": ORDER}, json_vocab, cache_dir=False).complete()
+    note = compile_constraint({"json_schema": NOTE}, json_vocab, cache_dir=False).complete()
+    common = {id(w) for w in order.shared_words} & {id(w) for w in note.shared_words}
+    assert common
+    union = {id(w): w for w in (*order.shared_words, *note.shared_words)}
+    both = order.private_nbytes + note.private_nbytes + sum(w.nbytes for w in union.values())
+    assert compiler_mod._MEMORY.nbytes == both < order.nbytes + note.nbytes
