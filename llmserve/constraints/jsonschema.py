@@ -222,6 +222,9 @@ _UNSUPPORTED_OF_TYPE = {
     "object": {"unevaluatedProperties"},
 }
 _SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
+# per type: the other types' keywords (left out of its branch) and its own keywords not implemented
+_OTHER_TYPES_KEYWORDS = {typ: _ALL_TYPE_KEYWORDS - keys for typ, keys in _TYPE_KEYWORDS.items()}
+_REFUSED_OF_TYPE = {typ: keys - _SUPPORTED[typ] for typ, keys in _TYPE_KEYWORDS.items()}
 _STRUCTURE = {
     *("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", "if", "then", "else"),
     *(NOT_TEXT, ABSENT),
@@ -245,9 +248,14 @@ def _integral(value: Any) -> Any:
     return value
 
 
+# one encoder for every value: json.dumps with options builds a new one per call (10x the cost, paid
+# for each property name and enum value of a schema)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _dumps(value: Any) -> str:
     try:
-        return json.dumps(_integral(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _COMPACT.encode(value if isinstance(value, str) else _integral(value))
     except ValueError:  # Python's json reads NaN and Infinity, which no JSON text may hold
         raise ConstraintError(f"json_schema: {value!r} is not a JSON value (NaN and Infinity are not JSON)") from None
 
@@ -714,10 +722,11 @@ class _Converter:
         return found or None
 
     def _typed(self, typ: str, schema: dict, depth: int, refs):
-        own = {k: v for k, v in schema.items() if k not in _ALL_TYPE_KEYWORDS or k in _TYPE_KEYWORDS[typ]}
-        unsupported = sorted(k for k in own if k in _TYPE_KEYWORDS[typ] and k not in _SUPPORTED[typ])
+        others = _OTHER_TYPES_KEYWORDS[typ]
+        own = {k: v for k, v in schema.items() if k not in others}
+        unsupported = own.keys() & _REFUSED_OF_TYPE[typ]
         if unsupported:
-            raise self.fail(f"keyword(s) {unsupported} for type {typ!r} are not supported")
+            raise self.fail(f"keyword(s) {sorted(unsupported)} for type {typ!r} are not supported")
         return getattr(self, "_" + typ)(own, depth, refs)
 
     def _branches(self, schema: dict, depth: int, refs):
