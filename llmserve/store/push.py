@@ -230,15 +230,17 @@ def _await_other_push(client: Any, store: StoreLocation, digest: str, size: int)
 
 
 _START_ATTEMPTS = 3
+_START_PAUSE_S = 0.2
 
 
 def _start_upload(client: Any, store: StoreLocation, digest: str, size: int) -> tuple[str, dict[int, dict]]:
     """The upload to continue (the newest unfinished one of the blob, with its parts) or a new one."""
     bucket, key = store.bucket, store.blob_key(digest)
     url = f"s3://{bucket}/{key}"
-    for _ in range(_START_ATTEMPTS):
+    for attempt in range(_START_ATTEMPTS):
         try:
-            upload_id, listed = _find_upload(client, bucket, key)
+            # the last attempt does not resume: a store that keeps listing uploads gone costs a re-send
+            upload_id, listed = _find_upload(client, bucket, key) if attempt < _START_ATTEMPTS - 1 else (None, {})
             if upload_id is None:
                 upload_id = client.create_multipart_upload(
                     Bucket=bucket,
@@ -255,10 +257,8 @@ def _start_upload(client: Any, store: StoreLocation, digest: str, size: int) -> 
             # of the same package finished it (then wait for that push), or gave it up (look again).
             if _blob_exists(client, store, digest, size):
                 raise _Superseded() from exc
-    raise TransferInterruptedError(
-        f"starting the upload of {url}: the unfinished uploads of this package kept going away while being read",
-        hint="Another push of the same package may still be running: wait for it, then run this one again.",
-    )
+            time.sleep(_START_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable: the last attempt creates an upload or raises")
 
 
 def _composite(shas: list[bytes]) -> str:

@@ -196,3 +196,28 @@ def test_a_push_whose_listed_upload_is_aborted_starts_a_new_one(
     assert result.alreadyPresent is False and result.partsUploaded == 5
     code, pulled, out = run_cli_json("pull", f"{store}/big-model:3", "--cache", tmp_path / "c", env=aws_env)
     assert code == 0 and pulled["downloaded"], out
+
+
+def test_a_push_whose_listed_uploads_keep_going_away_uploads_into_its_own(
+    tmp_path, aws_env, s3, bucket, multipart_package, monkeypatch
+):
+    """Every listing names an upload that is gone before its parts are read (a store whose listing
+    lags behind its aborts): after two looks the push stops resuming and starts an upload of its own
+    (the third upload listed is the one its housekeeping finds once the blob is complete)."""
+    store = f"s3://{bucket}"
+    key = parse_store(store).blob_key(read_index(multipart_package, verify=False).digest)
+    s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256")
+    vanished: list[str] = []
+
+    def gone_once_listed(listing):
+        for u in listing.get("Uploads", []):
+            s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=u["UploadId"])
+            vanished.append(u["UploadId"])
+        if len(vanished) < 3:  # the next look finds another one, gone as well
+            s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256")
+
+    _after_each_listing(monkeypatch, gone_once_listed)
+    result = push(multipart_package, store, part_size=5 << 20)
+    assert len(vanished) == 3 and result.alreadyPresent is False and result.partsUploaded == 5
+    code, pulled, out = run_cli_json("pull", f"{store}/big-model:3", "--cache", tmp_path / "c", env=aws_env)
+    assert code == 0 and pulled["downloaded"], out
