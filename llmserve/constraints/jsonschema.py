@@ -221,10 +221,9 @@ _UNSUPPORTED_OF_TYPE = {
     "array": {"unevaluatedItems"},
     "object": {"unevaluatedProperties"},
 }
-_SUPPORTED = {typ: keys - _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
 # per type: the other types' keywords (left out of its branch) and its own keywords not implemented
 _OTHER_TYPES_KEYWORDS = {typ: _ALL_TYPE_KEYWORDS - keys for typ, keys in _TYPE_KEYWORDS.items()}
-_REFUSED_OF_TYPE = {typ: keys - _SUPPORTED[typ] for typ, keys in _TYPE_KEYWORDS.items()}
+_REFUSED_OF_TYPE = {typ: keys & _UNSUPPORTED_OF_TYPE.get(typ, set()) for typ, keys in _TYPE_KEYWORDS.items()}
 _STRUCTURE = {
     *("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "nullable", "not", "if", "then", "else"),
     *(NOT_TEXT, ABSENT),

@@ -31,7 +31,7 @@ class MemoryCache:
         # key -> (value, its own bytes, the ids of the shared arrays it names)
         self._items: OrderedDict[Hashable, tuple[Any, int, tuple[int, ...]]] = OrderedDict()
         self._live: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
-        # id -> [values kept that name it, the array]: held here so that its id is not reused
+        # id -> [how many kept values name it, the array]: held here so that its id is not reused
         self._shared: dict[int, list[Any]] = {}
         self.nbytes = 0
 

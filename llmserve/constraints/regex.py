@@ -112,13 +112,26 @@ def _wide_class(c: str) -> tuple[tuple[int, int], ...]:
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a", "e": "\x1b"}
 
 
+def _char_node(c: str) -> tuple:
+    return ("set", [(ord(c), ord(c))])
+
+
+_LATIN_1_NODES = {chr(i): _char_node(chr(i)) for i in range(256)}
+
+
 class _CharNodes(dict):
-    """character -> its set node, made on first use and shared (AST nodes are never mutated)."""
+    """character -> its set node, shared (AST nodes are never mutated): Latin-1's always, others from
+    their first use, at most 4,096 in all (a schema may name any of 1.1M code points; past that the
+    others start again, so the characters a process meets now are the ones held)."""
+
+    def __init__(self) -> None:
+        super().__init__(_LATIN_1_NODES)
 
     def __missing__(self, c: str) -> tuple:
-        node = ("set", [(ord(c), ord(c))])
-        if len(self) < _CHAR_NODES_HELD:  # bounded: a schema may name any of 1.1M code points
-            self[c] = node
+        if len(self) >= _CHAR_NODES_HELD:
+            self.clear()
+            self.update(_LATIN_1_NODES)
+        node = self[c] = _char_node(c)
         return node
 
 

@@ -106,3 +106,15 @@ def test_malformed_nodes_are_refused_with_a_clear_error(node, error, match):
     if error is ValueError and "lo, hi" not in match:
         with pytest.raises(error, match=match):
             native.tree_expanded_size(node, 100)
+
+
+def test_literal_nodes_are_shared_and_bounded():
+    """A literal's characters are shared set nodes (Latin-1's always); the characters held beyond
+    those are bounded whatever a schema names, and a literal is the same language after the bound."""
+    from llmserve.constraints import regex
+
+    assert regex.literal("ab")[1][0] is regex.literal("ba")[1][1]
+    for i in range(2 * regex._CHAR_NODES_HELD):
+        assert regex.literal(chr(0x4E00 + i)) == ("cat", [("set", [(0x4E00 + i, 0x4E00 + i)])])
+    assert len(regex._CHAR_NODES) <= regex._CHAR_NODES_HELD
+    assert regex.literal("é")[1][0] is regex._LATIN_1_NODES["é"]
