@@ -86,7 +86,7 @@ def frozen(a: NDArray) -> NDArray:
 
 def _replaced(
     off: NDArray[np.int64], data: NDArray[np.uint32], which: NDArray[np.intp], words: list[NDArray[np.uint32]]
-):
+) -> tuple[NDArray[np.int64], NDArray[np.uint32]]:
     """(off, data) with the rows ``which`` (ascending) holding ``words`` instead; the others kept."""
     lengths = np.diff(off)
     new_lengths = lengths.copy()
