@@ -145,7 +145,21 @@ _CHAR_NODES = _CharNodes()
 
 def literal(text: str):
     """AST matching exactly ``text``."""
-    return ("cat", list(map(_CHAR_NODES.__getitem__, text)))
+    node = _LITERALS.get(text)
+    if node is None:
+        node = ("cat", list(map(_CHAR_NODES.__getitem__, text)))
+        if len(text) <= _LITERAL_HELD_CHARS:
+            if len(_LITERALS) >= _LITERALS_HELD:
+                _LITERALS.clear()
+            _LITERALS[text] = node
+    return node
+
+
+# a schema repeats its punctuation, null/true/false and property names hundreds of times; nodes
+# are never mutated, so one node serves every use (each use is still counted and written)
+_LITERALS: dict[str, tuple] = {}
+_LITERALS_HELD = 4096
+_LITERAL_HELD_CHARS = 64
 
 
 # ECMA-262's ``.`` leaves out every line terminator, Python's only ``\n``: a JSON Schema pattern

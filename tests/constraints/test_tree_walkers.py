@@ -118,3 +118,17 @@ def test_literal_nodes_are_shared_and_bounded():
         assert regex.literal(chr(0x4E00 + i)) == ("cat", [("set", [(0x4E00 + i, 0x4E00 + i)])])
     assert len(regex._CHAR_NODES) <= regex._CHAR_NODES_HELD
     assert regex.literal("é")[1][0] is regex._LATIN_1_NODES["é"]
+
+
+def test_short_literals_are_one_node_per_text_and_bounded():
+    """A schema names ``null`` or a property hundreds of times: one node per short text (nodes are
+    never mutated); how many are held, and how long, is bounded."""
+    from llmserve.constraints import regex
+
+    assert regex.literal('"name":') is regex.literal('"name":')
+    long = "x" * (regex._LITERAL_HELD_CHARS + 1)
+    assert regex.literal(long) is not regex.literal(long)
+    assert regex.literal(long) == ("cat", [regex._LATIN_1_NODES["x"]] * len(long))
+    for i in range(2 * regex._LITERALS_HELD):
+        assert regex.literal(f"p{i}") == ("cat", [regex._LATIN_1_NODES[c] for c in f"p{i}"])
+    assert len(regex._LITERALS) <= regex._LITERALS_HELD
