@@ -111,6 +111,8 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -230,6 +232,20 @@ _STRUCTURE = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class _Converted:
+    """A tree built once (``_Converter._once``), with the references checked for recursion
+    while it was built (``inside``), how often the path it was reached by held each (``counts``),
+    and the subsets its conversion counted (``inexact``)."""
+
+    tree: tuple
+    inside: tuple[str, ...]
+    counts: tuple[int, ...]
+    inexact: int
+    deeper: int  # how much deeper than where it was built its conversion nested
+    held: tuple = ()  # what the tree was built from, kept alive where it is known by its identity
+
+
 def _lit(text: str):
     return literal(text)
 
@@ -313,10 +329,17 @@ class _Converter:
         # normalizing steps that keep only a subset of a schema's values (if/then/else, an if-chain,
         # 'not'): a schema normalized through one cannot be negated soundly (``_negations``)
         self.inexact = 0
-        # $ref -> its converted tree, built once and shared by every use: a schema whose references
-        # fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not 2^depth.
-        # The expanded size (each use counts) is bounded before anything is built (regex.compile_ast).
-        self.converted: dict[tuple[str, tuple[str, ...]], tuple] = {}
+        # $ref -> its converted trees, each built once and shared by every use: a schema whose
+        # references fan out (A uses B twice, B uses C twice, ...) costs its size to convert, not
+        # 2^depth. The expanded size (each use counts) is bounded before anything is built
+        # (regex.compile_ast). A tree depends on the path of references it is reached by only
+        # through how often that path holds the references met inside it (``_check_recursion``),
+        # so it is kept with those and serves every path that holds them as often (_Converted).
+        self.converted: dict[str, list[_Converted]] = {}
+        # the same for a branch of anyOf/oneOf that is a reference's target, by the target's identity
+        self.branch_trees: dict[int, list[_Converted]] = {}
+        self.checked: list[str] = []  # every reference checked for recursion, in order
+        self.deepest = 0  # the deepest ``convert`` reached (a tree built once counts where it is used)
         self.one_of_memo: dict[tuple, tuple] = {}  # _one_of's results by its branches
         # the same, by the identity of the branch objects (held in the value, so that their ids stay
         # theirs): a $ref'd oneOf met again arrives as the same objects, and its key above costs a
@@ -635,8 +658,42 @@ class _Converter:
             found = self.embedded[key] = compile_words(words, started=self.started, classes=True)
         return found
 
+    def _reference(self, ref: str, depth: int, refs: tuple[str, ...]):
+        """The tree of ``ref`` reached along ``refs``."""
+        self._check_recursion(ref, refs)
+        kept = self.converted.setdefault(ref, [])
+        return self._once(kept, depth, refs, partial(self._reference_tree, ref, depth, refs))
+
+    def _reference_tree(self, ref: str, depth: int, refs: tuple[str, ...]):
+        tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
+        # a large tree is built once, here; one built already stays as it is
+        return ("dfa", self._embedded(tree)) if self._embeds(tree) else tree
+
+    def _once(self, kept: list[_Converted], depth: int, refs: tuple[str, ...], build: Callable[[], tuple], *held: Any):
+        """``build()``'s tree (converting from ``depth``), built once for every path of references
+        that holds the references met inside it as often as ``refs`` does (the first such path's
+        tree, with the subsets its conversion counted), where it nests within MAX_DEPTH as a build
+        there would; ``kept`` holds the trees built, with ``held`` alive beside them."""
+        for done in kept:
+            if depth + done.deeper <= MAX_DEPTH and tuple(map(refs.count, done.inside)) == done.counts:
+                self.checked += done.inside  # the paths around this one meet them too
+                self.inexact += done.inexact
+                self.deepest = max(self.deepest, depth + done.deeper)
+                return done.tree
+        start, before, outer = len(self.checked), self.inexact, self.deepest
+        self.deepest = depth
+        try:
+            tree = build()
+            deeper = self.deepest - depth
+        finally:
+            self.deepest = max(outer, self.deepest)
+        inside = tuple(dict.fromkeys(self.checked[start:]))
+        kept.append(_Converted(tree, inside, tuple(map(refs.count, inside)), self.inexact - before, deeper, held))
+        return tree
+
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
         """Bounded-depth recursion (MAX_RECURSION): past it the reference admits no value."""
+        self.checked.append(ref)
         if refs.count(ref) >= self.max_recursion:
             raise Unsatisfiable(
                 f"json_schema: recursive $ref {ref!r} is unrolled {self.max_recursion} levels deep, and the schema "
@@ -655,17 +712,10 @@ class _Converter:
             raise _time_budget_error(self.budget_ms)
         if depth > MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+        if depth > self.deepest:
+            self.deepest = depth
         if isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and _annotates_only(schema, besides="$ref"):
-            ref = schema["$ref"]
-            self._check_recursion(ref, refs)
-            key = (ref, refs)  # the same reference on the same path converts alike: built once
-            if key not in self.converted:
-                tree = self.convert(self.resolve(ref), depth + 1, (*refs, ref))
-                # a large tree is built once, here; one built already stays as it is
-                if self._embeds(tree):
-                    tree = ("dfa", self._embedded(tree))
-                self.converted[key] = tree
-            return self.converted[key]
+            return self._reference(schema["$ref"], depth, refs)
         schema, refs = self.normalize(schema, refs)
         if schema is True:
             return self.any()
@@ -754,10 +804,16 @@ class _Converter:
             raise Unsatisfiable(f"json_schema: no branch of {key} is satisfiable together with the keywords beside it")
         if key == "oneOf":
             merged = self._one_of(merged, plain, depth)
+        reused = not _constrains(base)  # then a branch that is a reference is its target, as it is
         branches = []
         for m, sub_refs in merged:
             try:
-                branches.append(self.convert(m, depth + 1, sub_refs))
+                if reused and sub_refs is not refs:
+                    kept = self.branch_trees.setdefault(id(m), [])
+                    build = partial(self.convert, m, depth + 1, sub_refs)
+                    branches.append(self._once(kept, depth + 1, sub_refs, build, m))
+                else:
+                    branches.append(self.convert(m, depth + 1, sub_refs))
             except Unsatisfiable:
                 continue
         if not branches:
@@ -782,14 +838,16 @@ class _Converter:
 
     def _replayed(self, table: dict, key: tuple, compute: Callable[[], list], *held: Any) -> list:
         """``compute()``, kept in ``table`` under ``key`` (with ``held``, kept alive beside it); a
-        result found there is given again with the inexactness its computation counted."""
+        result found there is given again with the inexactness its computation counted and the
+        references it checked for recursion (a reference's tree around it depends on them)."""
         found = table.get(key)
         if found is not None:
             self.inexact += found[1]
+            self.checked += found[2]
             return list(found[0])
-        before = self.inexact
+        before, start = self.inexact, len(self.checked)
         kept = compute()
-        table[key] = (tuple(kept), self.inexact - before, *held)
+        table[key] = (tuple(kept), self.inexact - before, tuple(dict.fromkeys(self.checked[start:])), *held)
         return kept
 
     def _one_of_new(self, merged: list, plain: list, depth: int) -> list:

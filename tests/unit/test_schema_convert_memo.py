@@ -212,3 +212,128 @@ def test_a_reference_beside_if_then_keeps_its_condition():
     assert not validator.Draft202012Validator(schema).is_valid({"a": 1})
     assert not dfa.matches(b'{"a":1}')
     assert dfa.matches(b'{"a":1,"b":2}')
+
+
+def _nested(levels: int, inner: dict) -> dict:
+    for _ in range(levels):
+        inner = {"type": "object", "properties": {"x": inner}}
+    return inner
+
+
+# a reference met along paths that hold the references inside it a different number of times
+# (recursion unrolled from each), a branch that is a reference, a subset (if/then) inside one, and
+# one met shallow and again where its nesting goes past MAX_DEPTH
+TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}}
+ONCE_SCHEMAS = {
+    "recursion on two paths": {
+        "$defs": {
+            "tree": {**TREE, "properties": {**TREE["properties"], "tip": {"$ref": "#/$defs/tip"}}},
+            "tip": {"anyOf": [{"$ref": "#/$defs/tree"}, {"type": "null"}]},
+        },
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/tree"}, "b": {"$ref": "#/$defs/tip"}, "c": {"$ref": "#/$defs/tip"}},
+    },
+    "branches that are references": {
+        "$defs": {
+            "gh": {"type": "object", "properties": {"owner": {"type": "string"}}, "required": ["owner"]},
+            "s3": {"type": "object", "properties": {"bucket": {"type": "string"}}, "additionalProperties": False},
+            "publish": {"anyOf": [{"$ref": "#/$defs/gh"}, {"$ref": "#/$defs/s3"}, {"type": "null"}]},
+        },
+        "type": "object",
+        "properties": {
+            f"p{i}": {"anyOf": [{"$ref": "#/$defs/gh"}, {"$ref": "#/$defs/s3"}, {"$ref": "#/$defs/publish"}]}
+            for i in range(6)
+        },
+    },
+    "a subset inside a reference": {
+        "$defs": {
+            "c": {
+                "type": "object",
+                "properties": {"k": {"type": "integer"}, "v": {"type": "string"}},
+                "if": {"properties": {"k": {"const": 1}}, "required": ["k"]},
+                "then": {"required": ["v"]},
+            }
+        },
+        "type": "object",
+        "properties": {
+            "a": {"oneOf": [{"$ref": "#/$defs/c"}, {"type": "string"}]},
+            "b": {"not": {"anyOf": [{"$ref": "#/$defs/c"}]}},
+            "d": {"anyOf": [{"$ref": "#/$defs/c"}, {"type": "integer"}]},
+        },
+    },
+    "met again past MAX_DEPTH": {
+        "$defs": {"deep": _nested(6, {"type": "string"})},
+        "type": "object",
+        "properties": {
+            "shallow": {"anyOf": [{"$ref": "#/$defs/deep"}, {"type": "null"}]},
+            "far": _nested(js.MAX_DEPTH - 6, {"anyOf": [{"$ref": "#/$defs/deep"}, {"type": "null"}]}),
+        },
+    },
+}
+
+
+def _words_or_refusal(schema) -> list | str:
+    try:
+        return js.schema_words(schema).tolist()
+    except ConstraintError as exc:
+        return exc.message
+
+
+@pytest.mark.parametrize("name", ONCE_SCHEMAS)
+def test_a_tree_built_once_serves_each_path_as_a_build_there_would(name, monkeypatch):
+    schema = ONCE_SCHEMAS[name]
+    with_memo = _words_or_refusal(schema)
+    original = js._Converter._once
+
+    def building(self, kept, *args):
+        kept.clear()  # nothing built before is found: every use builds
+        return original(self, kept, *args)
+
+    monkeypatch.setattr(js._Converter, "_once", building)
+    assert with_memo == _words_or_refusal(schema)
+    if name == "met again past MAX_DEPTH":
+        assert "nesting deeper than" in with_memo
+
+
+def test_a_branch_that_is_a_reference_is_converted_once_for_its_uses(monkeypatch):
+    converted = []
+    original = js._Converter.convert
+
+    def counting(self, schema, depth=0, refs=()):
+        converted.append(id(schema))
+        return original(self, schema, depth, refs)
+
+    monkeypatch.setattr(js._Converter, "convert", counting)
+    schema = js._parsed(ONCE_SCHEMAS["branches that are references"])
+    dfa = js.schema_to_dfa(schema)
+    assert converted.count(id(schema["$defs"]["gh"])) == 1  # 12 uses: 6 as a branch, 6 in "publish"
+    assert dfa.matches(b'{"p0":{"owner":"o"},"p5":null}') and not dfa.matches(b'{"p1":{"bucket":"b","x":1}}')
+
+
+def test_a_tree_found_again_counts_what_its_build_counted():
+    """A use served by a tree built before answers, to the conversion around it, as a build would:
+    the subsets counted (a ``not`` or ``oneOf`` around it reads them), the references met (a tree
+    around it is kept with them) and how deep it nests."""
+    schema = js._parsed(
+        {
+            "$defs": {
+                "c": {
+                    **ONCE_SCHEMAS["a subset inside a reference"]["$defs"]["c"],
+                    "properties": {"n": {"$ref": "#/$defs/n"}},
+                },
+                "n": {"type": "object", "properties": {"v": {"type": "string"}}},
+                "x": {},
+            }
+        }
+    )
+    conv = js._Converter(schema, embed_at=None)
+
+    def use(refs):
+        inexact, checked, conv.deepest = conv.inexact, len(conv.checked), 0
+        tree = conv.convert({"$ref": "#/$defs/c"}, 3, refs)
+        return tree, conv.inexact - inexact, sorted(set(conv.checked[checked:])), conv.deepest
+
+    built = use(())
+    assert built[1] > 0 and built[2] == ["#/$defs/c", "#/$defs/n"]
+    assert use(("#/$defs/x",)) == built and len(conv.converted["#/$defs/c"]) == 1  # found, not built
+    assert use(("#/$defs/n",)) == built and len(conv.converted["#/$defs/c"]) == 2  # n held once more: built
