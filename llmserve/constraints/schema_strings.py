@@ -58,9 +58,12 @@ _SHORT = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D
 # any character, decoded: what an unconstrained string holds and what a search may skip over
 ANY_CHAR = ("set", [(0, SURROGATES[0] - 1), (SURROGATES[1] + 1, MAX_CODEPOINT)])
 
-# days that exist in every year (29 February left out: leap years are not regular enough to bother)
+# days that exist in every year (29 February left out: leap years are not regular enough to bother),
+# of the years 0001-9999: RFC 3339 writes year 0 too, but Python's datetime (so jsonschema's format
+# checker and pydantic) has no year 0, and a random-weight model answers "0000" one date in ten
 _DATE = (
-    r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+    r"(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-"
+    r"((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
 )
 # Formats are written with few counted repetitions: a counted one costs an automaton state per
 # count (``{1,200}`` alone is 200 states), and every use of the format in a schema copies them all

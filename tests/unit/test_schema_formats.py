@@ -94,6 +94,9 @@ def test_every_generated_value_is_valid_for_its_format(fmt):
         ("json-pointer", ["", "/a/0/~0~1", "/"], ["a/b", "/~2", "/a~"]),
         ("relative-json-pointer", ["0", "1#", "12/a/~1"], ["-1", "01", "#"]),
         ("regex", ["", "ab c_d-e"], ["a(b", "[x]", "a*"]),
+        # no year 0: Python's datetime (jsonschema's checker, pydantic) refuses it
+        ("date", ["0001-01-01", "0999-12-31", "2024-02-28", "9999-12-31"], ["0000-01-01", "2024-02-30", "999-01-01"]),
+        ("date-time", ["0010-06-30T23:59:59.5+01:00"], ["0000-02-28T10:27:10Z", "2024-04-31T00:00:00Z"]),
     ],
 )
 def test_format_generates_the_valid_examples_and_refuses_the_others(fmt, valid, invalid):
