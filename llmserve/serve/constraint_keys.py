@@ -196,6 +196,24 @@ _SCHEMA_SUBS = (
 )
 
 
+def schema_problem(schema: Any) -> str | None:
+    """What makes ``schema`` an invalid JSON Schema (its metaschema's verdict, "at <path>: <why>"),
+    or None. A ``pattern`` is an ECMA-262 regular expression, which the metaschema's ``regex`` format
+    would check with Python's ``re`` (no ``\\p{L}``, no ``(?<name>...)``): patterns are left to the
+    engine that reads them (llmserve's names a pattern it cannot read; so do vLLM's backends)."""
+    import jsonschema  # deferred: it comes with vLLM (the serve extra), not with llmserve's own dependencies
+
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = {k: v for k, v in validator.FORMAT_CHECKER.checkers.items() if k != "regex"}
+    try:
+        validator.check_schema(schema, format_checker=checker)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"at {where}: {exc.message}"
+    return None
+
+
 def response_format_constraint(value: Any) -> dict[str, Any] | None:
     """The constraint object OpenAI's `response_format` asks for (None: text). The value's shape is
     checked by the caller (openai/fields.py)."""
@@ -268,6 +286,9 @@ def _structured_spec(kind: str, spec: Any) -> Any:
                 raise StructuredProblem(f"key 'json' is not a JSON schema document: {exc}") from None
         if not isinstance(spec, dict):
             raise StructuredProblem("key 'json' must be a JSON Schema object")
+        problem = schema_problem(spec)
+        if problem:
+            raise StructuredProblem(f"key 'json' is not a valid JSON Schema {problem}")
         return spec
     if kind == "regex" and not isinstance(spec, str):
         raise StructuredProblem("key 'regex' must be a string")

@@ -145,6 +145,12 @@ def test_disable_additional_properties_as_guidance_applies_it():
             "response_format",
             "'not' of a schema every value satisfies",
         ),
+        (  # a common slip: strict one level too high, which would otherwise go unnoticed
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}, "strict": True}},
+            "response_format",
+            "`strict` goes inside `json_schema`",
+        ),
+        ({"structured_outputs": {"json": {"type": 12}}}, "structured_outputs", "not a valid JSON Schema at type"),
     ],
 )
 def test_refused_with_the_field_named(fields, param, needle):
@@ -153,11 +159,46 @@ def test_refused_with_the_field_named(fields, param, needle):
     assert info.value.status == 400 and info.value.param == param and needle in info.value.message, info.value.message
 
 
+# ECMA-262 patterns Python's re cannot read (the metaschema's "regex" format would check them with it)
+NAMED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[\\p{L} .'-]+$", "maxLength": 12},
+        "year": {"type": "string", "pattern": "^(?<year>\\d{4})$"},
+    },
+    "required": ["name", "year"],
+    "additionalProperties": False,
+}
+
+
+def _named_valid(text: str) -> None:
+    import regex  # the patterns' dialect: \p{..} and (?<name>..), which re lacks
+
+    value = json.loads(text)
+    assert set(value) == {"name", "year"}, text
+    assert regex.fullmatch(r"[\p{L} .'-]+", value["name"]) and len(value["name"]) <= 12, text
+    assert regex.fullmatch(r"\d{4}", value["year"]), text
+
+
+def test_patterns_python_cannot_read_are_not_an_invalid_schema():
+    rf = {"type": "json_schema", "json_schema": {"name": "named", "schema": NAMED}}
+    fwd, _ = check_request("chat", _chat(response_format=rf), LLMSERVE)
+    assert json.loads(fwd["vllm_xargs"]["constraint"]) == {"json_schema": NAMED}
+    fwd, _ = check_request("chat", _chat(structured_outputs={"json": NAMED}), LLMSERVE)
+    assert json.loads(fwd["vllm_xargs"]["constraint"]) == {"json_schema": NAMED}
+    for so in ({"json": NAMED}, {"json": json.dumps(NAMED)}):
+        settings = build_settings({"structured_outputs": so}, {}, transport="grpc", constraints=LLMSERVE)
+        assert json.loads(settings.sampling["extra_args"]["constraint"]) == {"json_schema": NAMED}
+    fwd, _ = check_request("chat", _chat(response_format=rf), GUIDANCE)  # vLLM's backend reads them too
+    assert fwd["response_format"] == rf
+
+
 def test_kserve_refuses_by_name():
     for sampling, needle in [
         ({"structured_outputs": {"grammar": "x"}}, "key 'grammar'"),
         ({"structured_outputs": {"json": {}}, "constraint_regex": "a"}, "not both"),
         ({"constraint_budget": 3, "constraint_regex": "a"}, "constraint_budget"),
+        ({"structured_outputs": {"json": {"required": "a"}}}, "not a valid JSON Schema at required"),
     ]:
         with pytest.raises(KServeError) as info:
             build_settings(sampling, {}, transport="grpc", constraints=LLMSERVE)
@@ -301,6 +342,22 @@ def test_kserve_http(server, http, model_name, form, budget):
     )
     assert r.status_code == 200, r.text
     _valid(r.json()["text_output"], schema)
+
+
+def test_patterns_python_cannot_read_are_served(client, server, model_name):
+    rf = {"type": "json_schema", "json_schema": {"name": "named", "schema": NAMED, "strict": True}}
+    for budget in (30, 200):
+        r = client.chat.completions.create(
+            model=model_name, messages=MSG, max_tokens=budget, temperature=1.0, n=2, response_format=rf
+        )
+        for choice in r.choices:
+            assert choice.finish_reason == "stop", choice
+            _named_valid(choice.message.content)
+    auth = {"authorization": f"Bearer {server.api_key}"}
+    sampling = {"max_tokens": 60, "temperature": 1.0, "structured_outputs": {"json": NAMED}}
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        out = c.infer(model_name, _tensors(grpcclient, "JSON:", sampling), headers=auth).as_numpy("text_output")
+    _named_valid(out[0].decode())
 
 
 # ---- through the real server: refusals ---------------------------------------------------------

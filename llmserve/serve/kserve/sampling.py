@@ -88,6 +88,7 @@ from llmserve.serve.constraint_keys import (
     extra_args_value,
     given_keys,
     object_problem,
+    schema_problem,
     structured_outputs_constraint,
     structured_support_problem,
     validation_problem,
@@ -306,14 +307,9 @@ def _structured_options(key: str, value: dict[str, Any], origin: str) -> dict[st
 
 
 def _check_schema(key: str, schema: dict, origin: str) -> None:
-    try:
-        import jsonschema  # deferred and optional: it comes with vLLM, not with llmserve's own dependencies
-    except ImportError:  # vLLM's structured-output backend validates it at admission instead
-        return
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON schema: {exc.message}") from None
+    problem = schema_problem(schema)
+    if problem:
+        raise invalid(f"{_where(key, origin)}: 'json' is not a valid JSON Schema {problem}")
 
 
 Converter = Callable[[str, Any, str], Any]
@@ -478,8 +474,6 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
             )
         except StructuredProblem as exc:
             raise invalid(f"{where}: {exc}") from None
-        if obj.get("json_schema") is not None:
-            _check_schema(STRUCTURED_KEY, obj["json_schema"], found[STRUCTURED_KEY][0])
         problem = structured_support_problem(support) or _checked(
             lambda: object_problem(obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget), where
         )

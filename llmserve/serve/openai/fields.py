@@ -29,6 +29,7 @@ from llmserve.serve.constraint_keys import (
     given_keys,
     object_problem,
     response_format_constraint,
+    schema_problem,
     structured_outputs_constraint,
     structured_support_problem,
     validation_problem,
@@ -127,6 +128,10 @@ def _check_response_format(value: Any, ctx: CheckContext) -> str | None:
         return f"unexpected key(s) {sorted(extra)} for type {kind!r}" if extra else None
     if kind != "json_schema":
         return f"type {kind!r} is not supported; supported: 'text', 'json_object', 'json_schema'"
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        hint = " (`strict` goes inside `json_schema`)" if "strict" in extra else ""
+        return f"unexpected key(s) {sorted(extra)} for type 'json_schema'{hint}"
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         return "type 'json_schema' needs `json_schema` with a `name` and a `schema`"
@@ -136,14 +141,8 @@ def _check_response_format(value: Any, ctx: CheckContext) -> str | None:
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         return "json_schema.schema must be a JSON Schema object"
-    import jsonschema  # deferred: it comes with vLLM (the serve extra), not with llmserve's own dependencies
-
-    try:
-        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        return f"json_schema.schema is not a valid JSON Schema at {where}: {exc.message}"
-    return None
+    problem = schema_problem(schema)
+    return f"json_schema.schema is not a valid JSON Schema {problem}" if problem else None
 
 
 def _response_format(value: Any, ctx: CheckContext) -> str | None:
