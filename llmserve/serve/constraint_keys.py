@@ -131,10 +131,13 @@ def structured_support_problem(support: ConstraintSupport) -> str | None:
     return None
 
 
-def validation_problem(key: str, value: Any, max_tokens: int | None = None, budget: bool = True) -> str | None:
+def validation_problem(
+    key: str, value: Any, max_tokens: int | None = None, budget: bool = True, stop: Any = None
+) -> str | None:
     """The constraint processor's own check of one constraint (what its validate_params runs when
     vLLM admits the request), reported with the key; None if valid. With `max_tokens` and the
-    budget on, a constraint whose shortest answer cannot fit is refused with the tokens it needs.
+    budget on, a constraint whose shortest answer cannot fit is refused with the tokens it needs,
+    and one with a `stop` string that could cut its answer short (``stop_problem``).
     Only the processor's ConstraintError is the client's fault; anything else it raises propagates
     (a server fault). Runs on a constraint-check thread (constraint_checks.py). Imports vLLM."""
     # deferred to the first constrained request: the processor module imports vLLM (seconds), and
@@ -151,16 +154,48 @@ def validation_problem(key: str, value: Any, max_tokens: int | None = None, budg
                     check_budget(obj, max_tokens)
         except ConstraintError as exc:
             return f"key '{key}': invalid constraint: {exc.message}"
-        return None
+        problem = stop_problem(obj, stop) if budget and obj is not None else None
+        return f"key '{key}': {problem}" if problem else None
 
     return on_check_thread(check)
 
 
-def object_problem(obj: dict[str, Any], max_tokens: int | None = None, budget: bool = True) -> str | None:
+def object_problem(
+    obj: dict[str, Any], max_tokens: int | None = None, budget: bool = True, stop: Any = None
+) -> str | None:
     """`validation_problem` of a constraint object translated from a structured-output field, worded
     without the key (the caller names its field)."""
-    problem = validation_problem("constraint", obj, max_tokens, budget)
+    problem = validation_problem("constraint", obj, max_tokens, budget, stop)
     return problem.removeprefix("key 'constraint': ") if problem else None
+
+
+# compact JSON (what llmserve's engine answers) holds no raw control character: inside a string
+# one is written as an escape ("\\n"), and there is no whitespace between tokens
+_NOT_IN_JSON = {chr(c) for c in range(0x20)}
+
+
+def stop_problem(obj: dict[str, Any], stop: Any) -> str | None:
+    """A stop string that can occur inside an answer of the constraint ``obj``: the engine ends the
+    answer where one appears, which would cut a steered answer short of its end (broken JSON with
+    finish_reason "stop"). A stop string that cannot occur (one holding a raw control character, as
+    "\\n\\nUser:" does, for a JSON answer; one in none of the choices) changes nothing and is
+    accepted; for any other the request is refused, naming the way out. Machines keep stop strings."""
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    for text in stops:
+        if not isinstance(text, str) or not text:
+            continue
+        if "json_schema" in obj and not _NOT_IN_JSON.isdisjoint(text):
+            continue
+        if "choice" in obj and isinstance(obj["choice"], list) and not any(text in c for c in obj["choice"]):
+            continue
+        if "machine" in obj:
+            continue
+        return (
+            f"stop string {text!r} can occur inside this constraint's answers, where it would cut the answer "
+            "short of valid: remove it (a constrained answer ends by itself), or set constraint_budget false "
+            "to accept answers that may end early"
+        )
+    return None
 
 
 async def validation_problem_async(key: str, value: Any) -> str | None:

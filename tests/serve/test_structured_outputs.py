@@ -193,6 +193,50 @@ def test_patterns_python_cannot_read_are_not_an_invalid_schema():
     assert fwd["response_format"] == rf
 
 
+STOP_CUTS = "can occur inside this constraint's answers"
+
+
+@pytest.mark.parametrize(
+    "fields,cut",
+    [
+        ({"response_format": FORMATS["json_schema"][0], "stop": ","}, True),
+        ({"response_format": FORMATS["json_object"][0], "stop": ["\n\nUser:", "}"]}, True),
+        ({"structured_outputs": {"choice": ["a", "b,c"]}, "stop": [","]}, True),
+        ({"vllm_xargs": {"constraint_regex": "[a-z]+"}, "stop": "q"}, True),
+        # cannot occur: a raw control character is never in compact JSON; in none of the choices
+        ({"response_format": FORMATS["json_object"][0], "stop": ["\n\nUser:", "\n"]}, False),
+        ({"structured_outputs": {"choice": ["a", "b,c"]}, "stop": ["zz"]}, False),
+        # steering off: the client accepts answers that end early
+        (
+            {"response_format": FORMATS["json_schema"][0], "stop": ",", "vllm_xargs": {"constraint_budget": False}},
+            False,
+        ),
+    ],
+)
+def test_a_stop_string_that_could_cut_a_constrained_answer_is_refused(fields, cut):
+    """A stop string ends the answer where it appears: inside a steered answer that is broken JSON
+    with finish_reason "stop". One that cannot occur changes nothing."""
+    if not cut:
+        check_request("chat", _chat(**fields), LLMSERVE)
+        return
+    with pytest.raises(RequestRejected) as info:
+        check_request("chat", _chat(**fields), LLMSERVE)
+    assert info.value.status == 400 and STOP_CUTS in info.value.message and "constraint_budget" in info.value.message
+
+
+def test_kserve_refuses_a_stop_string_that_could_cut_the_answer():
+    for sampling in (
+        {"structured_outputs": {"json": SCHEMA}, "stop": "}"},
+        {"constraint_regex": "[a-z]+", "stop": ["q"]},
+    ):
+        with pytest.raises(KServeError, match=STOP_CUTS):
+            build_settings(sampling, {}, transport="grpc", constraints=LLMSERVE)
+    settings = build_settings(
+        {"structured_outputs": {"json": SCHEMA}, "stop": ["\n\n"]}, {}, transport="grpc", constraints=LLMSERVE
+    )
+    assert settings.sampling["stop"] == ["\n\n"]
+
+
 def test_kserve_refuses_by_name():
     for sampling, needle in [
         ({"structured_outputs": {"grammar": "x"}}, "key 'grammar'"),
@@ -358,6 +402,21 @@ def test_patterns_python_cannot_read_are_served(client, server, model_name):
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         out = c.infer(model_name, _tensors(grpcclient, "JSON:", sampling), headers=auth).as_numpy("text_output")
     _named_valid(out[0].decode())
+
+
+def test_a_stop_string_that_cannot_occur_leaves_answers_whole(client, model_name):
+    r = client.chat.completions.create(
+        model=model_name,
+        messages=MSG,
+        max_tokens=50,
+        temperature=1.0,
+        n=3,
+        stop=["\n\nUser:", "\n"],
+        response_format=FORMATS["json_schema"][0],
+    )
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice
+        _valid(choice.message.content, SCHEMA)
 
 
 # ---- through the real server: refusals ---------------------------------------------------------

@@ -475,7 +475,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
         except StructuredProblem as exc:
             raise invalid(f"{where}: {exc}") from None
         problem = structured_support_problem(support) or _checked(
-            lambda: object_problem(obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget), where
+            lambda: object_problem(obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget, into.get("stop")), where
         )
         if problem is not None:
             raise invalid(f"{where}: {problem}")
@@ -487,7 +487,9 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
     problem = constraint_problem(values, support)
     if problem is None:
         problem = _checked(
-            lambda: validation_problem(key, values[key], into.get("max_tokens", DEFAULT_MAX_TOKENS), budget),
+            lambda: validation_problem(
+                key, values[key], into.get("max_tokens", DEFAULT_MAX_TOKENS), budget, into.get("stop")
+            ),
             _where(key, found[key][0]),
         )
     if problem is not None:  # "key 'k': ..." gets where it came from; "give one constraint ..." names them all

@@ -200,7 +200,9 @@ def _llmserve_check(translate: Callable[[], dict[str, Any] | None], ctx: CheckCo
         return str(exc)
     if obj is None:
         return None
-    return structured_support_problem(ctx.constraints) or object_problem(obj, _max_tokens(ctx.body), _budget(ctx.body))
+    return structured_support_problem(ctx.constraints) or object_problem(
+        obj, _max_tokens(ctx.body), _budget(ctx.body), ctx.body.get("stop")
+    )
 
 
 def structured_constraint(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -337,7 +339,9 @@ def _check_vllm_xargs(value: Any, ctx: CheckContext) -> str | None:
     given = given_keys(value)
     if problem is None and given:
         # the processor's own check, here rather than in vLLM's validate_params: the 400 then names the key
-        problem = validation_problem(given[0], value[given[0]], _max_tokens(ctx.body), _budget(ctx.body))
+        problem = validation_problem(
+            given[0], value[given[0]], _max_tokens(ctx.body), _budget(ctx.body), ctx.body.get("stop")
+        )
     return problem
 
 
