@@ -205,10 +205,12 @@ def steerable_from(form, state: int, tokens: int) -> bool:
     return answer is not None and 0 <= form.add_answer(answer, state) <= tokens
 
 
-def check_fits(shortest: int | Shortest, max_tokens: int | None) -> None:
+def check_fits(shortest: int | Shortest, max_tokens: int | None, limit: str | None = None) -> None:
     """Refuse a request whose shortest answer (``shortest`` tokens, end of sequence not counted)
     cannot fit in ``max_tokens``. A lower bound refuses only when even the bound does not fit; an
-    upper bound never refuses (it shows a fit when it fits, and tells nothing otherwise)."""
+    upper bound never refuses (it shows a fit when it fits, and tells nothing otherwise). ``limit``:
+    what the refusal calls the budget where ``max_tokens=N`` alone would mislead (a default, or a
+    figure the engine cut to the context)."""
     if max_tokens is None:
         return
     found = shortest if isinstance(shortest, Shortest) else Shortest(int(shortest))
@@ -220,6 +222,6 @@ def check_fits(shortest: int | Shortest, max_tokens: int | None) -> None:
         if tokens == UNREACHABLE:
             need = "no number of"
         raise BudgetError(
-            f"max_tokens={max_tokens} is too small for this constraint: its shortest answer needs "
-            f"{need} tokens (end of sequence included)"
+            f"{limit or f'max_tokens={max_tokens}'} is too small for this constraint: its shortest answer "
+            f"needs {need} tokens (end of sequence included)"
         )

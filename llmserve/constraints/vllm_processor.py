@@ -118,13 +118,14 @@ def _validation_vocab() -> Vocab | None:
     return _VALIDATION_VOCAB[0] if _VALIDATION_VOCAB else None
 
 
-def check_budget(obj, max_tokens: int | None) -> None:
+def check_budget(obj, max_tokens: int | None, limit: str | None = None) -> None:
     """BudgetError (a 400) when even the shortest answer of ``obj`` needs more than ``max_tokens``
-    tokens; nothing when the vocabulary is not known in this process (see the module doc)."""
+    tokens; nothing when the vocabulary is not known in this process (see the module doc).
+    ``limit``: what the refusal calls the budget (``budget.check_fits``)."""
     vocab = _validation_vocab()
     if max_tokens is None or vocab is None or "machine" in obj:
         return
-    check_fits(shortest_answer(obj, vocab, within=max_tokens - 1), max_tokens)
+    check_fits(shortest_answer(obj, vocab, within=max_tokens - 1), max_tokens, limit)
 
 
 def check_engine_env(environ=None) -> list[str]:
@@ -233,7 +234,14 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if obj is not None:
             validate_constraint(obj)
             if budget_enabled(sampling_params.extra_args):
-                check_budget(obj, sampling_params.max_tokens)
+                # the frontends checked the max_tokens asked for; the engine may have cut it to what
+                # the model's context leaves after the prompt, which a refusal here must say
+                n = sampling_params.max_tokens
+                check_budget(
+                    obj,
+                    n,
+                    f"a budget of {n} tokens (the lesser of max_tokens and what the context leaves after the prompt)",
+                )
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         if getattr(vllm_config, "use_v2_model_runner", False):

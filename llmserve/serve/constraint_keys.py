@@ -132,12 +132,18 @@ def structured_support_problem(support: ConstraintSupport) -> str | None:
 
 
 def validation_problem(
-    key: str, value: Any, max_tokens: int | None = None, budget: bool = True, stop: Any = None
+    key: str,
+    value: Any,
+    max_tokens: int | None = None,
+    budget: bool = True,
+    stop: Any = None,
+    limit: str | None = None,
 ) -> str | None:
     """The constraint processor's own check of one constraint (what its validate_params runs when
     vLLM admits the request), reported with the key; None if valid. With `max_tokens` and the
     budget on, a constraint whose shortest answer cannot fit is refused with the tokens it needs,
-    and one with a `stop` string that could cut its answer short (``stop_problem``).
+    and one with a `stop` string that could cut its answer short (``stop_problem``); `limit`: what
+    that refusal calls max_tokens (``budget.check_fits``).
     Only the processor's ConstraintError is the client's fault; anything else it raises propagates
     (a server fault). Runs on a constraint-check thread (constraint_checks.py). Imports vLLM."""
     # deferred to the first constrained request: the processor module imports vLLM (seconds), and
@@ -151,7 +157,7 @@ def validation_problem(
             if obj is not None:
                 validate_constraint(obj)
                 if budget and max_tokens is not None:
-                    check_budget(obj, max_tokens)
+                    check_budget(obj, max_tokens, limit)
         except ConstraintError as exc:
             return f"key '{key}': invalid constraint: {exc.message}"
         problem = stop_problem(obj, stop) if budget and obj is not None else None
@@ -161,11 +167,15 @@ def validation_problem(
 
 
 def object_problem(
-    obj: dict[str, Any], max_tokens: int | None = None, budget: bool = True, stop: Any = None
+    obj: dict[str, Any],
+    max_tokens: int | None = None,
+    budget: bool = True,
+    stop: Any = None,
+    limit: str | None = None,
 ) -> str | None:
     """`validation_problem` of a constraint object translated from a structured-output field, worded
     without the key (the caller names its field)."""
-    problem = validation_problem("constraint", obj, max_tokens, budget, stop)
+    problem = validation_problem("constraint", obj, max_tokens, budget, stop, limit)
     return problem.removeprefix("key 'constraint': ") if problem else None
 
 

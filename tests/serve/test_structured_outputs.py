@@ -466,6 +466,52 @@ def test_impossible_budget_is_400_with_the_tokens_needed(client, http, server, m
     assert r.status_code == 400 and f"needs {need} tokens" in r.json()["error"], r.text
 
 
+# its shortest answer needs more than 16 tokens of the tiny vocabulary
+LONG = {
+    "type": "object",
+    "properties": {"a": {"type": "array", "items": {"type": "string", "minLength": 2}, "minItems": 20}},
+    "required": ["a"],
+}
+
+
+def test_a_budget_the_client_did_not_set_is_named_as_such(client, http, model_name):
+    """The 400 says where its figure comes from: /v1/completions' default of 16, or the context
+    the prompt leaves (the engine cuts max_tokens to it), not a max_tokens the client never sent."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="x", extra_body={"structured_outputs": {"json": LONG}})
+    assert info.value.body["param"] == "structured_outputs", info.value.body
+    assert "max_tokens=16 (the default of /v1/completions: set max_tokens)" in info.value.message
+    need = int(NEEDS.search(info.value.message).group(1))
+    r = http.post(
+        f"/v2/models/{model_name}/generate",
+        json={"text_input": "x", "parameters": {"structured_outputs": json.dumps({"json": LONG})}},
+    )
+    assert r.status_code == 400 and "max_tokens=16 (the default: set max_tokens)" in r.json()["error"], r.text
+    rf = {"type": "json_schema", "json_schema": {"name": "long", "schema": LONG}}
+
+    def prompt_tokens(words: int) -> int:
+        r = client.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": "hello " * words}], max_tokens=1
+        )
+        return r.usage.prompt_tokens
+
+    # a prompt leaving about half the answer's tokens of the tiny model's 512-token context
+    at_50, at_100 = prompt_tokens(50), prompt_tokens(100)
+    per_word = (at_100 - at_50) / 50
+    words = 50 + int((512 - need // 2 - at_50) / per_word)
+    room = 512 - prompt_tokens(words)
+    assert 0 < room < need, (room, need, per_word)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "hello " * words}],
+            max_tokens=need + 50,
+            response_format=rf,
+        )
+    assert f"a budget of {room} tokens (the lesser of max_tokens and what the context leaves" in info.value.message
+    assert f"needs {need} tokens" in info.value.message
+
+
 def test_constraint_budget_false_is_accepted_over_http(client, model_name):
     # the steering off: a random model then runs to max_tokens inside the JSON (finish_reason "length")
     r = client.chat.completions.create(

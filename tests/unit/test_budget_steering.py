@@ -189,6 +189,11 @@ def test_a_budget_below_the_shortest_answer_is_refused_with_the_count():
     with pytest.raises(BudgetError, match="needs at least 6 tokens"):
         check_fits(Shortest(5, "at least"), 5)
     check_fits(Shortest(4, "at most"), 5)
+    # where the figure is not the client's max_tokens, the refusal says what it is
+    with pytest.raises(BudgetError, match=r"^max_tokens=5 is too small"):
+        check_fits(5, 5)
+    with pytest.raises(BudgetError, match=r"^a budget of 5 tokens \(cut\) is too small.*needs 6 tokens"):
+        check_fits(5, 5, "a budget of 5 tokens (cut)")
 
 
 def test_budget_rows_are_kept_per_state_and_bounded():

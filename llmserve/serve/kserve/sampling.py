@@ -475,7 +475,10 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
         except StructuredProblem as exc:
             raise invalid(f"{where}: {exc}") from None
         problem = structured_support_problem(support) or _checked(
-            lambda: object_problem(obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget, into.get("stop")), where
+            lambda: object_problem(
+                obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget, into.get("stop"), _budget_limit(into)
+            ),
+            where,
         )
         if problem is not None:
             raise invalid(f"{where}: {problem}")
@@ -488,13 +491,23 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
     if problem is None:
         problem = _checked(
             lambda: validation_problem(
-                key, values[key], into.get("max_tokens", DEFAULT_MAX_TOKENS), budget, into.get("stop")
+                key,
+                values[key],
+                into.get("max_tokens", DEFAULT_MAX_TOKENS),
+                budget,
+                into.get("stop"),
+                _budget_limit(into),
             ),
             _where(key, found[key][0]),
         )
     if problem is not None:  # "key 'k': ..." gets where it came from; "give one constraint ..." names them all
         raise invalid(f"{found[key][0]} {problem}" if problem.startswith("key '") else problem)
     into["extra_args"] = {key: extra_args_value(values[key]), **_budget_arg(values)}
+
+
+def _budget_limit(into: dict[str, Any]) -> str | None:
+    """What a budget refusal calls max_tokens when the request did not set it."""
+    return None if "max_tokens" in into else f"max_tokens={DEFAULT_MAX_TOKENS} (the default: set max_tokens)"
 
 
 def _checked(check: Callable[[], str | None], where: str) -> str | None:

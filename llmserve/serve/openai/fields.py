@@ -50,6 +50,7 @@ class CheckContext:
 
     body: dict[str, Any]  # the whole request: some values are only valid with another field's value
     constraints: ConstraintSupport  # whether the engine behind this server runs the constraint processor
+    kind: str = "chat"  # the endpoint: "chat" or "completion" (their defaults differ)
 
 
 Check = Callable[[Any, CheckContext], "str | None"]
@@ -178,9 +179,22 @@ def _asks_json(value: Any) -> bool:
     return isinstance(value, dict) and value.get("type") in ("json_object", "json_schema")
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
+# vLLM's CompletionRequest default (OpenAI's too); a chat's default is what the context leaves
+COMPLETION_MAX_TOKENS = 16
+
+
+def _max_tokens(ctx: CheckContext) -> int | None:
+    value = ctx.body.get("max_completion_tokens", ctx.body.get("max_tokens"))
+    if value is None and ctx.kind == "completion":
+        return COMPLETION_MAX_TOKENS
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _budget_limit(ctx: CheckContext) -> str | None:
+    """What a budget refusal calls max_tokens when the client did not set it."""
+    if ctx.kind == "completion" and ctx.body.get("max_tokens") is None:
+        return f"max_tokens={COMPLETION_MAX_TOKENS} (the default of /v1/completions: set max_tokens)"
+    return None
 
 
 def _budget(body: dict[str, Any]) -> bool:
@@ -201,7 +215,7 @@ def _llmserve_check(translate: Callable[[], dict[str, Any] | None], ctx: CheckCo
     if obj is None:
         return None
     return structured_support_problem(ctx.constraints) or object_problem(
-        obj, _max_tokens(ctx.body), _budget(ctx.body), ctx.body.get("stop")
+        obj, _max_tokens(ctx), _budget(ctx.body), ctx.body.get("stop"), _budget_limit(ctx)
     )
 
 
@@ -340,7 +354,7 @@ def _check_vllm_xargs(value: Any, ctx: CheckContext) -> str | None:
     if problem is None and given:
         # the processor's own check, here rather than in vLLM's validate_params: the 400 then names the key
         problem = validation_problem(
-            given[0], value[given[0]], _max_tokens(ctx.body), _budget(ctx.body), ctx.body.get("stop")
+            given[0], value[given[0]], _max_tokens(ctx), _budget(ctx.body), ctx.body.get("stop"), _budget_limit(ctx)
         )
     return problem
 

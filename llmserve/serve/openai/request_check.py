@@ -16,7 +16,7 @@ def check_request(kind: str, body: Any, constraints: ConstraintSupport) -> tuple
     if not isinstance(body, dict):
         raise RequestRejected("the request body must be a JSON object", code="invalid_json")
     table = TABLES[kind]
-    ctx = CheckContext(body, constraints)
+    ctx = CheckContext(body, constraints, kind)
     for name in REQUIRED[kind]:
         if body.get(name) is None:
             raise RequestRejected(f"missing required field '{name}'", param=name, code="missing_required_parameter")
