@@ -10,7 +10,8 @@ subset is narrower than the schema it says so here:
 * ``type`` (or a list), ``enum``/``const`` (values also checked against the keywords beside them;
   an integral float such as 1.0 is answered ``1``, the same value, which draft 4 also counts as an
   integer),
-  ``nullable`` (OpenAPI), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer),
+  ``nullable`` (OpenAPI: null too; JSON Schema does not know it, so null is never generated for it:
+  answers valid to both readings; a ``not`` of one excludes null), ``$ref`` into the document (``$defs``, ``definitions``, any JSON pointer),
   recursive ones unrolled ``MAX_RECURSION`` levels deep (deeper optional members, branches and
   array items are not generated; a schema that requires deeper nesting is refused), ``allOf``/``anyOf``/``oneOf`` combined with the keywords beside them
   (``schema_merge.py``; two ``oneOf`` in one ``allOf`` as one ``oneOf`` over the pairs of their
@@ -730,11 +731,9 @@ class _Converter:
             rest = {k: v for k, v in schema.items() if k != NOT_TEXT}
             return self.exclude(self.convert(rest, depth + 1, refs), schema[NOT_TEXT])
         if schema.get("nullable") is True:
-            rest = {k: v for k, v in schema.items() if k != "nullable"}
-            try:
-                return ("alt", [self.convert(rest, depth + 1, refs), _lit("null")])
-            except Unsatisfiable:
-                return _lit("null")
+            # OpenAPI's null beside the type, an unknown keyword (so no null) to JSON Schema: answers
+            # from the rest are valid to both readings, a null would fail JSON Schema's validators
+            return self.convert({k: v for k, v in schema.items() if k != "nullable"}, depth + 1, refs)
         if "anyOf" in schema or "oneOf" in schema:
             return self._branches(schema, depth, refs)
         values = values_of(schema)
