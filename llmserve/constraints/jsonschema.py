@@ -51,10 +51,13 @@ subset is narrower than the schema it says so here:
   Multilingual Plane, subsets; see ``schema_strings.py``), ``format`` (every format JSON Schema
   defines: date, time, date-time, duration, email, idn-email, hostname, idn-hostname, ipv4, ipv6,
   uri, uri-reference, iri, iri-reference, uri-template, uuid, json-pointer, relative-json-pointer, regex; several as a subset
-  of their values; two of an ``allOf`` both hold), ``minLength``/``maxLength``, all together
+  of their values, URIs as http(s) web URLs; two of an ``allOf`` both hold; and the formats
+  pydantic writes for its types: ipvanyaddress, ipvanyinterface, ipvanynetwork, ipv4/ipv6
+  interface and network, uuid1-5, name-email, as values those types read back),
+  ``minLength``/``maxLength``, all together
   (``schema_strings.py``); where no string generated is left, the value is not generated
   (``Unsatisfiable``: an optional property is left out). A ``format``
-  outside that vocabulary (``int32``, ``color``, ``password``, ...) leaves the string unconstrained:
+  outside those (``int32``, ``color``, ``password``, ...) leaves the string unconstrained:
   a decision, not an oversight. In 2019-09/2020-12 ``format`` is an annotation unless a
   format-assertion vocabulary is declared, and validators (``jsonschema`` among them) ignore formats
   they do not know, so every such string validates.

@@ -75,17 +75,32 @@ _LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?"
 _HOSTNAME = _LABEL + r"(\." + _LABEL + r"){0,3}"
 # RFC 5321 dot-atom local part (atext subset), at most 33 characters; a domain ending in a TLD
 _EMAIL = r"[a-zA-Z0-9_+-]{1,16}(\.[a-zA-Z0-9_+-]{1,16})?@(" + _LABEL + r"\.){1,3}[a-zA-Z]{2,6}"
-# RFC 3986 ``scheme "://" reg-name path-abempty ["?" query] ["#" fragment]``; reg-name from
-# unreserved characters, segments/query/fragment from pchar (less pct-encoded), so no quote,
-# backslash, space, '%', '[' or ']' (which RFC 3986 allows only in an IP literal) is ever generated
+# RFC 3986 ``scheme "://" reg-name path-abempty ["?" query] ["#" fragment]``; segments/query/
+# fragment from pchar (less pct-encoded), so no quote, backslash, space, '%', '[' or ']' (which
+# RFC 3986 allows only in an IP literal) is ever generated. The subset clients parse as a web URL:
+# http(s) (pydantic's HttpUrl, the type most "uri" fields come from, refuses other schemes) and a
+# host name whose last label starts with a letter (WHATWG's parser reads a numeric one as IPv4)
 _PCHAR = "a-zA-Z0-9._~!$&'()*+,;=:@-"
+_WEB_HOST = r"([a-zA-Z0-9-]+\.)*[a-zA-Z][a-zA-Z0-9-]*"
 
 
 def _uri(pchar: str) -> str:
-    return rf"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~-]+(/[{pchar}]*)*(\?[/?{pchar}]*)?(#[/?{pchar}]*)?"
+    return rf"https?://{_WEB_HOST}(/[{pchar}]*)*(\?[/?{pchar}]*)?(#[/?{pchar}]*)?"
 
 
 _URI = _uri(_PCHAR)
+_IPV4 = r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+# the full form only (eight groups): every generated value is a valid address, not every address
+_IPV6 = r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}"
+_HEX = "[0-9a-fA-F]"
+
+
+def _uuid(version: str) -> str:
+    """RFC 4122 UUIDs of ``version`` (a set of digits); the variant digit too, without which
+    Python's uuid reads no version (pydantic's UUID1-5 check it)."""
+    return rf"{_HEX}{{8}}-{_HEX}{{4}}-{version}{_HEX}{{3}}-[89abAB]{_HEX}{{3}}-{_HEX}{{12}}"
+
+
 FORMATS = {
     "date": _DATE,
     "time": r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
@@ -93,9 +108,8 @@ FORMATS = {
     r"(\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
     "email": _EMAIL,
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
-    # the full form only (eight groups): every generated value is a valid address, not every address
-    "ipv6": r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}",
+    "ipv4": _IPV4,
+    "ipv6": _IPV6,
     "hostname": _HOSTNAME,
     "uri": _URI,
     # an absolute URI is also a valid reference and IRI (RFC 3987: every URI is an IRI)
@@ -118,7 +132,25 @@ FORMATS = {
     # ISO 8601 durations of one unit (P3D, P2W, PT5M): a subset of RFC 3339's duration
     "duration": r"P([1-9][0-9]{0,3}[DWMY]|T[1-9][0-9]{0,3}[HMS])",
 }
-# every format JSON Schema 2019-09/2020-12 defines is above. Any other name (int32, color,
+# Formats pydantic writes into the schemas of its types (what openai's parse() sends): not JSON
+# Schema's, so validators leave them unchecked and any string validates; the strings here are the
+# subset pydantic's own types read back. A network is written as one address (a network of one host).
+PYDANTIC_FORMATS = {
+    "ipvanyaddress": f"{_IPV4}|{_IPV6}",
+    "ipvanyinterface": f"{_IPV4}(/(3[0-2]|[12]?[0-9]))?|{_IPV6}(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?",
+    "ipvanynetwork": f"{_IPV4}|{_IPV6}",
+    "ipv4interface": f"{_IPV4}(/(3[0-2]|[12]?[0-9]))?",
+    "ipv6interface": f"{_IPV6}(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?",
+    "ipv4network": _IPV4,
+    "ipv6network": _IPV6,
+    "uuid1": _uuid("1"),
+    "uuid3": _uuid("3"),
+    "uuid4": _uuid("4"),
+    "uuid5": _uuid("5"),
+    "name-email": _EMAIL,
+}
+FORMATS.update(PYDANTIC_FORMATS)
+# every format JSON Schema 2019-09/2020-12 defines is above, and pydantic's. Any other name (int32, color,
 # password, ...) is outside that vocabulary: in 2019-09/2020-12 ``format`` only annotates unless a
 # format-assertion vocabulary says otherwise, and validators (``jsonschema`` among them) ignore
 # formats they do not know, so an unknown format leaves the string unconstrained (``format_ast``
