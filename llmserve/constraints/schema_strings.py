@@ -74,14 +74,36 @@ _DATE = (
 _LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,8}[a-zA-Z0-9])?"
 _HOSTNAME = _LABEL + r"(\." + _LABEL + r"){0,3}"
 # RFC 5321 dot-atom local part (atext subset), at most 33 characters; a domain ending in a TLD
-_EMAIL = r"[a-zA-Z0-9_+-]{1,16}(\.[a-zA-Z0-9_+-]{1,16})?@(" + _LABEL + r"\.){1,3}[a-zA-Z]{2,6}"
+
+
+def _letters_except(n: int, words: list[str]) -> str:
+    """``n`` ASCII letters, in either case, other than ``words`` (lowercase, ``n`` letters each)."""
+    if not words:
+        return f"[a-zA-Z]{{{n}}}" if n else ""
+    heads = sorted({w[0] for w in words})
+    rest = "".join(c for c in "abcdefghijklmnopqrstuvwxyz" if c not in heads)
+    branches = [f"[{rest}{rest.upper()}][a-zA-Z]{{{n - 1}}}" if n > 1 else f"[{rest}{rest.upper()}]"] if rest else []
+    for c in heads:
+        tail = [w[1:] for w in words if w[0] == c]
+        if n > 1:
+            branches.append(f"[{c}{c.upper()}]({_letters_except(n - 1, tail)})")
+    return "|".join(branches)
+
+
+# The domain as email-validator (pydantic's EmailStr) reads it: no "--" in a label (it refuses two
+# characters then "--" unless valid Punycode), a top-level domain of letters other than the
+# special-use names it refuses (arpa, local, onion, test; invalid and localhost are over 6 letters)
+_MAIL_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9]|-[a-zA-Z0-9]){0,9}"
+_MAIL_TLD = f"[a-zA-Z]{{2,3}}|{_letters_except(4, ['arpa', 'test'])}|{_letters_except(5, ['local', 'onion'])}|[a-zA-Z]{{6}}"
+_EMAIL = r"[a-zA-Z0-9_+-]{1,16}(\.[a-zA-Z0-9_+-]{1,16})?@(" + _MAIL_LABEL + r"\.){1,3}(" + _MAIL_TLD + ")"
 # RFC 3986 ``scheme "://" reg-name path-abempty ["?" query] ["#" fragment]``; segments/query/
 # fragment from pchar (less pct-encoded), so no quote, backslash, space, '%', '[' or ']' (which
 # RFC 3986 allows only in an IP literal) is ever generated. The subset clients parse as a web URL:
 # http(s) (pydantic's HttpUrl, the type most "uri" fields come from, refuses other schemes) and a
-# host name whose last label starts with a letter (WHATWG's parser reads a numeric one as IPv4)
+# host name whose last label starts with a letter (WHATWG's parser reads a numeric one as IPv4),
+# no label with "--" (an "xn--" one must be valid Punycode)
 _PCHAR = "a-zA-Z0-9._~!$&'()*+,;=:@-"
-_WEB_HOST = r"([a-zA-Z0-9-]+\.)*[a-zA-Z][a-zA-Z0-9-]*"
+_WEB_HOST = r"([a-zA-Z0-9]+(-[a-zA-Z0-9]+)*\.)*[a-zA-Z][a-zA-Z0-9]*(-[a-zA-Z0-9]+)*"
 
 
 def _uri(pchar: str) -> str:

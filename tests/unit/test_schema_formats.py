@@ -130,12 +130,15 @@ def test_every_generated_value_is_valid_for_its_format(fmt):
         ("uri", ["https://example.com/a/b?x=1&y=2#top", "http://h.example/", "http://localhost"], []),
         ("uri", [], ["http://a b", "http://h/a#b#c", "http://h:port/", "a:[x", "//no-scheme", "http://h/%41"]),
         # valid URIs outside the subset: schemes other than http(s), a last label read as IPv4
-        ("uri", [], ["urn://x", "ftp://h.example/", "http://a.b.4/"]),
+        ("uri", [], ["urn://x", "ftp://h.example/", "http://a.b.4/", "http://xn--zz.com/"]),
         ("ipvanyinterface", ["10.0.0.1/24", "1:2:3:4:5:6:7:8/64", "10.0.0.1"], ["10.0.0.1/33", "10.0.0.256"]),
         ("uuid4", ["123e4567-e89b-42d3-a456-426614174000"], ["123e4567-e89b-12d3-a456-426614174000"]),
         ("uri-template", ["http://example.com/x"], ["http://example.com/it's"]),
         ("hostname", ["example.com", "a-b.c9", "x"], ["-a.com", "a-.com", "a..b", "a_b.com", "a" * 11]),
-        ("email", ["jo.e+x@mail.example.org", "a_b@x.io"], ["a@b", "@x.com", "a b@x.com", "a@-x.com"]),
+        ("email", ["jo.e+x@mail.example.org", "a_b@x.io", "a@b-c.tester"], ["a@b", "@x.com", "a b@x.com", "a@-x.com"]),
+        # valid addresses email-validator (pydantic's EmailStr) refuses: "--" after two characters,
+        # invalid Punycode, special-use domains
+        ("email", [], ["a@ab--cd.com", "a@xn--zz.com", "a@corp.local", "a@x.TEST", "a@x.onion", "a@in.arpa"]),
         ("json-pointer", ["", "/a/0/~0~1", "/"], ["a/b", "/~2", "/a~"]),
         ("relative-json-pointer", ["0", "1#", "12/a/~1"], ["-1", "01", "#"]),
         ("regex", ["", "ab c_d-e"], ["a(b", "[x]", "a*"]),
@@ -178,5 +181,5 @@ def test_formats_stay_small_so_that_many_uses_fit_the_state_limit():
     from llmserve.constraints.regex import compile_ast
 
     sizes = {fmt: compile_ast(string_ast([], fmt, 0, None)).num_states for fmt in FORMATS}
-    assert max(sizes.values()) <= 120, sizes
-    assert all(sizes[f] <= 16 for f in ("uri", "uri-reference", "iri", "json-pointer", "regex")), sizes
+    assert max(sizes.values()) <= 170, sizes  # email: 163, its domain as email-validator reads it
+    assert all(sizes[f] <= 20 for f in ("uri", "uri-reference", "iri", "json-pointer", "regex")), sizes
