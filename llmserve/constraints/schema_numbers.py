@@ -2,7 +2,8 @@
 
 An integer range becomes a regular expression over its decimal digits (one branch per digit count,
 the classic split of a range into prefixes that share digits), so the automaton stays linear in
-the number of digits. An open side of a range stops at 16 digits.
+the number of digits. An open side of a range stops at 16 digits (or at the digits of the other
+side's bound, when that has more).
 
 A bounded ``number`` is generated as an integer in the range (a subset of the numbers the schema
 accepts: every answer validates; fractions are not produced when bounds are given), or, when no
@@ -75,9 +76,12 @@ def natural_range(a: int, b: int) -> str:
 
 
 def integer_range(lo: int | None, hi: int | None) -> str:
-    """A regex of the integers in [lo, hi] (None: unbounded on that side, within 16 digits)."""
-    lo = -_CAP if lo is None else max(lo, -_CAP)
-    hi = _CAP if hi is None else min(hi, _CAP)
+    """A regex of the integers in [lo, hi] (None: unbounded on that side, within 16 digits, or as
+    many as the other bound has: ``minimum: 1e17`` leaves the 18-digit integers from there)."""
+    if hi is None:
+        hi = max(_CAP, 10 ** len(str(abs(lo))) - 1) if lo is not None else _CAP
+    if lo is None:
+        lo = min(-_CAP, -(10 ** len(str(abs(hi))) - 1))
     if lo > hi:
         raise ConstraintError(f"json_schema: no integer lies between the bounds {lo} and {hi}")
     branches = []
@@ -101,20 +105,42 @@ def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
     """The integer range a schema's bounds leave (draft 4's boolean exclusive* included)."""
     lo, hi = _bound(schema, "minimum"), _bound(schema, "maximum")
     ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    ilo = None if lo is None else math.ceil(lo)
-    ihi = None if hi is None else math.floor(hi)
+    ilo = None if lo is None else _ceil(lo)
+    ihi = None if hi is None else _floor(hi)
     if ex_lo is True and lo is not None and ilo == lo:  # draft 4: a flag on minimum
         ilo = int(lo) + 1
     if ex_hi is True and hi is not None and ihi == hi:
         ihi = int(hi) - 1
     x_lo, x_hi = _bound(schema, "exclusiveMinimum"), _bound(schema, "exclusiveMaximum")
     if x_lo is not None:
-        candidate = math.floor(x_lo) + 1
+        candidate = x_lo + 1 if isinstance(x_lo, int) else _short(math.floor(x_lo) + 1, up=True)
         ilo = candidate if ilo is None else max(ilo, candidate)
     if x_hi is not None:
-        candidate = math.ceil(x_hi) - 1
+        candidate = x_hi - 1 if isinstance(x_hi, int) else _short(math.ceil(x_hi) - 1, up=False)
         ihi = candidate if ihi is None else min(ihi, candidate)
     return ilo, ihi
+
+
+# A float bound past 2**53 is a long integer exactly (1e300 is 10**300 plus 284 digits of binary
+# rounding), and a range's regex nests a group per digit the bound does not end in zeros with: an
+# integer bound from a float is rounded inward to 17 significant digits (its precision), a subset.
+_SIGNIFICANT = 17
+
+
+def _ceil(x: float) -> int:
+    """The least integer >= ``x`` (from a float: with at most _SIGNIFICANT significant digits)."""
+    return x if isinstance(x, int) else _short(math.ceil(x), up=True)
+
+
+def _floor(x: float) -> int:
+    """The greatest integer <= ``x`` (from a float: with at most _SIGNIFICANT significant digits)."""
+    return x if isinstance(x, int) else _short(math.floor(x), up=False)
+
+
+def _short(n: int, up: bool) -> int:
+    """``n`` rounded away from the bound it came from (up: to larger) to _SIGNIFICANT digits."""
+    scale = 10 ** max(0, len(str(abs(n))) - _SIGNIFICANT)
+    return -(-n // scale) * scale if up else n // scale * scale
 
 
 BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

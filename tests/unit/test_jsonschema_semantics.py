@@ -129,6 +129,30 @@ def test_integer_bounds_accept_exactly_the_range():
         assert dfa.matches(str(i).encode()) == (-15 <= i <= 230), i
 
 
+@pytest.mark.parametrize(
+    "schema,inside,outside",
+    [
+        # snowflake ids, nanosecond timestamps: bounds past the 16 digits an open side stops at
+        ({"type": "integer", "minimum": 10**17, "maximum": 2**63 - 1}, [10**17, 2**63 - 1], [10**17 - 1, 2**63]),
+        ({"type": "integer", "minimum": 1_600_000_000_000_000_000}, [16 * 10**17, 9 * 10**18], [0, -1]),
+        ({"type": "integer", "exclusiveMaximum": -(10**17)}, [-(10**17) - 1], [-(10**17), 0]),
+        ({"type": "number", "exclusiveMinimum": 1e20}, [10**20 + 10**4], [10**20]),
+        # a float this large is a 301-digit integer exactly: rounded inward to 17 digits
+        ({"type": "number", "minimum": 1e300}, [2 * 10**300], [10**300]),
+        ({"type": "number", "exclusiveMaximum": -1e300, "minimum": -1e301}, [-2 * 10**300], [-(10**300)]),
+    ],
+)
+def test_large_bounds_are_served_not_refused(schema, inside, outside):
+    """They were clamped to 16 digits, so minimum 1e17 read as 'no integer lies between the
+    bounds'."""
+    for value in inside:
+        assert accepts(schema, str(value)), value
+        jsonschema.validate(value, schema)
+    for value in outside:
+        assert not accepts(schema, str(value)), value
+    assert_samples_valid(schema, budget=700)
+
+
 def test_number_bounds_and_multiple_of_one():
     assert_samples_valid({"type": "number", "minimum": 0.5, "maximum": 99.5})
     assert_samples_valid({"type": "number", "exclusiveMinimum": 0, "multipleOf": 1})
