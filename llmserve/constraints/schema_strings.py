@@ -170,6 +170,9 @@ PYDANTIC_FORMATS = {
     "uuid4": _uuid("4"),
     "uuid5": _uuid("5"),
     "name-email": _EMAIL,
+    # bytes: pydantic reads the string's UTF-8 encoding, so maxLength counts bytes there; in ASCII
+    # characters and bytes agree
+    "binary": r"[ -~]*",
 }
 FORMATS.update(PYDANTIC_FORMATS)
 # every format JSON Schema 2019-09/2020-12 defines is above, and pydantic's. Any other name (int32, color,
