@@ -96,7 +96,7 @@ def _wide_class(c: str) -> tuple[tuple[int, int], ...]:
     """What ``\\d``/``\\w``/``\\s`` match in either dialect a JSON Schema pattern meets: ECMA-262's
     (ASCII digits and word characters; Unicode white space with U+FEFF) or Python's ``re``, which
     ``jsonschema`` validates with (Unicode digits, word characters and white space, U+001C-U+001F
-    among them). A value must satisfy the pattern in both, so a pattern that *excludes* the class
+    among them); for ``\\w`` also Rust's ``regex``, which pydantic checks a field's pattern with. A value must satisfy the pattern in both, so a pattern that *excludes* the class
     (``\\S``, ``[^\\s-]``) excludes this union, and one that requires it gets the ASCII sets above,
     which both dialects hold. Computed once, from Python's own ``re``."""
     import re as _re
@@ -105,8 +105,17 @@ def _wide_class(c: str) -> tuple[tuple[int, int], ...]:
     # from UTF-32 in ~10 ms where joining chr()s took ~100, paid by a process's first use
     every = np.arange(MAX_CODEPOINT + 1, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
     out = [(m.start(), m.end() - 1) for m in _re.finditer("\\" + c + "+", every)]
-    extra = [(0xFEFF, 0xFEFF)] if c == "s" else []
+    extra = [(0xFEFF, 0xFEFF)] if c == "s" else _rust_word_extra() if c == "w" else []
     return tuple(_normalize([*out, *extra, *_CLASS_ESCAPES[c]]))
+
+
+def _rust_word_extra() -> list[tuple[int, int]]:
+    """What Rust's ``regex`` (pydantic's pattern checks) counts in ``\\w`` beyond Python's: marks,
+    connector punctuation, the join controls and the letter-like symbols of Other_Alphabetic
+    (circled letters); outside the Basic Multilingual Plane, everything (``_category_ranges``'s
+    superset). An answer of a pattern that excludes ``\\w`` then passes pydantic too."""
+    marks = _category_ranges(frozenset({"Mn", "Mc", "Me", "Pc"}), excluded=True)
+    return [*marks, (0x200C, 0x200D), (0x24B6, 0x24E9)]
 
 
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a", "e": "\x1b"}

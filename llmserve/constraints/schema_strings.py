@@ -94,7 +94,9 @@ def _letters_except(n: int, words: list[str]) -> str:
 # characters then "--" unless valid Punycode), a top-level domain of letters other than the
 # special-use names it refuses (arpa, local, onion, test; invalid and localhost are over 6 letters)
 _MAIL_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9]|-[a-zA-Z0-9]){0,9}"
-_MAIL_TLD = f"[a-zA-Z]{{2,3}}|{_letters_except(4, ['arpa', 'test'])}|{_letters_except(5, ['local', 'onion'])}|[a-zA-Z]{{6}}"
+_MAIL_TLD = (
+    f"[a-zA-Z]{{2,3}}|{_letters_except(4, ['arpa', 'test'])}|{_letters_except(5, ['local', 'onion'])}|[a-zA-Z]{{6}}"
+)
 _EMAIL = r"[a-zA-Z0-9_+-]{1,16}(\.[a-zA-Z0-9_+-]{1,16})?@(" + _MAIL_LABEL + r"\.){1,3}(" + _MAIL_TLD + ")"
 # RFC 3986 ``scheme "://" reg-name path-abempty ["?" query] ["#" fragment]``; segments/query/
 # fragment from pchar (less pct-encoded), so no quote, backslash, space, '%', '[' or ']' (which

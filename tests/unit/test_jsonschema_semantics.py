@@ -761,6 +761,9 @@ def test_one_of_on_both_sides_keeps_only_pairs_it_can_tell_apart():
         ("^\\S+$", ["a\x1f", "\u3000", "\ufeff", "a\tb"]),
         ("^\\D+$", ["\u0663", "7"]),  # ARABIC-INDIC DIGIT THREE: a digit to Python only
         ("^[^\\w.]+$", ["\u00e9", "a", "_", "."]),
+        # word characters to Rust's regex (pydantic checks a field's pattern with it) only: a
+        # combining mark, connector punctuation, a join control, a circled letter
+        ("^\\W+$", ["\u0357", "\u06d9", "\u203f", "\u200c", "\u24b6"]),
     ],
 )
 def test_an_excluded_class_escape_excludes_what_either_dialect_counts_in_it(pattern, refused):
@@ -770,6 +773,18 @@ def test_an_excluded_class_escape_excludes_what_either_dialect_counts_in_it(patt
         assert not accepts(schema, json.dumps(value)), repr(value)
     assert accepts(schema, '"!?"')
     assert_samples_valid(schema, n=80)
+
+
+def test_pydantic_reads_back_a_pattern_that_excludes_word_characters():
+    from pydantic import BaseModel, Field
+
+    class Model(BaseModel):
+        a: str = Field(pattern="^\\W{3}$")
+
+    dfa = dfa_of(Model.model_json_schema())
+    rng = random.Random(3)
+    for _ in range(150):
+        Model.model_validate_json(steered_walk(dfa, rng, 200, stop=0.1))
 
 
 def test_a_required_class_escape_generates_what_both_dialects_count_in_it():
