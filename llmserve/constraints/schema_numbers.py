@@ -169,6 +169,23 @@ def multiples_dfa(m: int):
     return ByteDFA(table, accept, 0)
 
 
+def _decimal_split(m: int) -> tuple[int, int]:
+    """``m`` as ``d * 10**k`` with ``d`` not a multiple of ten: (d, k)."""
+    k = len(str(m)) - len(str(m).rstrip("0"))
+    return m // 10**k, k
+
+
+def _multiples(m: int) -> ByteDFA:
+    """The JSON integers divisible by ``m``: by ``d`` (``multiples_dfa``, a state per remainder)
+    then ``k`` zeros, for ``m = d * 10**k`` (1e6 is six zeros after any integer, not a million
+    states); zero itself."""
+    d, k = _decimal_split(m)
+    if k == 0:
+        return multiples_dfa(d)
+    head = intersect([multiples_dfa(d), compile_ast(parse("-?[1-9][0-9]*"))])
+    return compile_ast(("alt", [literal("0"), ("cat", [("dfa", head), literal("0" * k)])]))
+
+
 MAX_FRACTIONS = 50
 FRACTION_RANGE = 10_000
 
@@ -251,9 +268,10 @@ def number_ast(schema: dict, integer: bool):
             raise ConstraintError(f"json_schema: multipleOf must be a positive number, got {multiple!r}")
         if multiple != int(multiple) and isinstance(multiple, float):
             return _fraction_multiples(schema, multiple)
-        if multiple != int(multiple) or multiple > MAX_MULTIPLE:
+        if multiple != int(multiple) or _decimal_split(int(multiple))[0] > MAX_MULTIPLE:
             raise ConstraintError(
-                f"json_schema: multipleOf {multiple} is not supported (only whole numbers up to {MAX_MULTIPLE})"
+                f"json_schema: multipleOf {multiple} is not supported (only whole numbers up to {MAX_MULTIPLE}, "
+                "times a power of ten)"
             )
         integer = True
     if isinstance(multiple, float) and multiple != 1:
@@ -274,7 +292,7 @@ def number_ast(schema: dict, integer: bool):
     if multiple is None or int(multiple) == 1:
         return node
     try:
-        return ("dfa", intersect([compile_ast(node), multiples_dfa(int(multiple))]))
+        return ("dfa", intersect([compile_ast(node), _multiples(int(multiple))]))
     except ConstraintError as exc:
         if "no string satisfies" in exc.message or "matches no string" in exc.message:
             raise Unsatisfiable(f"json_schema: no multiple of {multiple} lies between the bounds") from None

@@ -210,6 +210,27 @@ def test_whole_multiple_of_accepts_exactly_the_multiples(schema):
     assert_samples_valid(schema)
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "multipleOf": 1_000_000},
+        {"type": "integer", "multipleOf": 2_500_000, "minimum": -(10**8)},
+        {"type": "number", "multipleOf": 1e6, "maximum": 10**9},
+    ],
+)
+def test_a_multiple_of_ten_thousand_times_a_power_of_ten_is_served(schema):
+    """Past MAX_MULTIPLE (a state per remainder) a multipleOf of d * 10**k is d's multiples then k
+    zeros: conint(multiple_of=1_000_000) was refused."""
+    dfa = dfa_of(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for i in [*range(-(10**7), 10**7, 125_000), 0, 1, 10**6 + 10, -(2 * 10**9), 10**12]:
+        assert dfa.matches(str(i).encode()) == validator.is_valid(i), i
+    assert not dfa.matches(b"-0") and not dfa.matches(b"00")
+    assert_samples_valid(schema)
+    with pytest.raises(ConstraintError, match="times a power of ten"):
+        dfa_of({"type": "integer", "multipleOf": 123_457})
+
+
 def test_no_multiple_between_the_bounds_is_unsatisfiable():
     with pytest.raises(ConstraintError, match="no multiple of 16"):
         dfa_of({"type": "integer", "multipleOf": 16, "minimum": 1, "maximum": 15})
