@@ -1208,13 +1208,16 @@ class _Converter:
 
     def _distinct(self, schema: dict, items: Any, prefix: Any, lo: int, hi: int | None, depth: int, refs) -> tuple:
         """``uniqueItems`` with ``minItems`` > 1: when the item schema lists values (``enum``/``const``,
-        or branches of an ``anyOf``/``oneOf`` that do), arrays of distinct ones among them that the
+        booleans and null, or branches of an ``anyOf``/``oneOf`` that do), arrays of distinct ones among them that the
         item schema admits, in the order listed (a subset: other orders and unlisted values are not
         generated; at most MAX_DISTINCT arrays). Refused otherwise."""
         if prefix or any(k in schema for k in ("contains", CONTAINS)) or not isinstance(items, dict):
             raise self.fail("uniqueItems with minItems > 1 is not supported")
         target, target_refs = self.normalize(items, refs)
         listed = values_of(target) if isinstance(target, dict) else None
+        types = types_of(target) if isinstance(target, dict) else None
+        if listed is None and types and types <= {"boolean", "null"}:  # they list themselves
+            listed = [v for t, vs in (("boolean", [False, True]), ("null", [None])) if t in types for v in vs]
         if listed is None and isinstance(target, dict):
             subs = target.get("anyOf") or target.get("oneOf") or []
             listed = []

@@ -273,6 +273,18 @@ def test_unique_items_of_listed_values_are_distinct():
         dfa_of({"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": "string"}})
 
 
+def test_unique_booleans_and_nulls_list_themselves():
+    """pydantic's set[bool] with min_length 2: booleans and null are values to choose from."""
+    schema = {"type": "array", "minItems": 2, "uniqueItems": True, "items": {"type": ["boolean", "null"]}}
+    dfa = dfa_of(schema)
+    assert dfa.matches(b"[false,true]") and dfa.matches(b"[false,true,null]")
+    assert not dfa.matches(b"[true,true]") and not dfa.matches(b"[null]")
+    for value in samples(schema):
+        assert len({json.dumps(v) for v in value}) == len(value) >= 2
+    with pytest.raises(Unsatisfiable, match="fewer than 3 distinct"):
+        dfa_of({"type": "array", "minItems": 3, "uniqueItems": True, "items": {"type": "boolean"}})
+
+
 D2020 = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
 
 
