@@ -650,8 +650,9 @@ class _Converter:
         return expanded_size(tree, self.size_cap, self.sizes) > self.embed_at
 
     def _embedded(self, tree: tuple) -> ByteDFA:
-        """``compile_ast(tree)``, built once per conversion for each tree: a reference met on many
-        paths converts on each (``converted`` is by path) to the same tree, whose automaton is then
+        """``compile_ast(tree)``, built once per conversion for each tree: a reference met on paths
+        that count its references differently converts on each (``converted``) to trees that may be
+        the same, whose automaton is then
         found by the tree's serialized form (what the builder reads, so equal forms build equal
         automata), with the limits in force. Only automata built are kept: a refusal is met again
         as it was."""
