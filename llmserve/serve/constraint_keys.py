@@ -248,6 +248,8 @@ def schema_problem(schema: Any) -> str | None:
     engine that reads them (llmserve's names a pattern it cannot read; so do vLLM's backends)."""
     import jsonschema  # deferred: it comes with vLLM (the serve extra), not with llmserve's own dependencies
 
+    if isinstance(schema, dict) and "$schema" in schema and not isinstance(schema["$schema"], str):
+        return f"at $schema: must be a string (a dialect's URI), got {type(schema['$schema']).__name__}"
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     checker = jsonschema.FormatChecker(formats=())
     checker.checkers = {k: v for k, v in validator.FORMAT_CHECKER.checkers.items() if k != "regex"}

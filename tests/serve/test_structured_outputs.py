@@ -151,6 +151,13 @@ def test_disable_additional_properties_as_guidance_applies_it():
             "`strict` goes inside `json_schema`",
         ),
         ({"structured_outputs": {"json": {"type": 12}}}, "structured_outputs", "not a valid JSON Schema at type"),
+        # jsonschema's validator_for raised on it (a 500)
+        ({"structured_outputs": {"json": {"$schema": 5}}}, "structured_outputs", "at $schema: must be a string"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"$schema": [1]}}}},
+            "response_format",
+            "at $schema: must be a string",
+        ),
     ],
 )
 def test_refused_with_the_field_named(fields, param, needle):
