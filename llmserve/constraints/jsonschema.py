@@ -247,6 +247,8 @@ class _Converted:
     counts: tuple[int, ...]
     inexact: int
     deeper: int  # how much deeper than where it was built its conversion nested
+    too_deep: int  # nesting refusals its build raised (and an analysis caught)
+    at: int | None  # with some: the depth it was built at, the only one it serves (None: any)
     held: tuple = ()  # what the tree was built from, kept alive where it is known by its identity
 
 
@@ -344,6 +346,9 @@ class _Converter:
         self.branch_trees: dict[int, list[_Converted]] = {}
         self.checked: list[str] = []  # every reference checked for recursion, in order
         self.deepest = 0  # the deepest ``convert`` reached (a tree built once counts where it is used)
+        # nesting refusals raised so far: an analysis may catch one (``_fillable``), and a tree built
+        # around it then depends on the depth it was built at (``_once`` reuses it only there)
+        self.too_deep = 0
         self.one_of_memo: dict[tuple, tuple] = {}  # _one_of's results by its branches
         # the same, by the identity of the branch objects (held in the value, so that their ids stay
         # theirs): a $ref'd oneOf met again arrives as the same objects, and its key above costs a
@@ -678,14 +683,20 @@ class _Converter:
         """``build()``'s tree (converting from ``depth``), built once for every path of references
         that holds the references met inside it as often as ``refs`` does (the first such path's
         tree, with the subsets its conversion counted), where it nests within MAX_DEPTH as a build
-        there would; ``kept`` holds the trees built, with ``held`` alive beside them."""
+        there would (one whose build met the limit and went on without the value, only at the depth
+        it was built at); ``kept`` holds the trees built, with ``held`` alive beside them."""
         for done in kept:
-            if depth + done.deeper <= MAX_DEPTH and tuple(map(refs.count, done.inside)) == done.counts:
+            if (
+                depth + done.deeper <= MAX_DEPTH
+                and done.at in (None, depth)
+                and tuple(map(refs.count, done.inside)) == done.counts
+            ):
                 self.checked += done.inside  # the paths around this one meet them too
                 self.inexact += done.inexact
+                self.too_deep += done.too_deep
                 self.deepest = max(self.deepest, depth + done.deeper)
                 return done.tree
-        start, before, outer = len(self.checked), self.inexact, self.deepest
+        start, before, outer, refused = len(self.checked), self.inexact, self.deepest, self.too_deep
         self.deepest = depth
         try:
             tree = build()
@@ -693,7 +704,19 @@ class _Converter:
         finally:
             self.deepest = max(outer, self.deepest)
         inside = tuple(dict.fromkeys(self.checked[start:]))
-        kept.append(_Converted(tree, inside, tuple(map(refs.count, inside)), self.inexact - before, deeper, held))
+        too_deep = self.too_deep - refused
+        kept.append(
+            _Converted(
+                tree,
+                inside,
+                tuple(map(refs.count, inside)),
+                self.inexact - before,
+                deeper,
+                too_deep,
+                depth if too_deep else None,
+                held,
+            )
+        )
         return tree
 
     def _check_recursion(self, ref: Any, refs: tuple[str, ...]) -> None:
@@ -716,6 +739,7 @@ class _Converter:
         if time.monotonic() > self.deadline:  # converting is part of compiling: one budget for both
             raise _time_budget_error(self.budget_ms)
         if depth > MAX_DEPTH:
+            self.too_deep += 1
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
         if depth > self.deepest:
             self.deepest = depth

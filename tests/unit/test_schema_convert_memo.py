@@ -261,6 +261,29 @@ ONCE_SCHEMAS = {
             "d": {"anyOf": [{"$ref": "#/$defs/c"}, {"type": "integer"}]},
         },
     },
+    # a oneOf's analysis catches the nesting refusal of a branch built near MAX_DEPTH and leaves the
+    # optional property out: the tree built there is not the one a shallower use builds
+    "a nesting refusal caught far down, then used near the top": {
+        "$defs": {
+            "deep": {
+                "type": "object",
+                "properties": {
+                    "p": {
+                        "oneOf": [
+                            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+                            {
+                                "type": "object",
+                                "properties": {"a": {"type": "string", "pattern": "^x"}},
+                                "required": ["a"],
+                            },
+                        ]
+                    }
+                },
+            }
+        },
+        "type": "object",
+        "properties": {"far": _nested(28, {"$ref": "#/$defs/deep"}), "near": {"$ref": "#/$defs/deep"}},
+    },
     "met again past MAX_DEPTH": {
         "$defs": {"deep": _nested(6, {"type": "string"})},
         "type": "object",
