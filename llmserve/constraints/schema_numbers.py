@@ -75,13 +75,14 @@ def natural_range(a: int, b: int) -> str:
     return "(" + "|".join(parts) + ")"
 
 
-def integer_range(lo: int | None, hi: int | None) -> str:
-    """A regex of the integers in [lo, hi] (None: unbounded on that side, within 16 digits, or as
-    many as the other bound has: ``minimum: 1e17`` leaves the 18-digit integers from there)."""
+def integer_range(lo: int | None, hi: int | None, digits: int = MAX_DIGITS) -> str:
+    """A regex of the integers in [lo, hi] (None: unbounded on that side, within ``digits`` digits,
+    or as many as the other bound has: ``minimum: 1e17`` leaves the 18-digit integers from there)."""
+    cap = 10**digits - 1
     if hi is None:
-        hi = max(_CAP, 10 ** len(str(abs(lo))) - 1) if lo is not None else _CAP
+        hi = max(cap, 10 ** len(str(abs(lo))) - 1) if lo is not None else cap
     if lo is None:
-        lo = min(-_CAP, -(10 ** len(str(abs(hi))) - 1))
+        lo = min(-cap, -(10 ** len(str(abs(hi))) - 1))
     if lo > hi:
         raise ConstraintError(f"json_schema: no integer lies between the bounds {lo} and {hi}")
     branches = []
@@ -224,13 +225,34 @@ def _fractions(schema: dict):
     return None
 
 
+def _window(lo: int | None, hi: int | None, multiple: float) -> tuple[int, int]:
+    """The integers of [lo, hi] a fractional ``multipleOf`` is generated over: the FRACTION_RANGE
+    nearest zero on either side, or the 2 x FRACTION_RANGE from the bound nearest zero when the
+    range lies past them; within 2**53 (past it jsonschema's float division is inexact)."""
+    span = FRACTION_RANGE
+    if lo is not None and lo > span:
+        lo, hi = lo, lo + 2 * span if hi is None else min(hi, lo + 2 * span)
+    elif hi is not None and hi < -span:
+        lo, hi = hi - 2 * span if lo is None else max(lo, hi - 2 * span), hi
+    else:
+        lo, hi = -span if lo is None else max(lo, -span), span if hi is None else min(hi, span)
+    if max(abs(lo), abs(hi)) > _SAFE:
+        raise _past_safe(multiple)
+    return lo, hi
+
+
+def _past_safe(multiple: float) -> ConstraintError:
+    return ConstraintError(
+        f"json_schema: multipleOf {multiple} with bounds past 2**53 is not supported (jsonschema divides "
+        "as floats, which are inexact there)"
+    )
+
+
 def _fraction_multiples(schema: dict, multiple: float):
     """A fractional ``multipleOf``: the integers ``k`` within the bounds (and ±FRACTION_RANGE) with
     ``k / multiple`` whole as floats (``jsonschema``'s test), when those are exactly the multiples
     of one integer ``m`` there; refused otherwise."""
-    lo, hi = integer_bounds(schema)
-    lo = -FRACTION_RANGE if lo is None else max(lo, -FRACTION_RANGE)
-    hi = FRACTION_RANGE if hi is None else min(hi, FRACTION_RANGE)
+    lo, hi = _window(*integer_bounds(schema), multiple)
 
     def whole(ks: np.ndarray) -> np.ndarray:
         # float64 division as Python's int / float does it (every k here is exact as a float); a
@@ -278,6 +300,8 @@ def number_ast(schema: dict, integer: bool):
         # jsonschema divides by a float multipleOf (16.0) as floats: a multiple's quotient is exact
         # only while the value is below 2**53
         lo, hi = integer_bounds(schema)
+        if (lo is not None and lo > _SAFE) or (hi is not None and hi < -_SAFE):
+            raise _past_safe(multiple)
         lo = -_SAFE if lo is None else max(lo, -_SAFE)
         hi = _SAFE if hi is None else min(hi, _SAFE)
         node = parse(integer_range(lo, hi))
@@ -288,7 +312,9 @@ def number_ast(schema: dict, integer: bool):
         fractions = _fractions(schema) if not integer and lo is not None and hi is not None and lo > hi else None
         if fractions is not None:
             return fractions
-        node = parse(integer_range(lo, hi))
+        # an open side reaches past a large multipleOf (1e17 with minimum 1)
+        digits = max(MAX_DIGITS, len(str(int(multiple))) + 1) if multiple is not None else MAX_DIGITS
+        node = parse(integer_range(lo, hi, digits))
     if multiple is None or int(multiple) == 1:
         return node
     try:
