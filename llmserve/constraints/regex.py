@@ -1052,6 +1052,30 @@ def new_size_memo() -> SizeMemo:
     return {} if core is None else core.TreeSizes()
 
 
+def alphabet(node) -> list[tuple[int, int]] | None:
+    """Every character ``node`` may match (its sets' ranges, look-arounds' included: a superset),
+    or None when it holds an embedded automaton (over bytes) or a node this does not read."""
+    ranges: list[tuple[int, int]] = []
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        kind = n[0]
+        if kind == "set":
+            ranges += n[1]
+        elif kind in ("cat", "alt"):
+            stack += n[1]
+        elif kind in ("rep", "list"):
+            stack.append(n[1])
+        elif kind == "look":
+            stack.append(n[3])
+        elif kind != "anchor":
+            return None
+    return _normalize(ranges)
+
+
 def expanded_size(node, cap: int, sizes: SizeMemo | None = None) -> int:
     """About how many NFA states ``node`` becomes once counted repetitions are unrolled (the
     builder's count, within a small factor), counted without unrolling anything; stops counting

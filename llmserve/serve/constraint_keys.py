@@ -188,24 +188,37 @@ def stop_problem(obj: dict[str, Any], stop: Any) -> str | None:
     """A stop string that can occur inside an answer of the constraint ``obj``: the engine ends the
     answer where one appears, which would cut a steered answer short of its end (broken JSON with
     finish_reason "stop"). A stop string that cannot occur (one holding a raw control character, as
-    "\\n\\nUser:" does, for a JSON answer; one in none of the choices) changes nothing and is
-    accepted; for any other the request is refused, naming the way out. Machines keep stop strings."""
+    "\\n\\nUser:" does, for a JSON answer; one in none of the choices; one with a character the
+    regex never matches) changes nothing and is accepted; for any other the request is refused,
+    naming the way out. Machines keep stop strings."""
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
     for text in stops:
-        if not isinstance(text, str) or not text:
+        if not isinstance(text, str) or not text or "machine" in obj:
             continue
         if "json_schema" in obj and not _NOT_IN_JSON.isdisjoint(text):
             continue
         if "choice" in obj and isinstance(obj["choice"], list) and not any(text in c for c in obj["choice"]):
             continue
-        if "machine" in obj:
+        if "regex" in obj and _outside_regex(text, obj["regex"]):
             continue
         return (
-            f"stop string {text!r} can occur inside this constraint's answers, where it would cut the answer "
+            f"stop string {text!r} may occur inside this constraint's answers, where it would cut the answer "
             "short of valid: remove it (a constrained answer ends by itself), or set constraint_budget false "
             "to accept answers that may end early"
         )
     return None
+
+
+def _outside_regex(text: str, pattern: Any) -> bool:
+    """Whether ``text`` holds a character ``pattern`` never matches (so it never occurs in an answer)."""
+    from llmserve.constraints.errors import ConstraintError
+    from llmserve.constraints.regex import alphabet, parse
+
+    try:
+        ranges = alphabet(parse(pattern)) if isinstance(pattern, str) else None
+    except ConstraintError:
+        return False
+    return ranges is not None and any(not any(lo <= ord(c) <= hi for lo, hi in ranges) for c in text)
 
 
 async def validation_problem_async(key: str, value: Any) -> str | None:

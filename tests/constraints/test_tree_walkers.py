@@ -132,3 +132,13 @@ def test_short_literals_are_one_node_per_text_and_bounded():
     for i in range(2 * regex._LITERALS_HELD):
         assert regex.literal(f"p{i}") == ("cat", [regex._LATIN_1_NODES[c] for c in f"p{i}"])
     assert len(regex._LITERALS) <= regex._LITERALS_HELD
+
+
+def test_an_alphabet_holds_every_character_a_tree_may_match():
+    """What a stop string is checked against (a superset: look-arounds' characters too; None where
+    an embedded automaton over bytes is in the tree)."""
+    from llmserve.constraints import regex
+
+    assert regex.alphabet(regex.parse("[0-9]{3}|x+")) == [(0x30, 0x39), (0x78, 0x78)]
+    assert regex.alphabet(regex.parse("^a(?=b)$", schema=True)) == [(0x61, 0x62)]
+    assert regex.alphabet(("cat", [("dfa", regex.compile_ast(regex.parse("a"))), ("set", [(1, 2)])])) is None

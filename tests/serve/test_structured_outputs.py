@@ -200,7 +200,7 @@ def test_patterns_python_cannot_read_are_not_an_invalid_schema():
     assert fwd["response_format"] == rf
 
 
-STOP_CUTS = "can occur inside this constraint's answers"
+STOP_CUTS = "may occur inside this constraint's answers"
 
 
 @pytest.mark.parametrize(
@@ -213,6 +213,7 @@ STOP_CUTS = "can occur inside this constraint's answers"
         # cannot occur: a raw control character is never in compact JSON; in none of the choices
         ({"response_format": FORMATS["json_object"][0], "stop": ["\n\nUser:", "\n"]}, False),
         ({"structured_outputs": {"choice": ["a", "b,c"]}, "stop": ["zz"]}, False),
+        ({"vllm_xargs": {"constraint_regex": "[0-9]{3}"}, "stop": ["\n", "x9"]}, False),  # 'x' never matches
         # steering off: the client accepts answers that end early
         (
             {"response_format": FORMATS["json_schema"][0], "stop": ",", "vllm_xargs": {"constraint_budget": False}},
@@ -229,6 +230,25 @@ def test_a_stop_string_that_could_cut_a_constrained_answer_is_refused(fields, cu
     with pytest.raises(RequestRejected) as info:
         check_request("chat", _chat(**fields), LLMSERVE)
     assert info.value.status == 400 and STOP_CUTS in info.value.message and "constraint_budget" in info.value.message
+
+
+def test_the_budget_a_completion_is_checked_against():
+    """/v1/completions without max_tokens gets vLLM's default of 16; max_tokens null is what the
+    context leaves (vLLM's reading), which the frontend cannot know: the engine checks that."""
+    from llmserve.serve.openai.fields import CheckContext, _budget_limit, _max_tokens
+
+    def ctx(kind, **fields):
+        return CheckContext({"model": "m", "prompt": "x", **fields}, LLMSERVE, kind)
+
+    assert _max_tokens(ctx("completion")) == 16 and "the default of /v1/completions" in _budget_limit(ctx("completion"))
+    assert (
+        _max_tokens(ctx("completion", max_tokens=None)) is None
+        and _budget_limit(ctx("completion", max_tokens=None)) is None
+    )
+    assert (
+        _max_tokens(ctx("completion", max_tokens=40)) == 40 and _budget_limit(ctx("completion", max_tokens=40)) is None
+    )
+    assert _max_tokens(ctx("chat")) is None and _max_tokens(ctx("chat", max_completion_tokens=9)) == 9
 
 
 def test_kserve_refuses_a_stop_string_that_could_cut_the_answer():

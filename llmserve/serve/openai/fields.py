@@ -185,14 +185,14 @@ COMPLETION_MAX_TOKENS = 16
 
 def _max_tokens(ctx: CheckContext) -> int | None:
     value = ctx.body.get("max_completion_tokens", ctx.body.get("max_tokens"))
-    if value is None and ctx.kind == "completion":
+    if ctx.kind == "completion" and "max_tokens" not in ctx.body:  # null: what the context leaves
         return COMPLETION_MAX_TOKENS
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _budget_limit(ctx: CheckContext) -> str | None:
     """What a budget refusal calls max_tokens when the client did not set it."""
-    if ctx.kind == "completion" and ctx.body.get("max_tokens") is None:
+    if ctx.kind == "completion" and "max_tokens" not in ctx.body:
         return f"max_tokens={COMPLETION_MAX_TOKENS} (the default of /v1/completions: set max_tokens)"
     return None
 
