@@ -105,8 +105,15 @@ def _wide_class(c: str) -> tuple[tuple[int, int], ...]:
     # from UTF-32 in ~10 ms where joining chr()s took ~100, paid by a process's first use
     every = np.arange(MAX_CODEPOINT + 1, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
     out = [(m.start(), m.end() - 1) for m in _re.finditer("\\" + c + "+", every)]
-    extra = [(0xFEFF, 0xFEFF)] if c == "s" else _rust_word_extra() if c == "w" else []
+    extra = [(0xFEFF, 0xFEFF)] if c == "s" else _rust_word_extra() if c == "w" else _newer_digits()
     return tuple(_normalize([*out, *extra, *_CLASS_ESCAPES[c]]))
+
+
+def _newer_digits() -> list[tuple[int, int]]:
+    """Digits a newer Unicode than Python's tables has (Rust's regex, pydantic's, knows some
+    Python 3.11 does not): every code point unassigned here or outside the Basic Multilingual Plane
+    (``_category_ranges``'s superset), so that what excludes ``\\d`` generates none of them."""
+    return list(_category_ranges(frozenset({"Nd"}), excluded=True))
 
 
 def _rust_word_extra() -> list[tuple[int, int]]:
