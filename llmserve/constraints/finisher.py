@@ -45,6 +45,9 @@ class Finisher:
         self._pending: dict[int, tuple[CompiledConstraint, core.Grammar, Path, Completion]] = {}
         self._next_id = 0
         self.thread: threading.Thread | None = None
+        # set while the thread is in _finish: until that call's frame is gone it may still drop the
+        # last reference to a form's buffers (an mmap whose release lets go of the GIL)
+        self._finishing = False
         # constraints (keys) whose compressed rows passed the cap here, and the cap they passed: not
         # tried again at that cap (a pass up to the cap is a core's work for seconds), most recent kept
         self._over: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -84,7 +87,11 @@ class Finisher:
                 log.exception("the background completion of constraints failed; going on")
                 time.sleep(self.RETRY_S)
                 continue
-            self._finish(job)
+            self._finishing = True
+            try:
+                self._finish(job)
+            finally:
+                self._finishing = False
 
     def _finish(self, job: int) -> None:
         """Job ``job``'s form compressed, swapped in and written. A call of its own: nothing of the form
@@ -142,12 +149,18 @@ class Finisher:
         self.thread = None
 
     def wait_all(self, timeout: float) -> None:
-        """At exit: let pending cache files be written rather than leave temporary ones behind."""
+        """At exit: let pending cache files be written rather than leave temporary ones behind, and
+        the thread get back to waiting inside the core. A daemon thread that needs the GIL once the
+        interpreter is finalizing is ended by unwinding its stack, and unwinding through the core's
+        destructors (a form's buffers released, which lets go of the GIL) aborts the process: an
+        exit status of -6 (SIGABRT) for a server stopped cleanly."""
         deadline = time.monotonic() + timeout
         with self._lock:
             pending = [completion for *_, completion in self._pending.values()]
         for completion in pending:
             completion.done.wait(max(0.0, deadline - time.monotonic()))
+        while (self._finishing or self._pending) and time.monotonic() < deadline:
+            time.sleep(0.002)
 
 
 FINISHER = Finisher()

@@ -171,3 +171,18 @@ def test_a_lazy_form_the_parent_was_walking_is_rebuilt_by_the_child():
         assert codes == [0] * 4, codes
         """
     )
+
+
+def test_a_process_exits_cleanly_right_after_queueing_completions():
+    """At exit the finisher's thread is let back into the core before the interpreter finalizes: a
+    daemon thread that needs the GIL then is ended by unwinding its stack, and unwinding through the
+    core's destructors (a form's buffers released) aborted the process (SIGABRT, exit -6) about
+    half the time here, a server stopped cleanly among them."""
+    for _ in range(5):
+        run(
+            """
+            for i in range(4):
+                compile_constraint({"regex": PATTERN % (900 + i)}, vocab, cache_dir=tempfile.mkdtemp())
+            time.sleep(0.005)
+            """
+        )
