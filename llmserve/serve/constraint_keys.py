@@ -309,13 +309,18 @@ def _structured_object(value: Any) -> dict[str, Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise StructuredProblem(f"is not a JSON object: {exc}") from None
+            raise StructuredProblem(
+                f'is not a JSON object ({exc}): give an object with one of json, json_object, regex, choice, e.g. {{"json": {{...}}}}'
+            ) from None
     if not isinstance(value, dict):
         raise StructuredProblem('must be an object with one of json, json_object, regex, choice, e.g. {"json": {...}}')
     options = {"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"}
     unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(REFUSED_KINDS) - options)
     if unknown:
-        raise StructuredProblem(f"unknown key(s) {', '.join(unknown)}")
+        raise StructuredProblem(
+            f"unknown key(s) {', '.join(unknown)}; it takes one of {', '.join(STRUCTURED_KINDS)}, "
+            f"and {', '.join(sorted(options - {'whitespace_pattern'}))}"
+        )
     for key, why in REFUSED_KINDS.items():
         if value.get(key) is not None:
             raise StructuredProblem(

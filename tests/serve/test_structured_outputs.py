@@ -129,6 +129,9 @@ def test_disable_additional_properties_as_guidance_applies_it():
         ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "key 'structural_tag'"),
         ({"structured_outputs": {"json": {}, "whitespace_pattern": " "}}, "structured_outputs", "whitespace_pattern"),
         ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs", "exactly one"),
+        # a misspelt kind: the ones it takes are named
+        ({"structured_outputs": {"jsn": {}}}, "structured_outputs", "unknown key(s) jsn; it takes one of json,"),
+        ({"structured_outputs": "json"}, "structured_outputs", 'e.g. {"json": {...}}'),
         (
             {"response_format": {"type": "json_object"}, "vllm_xargs": {"constraint_regex": "a"}},
             "response_format",

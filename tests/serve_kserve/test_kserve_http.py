@@ -70,6 +70,8 @@ def test_health_and_metadata(http_client, kserve_server):
     ]
     config = http_client.get_model_config(kserve_server.model)
     assert config["model_transaction_policy"] == {"decoupled": True}
+    # numbers, as Triton's own JSON has them (they were strings: protobuf's JSON form of int64)
+    assert [t["dims"] for t in config["input"]] == [list(t.dims) for t in LLM_TEXT_CONTRACT.inputs]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary-tensors", "json-tensors"])

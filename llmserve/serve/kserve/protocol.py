@@ -115,7 +115,7 @@ def model_config(served: Served) -> dict:
         d: dict[str, Any] = {
             "name": t.name,
             "data_type": TRITON_DATA_TYPE[t.datatype],
-            "dims": [str(x) for x in t.dims],
+            "dims": [int(x) for x in t.dims],  # numbers, as Triton's own JSON has them
         }
         if is_input and t.optional:
             d["optional"] = True
