@@ -377,6 +377,23 @@ def test_embedded_grpc_streams_the_llm_through_the_proxy(embedded):
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
+def test_a_one_shot_infer_on_the_llm_is_answered_through_the_proxy(embedded):
+    # Triton answers a decoupled model over ModelStreamInfer only; tritonclient's infer() works as on the embedded engine
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{embedded.grpc}")
+    params = {"max_tokens": 60, "temperature": 0.8, "seed": 5, "structured_outputs": {"json": SCHEMA}}
+    result = client.infer("tiny-chat", llm_inputs("A parcel:", params, stream=False), headers=AUTH, request_id="r-7")
+    jsonschema.validate(json.loads(result.as_numpy("text_output")[0].decode()), SCHEMA)
+    answer = result.get_response()
+    assert answer.id == "r-7" and answer.model_name == "tiny-chat"
+    assert "triton_final_response" not in answer.parameters
+    with pytest.raises(InferenceServerException, match="ModelStreamInfer") as caught:
+        client.infer("tiny-chat", llm_inputs("Hi", {"max_tokens": 40, "ignore_eos": True}, stream=True), headers=AUTH)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException, match="temprature") as caught:
+        client.infer("tiny-chat", llm_inputs("Hi", {"temprature": 1}, stream=False), headers=AUTH)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
 def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):
     parcels = np.array([[90, 60, 45, 15.0]], dtype=np.float32)
     client = httpclient.InferenceServerClient(f"127.0.0.1:{embedded.http}")
@@ -395,6 +412,14 @@ def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):
     with urllib.request.urlopen(request, timeout=120) as response:
         answer = json.loads(response.read())
     assert re.fullmatch(r"Code:[a-z]{4}", answer["text_output"]), answer
+    # an object parameter, as the embedded engine takes it (Triton itself takes only scalars)
+    parameters = {"max_tokens": 60, "seed": 2, "structured_outputs": {"json": SCHEMA}, "stop": ["\u0001"]}
+    body = json.dumps({"text_input": "A parcel:", "exclude_input_in_output": True, "parameters": parameters})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{embedded.http}/v2/models/tiny-chat/generate", data=body.encode(), headers=AUTH
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        jsonschema.validate(json.loads(json.loads(response.read())["text_output"]), SCHEMA)
 
 
 def test_embedded_health_and_one_merged_metrics_page(embedded):

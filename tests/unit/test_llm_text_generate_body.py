@@ -1,5 +1,6 @@
-"""The generate body rewrite for llm-text models (llmserve.serve.triton.llm_text_generate): sampling settings sent
-the generate way land in sampling_parameters, Triton's own parameters stay, conflicts are refused."""
+"""The generate body rewrites (llmserve.serve.triton.llm_text_generate): for llm-text models, sampling settings sent
+the generate way land in sampling_parameters, Triton's own parameters stay, conflicts are refused; for vLLM-backend
+models, object and list parameters travel as JSON text (Triton refuses them as values)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import json
 
 import pytest
 
-from llmserve.serve.triton.llm_text_generate import GenerateBodyError, generated_model, rewrite_generate_body
+from llmserve.serve.triton.llm_text_generate import (
+    GenerateBodyError,
+    encode_nested_parameters,
+    generated_model,
+    rewrite_generate_body,
+)
 
 INPUTS = ["text_input", "stream", "sampling_parameters", "exclude_input_in_output"]
 
@@ -54,3 +60,24 @@ def test_only_generate_routes_name_a_model():
     assert generated_model("models/m/versions/2/generate_stream") == "m"
     assert generated_model("models/m/infer") is None
     assert generated_model("models/m/generate/x") is None
+
+
+def test_object_and_list_parameters_of_a_vllm_model_become_json_text():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {
+        "text_input": ["hi"],  # an input: Triton makes a tensor of it, so it stays as sent
+        "stop": ["\n"],
+        "max_tokens": 5,
+        "parameters": {"structured_outputs": {"json": schema}, "seed": 1, "bad_words": []},
+    }
+    out = json.loads(encode_nested_parameters(json.dumps(body).encode(), INPUTS))
+    assert out["text_input"] == ["hi"] and out["max_tokens"] == 5 and out["parameters"]["seed"] == 1
+    assert json.loads(out["stop"]) == ["\n"]
+    assert json.loads(out["parameters"]["structured_outputs"]) == {"json": schema}
+    assert out["parameters"]["bad_words"] == "[]"
+
+
+def test_a_vllm_body_with_only_scalar_parameters_is_forwarded_byte_for_byte():
+    raw = b'{"text_input": "hi",  "parameters": {"max_tokens": 4, "structured_outputs": "{}"}}'
+    assert encode_nested_parameters(raw, INPUTS) is raw
+    assert encode_nested_parameters(b"[1, 2]", INPUTS) == b"[1, 2]"

@@ -8,10 +8,17 @@ with the call and a cancelled client call cancels Triton's. The API key is check
 
 Until the server is ready (Triton starting) and while it drains, the health calls are answered here (live, not
 ready) and every other call gets UNAVAILABLE, as on the embedded engine.
+
+The one call that is not a plain relay: a one-shot ModelInfer on a decoupled model (the LLM), which Triton refuses
+(UNIMPLEMENTED: decoupled models answer over ModelStreamInfer only) while llmserve's embedded engine answers it, and
+tritonclient's `infer()` is what a platform's existing gRPC path calls. Such a call is sent again here as a
+one-request ModelStreamInfer, and the model's one response comes back as the ModelInfer answer; a request the model
+answers with several responses (an LLM asked to stream) gets INVALID_ARGUMENT naming the streaming call instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
@@ -26,6 +33,10 @@ log = logging.getLogger("llmserve.serve.triton")
 
 SERVICE = "inference.GRPCInferenceService"
 STREAMING = {"ModelStreamInfer"}
+STREAM_PATH = f"/{SERVICE}/ModelStreamInfer"
+# Triton's stream parameters: asked for, a request's end is marked on its last response (or on an empty one).
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
 # Metadata that stays here: the client's credentials for llmserve (Triton on loopback takes none).
 PRIVATE_METADATA = {"authorization", "x-api-key"}
 
@@ -139,6 +150,8 @@ class _Forward(grpc.GenericRpcHandler):
                 )
                 return answer
             except grpc.aio.AioRpcError as exc:
+                if method == "ModelInfer" and _refused_as_decoupled(exc):
+                    return await _one_shot_over_stream(channel, request, context)
                 await context.abort(exc.code(), exc.details() or "")
             raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
@@ -162,3 +175,55 @@ class _Forward(grpc.GenericRpcHandler):
                 upstream.cancel()  # the client went away (or the stream ended): Triton's call ends too
 
         return call
+
+
+def _refused_as_decoupled(exc: grpc.aio.AioRpcError) -> bool:
+    # Triton 2.51: "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    return exc.code() == grpc.StatusCode.UNIMPLEMENTED and "decoupled" in (exc.details() or "")
+
+
+async def _one_shot_over_stream(channel: grpc.aio.Channel, request: bytes, context: Any) -> bytes:
+    """A ModelInfer on a decoupled model, answered over a one-request ModelStreamInfer (module doc)."""
+    infer = pb.ModelInferRequest.FromString(request)
+    infer.parameters[EMPTY_FINAL].bool_param = True
+    finished = asyncio.Event()
+
+    async def one_request() -> AsyncIterator[bytes]:
+        yield infer.SerializeToString()
+        # the write side stays open until the answer is complete: a half-closed stream is not the client leaving
+        await finished.wait()
+
+    call = channel.stream_stream(STREAM_PATH)(
+        one_request(), metadata=_forwarded_metadata(context), timeout=context.time_remaining()
+    )
+    answers: list[pb.ModelInferResponse] = []
+    try:
+        async for raw in call:
+            response = pb.ModelStreamInferResponse.FromString(raw)
+            if response.error_message:
+                # the stream carries a model's error as text only; the model refused the request
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, response.error_message)
+            answer = response.infer_response
+            final = answer.parameters[FINAL].bool_param if FINAL in answer.parameters else False
+            if answer.outputs or answer.raw_output_contents:
+                if FINAL in answer.parameters:
+                    del answer.parameters[FINAL]
+                answers.append(answer)
+            if final or len(answers) > 1:
+                break  # a second response: the model streams, and the finally below ends its request
+    except grpc.aio.AioRpcError as exc:
+        await context.abort(exc.code(), exc.details() or "")
+    finally:
+        finished.set()
+        call.cancel()
+    if len(answers) != 1:
+        name = infer.model_name
+        if not answers:
+            await context.abort(grpc.StatusCode.INTERNAL, f"model '{name}' ended the request without a response")
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"model '{name}' answers this request with more than one response (it is decoupled; an LLM asked to "
+            "stream sends one per piece of text), and a one-shot ModelInfer returns one: set input 'stream' "
+            "false, or use ModelStreamInfer (tritonclient: start_stream and async_stream_infer)",
+        )
+    return bytes(answers[0].SerializeToString())

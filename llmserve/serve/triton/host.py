@@ -172,7 +172,7 @@ async def serve_on_triton(options: ServeOptions, on_ready: Callable[[list[str]],
             metrics = ServerMetrics()
             openai = await asyncio.to_thread(_openai_settings, packages) if options.openai else None
             with steps.step("listen", "KServe v2 HTTP and gRPC in front of Triton"):
-                proxies = await _start_proxies(options, readiness, metrics, openai, _llm_text_inputs(packages))
+                proxies = await _start_proxies(options, readiness, metrics, openai, packages)
         if stop.is_set():
             return 0
         ids = model_names(packages)
@@ -383,22 +383,30 @@ def structured_outputs_key(lock_path: Path = Path("llmserve.lock")) -> str:
     return "structured_outputs"
 
 
-def _llm_text_inputs(packages: list[Any]) -> dict[str, list[str]]:
-    """Python-backend models of the llm-text contract: name -> their input tensor names."""
-    found = {}
+def _generate_inputs(packages: list[Any]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The generating models whose generate bodies the HTTP proxy rewrites (llm_text_generate.py), name -> their
+    input tensor names: Python-backend models of the llm-text contract, and vLLM-backend models."""
+    from llmserve.formats.tensors import LLM_TEXT_CONTRACT
+    from llmserve.serve.triton.text_protocols import ADDITIONAL_OUTPUTS
+
+    llm_text, vllm = {}, {}
     for package in packages:
-        python = package.manifest.python
-        if package.manifest.backend == "python" and python is not None and python.frontend == "llm-text":
-            found[package.manifest.modelId] = [t.name for t in python.tensors.inputs]
-    return found
+        manifest = package.manifest
+        python = manifest.python
+        if manifest.backend == "python" and python is not None and python.frontend == "llm-text":
+            llm_text[manifest.modelId] = [t.name for t in python.tensors.inputs]
+        elif manifest.backend == "vllm":
+            vllm[manifest.modelId] = [t.name for t in LLM_TEXT_CONTRACT.inputs] + list(ADDITIONAL_OUTPUTS)
+    return llm_text, vllm
 
 
 async def _start_proxies(
-    options: ServeOptions, readiness: Any, metrics: Any, openai: Any, llm_text_inputs: dict[str, list[str]]
+    options: ServeOptions, readiness: Any, metrics: Any, openai: Any, packages: list[Any]
 ) -> list[Any]:
     from llmserve.serve.triton.grpc_proxy import TritonGrpcProxy
     from llmserve.serve.triton.http_proxy import TritonHttpProxy
 
+    llm_text, vllm = _generate_inputs(packages)
     http = TritonHttpProxy(
         options.host,
         options.port,
@@ -406,7 +414,8 @@ async def _start_proxies(
         max_body_bytes=options.max_body_bytes,
         metrics=metrics.exposition,
         openai=openai,
-        llm_text_inputs=llm_text_inputs,
+        llm_text_inputs=llm_text,
+        vllm_inputs=vllm,
     )
     grpc = TritonGrpcProxy(
         options.host, options.grpc_port, api_key=options.api_key, max_message_bytes=options.max_body_bytes

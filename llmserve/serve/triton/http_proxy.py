@@ -3,7 +3,8 @@
 
 Every /v2 route is forwarded to the Triton on loopback unchanged (method, path, query, body, content headers; the one
 exception: a generate body for an llm-text model gets its sampling settings moved into `sampling_parameters`, where
-the model reads them: llm_text_generate.py), and
+the model reads them; for a vLLM-backend model, object and list parameters written as the JSON text Triton passes on:
+llm_text_generate.py), and
 Triton's answer comes back as it is sent, streamed: `generate_stream` server-sent events arrive as Triton writes
 them, and a client that disconnects closes Triton's request. The API key is checked by the guards and never
 forwarded. Until the server is ready, and while it drains, /v2 routes get 503 (health routes: 200 live, 503 ready),
@@ -24,7 +25,12 @@ from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.routing import Exposition, new_app, operations_router
-from llmserve.serve.triton.llm_text_generate import GenerateBodyError, generated_model, rewrite_generate_body
+from llmserve.serve.triton.llm_text_generate import (
+    GenerateBodyError,
+    encode_nested_parameters,
+    generated_model,
+    rewrite_generate_body,
+)
 
 
 @dataclass(frozen=True)
@@ -56,10 +62,13 @@ class TritonHttpProxy(UvicornFrontend):
         metrics: Exposition | None = None,
         openai: OpenAISettings | None = None,
         llm_text_inputs: dict[str, list[str]] | None = None,
+        vllm_inputs: dict[str, list[str]] | None = None,
     ):
         super().__init__(host, port)
         # llm-text models (name -> input tensor names): their generate bodies are rewritten (llm_text_generate.py)
         self.llm_text_inputs = dict(llm_text_inputs or {})
+        # vLLM-backend models (name -> input tensor names): object parameters of their generate bodies become JSON text
+        self.vllm_inputs = dict(vllm_inputs or {})
         self._api_key = api_key
         self.max_body_bytes = max_body_bytes
         self._metrics = metrics
@@ -126,6 +135,8 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
                 content = rewrite_generate_body(content, proxy.llm_text_inputs[model])
             except GenerateBodyError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
+        elif model in proxy.vllm_inputs:
+            content = encode_nested_parameters(content, proxy.vllm_inputs[model])
         upstream = client.build_request(
             request.method,
             f"/v2/{path}" if path else "/v2",

@@ -12,6 +12,11 @@ entry of `parameters` that is not Triton's own (priority, timeout, sequence_*, h
 `sampling_parameters`. The model then honours it or refuses it by name (the built-in template refuses keys it does
 not take), so nothing is dropped. A key given twice (top level or parameters, and inside sampling_parameters) and a
 sampling_parameters that is not a JSON object are 400s here.
+
+A vLLM-backend model reads request parameters itself, but Triton takes only numbers, booleans and strings there: a
+body like `{"text_input": "hi", "parameters": {"structured_outputs": {"json": {...}}}}`, which llmserve's embedded
+engine serves, got Triton's "parameter ... has invalid type". Its object and list parameters are sent on as JSON
+text (`encode_nested_parameters`), the form the backend's sampling table reads for lists and objects.
 """
 
 from __future__ import annotations
@@ -38,6 +43,32 @@ def generated_model(path: str) -> str | None:
 
 def _triton_own(key: str) -> bool:
     return key in TRITON_PARAMETERS or key.startswith("triton_")
+
+
+def encode_nested_parameters(raw: bytes, inputs: Iterable[str]) -> bytes:
+    """The generate body with every object or list value among its request parameters (top-level fields that are
+    not one of `inputs`, and entries of `parameters`) written as JSON text (module doc). A body that is not a JSON
+    object is returned unchanged (Triton answers it with its own error)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(body, dict):
+        return raw
+    names = set(inputs) | {"id", "parameters"}
+    changed = False
+
+    def encoded(entries: dict[str, Any], skipped: set[str]) -> None:
+        nonlocal changed
+        for key, value in entries.items():
+            if key not in skipped and isinstance(value, (dict, list)):
+                entries[key] = json.dumps(value)
+                changed = True
+
+    encoded(body, names)
+    if isinstance(body.get("parameters"), dict):
+        encoded(body["parameters"], set())
+    return json.dumps(body).encode() if changed else raw
 
 
 def rewrite_generate_body(raw: bytes, inputs: Iterable[str]) -> bytes:

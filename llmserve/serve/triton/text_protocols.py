@@ -21,6 +21,13 @@ from typing import Any
 
 import numpy as np
 
+# The vLLM backend's additional outputs (the stock backend's, r24.12 on), each sent on every response when its
+# input is true: input -> (output, Triton type, dims).
+ADDITIONAL_OUTPUTS = {
+    "return_finish_reason": ("finish_reason", "TYPE_STRING", [-1]),
+    "return_num_input_tokens": ("num_input_tokens", "TYPE_UINT32", [1]),
+    "return_num_output_tokens": ("num_output_tokens", "TYPE_UINT32", [-1]),
+}
 # What one Triton response is to the routes: (text, final, finish_reason, prompt_tokens, output_tokens).
 Read = tuple[str, bool, str | None, int, int]
 Inputs = dict[str, tuple[str, np.ndarray]]

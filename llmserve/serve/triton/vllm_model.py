@@ -44,6 +44,7 @@ from llmserve.serve.triton.backend_settings import (
     ENV_MAX_PROMPT_CHARS,
     ENV_TRUST_REMOTE_CODE,
 )
+from llmserve.serve.triton.text_protocols import ADDITIONAL_OUTPUTS
 
 log = logging.getLogger("llmserve.serve.triton.vllm")
 
@@ -56,13 +57,6 @@ if locale.getpreferredencoding(False).lower().replace("-", "") != "utf8":
 # outside an image the same files are under the model repository Triton was given.
 REPOSITORY_MOUNT = "/models"
 _TRITON_TYPE = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
-# The stock backend's additional outputs (r24.12 on), each sent on every response when its input is true:
-# input -> (output, Triton type, dims).
-ADDITIONAL_OUTPUTS = {
-    "return_finish_reason": ("finish_reason", "TYPE_STRING", [-1]),
-    "return_num_input_tokens": ("num_input_tokens", "TYPE_UINT32", [1]),
-    "return_num_output_tokens": ("num_output_tokens", "TYPE_UINT32", [-1]),
-}
 # How often a running generation asks Triton whether its client cancelled. Each question is a round trip to the
 # Triton process made with the GIL held (the engine's event loop waits meanwhile), so it is asked on a timer by
 # one watcher per request, never once per delta: at 0.05 s per request and per delta it took a tenth of the stub.
