@@ -31,8 +31,10 @@ intersection (``dfa_ops.intersect``).
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -119,6 +121,22 @@ _IPV6 = r"[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){7}"
 _HEX = "[0-9a-fA-F]"
 
 
+def _base64(c62: str, c63: str) -> str:
+    """Base64 (RFC 4648, padded) of ASCII bytes: pydantic's Base64Str decodes the bytes as UTF-8, which arbitrary
+    bytes are not. A byte's high bit is 0, so each character of a 3-byte group has a bit that is 0 (the 1st: the
+    32s bit, the 2nd: the 8s, the 3rd: the 2s); the alphabet is A-Z a-z 0-9 then ``c62`` ``c63``."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789" + c62 + c63
+
+    def chars(keep: Callable[[int], bool]) -> str:
+        return "[" + "".join(re.escape(c) for i, c in enumerate(alphabet) if keep(i)) + "]"
+
+    first, second, third = chars(lambda i: i < 32), chars(lambda i: not i & 8), chars(lambda i: not i & 2)
+    group = first + second + third + chars(lambda i: True)
+    one = first + chars(lambda i: not i & 15) + "=="  # one byte: its low 2 bits, then zeros
+    two = first + second + chars(lambda i: not i & 3) + "="  # two bytes: the second's low 4 bits, then zeros
+    return f"({group})*({one}|{two})?"
+
+
 def _uuid(version: str) -> str:
     """RFC 4122 UUIDs of ``version`` (a set of digits); the variant digit too, without which
     Python's uuid reads no version (pydantic's UUID1-5 check it)."""
@@ -175,8 +193,12 @@ PYDANTIC_FORMATS = {
     # bytes: pydantic reads the string's UTF-8 encoding, so maxLength counts bytes there; in ASCII
     # characters and bytes agree
     "binary": r"[ -~]*",
+    # Base64Bytes/Base64Str and their URL-safe twins
+    "base64": _base64("+", "/"),
+    "base64url": _base64("-", "_"),
 }
 FORMATS.update(PYDANTIC_FORMATS)
+FORMATS["byte"] = FORMATS["base64"]  # OpenAPI's name for base64-encoded characters
 # every format JSON Schema 2019-09/2020-12 defines is above, and pydantic's. Any other name (int32, color,
 # password, ...) is outside that vocabulary: in 2019-09/2020-12 ``format`` only annotates unless a
 # format-assertion vocabulary says otherwise, and validators (``jsonschema`` among them) ignore
@@ -248,6 +270,11 @@ def encode(node):
         return ("rep", encode(node[1]), node[2], node[3])
     if kind == "dfa":
         return ("dfa", encode_dfa(node[1]))
+    # a JSON value's own nodes (a string that holds JSON text): their commas need no escape
+    if kind == "list":
+        return ("list", encode(node[1]), node[2], node[3])
+    if kind == "members":
+        return ("members", [(req, encode(child)) for req, child in node[1]], node[2])
     raise AssertionError(kind)
 
 

@@ -7,6 +7,7 @@ into the automaton at every use, so its size multiplies across a schema (issue #
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -59,6 +60,7 @@ _OWN_CHECKS = {
     "email": lambda v: v.count("@") == 1 and len(v.split("@")[0]) <= 64 and _rfc1123_hostname(v.split("@")[1]),
     "idn-email": lambda v: v.count("@") == 1 and len(v.split("@")[0]) <= 64 and _rfc1123_hostname(v.split("@")[1]),
     "regex": lambda v: re.compile(v) is not None,
+    "byte": lambda v: base64.b64decode(v, validate=True).isascii(),
 }
 
 
@@ -90,6 +92,9 @@ def _pydantic_types() -> dict:
         "uuid5": pydantic.UUID5,
         "name-email": pydantic.NameEmail,
         "binary": bytes,
+        # the str types: the decoded bytes must be UTF-8 too
+        "base64": pydantic.Base64Str,
+        "base64url": pydantic.Base64UrlStr,
         "uuid": uuid.UUID,
         "email": pydantic.EmailStr,
         "uri": pydantic.HttpUrl,
@@ -146,6 +151,9 @@ def test_every_generated_value_is_valid_for_its_format(fmt):
         # no year 0: Python's datetime (jsonschema's checker, pydantic) refuses it
         ("date", ["0001-01-01", "0999-12-31", "2024-02-28", "9999-12-31"], ["0000-01-01", "2024-02-30", "999-01-01"]),
         ("date-time", ["0010-06-30T23:59:59.5+01:00"], ["0000-02-28T10:27:10Z", "2024-04-31T00:00:00Z"]),
+        # base64 of ASCII bytes only (Base64Str decodes them as UTF-8), padded
+        ("base64", ["", "aGk=", "aGkh", "YQ==", "fn5+"], ["aGk", "a===", "/w==", "gA==", "aGk=aGk="]),
+        ("base64url", ["aGk=", "fn5-"], ["fn5+", "aGk"]),
     ],
 )
 def test_format_generates_the_valid_examples_and_refuses_the_others(fmt, valid, invalid):
