@@ -179,7 +179,7 @@ NARROW_MAX_LENGTH = 256  # strings at most this long (or minLength) under a larg
 # keywords each type reads; a keyword of another type says nothing about this one (JSON Schema:
 # ``minLength`` does not constrain a number), so it is dropped from that type's branch
 _TYPE_KEYWORDS = {
-    "string": {"minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding"},
+    "string": {"minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding", "contentSchema"},
     "number": {*BOUND_KEYS, "multipleOf"},
     "integer": {*BOUND_KEYS, "multipleOf"},
     "object": {
@@ -1174,8 +1174,15 @@ class _Converter:
             must += [q for q in (rest, *pos) if q != "^"]
             must_not += neg
         formats = fmt if isinstance(fmt, list) else [fmt]  # several: an allOf's (schema_merge)
+        content = self._json_content(schema, depth, refs)
         try:
             node = string_ast(must, formats[0], lo, hi, started=self.started, memo=self.strings)
+            if content is not None:
+                text = _cat(QUOTE, encode(content), QUOTE)
+                plain = not must and all(f is None for f in formats) and lo == 0 and hi is None
+                node = (
+                    text if plain else ("dfa", intersect([compile_ast(text), compile_ast(node)], started=self.started))
+                )
             for other in formats[1:]:
                 both_dfa = intersect(
                     [
@@ -1192,6 +1199,15 @@ class _Converter:
                 raise Unsatisfiable(exc.message) from None
             raise
         return self.exclude(node, [["pattern", q] for q in must_not]) if must_not else node
+
+    def _json_content(self, schema: dict, depth: int, refs) -> Any:
+        """The tree of the JSON text a string holds when the schema says it holds JSON (``contentMediaType``
+        application/json, not under a ``contentEncoding``), valid against its ``contentSchema`` (default: any
+        value): pydantic's ``Json[T]`` reads the string back as a ``T``. JSON Schema makes both keywords
+        annotations, so any string would validate; JSON text of the content schema is a subset that does."""
+        if schema.get("contentMediaType") != "application/json" or schema.get("contentEncoding") is not None:
+            return None
+        return self.convert(schema.get("contentSchema", True), depth + 1, refs)
 
     def _array(self, schema, depth, refs):
         items = schema.get("items")

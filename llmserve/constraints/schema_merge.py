@@ -379,6 +379,8 @@ def _merge_keyword(key: str, mine: Any, value: Any, a: dict, b: dict) -> Any:
         return min(mine, value)
     if key == "pattern":
         return list(dict.fromkeys([*_patterns(a), *_patterns(b)]))
+    if key == "contentSchema":  # a string's JSON text (jsonschema._json_content): valid against both
+        return both(mine, value)
     if key in ("items", "additionalItems", "additionalProperties"):
         return both(mine, value) if key == "additionalProperties" or isinstance(mine, dict) else _same(key, mine, value)
     if key == "anyOf":

@@ -833,6 +833,55 @@ def test_pydantic_reads_back_a_pattern_that_excludes_word_characters():
         Model.model_validate_json(steered_walk(dfa, rng, 200, stop=0.1))
 
 
+def test_a_string_that_holds_json_holds_json_text_of_its_content_schema():
+    """pydantic's Json[T] (contentMediaType application/json, contentSchema T): answers read back as a T; the
+    inner text's own quotes and backslashes are escaped once more."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field, Json
+
+    class Inner(BaseModel):
+        name: str
+        kind: Literal['say "hi"', "back\\slash"]
+        tags: list[int] = Field(max_length=3)
+
+    class Model(BaseModel):
+        payload: Json[Inner]
+        anything: Json
+        short: Json[list[int]] = Field(max_length=6)
+
+    schema = Model.model_json_schema()
+    inner = json.dumps({"name": "a", "kind": 'say "hi"', "tags": []}, separators=(",", ":"))
+    outer = json.dumps({"payload": inner, "anything": "null", "short": "[1,2]"}, separators=(",", ":"))
+    assert accepts(schema, outer)
+    assert not accepts(schema, '{"payload":"{}","anything":"null","short":"[]"}')  # not an Inner
+    assert not accepts(schema, '{"payload":"x","anything":"nul","short":"[]"}')
+    dfa = dfa_of(schema)
+    rng = random.Random(7)
+    for _ in range(150):
+        answer = Model.model_validate_json(steered_walk(dfa, rng, 300, stop=0.1))
+        assert len(answer.short) <= 6
+    assert_samples_valid(schema)
+    # with the string's own keywords too: both hold
+    bounded = {"type": "string", "contentMediaType": "application/json", "maxLength": 6, "pattern": "^\\["}
+    dfa = dfa_of({**bounded, "contentSchema": {"type": "array", "items": {"type": "integer"}}})
+    for _ in range(60):
+        text = json.loads(steered_walk(dfa, rng, 100, stop=0.1))
+        assert len(text) <= 6 and all(isinstance(v, int) for v in json.loads(text)), text
+    # two content schemas (allOf) both hold
+    merged = {
+        "allOf": [
+            {**bounded, "maxLength": 20, "pattern": "", "contentSchema": {"type": "integer"}},
+            {"contentSchema": {"minimum": 5}},
+        ]
+    }
+    assert accepts(merged, '"5"') and not accepts(merged, '"4"') and not accepts(merged, '"x"')
+    # base64-encoded JSON is not JSON text, and without the media type the content schema says nothing
+    encoded = {"type": "string", "contentMediaType": "application/json", "contentEncoding": "base64"}
+    assert accepts(encoded, '"e30="') and accepts(encoded, '"not json"')
+    assert accepts({"type": "string", "contentSchema": {"type": "integer"}}, '"x"')
+
+
 def test_a_required_class_escape_generates_what_both_dialects_count_in_it():
     schema = {"type": "string", "pattern": "^\\s\\d\\w$"}
     assert accepts(schema, '" 1a"') and accepts(schema, '"\\t9_"')
