@@ -251,6 +251,7 @@ _SCHEMA_SUBS = (
     "if",
     "then",
     "else",
+    "contentSchema",
 )
 
 

@@ -120,6 +120,9 @@ def test_disable_additional_properties_as_guidance_applies_it():
     assert got["additionalProperties"] is False and got["properties"]["a"]["additionalProperties"] is False
     assert "additionalProperties" not in schema  # the request's schema is not changed
     assert no_additional_properties({"type": "object"}) == {"type": "object"}  # no properties: as it was
+    # a string holding JSON text (pydantic's Json[T]): its content schema's objects too
+    held = {"type": "string", "contentMediaType": "application/json", "contentSchema": {"properties": {"b": {}}}}
+    assert no_additional_properties(held)["contentSchema"]["additionalProperties"] is False
 
 
 @pytest.mark.parametrize(
