@@ -110,7 +110,8 @@ def budget_enabled(extra_args: dict | None) -> bool:
     return value not in (False, "false", "False", 0, "0")
 
 
-def _validation_vocab() -> Vocab | None:
+def validation_vocab() -> Vocab | None:
+    """The vocabulary this process checks requests against (its engine's, or the one registered), or None."""
     for ref in ConstraintLogitsProcessor.instances:
         proc = ref()
         if proc is not None:
@@ -122,7 +123,7 @@ def check_budget(obj, max_tokens: int | None, limit: str | None = None) -> None:
     """BudgetError (a 400) when even the shortest answer of ``obj`` needs more than ``max_tokens``
     tokens; nothing when the vocabulary is not known in this process (see the module doc).
     ``limit``: what the refusal calls the budget (``budget.check_fits``)."""
-    vocab = _validation_vocab()
+    vocab = validation_vocab()
     if max_tokens is None or vocab is None or "machine" in obj:
         return
     check_fits(shortest_answer(obj, vocab, within=max_tokens - 1), max_tokens, limit)

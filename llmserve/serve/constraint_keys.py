@@ -138,12 +138,13 @@ def validation_problem(
     budget: bool = True,
     stop: Any = None,
     limit: str | None = None,
+    stop_token_ids: Any = None,
 ) -> str | None:
     """The constraint processor's own check of one constraint (what its validate_params runs when
     vLLM admits the request), reported with the key; None if valid. With `max_tokens` and the
     budget on, a constraint whose shortest answer cannot fit is refused with the tokens it needs,
-    and one with a `stop` string that could cut its answer short (``stop_problem``); `limit`: what
-    that refusal calls max_tokens (``budget.check_fits``).
+    and one with a `stop` string or a stop token that could cut its answer short (``stop_problem``,
+    ``stop_token_problem``); `limit`: what that refusal calls max_tokens (``budget.check_fits``).
     Only the processor's ConstraintError is the client's fault; anything else it raises propagates
     (a server fault). Runs on a constraint-check thread (constraint_checks.py). Imports vLLM."""
     # deferred to the first constrained request: the processor module imports vLLM (seconds), and
@@ -160,7 +161,9 @@ def validation_problem(
                     check_budget(obj, max_tokens, limit)
         except ConstraintError as exc:
             return f"key '{key}': invalid constraint: {exc.message}"
-        problem = stop_problem(obj, stop) if budget and obj is not None else None
+        problem = None
+        if budget and obj is not None:
+            problem = stop_problem(obj, stop) or stop_token_problem(obj, stop_token_ids)
         return f"key '{key}': {problem}" if problem else None
 
     return on_check_thread(check)
@@ -172,10 +175,11 @@ def object_problem(
     budget: bool = True,
     stop: Any = None,
     limit: str | None = None,
+    stop_token_ids: Any = None,
 ) -> str | None:
     """`validation_problem` of a constraint object translated from a structured-output field, worded
     without the key (the caller names its field)."""
-    problem = validation_problem("constraint", obj, max_tokens, budget, stop, limit)
+    problem = validation_problem("constraint", obj, max_tokens, budget, stop, limit, stop_token_ids)
     return problem.removeprefix("key 'constraint': ") if problem else None
 
 
@@ -209,8 +213,47 @@ def stop_problem(obj: dict[str, Any], stop: Any) -> str | None:
     return None
 
 
-def _outside_regex(text: str, pattern: Any) -> bool:
-    """Whether ``text`` holds a character ``pattern`` never matches (so it never occurs in an answer)."""
+def stop_token_problem(obj: dict[str, Any], ids: Any) -> str | None:
+    """``stop_problem`` for ``stop_token_ids``: a token id the constraint may allow inside an answer ends the
+    answer there. Never allowed inside one: an end-of-sequence id (allowed only once the answer is complete), an id
+    with no bytes in the processor's vocabulary (a special token), and a token whose bytes cannot occur in an
+    answer (a raw control byte, for JSON; in no choice; a character the regex never matches). Checked where the
+    vocabulary is known (the engine's process, or a frontend it was registered in)."""
+    from llmserve.constraints.vllm_processor import validation_vocab
+
+    vocab = validation_vocab()
+    if vocab is None or not isinstance(ids, list) or "machine" in obj:
+        return None
+    for token in ids:
+        if not isinstance(token, int) or token in vocab.eos_ids or not 0 <= token < len(vocab.tokens):
+            continue
+        data = vocab.tokens[token]
+        if data is None or not _token_may_occur(obj, data):
+            continue
+        return (
+            f"stop token id {token} ({data.decode('utf-8', 'replace')!r}) may occur inside this constraint's "
+            "answers, where it would cut the answer short of valid: remove it (a constrained answer ends by "
+            "itself), or set constraint_budget false to accept answers that may end early"
+        )
+    return None
+
+
+def _token_may_occur(obj: dict[str, Any], data: bytes) -> bool:
+    if "json_schema" in obj and any(b < 0x20 for b in data):
+        return False
+    choices = obj.get("choice")
+    if isinstance(choices, list) and not any(data in c.encode() for c in choices if isinstance(c, str)):
+        return False
+    if "regex" not in obj:
+        return True
+    # the characters a token's bytes hold whole (a token may begin or end inside one) occur wherever it does, and
+    # any byte past ASCII is part of a character past ASCII
+    return not _outside_regex(data.decode("utf-8", "ignore"), obj["regex"], past_ascii=max(data, default=0) >= 0x80)
+
+
+def _outside_regex(text: str, pattern: Any, past_ascii: bool = False) -> bool:
+    """Whether ``text`` (and, with ``past_ascii``, some character past ASCII) holds a character ``pattern``
+    never matches, so that it never occurs in an answer."""
     from llmserve.constraints.errors import ConstraintError
     from llmserve.constraints.regex import alphabet, parse
 
@@ -218,7 +261,11 @@ def _outside_regex(text: str, pattern: Any) -> bool:
         ranges = alphabet(parse(pattern)) if isinstance(pattern, str) else None
     except ConstraintError:
         return False
-    return ranges is not None and any(not any(lo <= ord(c) <= hi for lo, hi in ranges) for c in text)
+    if ranges is None:
+        return False
+    if past_ascii and all(hi < 0x80 for _, hi in ranges):
+        return True
+    return any(not any(lo <= ord(c) <= hi for lo, hi in ranges) for c in text)
 
 
 async def validation_problem_async(key: str, value: Any) -> str | None:

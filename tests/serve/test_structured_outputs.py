@@ -238,6 +238,56 @@ def test_a_stop_string_that_could_cut_a_constrained_answer_is_refused(fields, cu
     assert info.value.status == 400 and STOP_CUTS in info.value.message and "constraint_budget" in info.value.message
 
 
+@pytest.fixture
+def byte_vocab():
+    """A vocabulary registered for the frontend's checks (as `serve` registers the model's): every single byte, an
+    end-of-sequence id, a special token (no bytes), "zz", and the first two bytes of a three-byte character."""
+    from llmserve.constraints import vllm_processor
+    from llmserve.constraints.vocab import Vocab
+
+    saved = list(vllm_processor._VALIDATION_VOCAB)
+    tokens = [bytes([b]) for b in range(256)] + [None, None, b"zz", "☃".encode()[:2]]
+    vllm_processor.register_vocab(Vocab(tokens=tokens, eos_ids=(256,)))
+    try:
+        yield {"eos": 256, "special": 257, "zz": 258, "part": 259, **{chr(b): b for b in range(128)}}
+    finally:
+        vllm_processor._VALIDATION_VOCAB[:] = saved
+
+
+def test_a_stop_token_that_could_cut_a_constrained_answer_is_refused(byte_vocab):
+    """stop_token_ids end the answer at the token, as a stop string does at its text."""
+    ids = byte_vocab
+    cut = [
+        {"response_format": FORMATS["json_schema"][0], "stop_token_ids": [ids["eos"], ids[","]]},
+        {"structured_outputs": {"choice": ["a", "b,c"]}, "stop_token_ids": [ids["b"]]},
+        {"structured_outputs": {"choice": ["a☃"]}, "stop_token_ids": [ids["part"]]},
+        {"vllm_xargs": {"constraint_regex": "[a-z☃]+"}, "stop_token_ids": [ids["part"]]},
+    ]
+    whole = [
+        # an end-of-sequence id (only once the answer is complete), a special token, a raw control byte in JSON
+        {"response_format": FORMATS["json_object"][0], "stop_token_ids": [ids["eos"], ids["special"], ids["\n"]]},
+        {"structured_outputs": {"choice": ["a", "b,c"]}, "stop_token_ids": [ids["zz"], ids["part"]]},
+        {"vllm_xargs": {"constraint_regex": "[0-9]{3}"}, "stop_token_ids": [ids["x"], ids["part"], 10**6]},
+        {
+            "response_format": FORMATS["json_schema"][0],
+            "stop_token_ids": [ids[","]],
+            "vllm_xargs": {"constraint_budget": False},
+        },
+    ]
+    for fields in cut:
+        with pytest.raises(RequestRejected) as info:
+            check_request("chat", _chat(**fields), LLMSERVE)
+        assert info.value.status == 400 and "stop token id" in info.value.message, info.value.message
+        assert STOP_CUTS in info.value.message and "constraint_budget" in info.value.message
+    for fields in whole:
+        check_request("chat", _chat(**fields), LLMSERVE)
+    with pytest.raises(KServeError, match="stop token id 44"):
+        sampling = {"constraint_regex": "[a-z,]+", "stop_token_ids": [ids[","]], "max_tokens": 50}
+        build_settings(sampling, {}, transport="grpc", constraints=LLMSERVE)
+    sampling = {"structured_outputs": {"json": SCHEMA}, "stop_token_ids": [ids["\n"]], "max_tokens": 50}
+    assert build_settings(sampling, {}, transport="grpc", constraints=LLMSERVE).sampling["stop_token_ids"] == [10]
+
+
 def test_the_budget_a_completion_is_checked_against():
     """/v1/completions without max_tokens gets vLLM's default of 16; max_tokens null is what the
     context leaves (vLLM's reading), which the frontend cannot know: the engine checks that."""
@@ -497,6 +547,21 @@ def test_impossible_budget_is_400_with_the_tokens_needed(client, http, server, m
         json={"text_input": "x", "parameters": {"max_tokens": 3, "structured_outputs": json.dumps({"json": SCHEMA})}},
     )
     assert r.status_code == 400 and f"needs {need} tokens" in r.json()["error"], r.text
+
+
+def test_a_stop_token_that_could_cut_the_answer_is_a_400_through_the_server(client, tiny_model_dir, model_name):
+    """The server registered the model's vocabulary: the token of "," may occur inside a JSON answer."""
+    from transformers import AutoTokenizer
+
+    comma = AutoTokenizer.from_pretrained(str(tiny_model_dir)).convert_tokens_to_ids(",")
+    with pytest.raises(openai.BadRequestError, match=f"stop token id {comma} "):
+        client.chat.completions.create(
+            model=model_name,
+            messages=MSG,
+            max_tokens=50,
+            response_format=FORMATS["json_schema"][0],
+            extra_body={"stop_token_ids": [comma]},
+        )
 
 
 # its shortest answer needs more than 16 tokens of the tiny vocabulary

@@ -476,7 +476,12 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
             raise invalid(f"{where}: {exc}") from None
         problem = structured_support_problem(support) or _checked(
             lambda: object_problem(
-                obj, into.get("max_tokens", DEFAULT_MAX_TOKENS), budget, into.get("stop"), _budget_limit(into)
+                obj,
+                into.get("max_tokens", DEFAULT_MAX_TOKENS),
+                budget,
+                into.get("stop"),
+                _budget_limit(into),
+                into.get("stop_token_ids"),
             ),
             where,
         )
@@ -497,6 +502,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
                 budget,
                 into.get("stop"),
                 _budget_limit(into),
+                into.get("stop_token_ids"),
             ),
             _where(key, found[key][0]),
         )

@@ -197,6 +197,10 @@ def _budget_limit(ctx: CheckContext) -> str | None:
     return None
 
 
+def _stop_ids(ctx: CheckContext) -> Any:
+    return ctx.body.get("stop_token_ids")
+
+
 def _budget(body: dict[str, Any]) -> bool:
     xargs = body.get("vllm_xargs")
     return budget_on(xargs.get("constraint_budget", True)) if isinstance(xargs, dict) else True
@@ -215,7 +219,7 @@ def _llmserve_check(translate: Callable[[], dict[str, Any] | None], ctx: CheckCo
     if obj is None:
         return None
     return structured_support_problem(ctx.constraints) or object_problem(
-        obj, _max_tokens(ctx), _budget(ctx.body), ctx.body.get("stop"), _budget_limit(ctx)
+        obj, _max_tokens(ctx), _budget(ctx.body), ctx.body.get("stop"), _budget_limit(ctx), _stop_ids(ctx)
     )
 
 
@@ -354,7 +358,13 @@ def _check_vllm_xargs(value: Any, ctx: CheckContext) -> str | None:
     if problem is None and given:
         # the processor's own check, here rather than in vLLM's validate_params: the 400 then names the key
         problem = validation_problem(
-            given[0], value[given[0]], _max_tokens(ctx), _budget(ctx.body), ctx.body.get("stop"), _budget_limit(ctx)
+            given[0],
+            value[given[0]],
+            _max_tokens(ctx),
+            _budget(ctx.body),
+            ctx.body.get("stop"),
+            _budget_limit(ctx),
+            _stop_ids(ctx),
         )
     return problem
 
