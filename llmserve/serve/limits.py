@@ -27,6 +27,9 @@ from typing import Any
 # for frontends built without them (tests, embedding)
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_PROMPT_CHARS = 200_000
+# vLLM SamplingParams' max_tokens when a request sets none: what /v1/completions and KServe generations get (chat
+# gets the rest of the context); a constrained answer is checked against it, and a refusal names it as the default
+VLLM_DEFAULT_MAX_TOKENS = 16
 MAX_JSON_DEPTH = 64  # nesting levels of any JSON a request carries (the body, or JSON inside it)
 MAX_MESSAGES = 2048  # chat messages per request (each one is rendered by the chat template)
 MAX_PROMPTS = 256  # prompts in one /v1/completions request (each is its own engine request)

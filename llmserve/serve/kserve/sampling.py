@@ -99,6 +99,7 @@ from llmserve.serve.limits import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOKEN_LIST,
+    VLLM_DEFAULT_MAX_TOKENS,
     JsonProblem,
     load_json,
     short,
@@ -361,7 +362,6 @@ REFUSED_KEYS: dict[str, str] = {
 }
 EXTRA_ARGS_KEY = "extra_args"
 STRUCTURED_KEY = "structured_outputs"
-DEFAULT_MAX_TOKENS = 16  # vLLM SamplingParams' own default
 # keys settled together by settle_constraint once both places are read
 COLLECTED_KEYS = (*CONSTRAINT_KEYS, *CONSTRAINT_OPTIONS, STRUCTURED_KEY)
 
@@ -477,7 +477,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
         problem = structured_support_problem(support) or _checked(
             lambda: object_problem(
                 obj,
-                into.get("max_tokens", DEFAULT_MAX_TOKENS),
+                into.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS),
                 budget,
                 into.get("stop"),
                 _budget_limit(into),
@@ -498,7 +498,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
             lambda: validation_problem(
                 key,
                 values[key],
-                into.get("max_tokens", DEFAULT_MAX_TOKENS),
+                into.get("max_tokens", VLLM_DEFAULT_MAX_TOKENS),
                 budget,
                 into.get("stop"),
                 _budget_limit(into),
@@ -513,7 +513,7 @@ def settle_constraint(found: dict[str, tuple[str, Any]], into: dict[str, Any], s
 
 def _budget_limit(into: dict[str, Any]) -> str | None:
     """What a budget refusal calls max_tokens when the request did not set it."""
-    return None if "max_tokens" in into else f"max_tokens={DEFAULT_MAX_TOKENS} (the default: set max_tokens)"
+    return None if "max_tokens" in into else f"max_tokens={VLLM_DEFAULT_MAX_TOKENS} (the default: set max_tokens)"
 
 
 def _checked(check: Callable[[], str | None], where: str) -> str | None:

@@ -41,6 +41,7 @@ from llmserve.serve.limits import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOKEN_LIST,
+    VLLM_DEFAULT_MAX_TOKENS,
 )
 
 
@@ -179,21 +180,17 @@ def _asks_json(value: Any) -> bool:
     return isinstance(value, dict) and value.get("type") in ("json_object", "json_schema")
 
 
-# vLLM's CompletionRequest default (OpenAI's too); a chat's default is what the context leaves
-COMPLETION_MAX_TOKENS = 16
-
-
 def _max_tokens(ctx: CheckContext) -> int | None:
     value = ctx.body.get("max_completion_tokens", ctx.body.get("max_tokens"))
     if ctx.kind == "completion" and "max_tokens" not in ctx.body:  # null: what the context leaves
-        return COMPLETION_MAX_TOKENS
+        return VLLM_DEFAULT_MAX_TOKENS
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _budget_limit(ctx: CheckContext) -> str | None:
     """What a budget refusal calls max_tokens when the client did not set it."""
     if ctx.kind == "completion" and "max_tokens" not in ctx.body:
-        return f"max_tokens={COMPLETION_MAX_TOKENS} (the default of /v1/completions: set max_tokens)"
+        return f"max_tokens={VLLM_DEFAULT_MAX_TOKENS} (the default of /v1/completions: set max_tokens)"
     return None
 
 

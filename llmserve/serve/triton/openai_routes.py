@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, CONSTRAINT_OPTIONS, ConstraintSupport
 from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
+from llmserve.serve.limits import VLLM_DEFAULT_MAX_TOKENS
 from llmserve.serve.openai.errors import RequestRejected, error_body
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.triton.text_protocols import VLLM_TEXT, TextProtocol
@@ -86,7 +87,6 @@ SAMPLING_FIELDS = {
 }
 HANDLED_HERE = {"model", "messages", "prompt", "stream", "stream_options", "n", "best_of", "response_format"}
 HANDLED_HERE |= {"vllm_xargs", "user"}  # user: an end-user id for the caller's records; not sent to the engine
-DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default; chat's is the rest of the context (the backend's)
 
 
 @dataclass
@@ -139,7 +139,7 @@ def build_call(kind: str, body: dict[str, Any], models: dict[str, TritonLLM], so
         _refuse_structured(body, model)
     _response_format(body.get("response_format"), params, so_key)
     _constraints(body.get("vllm_xargs"), params)
-    default_max_tokens = DEFAULT_MAX_TOKENS if kind == "completion" else llm.protocol.default_max_tokens
+    default_max_tokens = VLLM_DEFAULT_MAX_TOKENS if kind == "completion" else llm.protocol.default_max_tokens
     if default_max_tokens is not None:
         params.setdefault("max_tokens", default_max_tokens)
     stream, include_usage = _stream_fields(body)
