@@ -19,6 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import httpx
 import jsonschema
 import numpy as np
 import pytest
@@ -392,6 +393,47 @@ def test_a_one_shot_infer_on_the_llm_is_answered_through_the_proxy(embedded):
     with pytest.raises(InferenceServerException, match="temprature") as caught:
         client.infer("tiny-chat", llm_inputs("Hi", {"temprature": 1}, stream=False), headers=AUTH)
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def _http_llm_inputs(prompt: str, params: dict, *, stream: bool, binary: bool) -> list[httpclient.InferInput]:
+    inputs = []
+    for name, datatype, value in (
+        ("text_input", "BYTES", np.array([prompt.encode()], dtype=np.object_)),
+        ("stream", "BOOL", np.array([stream])),
+        ("sampling_parameters", "BYTES", np.array([json.dumps(params).encode()], dtype=np.object_)),
+        ("exclude_input_in_output", "BOOL", np.array([True])),
+        ("return_finish_reason", "BOOL", np.array([True])),
+    ):
+        tensor = httpclient.InferInput(name, [1], datatype)
+        tensor.set_data_from_numpy(value, binary_data=binary)
+        inputs.append(tensor)
+    return inputs
+
+
+def test_an_http_infer_on_the_llm_is_answered_through_the_proxy(embedded):
+    # Triton refuses /infer on a decoupled model; tritonclient.http's infer() works as on the embedded engine, with
+    # binary tensors (its default) and with JSON ones
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{embedded.http}")
+    params = {"max_tokens": 60, "temperature": 0.8, "seed": 4, "structured_outputs": {"json": SCHEMA}}
+    for binary in (True, False):
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("text_output", "finish_reason")]
+        inputs = _http_llm_inputs("A parcel ☃:", params, stream=False, binary=binary)
+        result = client.infer("tiny-chat", inputs, outputs=outputs, headers=dict(AUTH), request_id=f"h-{binary}")
+        text, finish = (result.as_numpy(n).reshape(-1)[0] for n in ("text_output", "finish_reason"))
+        text, finish = (v.decode() if isinstance(v, bytes) else v for v in (text, finish))
+        jsonschema.validate(json.loads(text), SCHEMA)
+        assert finish == "stop" and result.get_response()["id"] == f"h-{binary}", result.get_response()
+    with pytest.raises(InferenceServerException, match="generate_stream"):
+        client.infer(
+            "tiny-chat", _http_llm_inputs("Hi", {"max_tokens": 30}, stream=True, binary=True), headers=dict(AUTH)
+        )
+    with pytest.raises(InferenceServerException, match="temprature"):
+        client.infer(
+            "tiny-chat", _http_llm_inputs("Hi", {"temprature": 1}, stream=False, binary=False), headers=dict(AUTH)
+        )
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [2], "data": ["one"]}]}
+    answer = httpx.post(f"http://127.0.0.1:{embedded.http}/v2/models/tiny-chat/infer", json=body, headers=AUTH)
+    assert answer.status_code == 400 and "holds 2 element(s)" in answer.json()["error"], answer.text
 
 
 def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):

@@ -150,8 +150,15 @@ class _Forward(grpc.GenericRpcHandler):
                 )
                 return answer
             except grpc.aio.AioRpcError as exc:
-                if method == "ModelInfer" and _refused_as_decoupled(exc):
-                    return await _one_shot_over_stream(channel, request, context)
+                if method == "ModelInfer" and refused_as_decoupled(exc):
+                    try:
+                        infer = pb.ModelInferRequest.FromString(request)
+                        metadata, timeout = _forwarded_metadata(context), context.time_remaining()
+                        return bytes(
+                            (await one_shot_over_stream(channel, infer, metadata, timeout)).SerializeToString()
+                        )
+                    except OneShotFailed as failed:
+                        await context.abort(failed.code, failed.message)
                 await context.abort(exc.code(), exc.details() or "")
             raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
@@ -177,14 +184,24 @@ class _Forward(grpc.GenericRpcHandler):
         return call
 
 
-def _refused_as_decoupled(exc: grpc.aio.AioRpcError) -> bool:
+def refused_as_decoupled(exc: grpc.aio.AioRpcError) -> bool:
     # Triton 2.51: "ModelInfer RPC doesn't support models with decoupled transaction policy"
     return exc.code() == grpc.StatusCode.UNIMPLEMENTED and "decoupled" in (exc.details() or "")
 
 
-async def _one_shot_over_stream(channel: grpc.aio.Channel, request: bytes, context: Any) -> bytes:
-    """A ModelInfer on a decoupled model, answered over a one-request ModelStreamInfer (module doc)."""
-    infer = pb.ModelInferRequest.FromString(request)
+class OneShotFailed(Exception):
+    """A one-shot request over ModelStreamInfer that got no single answer: the status to answer with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+async def one_shot_over_stream(
+    channel: grpc.aio.Channel, infer: pb.ModelInferRequest, metadata: list[tuple[str, Any]], timeout: float | None
+) -> pb.ModelInferResponse:
+    """A request to a decoupled model, sent as a one-request ModelStreamInfer: the model's one response (module
+    doc). OneShotFailed when the model refuses it, answers with more than one response, or with none."""
     infer.parameters[EMPTY_FINAL].bool_param = True
     finished = asyncio.Event()
 
@@ -193,16 +210,14 @@ async def _one_shot_over_stream(channel: grpc.aio.Channel, request: bytes, conte
         # the write side stays open until the answer is complete: a half-closed stream is not the client leaving
         await finished.wait()
 
-    call = channel.stream_stream(STREAM_PATH)(
-        one_request(), metadata=_forwarded_metadata(context), timeout=context.time_remaining()
-    )
+    call = channel.stream_stream(STREAM_PATH)(one_request(), metadata=metadata, timeout=timeout)
     answers: list[pb.ModelInferResponse] = []
     try:
         async for raw in call:
             response = pb.ModelStreamInferResponse.FromString(raw)
             if response.error_message:
                 # the stream carries a model's error as text only; the model refused the request
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, response.error_message)
+                raise OneShotFailed(grpc.StatusCode.INVALID_ARGUMENT, response.error_message)
             answer = response.infer_response
             final = answer.parameters[FINAL].bool_param if FINAL in answer.parameters else False
             if answer.outputs or answer.raw_output_contents:
@@ -212,18 +227,20 @@ async def _one_shot_over_stream(channel: grpc.aio.Channel, request: bytes, conte
             if final or len(answers) > 1:
                 break  # a second response: the model streams, and the finally below ends its request
     except grpc.aio.AioRpcError as exc:
-        await context.abort(exc.code(), exc.details() or "")
+        raise OneShotFailed(exc.code(), exc.details() or "") from None
     finally:
         finished.set()
         call.cancel()
-    if len(answers) != 1:
-        name = infer.model_name
-        if not answers:
-            await context.abort(grpc.StatusCode.INTERNAL, f"model '{name}' ended the request without a response")
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"model '{name}' answers this request with more than one response (it is decoupled; an LLM asked to "
-            "stream sends one per piece of text), and a one-shot ModelInfer returns one: set input 'stream' "
-            "false, or use ModelStreamInfer (tritonclient: start_stream and async_stream_infer)",
+    if not answers:
+        raise OneShotFailed(
+            grpc.StatusCode.INTERNAL, f"model '{infer.model_name}' ended the request without a response"
         )
-    return bytes(answers[0].SerializeToString())
+    if len(answers) > 1:
+        raise OneShotFailed(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"model '{infer.model_name}' answers this request with more than one response (it is decoupled; an LLM "
+            "asked to stream sends one per piece of text), and a one-shot inference returns one: set input 'stream' "
+            "false, or stream: gRPC ModelStreamInfer (tritonclient: start_stream and async_stream_infer) or HTTP "
+            "generate_stream",
+        )
+    return answers[0]

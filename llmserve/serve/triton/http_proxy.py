@@ -9,13 +9,19 @@ Triton's answer comes back as it is sent, streamed: `generate_stream` server-sen
 them, and a client that disconnects closes Triton's request. The API key is checked by the guards and never
 forwarded. Until the server is ready, and while it drains, /v2 routes get 503 (health routes: 200 live, 503 ready),
 as on the embedded engine.
+
+One answer is not Triton's as sent: `/infer` on a decoupled model (the LLM), which Triton refuses on HTTP, is sent
+again over gRPC as a one-request ModelStreamInfer and its one response written back as KServe v2 HTTP
+(http_infer.py), as the embedded engine answers it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,6 +29,7 @@ from starlette.background import BackgroundTask
 
 from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
+from llmserve.serve.limits import TooLarge, inflate
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.routing import Exposition, new_app, operations_router
 from llmserve.serve.triton.llm_text_generate import (
@@ -43,6 +50,16 @@ class OpenAISettings:
 PRIVATE_HEADERS = {"authorization", "x-api-key", "host", "content-length", "connection", "transfer-encoding"}
 # Response headers of Triton's that the server here sets itself.
 HOP_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive"}
+INFER_PATH = re.compile(r"^models/([^/]+)(?:/versions/([^/]+))?/infer$")
+# gRPC status of a one-shot infer that got no answer -> HTTP status (as Triton's HTTP endpoint maps them)
+HTTP_OF_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 413,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
 # A generation can take minutes; connecting to Triton on loopback cannot.
 _TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=10.0)
 
@@ -76,6 +93,7 @@ class TritonHttpProxy(UvicornFrontend):
         self.upstream: str | None = None
         self._client: httpx.AsyncClient | None = None
         self._grpc: Any = None  # tritonclient.grpc.aio client to Triton, for the OpenAI routes
+        self.grpc_channel: grpc.aio.Channel | None = None  # to Triton, for /infer on decoupled models
 
     def attach(self, upstream: str | None, grpc_upstream: str) -> None:
         """Forward to Triton's HTTP endpoint (host:port; None: not known, the /v2 routes answer 404) from now on;
@@ -83,6 +101,8 @@ class TritonHttpProxy(UvicornFrontend):
         self.upstream = upstream
         if upstream is not None:
             self._client = httpx.AsyncClient(base_url=f"http://{upstream}", timeout=_TIMEOUT)
+            limits = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+            self.grpc_channel = grpc.aio.insecure_channel(grpc_upstream, options=limits)
         if self.openai is not None:
             import tritonclient.grpc.aio as grpc_aio
 
@@ -100,6 +120,9 @@ class TritonHttpProxy(UvicornFrontend):
         if self._grpc is not None:
             await self._grpc.close()
             self._grpc = None
+        if self.grpc_channel is not None:
+            await self.grpc_channel.close()
+            self.grpc_channel = None
 
     def ready_client(self, readiness: Readiness) -> httpx.AsyncClient | None:
         return self._client if readiness.accepting else None
@@ -148,6 +171,14 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
             answer = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             return JSONResponse({"error": f"Triton did not answer: {type(exc).__name__}"}, status_code=502)
+        infer = INFER_PATH.match(path) if request.method == "POST" else None
+        if infer is not None and answer.status_code in (400, 501):  # Triton's refusals: small, read whole
+            refusal = await answer.aread()
+            await answer.aclose()
+            if b"decoupled" in refusal and proxy.grpc_channel is not None:
+                return await _infer_over_stream(proxy.grpc_channel, request, content, infer, proxy.max_body_bytes)
+            kept = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS}
+            return Response(refusal, status_code=answer.status_code, headers=kept)
         kept = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS}
         return StreamingResponse(
             answer.aiter_raw(), status_code=answer.status_code, headers=kept, background=BackgroundTask(answer.aclose)
@@ -162,3 +193,35 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
 
     app.add_api_route("/v2", server_metadata, methods=["GET"], include_in_schema=False)
     return app
+
+
+async def _infer_over_stream(
+    channel: grpc.aio.Channel, request: Request, content: bytes, path: re.Match[str], limit: int
+) -> Response:
+    """/infer on a decoupled model, answered over a one-request ModelStreamInfer (module doc)."""
+    from llmserve.serve.triton.grpc_proxy import OneShotFailed, one_shot_over_stream
+    from llmserve.serve.triton.http_infer import (
+        HEADER_LENGTH,
+        InferBodyError,
+        decode_infer_body,
+        encode_infer_response,
+    )
+
+    encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
+    try:
+        if encoding != "identity":
+            if encoding not in ("gzip", "deflate"):
+                raise InferBodyError(f"Content-Encoding '{encoding}' is not supported; send identity, gzip or deflate")
+            content = await inflate(content, encoding, limit)
+        infer, binary_by_name, binary_all = decode_infer_body(
+            content, request.headers.get(HEADER_LENGTH), path.group(1), path.group(2) or ""
+        )
+        answer = await one_shot_over_stream(channel, infer, [], None)
+    except TooLarge:
+        return JSONResponse({"error": f"the request body inflates past {limit} bytes (--max-body-bytes)"}, 413)
+    except (InferBodyError, ValueError) as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+    except OneShotFailed as failed:
+        return JSONResponse({"error": failed.message}, status_code=HTTP_OF_GRPC.get(failed.code, 500))
+    body, headers = encode_infer_response(answer, binary_by_name, binary_all)
+    return Response(body, headers=headers)
