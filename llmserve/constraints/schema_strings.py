@@ -111,7 +111,13 @@ _WEB_HOST = r"([a-zA-Z0-9]+(-[a-zA-Z0-9]+)*\.)*[a-zA-Z][a-zA-Z0-9]*(-[a-zA-Z0-9]
 
 
 def _uri(pchar: str) -> str:
-    return rf"https?://{_WEB_HOST}(/[{pchar}]*)*(\?[/?{pchar}]*)?(#[/?{pchar}]*)?"
+    """Web URLs in the form WHATWG's parser (pydantic's HttpUrl) gives them back, so that a maxLength holds after
+    it: a path that starts with "/" (it adds one), no "." or ".." segment (it resolves them), no "'" in the query
+    (it escapes it)."""
+    dotless = pchar.replace(".", "")
+    segment = rf"([{dotless}][{pchar}]*|\.[{dotless}][{pchar}]*|\.\.[{pchar}]+)?"
+    query = pchar.replace("'", "")
+    return rf"https?://{_WEB_HOST}(/{segment})+(\?[/?{query}]*)?(#[/?{pchar}]*)?"
 
 
 _URI = _uri(_PCHAR)
@@ -199,8 +205,18 @@ PYDANTIC_FORMATS = {
 }
 FORMATS.update(PYDANTIC_FORMATS)
 FORMATS["byte"] = FORMATS["base64"]  # OpenAPI's name for base64-encoded characters
-# every format JSON Schema 2019-09/2020-12 defines is above, and pydantic's. Any other name (int32, color,
-# password, ...) is outside that vocabulary: in 2019-09/2020-12 ``format`` only annotates unless a
+# pydantic-extra-types' Color: it reads "#rrggbb" (and names, rgb(), hsl()); "#rrggbb" is a CSS color everywhere
+FORMATS["color"] = "#[0-9a-fA-F]{6}"
+BASE64_FORMATS = ("base64", "base64url", "byte")
+# Formats whose values the schema does not say enough about to generate one its type reads back: refused by name
+# rather than left unconstrained (an answer would then be refused by the client's own model)
+REFUSED_FORMATS = {
+    "multi-host-uri": "pydantic's DSN types (PostgresDsn, MongoDsn, NatsDsn, ...) write it, and it does not say "
+    "which URL schemes the field takes, so no answer is known to read back; declare the field as a str (with a "
+    "pattern for the form you need)",
+}
+# every format JSON Schema 2019-09/2020-12 defines is above, and pydantic's. Any other name (int32, password,
+# ...) is outside that vocabulary: in 2019-09/2020-12 ``format`` only annotates unless a
 # format-assertion vocabulary says otherwise, and validators (``jsonschema`` among them) ignore
 # formats they do not know, so an unknown format leaves the string unconstrained (``format_ast``
 # returns None). A decision, documented in jsonschema.py and benchmarks/constraints/README.md.
@@ -538,6 +554,8 @@ def format_ast(fmt: Any):
     format this module does not know: an annotation, no constraint (see FORMATS)."""
     if not isinstance(fmt, str):
         raise ConstraintError(f"json_schema: format must be a string, got {fmt!r}")
+    if fmt in REFUSED_FORMATS:
+        raise ConstraintError(f"json_schema: format {fmt!r} is not supported: {REFUSED_FORMATS[fmt]}")
     if fmt not in FORMATS:
         return None
     return parse(FORMATS[fmt])
