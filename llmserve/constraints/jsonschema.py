@@ -53,11 +53,12 @@ subset is narrower than the schema it says so here:
   uri, uri-reference, iri, iri-reference, uri-template, uuid, json-pointer, relative-json-pointer, regex; several as a subset
   of their values, URIs as http(s) web URLs; two of an ``allOf`` both hold; and the formats
   pydantic writes for its types: ipvanyaddress, ipvanyinterface, ipvanynetwork, ipv4/ipv6
-  interface and network, uuid1-5, name-email, as values those types read back),
+  interface and network, uuid1-5, name-email, base64/base64url, color, as values those types read
+  back; multi-host-uri, which does not say which schemes its DSN types take, is refused by name),
   ``minLength``/``maxLength``, all together
   (``schema_strings.py``); where no string generated is left, the value is not generated
   (``Unsatisfiable``: an optional property is left out). A ``format``
-  outside those (``int32``, ``color``, ``password``, ...) leaves the string unconstrained:
+  outside those (``int32``, ``password``, ...) leaves the string unconstrained:
   a decision, not an oversight. In 2019-09/2020-12 ``format`` is an annotation unless a
   format-assertion vocabulary is declared, and validators (``jsonschema`` among them) ignore formats
   they do not know, so every such string validates.
@@ -141,7 +142,15 @@ from llmserve.constraints.regex import (
 )
 from llmserve.constraints.schema_merge import CONTAINS, Unsatisfiable, both, canonical, merge, types_of, values_of
 from llmserve.constraints.schema_numbers import BOUND_KEYS, NUMBER, number_ast
-from llmserve.constraints.schema_strings import ANY_CHAR, QUOTE, encode, pattern_ast, split_lookaheads, string_ast
+from llmserve.constraints.schema_strings import (
+    ANY_CHAR,
+    BASE64_FORMATS,
+    QUOTE,
+    encode,
+    pattern_ast,
+    split_lookaheads,
+    string_ast,
+)
 
 log = logging.getLogger("llmserve.constraints")
 
@@ -1165,6 +1174,13 @@ class _Converter:
         fmt = schema.get("format")
         lo = _count(schema, "minLength", 0)
         hi = _count(schema, "maxLength", None)
+        formats = fmt if isinstance(fmt, list) else [fmt]  # several: an allOf's (schema_merge)
+        if lo > 0 and any(f in BASE64_FORMATS for f in formats):
+            # pydantic's Annotated[Base64Bytes, Field(min_length=N)] counts the decoded bytes: text of at least
+            # 4*ceil((N+2)/3) characters decodes to N bytes or more, which holds for both readings where it fits
+            decoded = 4 * -(-(lo + 2) // 3)
+            if hi is None or decoded <= hi:
+                lo = decoded
         if self.narrow and hi is not None and hi > max(lo, NARROW_MAX_LENGTH):
             hi = max(lo, NARROW_MAX_LENGTH)
         # look-aheads at a pattern's anchored start: patterns that must (not) match too
@@ -1173,7 +1189,6 @@ class _Converter:
             rest, pos, neg = split_lookaheads(p) if isinstance(p, str) else (p, [], [])
             must += [q for q in (rest, *pos) if q != "^"]
             must_not += neg
-        formats = fmt if isinstance(fmt, list) else [fmt]  # several: an allOf's (schema_merge)
         content = self._json_content(schema, depth, refs)
         try:
             node = string_ast(must, formats[0], lo, hi, started=self.started, memo=self.strings)
@@ -1405,12 +1420,10 @@ class _Converter:
             if name not in required and not _certain(deps.get(name, []), required):
                 del props[name]
         if "propertyNames" in schema and props:
-            names = compile_ast(
-                self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs),
-                started=self.started,
-            )
+            tree = self._property_names(schema, depth, refs)
+            names = compile_ast(tree, started=self.started) if tree is not None else None
             for name in list(props):
-                if not names.matches(_dumps(name).encode()):
+                if names is None or not names.matches(_dumps(name).encode()):
                     if name in required:
                         raise Unsatisfiable(f"json_schema: required property {name!r} fails propertyNames")
                     del props[name]
@@ -1421,9 +1434,7 @@ class _Converter:
         pattern, or propertyNames) and whose values follow additionalProperties."""
         additional = _additional(schema)
         patterns = schema.get("patternProperties") or {}
-        for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
-            if kw in schema:
-                raise self.fail(f"{kw!r} on an object without properties is not supported")
+        self._no_dependencies(schema)
         if list(patterns) == [""] and additional is False:
             # JSON Schema: "" matches every name. jsonschema (4.26) joins the patterns with "|" and,
             # the result being empty, counts every member as additional, refused here: answers
@@ -1453,9 +1464,11 @@ class _Converter:
             return _lit("{}")
         else:
             value_schema = additional
-            key = _string_any()
-            if "propertyNames" in schema:
-                key = self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
+            key = self._property_names(schema, depth, refs) if "propertyNames" in schema else _string_any()
+            if key is None:
+                if lo > 0:
+                    raise Unsatisfiable("json_schema: minProperties > 0 and propertyNames admits no name")
+                return _lit("{}")
         if schema.get(ABSENT):
             key = self.exclude(key, [["value", name] for name in schema[ABSENT]])
         try:
@@ -1466,12 +1479,27 @@ class _Converter:
             return _lit("{}")
         return _cat(_lit("{"), _sequence([], _cat(key, _lit(":"), value), lo, hi), _lit("}"))
 
+    def _no_dependencies(self, schema: dict) -> None:
+        for kw in ("dependencies", "dependentSchemas", "dependentRequired"):
+            if kw in schema:
+                raise self.fail(f"{kw!r} on an object without properties is not supported")
+
+    def _property_names(self, schema: dict, depth: int, refs) -> Any:
+        """The names ``propertyNames`` admits (JSON strings), or None when it admits none: a names schema of
+        another type (pydantic writes ``dict[IntEnum, X]`` so) leaves only the empty object, not no value."""
+        try:
+            return self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
+        except Unsatisfiable:
+            return None
+
     def _named(self, key: tuple, schema: dict, depth: int, refs) -> tuple:
         """``key`` (member names, as JSON strings) less the names ``propertyNames`` refuses: the
         product of the two automata (exact)."""
         if "propertyNames" not in schema:
             return key
-        names = self.convert({"allOf": [{"type": "string"}, schema["propertyNames"]]}, depth + 1, refs)
+        names = self._property_names(schema, depth, refs)
+        if names is None:
+            raise Unsatisfiable("json_schema: propertyNames admits no name")
         try:
             dfa = intersect(
                 [compile_ast(key, started=self.started), compile_ast(names, started=self.started)], started=self.started

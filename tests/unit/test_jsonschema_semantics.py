@@ -642,7 +642,7 @@ def test_several_pattern_properties_without_properties_generate_names_of_one_pat
     assert not accepts(schema, '{"x":1}')  # neither matches: additionalProperties false
 
 
-@pytest.mark.parametrize("fmt", ["int32", "color", "password", "via [$symbol]($style)"])
+@pytest.mark.parametrize("fmt", ["int32", "int64", "password", "via [$symbol]($style)"])
 def test_formats_outside_json_schemas_vocabulary_are_annotations(fmt):
     """JSON Schema 2019-09/2020-12: ``format`` annotates unless a format-assertion vocabulary is
     declared, and validators ignore formats they do not know: any string, as ``jsonschema`` says."""
@@ -931,6 +931,18 @@ def test_one_of_arrays_told_apart_by_the_type_of_their_referenced_items():
     assert not accepts(schema, "[]") and not jsonschema.Draft7Validator(schema).is_valid([])
     assert not accepts(schema, '["a",{}]')
     assert_samples_valid(schema)
+
+
+def test_property_names_of_another_type_leave_only_the_empty_object():
+    """pydantic writes dict[IntEnum, X] with an integer propertyNames: no name (a string) passes it, so {} is the one
+    answer, not no answer."""
+    schema = {"type": "object", "propertyNames": {"type": "integer", "enum": [1, 2]}, "additionalProperties": True}
+    assert accepts(schema, "{}") and not accepts(schema, '{"1":true}')
+    assert accepts({**schema, "properties": {"a": {}}}, "{}")
+    for refused in ({**schema, "minProperties": 1}, {**schema, "properties": {"a": {}}, "required": ["a"]}):
+        with pytest.raises(ConstraintError):
+            dfa_of(refused)
+    assert_samples_valid({"type": "object", "properties": {"d": schema}, "required": ["d"]})
 
 
 def test_the_empty_pattern_alone_with_no_additional_properties_generates_the_empty_object():
