@@ -14,13 +14,17 @@ serves any decoupled model that answers a request with one response; every malfo
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
 from llmserve.serve.limits import JsonProblem, load_json, short
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import service_pb2 as pb
+
+# tritonclient (and grpc under it) is imported where a request is converted: importing this module for its error
+# type must not load them (the unit tier imports every module that defines one)
 
 HEADER_LENGTH = "inference-header-content-length"
 # HTTP-only parameters (the binary tensor extension), not forwarded
@@ -63,6 +67,8 @@ def _flat(data: Any) -> list[Any]:
 
 def _raw_of_json(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
     """A JSON tensor's data as the raw bytes gRPC carries (BYTES: 4-byte little-endian lengths before each)."""
+    from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
+
     values = _flat(data)
     count = int(np.prod(shape)) if shape else 1
     if len(values) != count:
@@ -89,6 +95,8 @@ def decode_infer_body(
     raw: bytes, header_length: str | None, model: str, version: str
 ) -> tuple[pb.ModelInferRequest, dict[str, bool], bool]:
     """A KServe v2 HTTP /infer body -> (the gRPC request, outputs' binary_data by name, binary for the others)."""
+    from tritonclient.grpc import service_pb2 as pb
+
     header, binary = _split(raw, header_length)
     try:
         body = load_json(header)
@@ -188,6 +196,8 @@ def _parameter_value(p: pb.InferParameter) -> Any:
 
 
 def _json_data(datatype: str, raw: bytes) -> list[Any]:
+    from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+
     if datatype == "BYTES":
         values = deserialize_bytes_tensor(raw) if raw else np.array([], dtype=np.object_)
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in values.reshape(-1)]
@@ -195,6 +205,8 @@ def _json_data(datatype: str, raw: bytes) -> list[Any]:
 
 
 def _raw_output(response: pb.ModelInferResponse, i: int) -> bytes:
+    from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
+
     if i < len(response.raw_output_contents):
         return bytes(response.raw_output_contents[i])
     tensor = response.outputs[i]
