@@ -261,6 +261,21 @@ class _Converted:
     held: tuple = ()  # what the tree was built from, kept alive where it is known by its identity
 
 
+def _member_step(name: str) -> str:
+    return f".{name}" if name.isidentifier() else f"[{json.dumps(name, ensure_ascii=False)}]"
+
+
+def _at(exc: ConstraintError, step: str) -> ConstraintError:
+    """``exc`` with where in the answer it arose, one step further out: its message ends "(at $.a.b[*])", a JSON
+    path, so that a refusal of a large schema names the field at fault."""
+    located = step + getattr(exc, "located", "")
+    base = getattr(exc, "unlocated", exc.message)
+    exc.located, exc.unlocated = located, base  # type: ignore[attr-defined]
+    exc.message = f"{base} (at ${located})"
+    exc.args = (exc.message,)
+    return exc
+
+
 def _lit(text: str):
     return literal(text)
 
@@ -1248,18 +1263,18 @@ class _Converter:
         for k, p in enumerate(prefix[: hi if hi is not None else len(prefix)]):
             try:
                 heads.append(self.convert(p, depth + 1, refs))
-            except Unsatisfiable:
-                if k < lo:
-                    raise
+            except ConstraintError as exc:
+                if not isinstance(exc, Unsatisfiable) or k < lo:
+                    raise _at(exc, f"[{k}]") from exc.__cause__
                 hi = k  # no array reaches this position
                 break
         item = None
         if items is not False and (hi is None or hi > len(heads)):
             try:
                 item = self.convert(True if items is None else items, depth + 1, refs)
-            except Unsatisfiable:
-                if lo > len(heads):
-                    raise
+            except ConstraintError as exc:
+                if not isinstance(exc, Unsatisfiable) or lo > len(heads):
+                    raise _at(exc, "[*]") from exc.__cause__
         return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
 
     def _distinct(self, schema: dict, items: Any, prefix: Any, lo: int, hi: int | None, depth: int, refs) -> tuple:
@@ -1348,10 +1363,10 @@ class _Converter:
         for name, sub in props.items():
             try:
                 value = self.convert(sub, depth + 1, refs)
-            except Unsatisfiable:
-                if name in required:
-                    raise
-                continue  # an optional property no value can fill: never generated
+            except ConstraintError as exc:
+                if isinstance(exc, Unsatisfiable) and name not in required:
+                    continue  # an optional property no value can fill: never generated
+                raise _at(exc, _member_step(name)) from exc.__cause__
             kvs.append((name in required, _cat(_lit(_dumps(name) + ":"), value)))
         n_required = sum(1 for req, _ in kvs if req)
         if hi is not None and hi < len(kvs):

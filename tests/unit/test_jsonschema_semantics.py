@@ -403,6 +403,29 @@ def test_min_properties_one_leaves_out_the_empty_object():
     assert not accepts(schema, "{}") and accepts(schema, '{"a":1}')
 
 
+def test_a_refusal_names_where_in_the_answer_it_arises():
+    """A refusal inside a large schema ends with the JSON path of the value at fault."""
+    bad = {"type": "string", "format": "multi-host-uri"}
+    for schema, path in (
+        ({"type": "object", "properties": {"db": bad}, "required": ["db"]}, "$.db"),
+        ({"type": "object", "properties": {"a b": {"type": "array", "items": bad, "minItems": 1}}}, '$["a b"][*]'),
+        ({"type": "array", "prefixItems": [{"type": "integer"}, {"properties": {"x": bad}}]}, "$[1].x"),
+        (
+            {"$defs": {"D": {"type": "object", "properties": {"u": bad}}}, "properties": {"d": {"$ref": "#/$defs/D"}}},
+            "$.d.u",
+        ),
+    ):
+        with pytest.raises(ConstraintError) as info:
+            dfa_of(schema)
+        assert info.value.message.endswith(f"(at {path})"), info.value.message
+        assert "multi-host-uri" in info.value.message
+    # an unsatisfiable required value too
+    with pytest.raises(ConstraintError, match=re.escape("(at $.n)")):
+        dfa_of(
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 2}}, "required": ["n"]}
+        )
+
+
 def test_annotations_are_ignored():
     schema = {
         "id": "http://example.com/s",
