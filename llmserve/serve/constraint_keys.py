@@ -38,6 +38,7 @@ reuse it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -196,6 +197,7 @@ def stop_problem(obj: dict[str, Any], stop: Any) -> str | None:
     regex never matches) changes nothing and is accepted; for any other the request is refused,
     naming the way out. Machines keep stop strings."""
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    ranges = _regex_alphabet(obj)
     for text in stops:
         if not isinstance(text, str) or not text or "machine" in obj:
             continue
@@ -203,7 +205,7 @@ def stop_problem(obj: dict[str, Any], stop: Any) -> str | None:
             continue
         if "choice" in obj and isinstance(obj["choice"], list) and not any(text in c for c in obj["choice"]):
             continue
-        if "regex" in obj and _outside_regex(text, obj["regex"]):
+        if ranges is not None and _outside(text, ranges):
             continue
         return (
             f"stop string {text!r} may occur inside this constraint's answers, where it would cut the answer "
@@ -224,11 +226,10 @@ def stop_token_problem(obj: dict[str, Any], ids: Any) -> str | None:
     vocab = validation_vocab()
     if vocab is None or not isinstance(ids, list) or "machine" in obj:
         return None
+    ranges = _regex_alphabet(obj)  # once: a request may name 1024 ids
     for token in ids:
-        if not isinstance(token, int) or token in vocab.eos_ids or not 0 <= token < len(vocab.tokens):
-            continue
-        data = vocab.tokens[token]
-        if data is None or not _token_may_occur(obj, data):
+        data = vocab.token_bytes(token) if isinstance(token, int) and token >= 0 else None
+        if data is None or not _token_may_occur(obj, data, ranges):
             continue
         return (
             f"stop token id {token} ({data.decode('utf-8', 'replace')!r}) may occur inside this constraint's "
@@ -238,34 +239,56 @@ def stop_token_problem(obj: dict[str, Any], ids: Any) -> str | None:
     return None
 
 
-def _token_may_occur(obj: dict[str, Any], data: bytes) -> bool:
+def _token_may_occur(obj: dict[str, Any], data: bytes, ranges: Alphabet | None) -> bool:
     if "json_schema" in obj and any(b < 0x20 for b in data):
         return False
     choices = obj.get("choice")
     if isinstance(choices, list) and not any(data in c.encode() for c in choices if isinstance(c, str)):
         return False
-    if "regex" not in obj:
-        return True
     # the characters a token's bytes hold whole (a token may begin or end inside one) occur wherever it does, and
     # any byte past ASCII is part of a character past ASCII
-    return not _outside_regex(data.decode("utf-8", "ignore"), obj["regex"], past_ascii=max(data, default=0) >= 0x80)
+    return ranges is None or not _outside(data.decode("utf-8", "ignore"), ranges, past_ascii=max(data) >= 0x80)
 
 
-def _outside_regex(text: str, pattern: Any, past_ascii: bool = False) -> bool:
-    """Whether ``text`` (and, with ``past_ascii``, some character past ASCII) holds a character ``pattern``
-    never matches, so that it never occurs in an answer."""
+Alphabet = tuple[list[int], list[int]]  # merged ranges of code points: their starts and their ends, ascending
+
+
+def _regex_alphabet(obj: dict[str, Any]) -> Alphabet | None:
+    """The code points a regex constraint's answers may hold (None: not a regex, or not known)."""
     from llmserve.constraints.errors import ConstraintError
     from llmserve.constraints.regex import alphabet, parse
 
+    pattern = obj.get("regex")
+    if not isinstance(pattern, str):
+        return None
     try:
-        ranges = alphabet(parse(pattern)) if isinstance(pattern, str) else None
+        ranges = alphabet(parse(pattern))
     except ConstraintError:
-        return False
+        return None
     if ranges is None:
-        return False
-    if past_ascii and all(hi < 0x80 for _, hi in ranges):
+        return None
+    starts: list[int] = []
+    ends: list[int] = []
+    for lo, hi in sorted(ranges):
+        if ends and lo <= ends[-1] + 1:
+            ends[-1] = max(ends[-1], hi)
+        else:
+            starts.append(lo)
+            ends.append(hi)
+    return starts, ends
+
+
+def _outside(text: str, alphabet: Alphabet, past_ascii: bool = False) -> bool:
+    """Whether ``text`` (and, with ``past_ascii``, some character past ASCII) holds a character outside
+    ``alphabet``, so that it never occurs in an answer."""
+    starts, ends = alphabet
+    if past_ascii and (not ends or ends[-1] < 0x80):
         return True
-    return any(not any(lo <= ord(c) <= hi for lo, hi in ranges) for c in text)
+    for c in text:
+        k = bisect.bisect_right(starts, ord(c)) - 1
+        if k < 0 or ord(c) > ends[k]:
+            return True
+    return False
 
 
 async def validation_problem_async(key: str, value: Any) -> str | None:
