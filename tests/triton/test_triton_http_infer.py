@@ -112,6 +112,24 @@ def test_a_response_encodes_to_what_tritonclient_parses_back(binary_first):
             "outputs[0]",
         ),
         ({"id": 5, "inputs": []}, "'id' must be a string"),
+        ({"inputs": [{"name": "a", "datatype": ["BYTES"], "shape": [1], "data": ["x"]}]}, "'datatype' (one of"),
+        ({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [1.7]}]}, "JSON integers"),
+        ({"inputs": [{"name": "a", "datatype": "FP16", "shape": [1], "data": [1e10]}]}, "does not fit FP16"),
+        (
+            {"inputs": [{"name": "a", "datatype": "BYTES", "shape": [2**32, 2**32], "data": []}]},
+            "holds 18446744073709551616",
+        ),
+        (
+            {"inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "parameters": {"shared_memory_region": "r"}}]},
+            "shared-memory tensors are not supported",
+        ),
+        (
+            {
+                "inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+                "parameters": {"s": -(2**64)},
+            },
+            "'s'",
+        ),
         (
             {"inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}]},
             "does not fit",
@@ -132,3 +150,19 @@ def test_binary_bytes_no_input_claims_are_refused():
         decode_infer_body(header.encode() + b"abc", str(len(header)), "m", "")
     with pytest.raises(InferBodyError, match="outside the body"):
         decode_infer_body(header.encode(), "9999", "m", "")
+
+
+def test_empty_tensors_and_unsigned_64_bit_parameters_are_taken():
+    body = {
+        "inputs": [{"name": "a", "datatype": "BYTES", "shape": [0], "data": []}],
+        "parameters": {"sequence_id": 2**64 - 1, "priority": 1},
+    }
+    request, _, _ = decode_infer_body(json.dumps(body).encode(), None, "m", "")
+    assert request.raw_input_contents[0] == b"" and list(request.inputs[0].shape) == [0]
+    assert (
+        request.parameters["sequence_id"].uint64_param == 2**64 - 1 and request.parameters["priority"].int64_param == 1
+    )
+    response = pb.ModelInferResponse(model_name="m", model_version="1")
+    response.outputs.add(name="t", datatype="BYTES", shape=[0])
+    body_out, _ = encode_infer_response(response, {}, binary_all=False)
+    assert json.loads(body_out)["outputs"][0]["data"] == []

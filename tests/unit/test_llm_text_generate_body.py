@@ -81,3 +81,11 @@ def test_a_vllm_body_with_only_scalar_parameters_is_forwarded_byte_for_byte():
     raw = b'{"text_input": "hi",  "parameters": {"max_tokens": 4, "structured_outputs": "{}"}}'
     assert encode_nested_parameters(raw, INPUTS) is raw
     assert encode_nested_parameters(b"[1, 2]", INPUTS) == b"[1, 2]"
+
+
+def test_a_sampling_parameters_object_of_a_vllm_model_becomes_json_text_and_a_deep_body_is_left_to_triton():
+    raw = json.dumps({"text_input": "hi", "sampling_parameters": {"max_tokens": 3}}).encode()
+    assert json.loads(json.loads(encode_nested_parameters(raw, INPUTS))["sampling_parameters"]) == {"max_tokens": 3}
+    deep = b'{"text_input": "x", "p": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert encode_nested_parameters(deep, INPUTS) is deep
+    assert rewrite_generate_body(deep, INPUTS) is deep

@@ -14,6 +14,7 @@ serves any decoupled model that answers a request with one response; every malfo
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,8 +47,12 @@ def _parameters(where: str, given: Any, into: Any) -> None:
     for key, value in given.items():
         if isinstance(value, bool):
             into[key].bool_param = value
-        elif isinstance(value, int):
+        elif isinstance(value, int) and -(2**63) <= value < 2**63:
             into[key].int64_param = value
+        elif isinstance(value, int) and 0 <= value < 2**64:
+            into[key].uint64_param = value  # Triton's sequence_id, for one, is a uint64
+        elif isinstance(value, int):
+            raise InferBodyError(f"{where}: '{key}' is outside the 64-bit integers")
         elif isinstance(value, float):
             into[key].double_param = value
         elif isinstance(value, str):
@@ -70,7 +75,7 @@ def _raw_of_json(name: str, datatype: str, shape: list[int], data: Any) -> bytes
     from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
     values = _flat(data)
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)
     if len(values) != count:
         raise InferBodyError(f"input '{name}': shape {shape} holds {count} element(s), 'data' has {len(values)}")
     try:
@@ -79,13 +84,16 @@ def _raw_of_json(name: str, datatype: str, shape: list[int], data: Any) -> bytes
                 raise InferBodyError(f"input '{name}': BYTES data must be JSON strings")
             array = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
             serialized = serialize_byte_tensor(array)
-            return b"" if serialized is None else bytes(serialized.item())
+            return b"" if serialized is None or serialized.size == 0 else bytes(serialized.item())
         if datatype == "BOOL" and not all(isinstance(v, bool) for v in values):
             raise InferBodyError(f"input '{name}': BOOL data must be JSON booleans")
-        if datatype != "BOOL" and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise InferBodyError(f"input '{name}': {datatype} data must be JSON numbers")
-        return np.array(values, dtype=triton_to_np_dtype(datatype)).tobytes()
-    except (OverflowError, ValueError, TypeError) as exc:
+        number = int if datatype[0] in "UI" else (int, float)  # UINT*/INT* take integers, FP* any number
+        if datatype != "BOOL" and not all(isinstance(v, number) and not isinstance(v, bool) for v in values):
+            kind = "integers" if number is int else "numbers"
+            raise InferBodyError(f"input '{name}': {datatype} data must be JSON {kind}")
+        with np.errstate(over="raise"):
+            return np.array(values, dtype=triton_to_np_dtype(datatype)).tobytes()
+    except (OverflowError, ValueError, TypeError, FloatingPointError) as exc:
         if isinstance(exc, InferBodyError):
             raise
         raise InferBodyError(f"input '{name}': the data does not fit {datatype} ({exc})") from None
@@ -145,7 +153,9 @@ def _add_inputs(request: pb.ModelInferRequest, inputs: Any, binary: bytes) -> No
         if not isinstance(t, dict):
             raise InferBodyError(f"inputs[{i}] must be a JSON object with name, datatype, shape and data")
         name, datatype, shape = t.get("name"), t.get("datatype"), t.get("shape")
-        if not isinstance(name, str) or datatype not in DATATYPES or not isinstance(shape, list):
+        if not (
+            isinstance(name, str) and isinstance(datatype, str) and datatype in DATATYPES and isinstance(shape, list)
+        ):
             raise InferBodyError(
                 f"inputs[{i}] needs 'name' (a string), 'datatype' (one of {', '.join(sorted(DATATYPES))}) and "
                 "'shape' (a list of integers)"
@@ -153,6 +163,11 @@ def _add_inputs(request: pb.ModelInferRequest, inputs: Any, binary: bytes) -> No
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise InferBodyError(f"input '{name}': 'shape' must be a list of non-negative integers")
         params, size = _without(f"input '{name}' parameters", t.get("parameters"), BINARY_SIZE)
+        if isinstance(params, dict) and any(k.startswith("shared_memory") for k in params):
+            raise InferBodyError(
+                f"input '{name}': shared-memory tensors are not supported through llmserve's proxy; send the data "
+                f"in the request ('data' or parameters.{BINARY_SIZE})"
+            )
         tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
         _parameters(f"input '{name}' parameters", params, tensor.parameters)
         if size is not None:
@@ -214,7 +229,7 @@ def _raw_output(response: pb.ModelInferResponse, i: int) -> bytes:
     if tensor.datatype == "BYTES":
         array = np.array(list(contents.bytes_contents), dtype=np.object_)
         serialized = serialize_byte_tensor(array)
-        return b"" if serialized is None else bytes(serialized.item())
+        return b"" if serialized is None or serialized.size == 0 else bytes(serialized.item())
     field = {
         "BOOL": "bool_contents",
         "INT8": "int_contents",

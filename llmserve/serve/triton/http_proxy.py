@@ -17,6 +17,7 @@ again over gRPC as a one-request ModelStreamInfer and its one response written b
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from llmserve.serve.http_guards import Guards
 from llmserve.serve.http_server import UvicornFrontend
 from llmserve.serve.limits import TooLarge, inflate
@@ -50,6 +52,9 @@ class OpenAISettings:
 PRIVATE_HEADERS = {"authorization", "x-api-key", "host", "content-length", "connection", "transfer-encoding"}
 # Response headers of Triton's that the server here sets itself.
 HOP_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive"}
+# Triton's HTTP endpoint on /infer for a decoupled model (2.51: "HTTP end point doesn't support models with decoupled
+# transaction policy")
+DECOUPLED_REFUSAL = b"doesn't support models with decoupled transaction policy"
 INFER_PATH = re.compile(r"^models/([^/]+)(?:/versions/([^/]+))?/infer$")
 # gRPC status of a one-shot infer that got no answer -> HTTP status (as Triton's HTTP endpoint maps them)
 HTTP_OF_GRPC = {
@@ -94,6 +99,7 @@ class TritonHttpProxy(UvicornFrontend):
         self._client: httpx.AsyncClient | None = None
         self._grpc: Any = None  # tritonclient.grpc.aio client to Triton, for the OpenAI routes
         self.grpc_channel: grpc.aio.Channel | None = None  # to Triton, for /infer on decoupled models
+        self.decoupled: set[str] = set()  # models Triton refused /infer for as decoupled
 
     def attach(self, upstream: str | None, grpc_upstream: str) -> None:
         """Forward to Triton's HTTP endpoint (host:port; None: not known, the /v2 routes answer 404) from now on;
@@ -160,6 +166,9 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
                 return JSONResponse({"error": str(exc)}, status_code=400)
         elif model in proxy.vllm_inputs:
             content = encode_nested_parameters(content, proxy.vllm_inputs[model])
+        infer = INFER_PATH.match(path) if request.method == "POST" else None
+        if infer is not None and infer.group(1) in proxy.decoupled and proxy.grpc_channel is not None:
+            return await _infer_over_stream(proxy.grpc_channel, request, content, infer, proxy.max_body_bytes)
         upstream = client.build_request(
             request.method,
             f"/v2/{path}" if path else "/v2",
@@ -171,11 +180,11 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
             answer = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             return JSONResponse({"error": f"Triton did not answer: {type(exc).__name__}"}, status_code=502)
-        infer = INFER_PATH.match(path) if request.method == "POST" else None
         if infer is not None and answer.status_code in (400, 501):  # Triton's refusals: small, read whole
             refusal = await answer.aread()
             await answer.aclose()
-            if b"decoupled" in refusal and proxy.grpc_channel is not None:
+            if DECOUPLED_REFUSAL in refusal and proxy.grpc_channel is not None:
+                proxy.decoupled.add(infer.group(1))  # the next ones go straight to the stream
                 return await _infer_over_stream(proxy.grpc_channel, request, content, infer, proxy.max_body_bytes)
             kept = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS}
             return Response(refusal, status_code=answer.status_code, headers=kept)
@@ -198,7 +207,8 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
 async def _infer_over_stream(
     channel: grpc.aio.Channel, request: Request, content: bytes, path: re.Match[str], limit: int
 ) -> Response:
-    """/infer on a decoupled model, answered over a one-request ModelStreamInfer (module doc)."""
+    """/infer on a decoupled model, answered over a one-request ModelStreamInfer (module doc). Decoding and encoding
+    run on a worker thread (a large JSON tensor takes a second); a client that disconnects ends the model's request."""
     from llmserve.serve.triton.grpc_proxy import OneShotFailed, one_shot_over_stream
     from llmserve.serve.triton.http_infer import (
         HEADER_LENGTH,
@@ -213,15 +223,18 @@ async def _infer_over_stream(
             if encoding not in ("gzip", "deflate"):
                 raise InferBodyError(f"Content-Encoding '{encoding}' is not supported; send identity, gzip or deflate")
             content = await inflate(content, encoding, limit)
-        infer, binary_by_name, binary_all = decode_infer_body(
-            content, request.headers.get(HEADER_LENGTH), path.group(1), path.group(2) or ""
+        infer, binary_by_name, binary_all = await asyncio.to_thread(
+            decode_infer_body, content, request.headers.get(HEADER_LENGTH), path.group(1), path.group(2) or ""
         )
-        answer = await one_shot_over_stream(channel, infer, [], None)
+        answer = await unless_disconnected(request, one_shot_over_stream(channel, infer, [], None))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
     except TooLarge:
         return JSONResponse({"error": f"the request body inflates past {limit} bytes (--max-body-bytes)"}, 413)
-    except (InferBodyError, ValueError) as exc:
+    except ValueError as exc:  # InferBodyError, or a body that does not inflate
         return JSONResponse({"error": str(exc)}, status_code=400)
     except OneShotFailed as failed:
+        # a model's refusal travels on the stream as text only: INVALID_ARGUMENT, a 400 (grpc_proxy)
         return JSONResponse({"error": failed.message}, status_code=HTTP_OF_GRPC.get(failed.code, 500))
-    body, headers = encode_infer_response(answer, binary_by_name, binary_all)
+    body, headers = await asyncio.to_thread(encode_infer_response, answer, binary_by_name, binary_all)
     return Response(body, headers=headers)

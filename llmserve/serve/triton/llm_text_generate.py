@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from llmserve.serve.limits import JsonProblem, load_json
+
 # The KServe/Triton request parameters Triton itself acts on (its parameters extension): not sampling settings.
 TRITON_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers"})
 GENERATE_PATH = re.compile(r"^models/([^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
@@ -50,8 +52,8 @@ def encode_nested_parameters(raw: bytes, inputs: Iterable[str]) -> bytes:
     not one of `inputs`, and entries of `parameters`) written as JSON text (module doc). A body that is not a JSON
     object is returned unchanged (Triton answers it with its own error)."""
     try:
-        body = json.loads(raw)
-    except ValueError:
+        body = load_json(raw)  # bounded nesting: a deeper body is Triton's to refuse
+    except JsonProblem:
         return raw
     if not isinstance(body, dict):
         return raw
@@ -66,6 +68,9 @@ def encode_nested_parameters(raw: bytes, inputs: Iterable[str]) -> bytes:
                 changed = True
 
     encoded(body, names)
+    if isinstance(body.get("sampling_parameters"), dict):  # the embedded engine takes it as an object too
+        body["sampling_parameters"] = json.dumps(body["sampling_parameters"])
+        changed = True
     if isinstance(body.get("parameters"), dict):
         encoded(body["parameters"], set())
     return json.dumps(body).encode() if changed else raw
@@ -77,8 +82,8 @@ def rewrite_generate_body(raw: bytes, inputs: Iterable[str]) -> bytes:
     `inputs`: the model's input tensor names. A body that is not a JSON object is returned unchanged (Triton
     answers it with its own error)."""
     try:
-        body = json.loads(raw)
-    except ValueError:
+        body = load_json(raw)  # bounded nesting: a deeper body is Triton's to refuse
+    except JsonProblem:
         return raw
     if not isinstance(body, dict):
         return raw
