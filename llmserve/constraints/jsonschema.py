@@ -261,13 +261,20 @@ class _Converted:
     held: tuple = ()  # what the tree was built from, kept alive where it is known by its identity
 
 
+# the keywords of a string that holds another document (_json_content)
+_CONTENT = ("contentMediaType", "contentSchema", "contentEncoding")
+
+
 def _member_step(name: str) -> str:
     return f".{name}" if name.isidentifier() else f"[{json.dumps(name, ensure_ascii=False)}]"
 
 
 def _at(exc: ConstraintError, step: str) -> ConstraintError:
     """``exc`` with where in the answer it arose, one step further out: its message ends "(at $.a.b[*])", a JSON
-    path, so that a refusal of a large schema names the field at fault."""
+    path, so that a refusal of a large schema names the field at fault. Not for the limits of a whole automaton (its
+    size, its time budget): where they were passed is not where they were spent."""
+    if "constraint too large" in exc.message or "time budget" in exc.message:
+        return exc
     located = step + getattr(exc, "located", "")
     base = getattr(exc, "unlocated", exc.message)
     exc.located, exc.unlocated = located, base  # type: ignore[attr-defined]
@@ -1166,7 +1173,15 @@ class _Converter:
             values = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
         elif _constrains(rest):
             dfa = compile_ast(self.convert(rest, depth + 1, refs), started=self.started)
-            values = [v for v in values if dfa.matches(_dumps(v).encode())]
+            kept = [v for v in values if dfa.matches(_dumps(v).encode())]
+            if not kept and any(k in rest for k in _CONTENT):
+                # a listed string that is not JSON text beside contentMediaType: an annotation, the values stand
+                dfa = compile_ast(
+                    self.convert({k: v for k, v in rest.items() if k not in _CONTENT}, depth + 1, refs),
+                    started=self.started,
+                )
+                kept = [v for v in values if dfa.matches(_dumps(v).encode())]
+            values = kept
         if _constrains(rest) and not values:
             raise Unsatisfiable("json_schema: no enum/const value satisfies the keywords beside it")
         return _alt([_lit(_dumps(v)) for v in values])
@@ -1208,11 +1223,8 @@ class _Converter:
         try:
             node = string_ast(must, formats[0], lo, hi, started=self.started, memo=self.strings)
             if content is not None:
-                text = _cat(QUOTE, encode(content), QUOTE)
                 plain = not must and all(f is None for f in formats) and lo == 0 and hi is None
-                node = (
-                    text if plain else ("dfa", intersect([compile_ast(text), compile_ast(node)], started=self.started))
-                )
+                node = self._holding_json(node, content, plain)
             for other in formats[1:]:
                 both_dfa = intersect(
                     [
@@ -1230,6 +1242,19 @@ class _Converter:
             raise
         return self.exclude(node, [["pattern", q] for q in must_not]) if must_not else node
 
+    def _holding_json(self, node: tuple, content: Any, plain: bool) -> tuple:
+        """The string ``node`` (its own keywords) holding the JSON text ``content``; ``plain``: it has none. Where
+        no JSON text meets its keywords (a format, a pattern), they stand alone: contentMediaType annotates."""
+        text = _cat(QUOTE, encode(content), QUOTE)
+        if plain:
+            return text
+        try:
+            return ("dfa", intersect([compile_ast(text), compile_ast(node)], started=self.started))
+        except ConstraintError as exc:
+            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+                return node
+            raise
+
     def _json_content(self, schema: dict, depth: int, refs) -> Any:
         """The tree of the JSON text a string holds when the schema says it holds JSON (``contentMediaType``
         application/json, not under a ``contentEncoding``), valid against its ``contentSchema`` (default: any
@@ -1237,7 +1262,10 @@ class _Converter:
         annotations, so any string would validate; JSON text of the content schema is a subset that does."""
         if schema.get("contentMediaType") != "application/json" or schema.get("contentEncoding") is not None:
             return None
-        return self.convert(schema.get("contentSchema", True), depth + 1, refs)
+        try:
+            return self.convert(schema.get("contentSchema", True), depth + 1, refs)
+        except Unsatisfiable:
+            return None  # no JSON text fits the content schema: an annotation, the string's own keywords stand
 
     def _array(self, schema, depth, refs):
         items = schema.get("items")

@@ -899,6 +899,12 @@ def test_a_string_that_holds_json_holds_json_text_of_its_content_schema():
         ]
     }
     assert accepts(merged, '"5"') and not accepts(merged, '"4"') and not accepts(merged, '"x"')
+    # where no JSON text meets the string's own keywords, or the listed values are not JSON, those stand alone
+    held = {"type": "string", "contentMediaType": "application/json"}
+    assert accepts({**held, "const": "x"}, '"x"') and accepts({**held, "format": "date"}, '"2024-01-02"')
+    assert accepts(
+        {"allOf": [{**held, "contentSchema": {"type": "integer"}}, {"contentSchema": {"type": "string"}}]}, '"x"'
+    )
     # base64-encoded JSON is not JSON text, and without the media type the content schema says nothing
     encoded = {"type": "string", "contentMediaType": "application/json", "contentEncoding": "base64"}
     assert accepts(encoded, '"e30="') and accepts(encoded, '"not json"')
