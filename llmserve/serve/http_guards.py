@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmserve.serve.openai.errors import error_body
 
-# Health probes stay open when an API key is set (load balancers and Kubernetes probe without one).
+# Health probes stay open when an API key is set (load balancers and Kubernetes probe without one), a model's
+# readiness among them (gRPC's ModelReady is open too).
 OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})
+_MODEL_READY = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/ready$")
+
+
+def _open(path: str, method: str) -> bool:
+    return path in OPEN_PATHS or (method == "GET" and _MODEL_READY.match(path) is not None)
 
 
 async def _send_json(
@@ -68,7 +75,7 @@ class Guards:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if self._key is not None and scope.get("path") not in OPEN_PATHS:
+        if self._key is not None and not _open(scope.get("path", ""), scope.get("method", "")):
             presented = _presented_key(headers)
             if presented is None or not hmac.compare_digest(presented, self._key):
                 await _send_json(

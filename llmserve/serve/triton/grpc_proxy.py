@@ -9,6 +9,11 @@ with the call and a cancelled client call cancels Triton's. The API key is check
 Until the server is ready (Triton starting) and while it drains, the health calls are answered here (live, not
 ready) and every other call gets UNAVAILABLE, as on the embedded engine.
 
+Calls that change the Triton llmserve supervises are not forwarded: loading a model (which can upload a config
+and files, i.e. run code inside the server), unloading one (llmserve then exits as if the model had failed),
+registering shared memory, and changing log or trace settings answer UNIMPLEMENTED here, as on the embedded engine:
+the models are fixed at startup.
+
 The one call that is not a plain relay: a one-shot ModelInfer on a decoupled model (the LLM), which Triton refuses
 (UNIMPLEMENTED: decoupled models answer over ModelStreamInfer only) while llmserve's embedded engine answers it, and
 tritonclient's `infer()` is what a platform's existing gRPC path calls. Such a call is sent again here as a
@@ -37,6 +42,17 @@ STREAM_PATH = f"/{SERVICE}/ModelStreamInfer"
 # Triton's stream parameters: asked for, a request's end is marked on its last response (or on an empty one).
 EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
+# The calls that change Triton (control), refused here with the reason; LogSettings and TraceSetting only when they
+# carry settings (without any they read them)
+REFUSED = {
+    "RepositoryModelLoad": "the models are fixed at startup by llmserve; serve or deploy another package version",
+    "RepositoryModelUnload": "the models are fixed at startup by llmserve; stop the server or deploy another version",
+    "SystemSharedMemoryRegister": "shared-memory tensors are not supported through llmserve; send the data",
+    "SystemSharedMemoryUnregister": "shared-memory tensors are not supported through llmserve; send the data",
+    "CudaSharedMemoryRegister": "shared-memory tensors are not supported through llmserve; send the data",
+    "CudaSharedMemoryUnregister": "shared-memory tensors are not supported through llmserve; send the data",
+}
+SETTINGS = {"LogSettings": pb.LogSettingsRequest, "TraceSetting": pb.TraceSettingRequest}
 # Metadata that stays here: the client's credentials for llmserve (Triton on loopback takes none).
 PRIVATE_METADATA = {"authorization", "x-api-key"}
 
@@ -139,6 +155,9 @@ class _Forward(grpc.GenericRpcHandler):
 
     def _unary(self, path: str, method: str) -> Any:
         async def call(request: bytes, context: Any) -> bytes:
+            if method in REFUSED or (method in SETTINGS and SETTINGS[method].FromString(request).settings):
+                why = REFUSED.get(method, "Triton's settings are set at startup by llmserve")
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not available through llmserve: {why}")
             channel = self.proxy.ready_channel()
             if channel is None:
                 if method in _NOT_READY_ANSWERS:
