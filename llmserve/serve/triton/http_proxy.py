@@ -37,6 +37,7 @@ from llmserve.serve.routing import Exposition, new_app, operations_router
 from llmserve.serve.triton.llm_text_generate import (
     GenerateBodyError,
     encode_nested_parameters,
+    generate_body_problem,
     generated_model,
     rewrite_generate_body,
 )
@@ -52,6 +53,13 @@ class OpenAISettings:
 PRIVATE_HEADERS = {"authorization", "x-api-key", "host", "content-length", "connection", "transfer-encoding"}
 # Response headers of Triton's that the server here sets itself.
 HOP_HEADERS = {"content-length", "connection", "transfer-encoding", "keep-alive"}
+# Routes that change the Triton llmserve supervises (loading a model can upload files that run inside the server;
+# unloading one ends llmserve), refused with the reason (grpc_proxy.REFUSED is the gRPC side)
+CONTROL_ROUTES = [
+    (re.compile(r"^repository/models/[^/]+/(load|unload)$"), "the models are fixed at startup by llmserve"),
+    (re.compile(r"^(system|cuda)sharedmemory/"), "shared-memory tensors are not supported through llmserve"),
+    (re.compile(r"^(logging|trace/setting)$"), "Triton's settings are set at startup by llmserve"),
+]
 # Triton's HTTP endpoint on /infer for a decoupled model (2.51: "HTTP end point doesn't support models with decoupled
 # transaction policy")
 DECOUPLED_REFUSAL = b"doesn't support models with decoupled transaction policy"
@@ -130,6 +138,17 @@ class TritonHttpProxy(UvicornFrontend):
             await self.grpc_channel.close()
             self.grpc_channel = None
 
+    def generate_body(self, model: str, path: str, content: bytes) -> bytes:
+        """A generate body for `model` as it is forwarded (llm_text_generate.py); GenerateBodyError for a 400."""
+        if model not in self.llm_text_inputs and model not in self.vllm_inputs:
+            return content
+        problem = generate_body_problem(content, path)
+        if problem is not None:
+            raise GenerateBodyError(problem)
+        if model in self.llm_text_inputs:
+            return rewrite_generate_body(content, self.llm_text_inputs[model])
+        return encode_nested_parameters(content, self.vllm_inputs[model])
+
     def ready_client(self, readiness: Readiness) -> httpx.AsyncClient | None:
         return self._client if readiness.accepting else None
 
@@ -153,19 +172,20 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
             if path == "health/live":
                 return Response(status_code=200)
             return JSONResponse({"error": "the server is not ready (starting or draining)"}, status_code=503)
+        refused = _control_refusal(request.method, path)
+        if refused is not None:
+            return refused
         headers = {k: v for k, v in request.headers.items() if k.lower() not in PRIVATE_HEADERS}
         # httpx asks for gzip when the request names no encoding, and Triton then compresses /infer answers: a
         # client that did not ask for it would get a gzip body (the raw bytes are streamed through)
         headers.setdefault("accept-encoding", "identity")
         content = await request.body()
         model = generated_model(path) if request.method == "POST" else None
-        if model in proxy.llm_text_inputs:
+        if model is not None:
             try:
-                content = rewrite_generate_body(content, proxy.llm_text_inputs[model])
+                content = proxy.generate_body(model, path, content)
             except GenerateBodyError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
-        elif model in proxy.vllm_inputs:
-            content = encode_nested_parameters(content, proxy.vllm_inputs[model])
         infer = INFER_PATH.match(path) if request.method == "POST" else None
         if infer is not None and infer.group(1) in proxy.decoupled and proxy.grpc_channel is not None:
             return await _infer_over_stream(proxy.grpc_channel, request, content, infer, proxy.max_body_bytes)
@@ -202,6 +222,16 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
 
     app.add_api_route("/v2", server_metadata, methods=["GET"], include_in_schema=False)
     return app
+
+
+def _control_refusal(method: str, path: str) -> Response | None:
+    """The 501 for a route that would change Triton (CONTROL_ROUTES); GET only reads (status, settings)."""
+    if method == "GET":
+        return None
+    for route, why in CONTROL_ROUTES:
+        if route.match(path):
+            return JSONResponse({"error": f"/v2/{path} is not available through llmserve: {why}"}, 501)
+    return None
 
 
 async def _infer_over_stream(

@@ -37,6 +37,29 @@ class GenerateBodyError(ValueError):
     """A generate body that cannot be forwarded to an llm-text model as it means: answered with a 400."""
 
 
+def generate_body_problem(raw: bytes, path: str) -> str | None:
+    """What makes a generate body one Triton would answer with a 500 (its JSON reader's errors) or a 200 holding an
+    error (a stream asked of generate), or would read silently one way (a setting given twice); None if none."""
+    try:
+        body = load_json(raw)
+    except JsonProblem as exc:
+        return f"the generate body is {exc}"
+    if not isinstance(body, dict):
+        return "the generate body must be a JSON object"
+    parameters = body.get("parameters", {})
+    if not isinstance(parameters, dict):
+        return "'parameters' must be a JSON object"
+    text = body.get("text_input", "")
+    if not isinstance(text, str) and not (isinstance(text, list) and all(isinstance(t, str) for t in text)):
+        return "'text_input' must be a string (the prompt)"
+    if body.get("stream") is True and not path.endswith("_stream"):
+        return "'stream' is true, but generate answers with one response: POST .../generate_stream for a stream"
+    twice = sorted(set(body) & set(parameters))
+    if twice:
+        return f"{', '.join(twice)}: given both at the top level and in parameters; set each in one place"
+    return None
+
+
 def generated_model(path: str) -> str | None:
     """The model a generate/generate_stream path (below /v2/) names; None for any other route."""
     found = GENERATE_PATH.match(path)
@@ -47,15 +70,22 @@ def _triton_own(key: str) -> bool:
     return key in TRITON_PARAMETERS or key.startswith("triton_")
 
 
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object; None for anything else (Triton answers it with its own error), a body nested
+    deeper than the bounded reader takes among them."""
+    try:
+        body = load_json(raw)
+    except JsonProblem:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 def encode_nested_parameters(raw: bytes, inputs: Iterable[str]) -> bytes:
     """The generate body with every object or list value among its request parameters (top-level fields that are
     not one of `inputs`, and entries of `parameters`) written as JSON text (module doc). A body that is not a JSON
     object is returned unchanged (Triton answers it with its own error)."""
-    try:
-        body = load_json(raw)  # bounded nesting: a deeper body is Triton's to refuse
-    except JsonProblem:
-        return raw
-    if not isinstance(body, dict):
+    body = _json_object(raw)
+    if body is None:
         return raw
     names = set(inputs) | {"id", "parameters"}
     changed = False
@@ -81,11 +111,8 @@ def rewrite_generate_body(raw: bytes, inputs: Iterable[str]) -> bytes:
 
     `inputs`: the model's input tensor names. A body that is not a JSON object is returned unchanged (Triton
     answers it with its own error)."""
-    try:
-        body = load_json(raw)  # bounded nesting: a deeper body is Triton's to refuse
-    except JsonProblem:
-        return raw
-    if not isinstance(body, dict):
+    body = _json_object(raw)
+    if body is None:
         return raw
     names = set(inputs)
     sampling: dict[str, Any] = {}
