@@ -79,17 +79,22 @@ def host(tmp_path_factory, tiny_model_dir, triton_env):
         stop(served)
 
 
-def llm_inputs(prompt: str, params: dict, *, stream: bool) -> list[grpcclient.InferInput]:
-    """The Triton vLLM backend's input tensors for one generation."""
+def llm_inputs(prompt: str, params: dict, *, stream: bool, module=grpcclient, binary: bool = True, extra=()) -> list:
+    """The Triton vLLM backend's input tensors for one generation (`module`: tritonclient.grpc or .http, whose
+    tensors take `binary`; `extra`: more BOOL inputs set true, e.g. return_finish_reason)."""
     inputs = []
     for name, datatype, value in (
         ("text_input", "BYTES", np.array([prompt.encode()], dtype=np.object_)),
         ("stream", "BOOL", np.array([stream])),
         ("sampling_parameters", "BYTES", np.array([json.dumps(params).encode()], dtype=np.object_)),
         ("exclude_input_in_output", "BOOL", np.array([True])),
+        *((flag, "BOOL", np.array([True])) for flag in extra),
     ):
-        tensor = grpcclient.InferInput(name, [1], datatype)
-        tensor.set_data_from_numpy(value)
+        tensor = module.InferInput(name, [1], datatype)
+        if module is grpcclient:
+            tensor.set_data_from_numpy(value)
+        else:
+            tensor.set_data_from_numpy(value, binary_data=binary)
         inputs.append(tensor)
     return inputs
 
@@ -395,21 +400,6 @@ def test_a_one_shot_infer_on_the_llm_is_answered_through_the_proxy(embedded):
     assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
-def _http_llm_inputs(prompt: str, params: dict, *, stream: bool, binary: bool) -> list[httpclient.InferInput]:
-    inputs = []
-    for name, datatype, value in (
-        ("text_input", "BYTES", np.array([prompt.encode()], dtype=np.object_)),
-        ("stream", "BOOL", np.array([stream])),
-        ("sampling_parameters", "BYTES", np.array([json.dumps(params).encode()], dtype=np.object_)),
-        ("exclude_input_in_output", "BOOL", np.array([True])),
-        ("return_finish_reason", "BOOL", np.array([True])),
-    ):
-        tensor = httpclient.InferInput(name, [1], datatype)
-        tensor.set_data_from_numpy(value, binary_data=binary)
-        inputs.append(tensor)
-    return inputs
-
-
 def test_an_http_infer_on_the_llm_is_answered_through_the_proxy(embedded):
     # Triton refuses /infer on a decoupled model; tritonclient.http's infer() works as on the embedded engine, with
     # binary tensors (its default) and with JSON ones
@@ -417,7 +407,9 @@ def test_an_http_infer_on_the_llm_is_answered_through_the_proxy(embedded):
     params = {"max_tokens": 60, "temperature": 0.8, "seed": 4, "structured_outputs": {"json": SCHEMA}}
     for binary in (True, False):
         outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("text_output", "finish_reason")]
-        inputs = _http_llm_inputs("A parcel ☃:", params, stream=False, binary=binary)
+        inputs = llm_inputs(
+            "A parcel ☃:", params, stream=False, module=httpclient, binary=binary, extra=["return_finish_reason"]
+        )
         result = client.infer("tiny-chat", inputs, outputs=outputs, headers=dict(AUTH), request_id=f"h-{binary}")
         text, finish = (result.as_numpy(n).reshape(-1)[0] for n in ("text_output", "finish_reason"))
         text, finish = (v.decode() if isinstance(v, bytes) else v for v in (text, finish))
@@ -425,15 +417,61 @@ def test_an_http_infer_on_the_llm_is_answered_through_the_proxy(embedded):
         assert finish == "stop" and result.get_response()["id"] == f"h-{binary}", result.get_response()
     with pytest.raises(InferenceServerException, match="generate_stream"):
         client.infer(
-            "tiny-chat", _http_llm_inputs("Hi", {"max_tokens": 30}, stream=True, binary=True), headers=dict(AUTH)
+            "tiny-chat", llm_inputs("Hi", {"max_tokens": 30}, stream=True, module=httpclient), headers=dict(AUTH)
         )
     with pytest.raises(InferenceServerException, match="temprature"):
         client.infer(
-            "tiny-chat", _http_llm_inputs("Hi", {"temprature": 1}, stream=False, binary=False), headers=dict(AUTH)
+            "tiny-chat",
+            llm_inputs("Hi", {"temprature": 1}, stream=False, module=httpclient, binary=False),
+            headers=dict(AUTH),
         )
     body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [2], "data": ["one"]}]}
     answer = httpx.post(f"http://127.0.0.1:{embedded.http}/v2/models/tiny-chat/infer", json=body, headers=AUTH)
     assert answer.status_code == 400 and "holds 2 element(s)" in answer.json()["error"], answer.text
+
+
+def test_calls_that_would_change_triton_are_refused_and_probes_stay_open(embedded):
+    # loading a model can upload a config and files that run inside the server; unloading one would end llmserve
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{embedded.grpc}")
+    files = {"file:1/model.py": b"open('/tmp/llmserve-should-not-exist', 'w')"}
+    for call in (
+        lambda: grpc.load_model("evil", config='{"backend": "python"}', files=files, headers=AUTH),
+        lambda: grpc.unload_model("parcel-classifier", headers=AUTH),
+        lambda: grpc.update_log_settings({"log_verbose_level": 1}, headers=AUTH),
+        lambda: grpc.register_system_shared_memory("r", "/r", 64, headers=AUTH),
+    ):
+        with pytest.raises(InferenceServerException, match="not available through llmserve") as caught:
+            call()
+        assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert grpc.get_log_settings(headers=AUTH) is not None  # reading is fine
+    base = f"http://127.0.0.1:{embedded.http}/v2"
+    for path in ("repository/models/evil/load", "repository/models/tiny-chat/unload", "logging"):
+        answer = httpx.post(f"{base}/{path}", json={"parameters": {"config": "{}"}}, headers=AUTH)
+        assert answer.status_code == 501 and "not available through llmserve" in answer.json()["error"], answer.text
+    assert grpc.is_model_ready("parcel-classifier") and grpc.is_model_ready("tiny-chat")
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{embedded.http}")
+    assert http.is_model_ready("tiny-chat")  # a readiness probe needs no key, as over gRPC
+    assert httpx.get(f"{base}/models/tiny-chat", headers={}).status_code == 401
+
+
+def test_malformed_generate_bodies_are_400s_naming_the_problem(embedded):
+    url = f"http://127.0.0.1:{embedded.http}/v2/models/tiny-chat"
+    for path, body, needle in (
+        ("generate", b"{nope", "not valid JSON"),
+        ("generate", b"", "not valid JSON"),
+        ("generate", b"[1, 2]", "must be a JSON object"),
+        ("generate", b'{"text_input": 5}', "'text_input' must be a string"),
+        ("generate", b'{"text_input": "x", "parameters": [1]}', "'parameters' must be a JSON object"),
+        ("generate", b'{"text_input": "x", "stream": true}', "generate_stream"),
+        (
+            "generate",
+            b'{"text_input": "x", "max_tokens": 3, "parameters": {"max_tokens": 6}}',
+            "max_tokens: given both",
+        ),
+        ("generate_stream", b"{nope", "not valid JSON"),
+    ):
+        answer = httpx.post(f"{url}/{path}", content=body, headers=AUTH, timeout=60)
+        assert answer.status_code == 400 and needle in answer.json()["error"], (path, body, answer.text)
 
 
 def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):
@@ -544,6 +582,17 @@ def test_openai_chat_with_a_json_schema_through_triton_validates(embedded, strea
             text = answer.choices[0].message.content
             assert answer.choices[0].finish_reason == "stop" and answer.usage.prompt_tokens > 0
         jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_streamed_usage_counts_every_generated_token(embedded):
+    # deltas the detokenizer holds back (no text yet) still count: usage matches the tokens generated
+    client = _openai(embedded)
+    for seed in (1, 2, 3):
+        kwargs = {"model": "tiny-chat", "prompt": "Count:", "max_tokens": 16, "seed": seed, "temperature": 1.0}
+        kwargs["extra_body"] = {"ignore_eos": True}
+        chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 16, chunks[-1].usage
+        assert client.completions.create(**kwargs).usage.completion_tokens == 16
 
 
 def test_openai_completion_with_a_constraint_key_through_triton(embedded):

@@ -136,8 +136,11 @@ async def generate_deltas(
         yield dataclasses.replace(parts[-1], text=text, output_tokens=sum(p.output_tokens for p in parts))
         return
     prefix = req.prompt if req.exclude_input is False else ""
+    tokens = 0  # of deltas not sent (no text yet: the detokenizer holds a partial character back), counted on
     async for d in generate(handle, req, request_id):
         text = prefix + d.text
         prefix = ""
+        tokens += d.output_tokens
         if text or d.final:
-            yield dataclasses.replace(d, text=text)
+            yield dataclasses.replace(d, text=text, output_tokens=tokens)
+            tokens = 0

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, CONSTRAINT_OPTIONS, ConstraintSupport
+from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
 from llmserve.serve.limits import VLLM_DEFAULT_MAX_TOKENS
@@ -124,6 +125,8 @@ def build_call(kind: str, body: dict[str, Any], models: dict[str, TritonLLM], so
         raise RequestRejected("the request body must be a JSON object")
     params = _sampling_fields(body)
     model = body.get("model")
+    if model is None:
+        raise RequestRejected(f"field 'model' is required: one of {', '.join(models)}", param="model")
     if model not in models:
         raise RequestRejected(
             f"model '{model}' is not served here; served: {', '.join(models)}",
@@ -339,8 +342,15 @@ def build_router(
         pieces = run(client_for(), call)
         if call.stream:
             return StreamingResponse(_sse(kind, call, pieces), media_type="text/event-stream")
+
+        async def collect() -> list[Piece]:
+            return [p async for p in pieces]
+
         try:
-            collected = [p async for p in pieces]
+            # a client that disconnects ends the Triton call (its gRPC stream is cancelled), and so the generation
+            collected = await unless_disconnected(request, collect())
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED)
         except RequestRejected as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         except RuntimeError as exc:
