@@ -95,7 +95,7 @@ def decode_infer_body(
     request_body: bytes, header_length: str | None
 ) -> tuple[list[DecodedTensor], dict[str, Any], bool | None, str]:
     """JSON tensors or the binary tensor extension -> (tensors, request params, binary output?, id)."""
-    header, binary = _split_binary(request_body, header_length)
+    header, binary = split_binary(request_body, header_length)
     body = _json_object(header, "inference request")
     unknown = sorted(set(body) - set(REQUEST_FIELDS))
     if unknown:
@@ -113,8 +113,8 @@ def decode_infer_body(
     return tensors, params, _binary_output(body.get("outputs")), request_id
 
 
-def _split_binary(request_body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
-    """(JSON header, binary tensor data) of an /infer body."""
+def split_binary(request_body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON header, binary tensor data) of an /infer body (the binary tensor extension)."""
     if header_length is None:
         return request_body, b""
     try:
@@ -136,7 +136,7 @@ def _decode_inputs(inputs: Any, binary: bytes) -> list[DecodedTensor]:
         if size is None:
             values = _json_data(name, datatype, shape, t)
         else:
-            values = decode_raw(name, datatype, _binary_part(name, size, t, binary, offset), element_count(shape))
+            values = decode_raw(name, datatype, binary_part(name, size, t, binary, offset), element_count(shape))
             offset += size
         tensors.append(DecodedTensor(name, datatype, shape, values))
     if offset != len(binary):
@@ -162,7 +162,8 @@ def _input_header(i: int, t: Any) -> tuple[str, str, list[int], Any]:
     return name, datatype, shape, size
 
 
-def _binary_part(name: str, size: Any, t: dict[str, Any], binary: bytes, offset: int) -> bytes:
+def binary_part(name: str, size: Any, t: dict[str, Any], binary: bytes, offset: int) -> bytes:
+    """Input `name`'s bytes: `size` of them from `offset` in the body's binary part (binary_data_size)."""
     if "data" in t:
         raise invalid(f"input '{name}': give either 'data' or parameters.binary_data_size, not both")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):

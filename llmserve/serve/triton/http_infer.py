@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from llmserve.serve.kserve.http_codec import binary_part, split_binary
 from llmserve.serve.limits import JsonProblem, load_json, short
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from tritonclient.grpc import service_pb2 as pb
@@ -105,7 +109,7 @@ def decode_infer_body(
     """A KServe v2 HTTP /infer body -> (the gRPC request, outputs' binary_data by name, binary for the others)."""
     from tritonclient.grpc import service_pb2 as pb
 
-    header, binary = _split(raw, header_length)
+    header, binary = _kserve(split_binary, raw, header_length)
     try:
         body = load_json(header)
     except JsonProblem as exc:
@@ -121,17 +125,14 @@ def decode_infer_body(
     return request, _add_outputs(request, body.get("outputs")), bool(binary_all)
 
 
-def _split(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
-    """(JSON header, binary tensor data) of a body."""
-    if header_length is None:
-        return raw, b""
+def _kserve(step: Callable[..., T], *args: Any) -> T:
+    """One step of the embedded engine's /infer decoding (kserve.http_codec), its refusals as InferBodyError."""
+    from llmserve.serve.kserve.errors import KServeError
+
     try:
-        n = int(header_length)
-    except ValueError:
-        raise InferBodyError(f"Inference-Header-Content-Length '{header_length}' is not an integer") from None
-    if not 0 <= n <= len(raw):
-        raise InferBodyError(f"Inference-Header-Content-Length {n} is outside the body ({len(raw)} bytes)")
-    return raw[:n], raw[n:]
+        return step(*args)
+    except KServeError as exc:
+        raise InferBodyError(exc.message) from None
 
 
 def _without(where: str, params: Any, key: str) -> tuple[Any, Any]:
@@ -171,14 +172,7 @@ def _add_inputs(request: pb.ModelInferRequest, inputs: Any, binary: bytes) -> No
         tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
         _parameters(f"input '{name}' parameters", params, tensor.parameters)
         if size is not None:
-            if "data" in t:
-                raise InferBodyError(f"input '{name}': give either 'data' or parameters.{BINARY_SIZE}, not both")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise InferBodyError(
-                    f"input '{name}': {BINARY_SIZE} {size!r} does not fit the binary part of the body "
-                    f"({len(binary) - offset} bytes left)"
-                )
-            request.raw_input_contents.append(binary[offset : offset + size])
+            request.raw_input_contents.append(_kserve(binary_part, name, size, t, binary, offset))
             offset += size
         elif "data" not in t:
             raise InferBodyError(f"input '{name}' has no 'data'")
