@@ -604,6 +604,26 @@ def test_openai_completion_with_a_constraint_key_through_triton(embedded):
     assert 1 <= answer.usage.completion_tokens <= 12 and answer.usage.prompt_tokens > 0
 
 
+def test_structured_outputs_on_the_openai_routes_through_triton(embedded):
+    client = _openai(embedded)
+    messages = [{"role": "user", "content": "A parcel"}]
+    answer = client.chat.completions.create(
+        model="tiny-chat", messages=messages, max_tokens=60, extra_body={"structured_outputs": {"json": SCHEMA}}
+    )
+    jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+    import openai
+
+    for extra, needle in (
+        ({"guided_json": SCHEMA}, "use response_format"),
+        ({"structured_outputs": {"json": SCHEMA}, "response_format": {"type": "json_object"}}, "not both"),
+        ({"structured_outputs": {"jsn": SCHEMA}}, "jsn"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=needle):
+            client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=60, extra_body=extra)
+    with pytest.raises(openai.BadRequestError, match="'model' is required"):
+        client.chat.completions.create(model=None, messages=messages)  # type: ignore[arg-type]
+
+
 def test_openai_fields_triton_cannot_honour_are_refused_by_name(embedded):
     import openai
 

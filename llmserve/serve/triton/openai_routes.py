@@ -88,6 +88,15 @@ SAMPLING_FIELDS = {
 }
 HANDLED_HERE = {"model", "messages", "prompt", "stream", "stream_options", "n", "best_of", "response_format"}
 HANDLED_HERE |= {"vllm_xargs", "user"}  # user: an end-user id for the caller's records; not sent to the engine
+HANDLED_HERE |= {"structured_outputs"}  # vLLM's field, as the embedded engine takes it
+# vLLM's older names, refused with the way out (as the embedded engine refuses them)
+RENAMED = {
+    "guided_json": "use response_format (json_schema) or structured_outputs: {'json': <schema>}",
+    "guided_regex": "use structured_outputs: {'regex': <pattern>}",
+    "guided_choice": "use structured_outputs: {'choice': [...]}",
+    "guided_grammar": "grammars are not supported by llmserve's constraint engine",
+    "guided_decoding_backend": "the backend is chosen when the server starts (--structured-outputs-backend)",
+}
 
 
 @dataclass
@@ -141,6 +150,10 @@ def build_call(kind: str, body: dict[str, Any], models: dict[str, TritonLLM], so
     if not llm.protocol.structured:
         _refuse_structured(body, model)
     _response_format(body.get("response_format"), params, so_key)
+    if body.get("structured_outputs") is not None:
+        if so_key in params:
+            raise _refuse("structured_outputs", "give response_format or structured_outputs, not both")
+        params[so_key] = body["structured_outputs"]  # checked by the backend's sampling table, named there
     _constraints(body.get("vllm_xargs"), params)
     default_max_tokens = VLLM_DEFAULT_MAX_TOKENS if kind == "completion" else llm.protocol.default_max_tokens
     if default_max_tokens is not None:
@@ -164,8 +177,9 @@ def _refuse_structured(body: dict[str, Any], model: str) -> None:
         isinstance(response_format, dict) and response_format.get("type") == "text"
     ):
         raise _refuse("response_format", why)
-    if body.get("vllm_xargs") is not None:
-        raise _refuse("vllm_xargs", why)
+    for name in ("vllm_xargs", "structured_outputs"):
+        if body.get(name) is not None:
+            raise _refuse(name, why)
 
 
 def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +196,8 @@ def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
                 if key in params:
                     raise _refuse(name, "give max_tokens or max_completion_tokens, not both")
                 params[key] = value
+        elif name in RENAMED:
+            raise _refuse(name, RENAMED[name])
         elif name not in HANDLED_HERE:
             raise _refuse(name, "unknown field")
     return params
