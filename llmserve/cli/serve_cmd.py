@@ -57,7 +57,12 @@ def serve(
         help="With --triton-url: that Triton's HTTP HOST:PORT, for the KServe v2 HTTP routes.",
     ),
     metrics_port: int = typer.Option(
-        8002, "--metrics-port", help="Triton's metrics port with --engine triton (0: any free port)."
+        8002,
+        "--metrics-port",
+        help=(
+            "Triton's metrics port with --engine triton in executionMode standalone (0: any free port); "
+            "embedded, the merged /metrics is on --port and Triton's port is a free loopback one."
+        ),
     ),
     metrics_timeout: float = typer.Option(
         2.0,
