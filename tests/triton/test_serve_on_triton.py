@@ -620,6 +620,8 @@ def test_structured_outputs_on_the_openai_routes_through_triton(embedded):
     ):
         with pytest.raises(openai.BadRequestError, match=needle):
             client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=60, extra_body=extra)
+    with pytest.raises(openai.BadRequestError, match="one text prompt per request through Triton, got 2"):
+        client.completions.create(model="tiny-chat", prompt=["a", "b"], max_tokens=4)
     with pytest.raises(openai.BadRequestError, match="'model' is required"):
         client.chat.completions.create(model=None, messages=messages)  # type: ignore[arg-type]
 

@@ -270,6 +270,8 @@ def _completion_prompt(body: dict[str, Any]) -> str:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise _refuse("prompt", f"one text prompt per request through Triton, got {len(prompt)}: send one each")
     if not isinstance(prompt, str) or not prompt:
         raise _refuse("prompt", "one non-empty text prompt (token-id prompts are not taken through Triton)")
     return prompt
