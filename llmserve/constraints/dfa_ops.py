@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.errors import ConstraintError, no_string_left
 from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
 from llmserve.constraints.native import require_native
@@ -225,7 +225,7 @@ def _complement_in(dfa: ByteDFA, universe: ByteDFA, started: float) -> ByteDFA |
     try:
         return intersect([ByteDFA(table, accept, dfa.start), universe], started=started)
     except ConstraintError as exc:
-        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+        if no_string_left(exc):
             return None  # A.* holds everywhere: (?!A) never does
         raise
 

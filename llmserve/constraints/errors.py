@@ -16,3 +16,9 @@ class ConstraintError(InvalidInputError, ValueError):
         "Check the request's constraint (regex, choice or json_schema); "
         "see `python -m pydoc llmserve.constraints` for the supported subset."
     )
+
+
+def no_string_left(exc: ConstraintError) -> bool:
+    """Whether ``exc`` says that no string is left (an intersection or a pattern matching nothing), as opposed to a
+    refusal: a caller may then leave the value out (``Unsatisfiable``) instead of refusing the schema."""
+    return "no string satisfies" in exc.message or "matches no string" in exc.message

@@ -123,7 +123,7 @@ from typing import Any
 import numpy as np
 
 from llmserve.constraints.dfa_ops import intersect
-from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.errors import ConstraintError, no_string_left
 from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
 from llmserve.constraints.regex import (
@@ -269,18 +269,17 @@ def _member_step(name: str) -> str:
     return f".{name}" if name.isidentifier() else f"[{json.dumps(name, ensure_ascii=False)}]"
 
 
-def _at(exc: ConstraintError, step: str) -> ConstraintError:
+def _at(exc: ConstraintError, step: str) -> None:
     """``exc`` with where in the answer it arose, one step further out: its message ends "(at $.a.b[*])", a JSON
     path, so that a refusal of a large schema names the field at fault. Not for the limits of a whole automaton (its
     size, its time budget): where they were passed is not where they were spent."""
     if "constraint too large" in exc.message or "time budget" in exc.message:
-        return exc
+        return
     located = step + getattr(exc, "located", "")
     base = getattr(exc, "unlocated", exc.message)
     exc.located, exc.unlocated = located, base  # type: ignore[attr-defined]
     exc.message = f"{base} (at ${located})"
     exc.args = (exc.message,)
-    return exc
 
 
 def _lit(text: str):
@@ -674,7 +673,7 @@ class _Converter:
         try:
             dfa = intersect([compile_ast(node, started=self.started), _complement(excluded)], started=self.started)
         except ConstraintError as exc:
-            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            if no_string_left(exc):
                 raise Unsatisfiable("json_schema: no value is left once 'not' is applied") from None
             raise
         return ("dfa", dfa)
@@ -1235,7 +1234,7 @@ class _Converter:
                 )
                 node = ("dfa", both_dfa)
         except ConstraintError as exc:
-            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            if no_string_left(exc):
                 # none is left of the strings generated for these patterns, formats (some served as
                 # a subset of their values) and lengths: the value is not generated
                 raise Unsatisfiable(exc.message) from None
@@ -1251,7 +1250,7 @@ class _Converter:
         try:
             return ("dfa", intersect([compile_ast(text), compile_ast(node)], started=self.started))
         except ConstraintError as exc:
-            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            if no_string_left(exc):
                 return node
             raise
 
@@ -1293,7 +1292,8 @@ class _Converter:
                 heads.append(self.convert(p, depth + 1, refs))
             except ConstraintError as exc:
                 if not isinstance(exc, Unsatisfiable) or k < lo:
-                    raise _at(exc, f"[{k}]") from exc.__cause__
+                    _at(exc, f"[{k}]")
+                    raise
                 hi = k  # no array reaches this position
                 break
         item = None
@@ -1302,7 +1302,8 @@ class _Converter:
                 item = self.convert(True if items is None else items, depth + 1, refs)
             except ConstraintError as exc:
                 if not isinstance(exc, Unsatisfiable) or lo > len(heads):
-                    raise _at(exc, "[*]") from exc.__cause__
+                    _at(exc, "[*]")
+                    raise
         return _cat(_lit("["), _sequence(heads, item, lo, hi), _lit("]"))
 
     def _distinct(self, schema: dict, items: Any, prefix: Any, lo: int, hi: int | None, depth: int, refs) -> tuple:
@@ -1394,7 +1395,8 @@ class _Converter:
             except ConstraintError as exc:
                 if isinstance(exc, Unsatisfiable) and name not in required:
                     continue  # an optional property no value can fill: never generated
-                raise _at(exc, _member_step(name)) from exc.__cause__
+                _at(exc, _member_step(name))
+                raise
             kvs.append((name in required, _cat(_lit(_dumps(name) + ":"), value)))
         n_required = sum(1 for req, _ in kvs if req)
         if hi is not None and hi < len(kvs):
@@ -1548,7 +1550,7 @@ class _Converter:
                 [compile_ast(key, started=self.started), compile_ast(names, started=self.started)], started=self.started
             )
         except ConstraintError as exc:
-            if "no string satisfies" in exc.message or "matches no string" in exc.message:
+            if no_string_left(exc):
                 raise Unsatisfiable("json_schema: no name matches both patternProperties and propertyNames") from None
             raise
         return ("dfa", dfa)

@@ -23,7 +23,7 @@ from decimal import Decimal
 import numpy as np
 
 from llmserve.constraints.dfa_ops import intersect
-from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.errors import ConstraintError, no_string_left
 from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
 from llmserve.constraints.schema_merge import Unsatisfiable
 
@@ -275,7 +275,7 @@ def _fraction_multiples(schema: dict, multiple: float):
     try:
         return ("dfa", intersect([compile_ast(node), multiples_dfa(step)]))
     except ConstraintError as exc:
-        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+        if no_string_left(exc):
             raise Unsatisfiable(f"json_schema: no multiple of {multiple} lies between the bounds") from None
         raise
 
@@ -320,6 +320,6 @@ def number_ast(schema: dict, integer: bool):
     try:
         return ("dfa", intersect([compile_ast(node), _multiples(int(multiple))]))
     except ConstraintError as exc:
-        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+        if no_string_left(exc):
             raise Unsatisfiable(f"json_schema: no multiple of {multiple} lies between the bounds") from None
         raise

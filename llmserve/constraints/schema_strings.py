@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from llmserve.constraints.dfa_ops import LookTooLarge, intersect, look_dfa
-from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.errors import ConstraintError, no_string_left
 from llmserve.constraints.limits import limits
 from llmserve.constraints.regex import (
     MAX_CODEPOINT,
@@ -605,7 +605,7 @@ def _string_ast(patterns: list[str], fmt: str | None, lo: int, hi: int | None, s
     try:
         dfa = intersect([compile_ast(b, started=started) for b in bodies], started=started)
     except ConstraintError as exc:
-        if "no string satisfies" in exc.message or "matches no string" in exc.message:
+        if no_string_left(exc):
             raise ConstraintError(
                 f"json_schema: no string satisfies pattern {patterns}, format {fmt!r} and length {lo}..{hi} together"
             ) from None
