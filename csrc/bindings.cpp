@@ -1197,6 +1197,17 @@ PYBIND11_MODULE(_core, m) {
           "As greedy_tokens over a whole automaton: the tokens of one answer (an upper bound of the fewest); "
           "2**31 - 1: none; -1: a byte of it starts no token.")
       .def(
+          "occurs",
+          [](PyLazyDfa& self, const std::vector<py::bytes>& texts, int64_t max_steps) {
+            std::vector<std::string> held(texts.begin(), texts.end());
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> hold(*self.lock);
+            return self.d->occurs(held, max_steps);
+          },
+          py::arg("texts"), py::arg("max_steps"),
+          "Per text (bytes), whether it occurs inside some answer (a factor of a string of the language): 1 "
+          "yes, 0 no, -1 not decided within max_steps NFA moves read in all. Builds no state.")
+      .def(
           "shortest_answer",
           [](PyLazyDfa& self, const PyVocab& v, int64_t state) -> py::object {
             std::vector<uint8_t> answer;

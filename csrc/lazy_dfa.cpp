@@ -213,4 +213,99 @@ void LazyDfa::mask_row(const Vocab& v, int32_t s, uint32_t* out) {
   add_end_of_sequence(v, accepting(s), out);
 }
 
+void LazyDfa::find_useful() {
+  // a move into a live state comes from a live one, so the search never needs to leave them
+  useful_.assign(view_.n, 0);
+  std::vector<int32_t> todo;
+  auto visit = [&](int32_t t) {
+    if (live_[t] && !useful_[t]) {
+      useful_[t] = 1;
+      todo.push_back(t);
+    }
+  };
+  visit(view_.start);
+  while (!todo.empty()) {
+    const int32_t q = todo.back();
+    todo.pop_back();
+    for (int64_t k = view_.eps_off[q]; k < view_.eps_off[q + 1]; ++k) visit(view_.eps[k]);
+    for (int64_t k = view_.edge_off[q]; k < view_.edge_off[q + 1]; ++k) visit(view_.edges[3 * k + 2]);
+  }
+}
+
+std::vector<int8_t> LazyDfa::occurs(const std::vector<std::string>& texts, int64_t max_steps) {
+  if (useful_.empty()) find_useful();
+  const int64_t n = view_.n;
+  std::vector<int8_t> found(texts.size(), -1);
+  int64_t steps = 0;
+  // a set of NFA states is a list; mark[q] == epoch: q is in the set being built
+  std::vector<uint32_t> mark(n, 0);
+  uint32_t epoch = 0;
+  auto add = [&](std::vector<int32_t>& set, int32_t t) {
+    if (useful_[t] && mark[t] != epoch) {
+      mark[t] = epoch;
+      set.push_back(t);
+    }
+  };
+  auto close = [&](std::vector<int32_t>& set) {  // epsilon moves, within the states an answer passes
+    for (size_t i = 0; i < set.size(); ++i) {
+      const int32_t q = set[i];
+      steps += view_.eps_off[q + 1] - view_.eps_off[q];
+      for (int64_t k = view_.eps_off[q]; k < view_.eps_off[q + 1]; ++k) add(set, view_.eps[k]);
+    }
+  };
+  // the first byte from every state an answer passes through: one pass over the moves for all texts
+  std::vector<uint8_t> firsts;
+  for (const std::string& t : texts)
+    if (!t.empty()) firsts.push_back(static_cast<uint8_t>(t[0]));
+  std::sort(firsts.begin(), firsts.end());
+  firsts.erase(std::unique(firsts.begin(), firsts.end()), firsts.end());
+  std::vector<std::vector<int32_t>> after_first(256);
+  for (int64_t q = 0; q < n && steps <= max_steps; ++q) {
+    if (!useful_[q]) continue;
+    steps += view_.edge_off[q + 1] - view_.edge_off[q];
+    for (int64_t k = view_.edge_off[q]; k < view_.edge_off[q + 1]; ++k) {
+      const int32_t lo = view_.edges[3 * k], hi = view_.edges[3 * k + 1], t = view_.edges[3 * k + 2];
+      if (!useful_[t]) continue;
+      for (auto b = std::lower_bound(firsts.begin(), firsts.end(), lo); b != firsts.end() && *b <= hi; ++b) {
+        after_first[*b].push_back(t);
+        ++steps;
+      }
+    }
+  }
+  if (steps > max_steps) return found;
+  for (uint8_t b : firsts) {  // each a set: without repeats, closed
+    std::vector<int32_t> set;
+    ++epoch;
+    for (int32_t t : after_first[b]) add(set, t);
+    close(set);
+    after_first[b].swap(set);
+  }
+  std::vector<int32_t> cur, next;
+  for (size_t i = 0; i < texts.size() && steps <= max_steps; ++i) {
+    const std::string& text = texts[i];
+    if (text.empty()) {
+      found[i] = 1;  // the empty string occurs everywhere
+      continue;
+    }
+    cur = after_first[static_cast<uint8_t>(text[0])];
+    for (size_t j = 1; j < text.size() && !cur.empty() && steps <= max_steps; ++j) {
+      const int32_t b = static_cast<uint8_t>(text[j]);
+      next.clear();
+      if (++epoch == 0) {  // wrapped: no set may keep a stale mark
+        std::fill(mark.begin(), mark.end(), 0);
+        epoch = 1;
+      }
+      for (int32_t q : cur) {
+        steps += view_.edge_off[q + 1] - view_.edge_off[q];
+        for (int64_t k = view_.edge_off[q]; k < view_.edge_off[q + 1]; ++k)
+          if (view_.edges[3 * k] <= b && b <= view_.edges[3 * k + 1]) add(next, view_.edges[3 * k + 2]);
+      }
+      close(next);
+      cur.swap(next);
+    }
+    if (steps <= max_steps) found[i] = cur.empty() ? 0 : 1;
+  }
+  return found;
+}
+
 }  // namespace llmserve

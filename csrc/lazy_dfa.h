@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -98,6 +99,12 @@ class LazyDfa {
   // The mask row of state s, as Grammar computes a row: the tokens whose bytes walk from s, plus end
   // of sequence where the rule in grammar.h allows it. out: vocab.words() words.
   void mask_row(const Vocab& v, int32_t s, uint32_t* out);
+  // Per text, whether its bytes occur somewhere inside an answer (a factor of a string of the language:
+  // what a stop string or stop token must not be, or it would cut an answer short): 1 yes, 0 no, -1 not
+  // decided within max_steps NFA moves read in all (a bound on what hostile texts cost). Read off the NFA
+  // (every state an answer passes through, stepped over the text's bytes): builds no state. The first
+  // bytes of all the texts are stepped in one pass over the NFA's moves, the rest text by text.
+  std::vector<int8_t> occurs(const std::vector<std::string>& texts, int64_t max_steps);
 
  private:
   void expand(int32_t s);
@@ -112,6 +119,10 @@ class LazyDfa {
   // per NFA state, the fewest bytes to the final state over the usable bytes (INT32_MAX: none)
   std::vector<int32_t> nfa_distances(const uint8_t* usable) const;
   std::vector<uint8_t> live_;  // per NFA state: the final state is reachable from it
+  // per NFA state: live and reachable from the start (an answer can pass through it); built by the
+  // first occurs() (a byte a state, not charged to the memory budget, as state_dist_)
+  std::vector<uint8_t> useful_;
+  void find_useful();
   std::vector<int32_t> dist_;  // nfa_distances(dist_usable_), kept for byte_distance and budget_row
   uint8_t dist_usable_[256] = {};
   // per state found, its byte_distance over dist_usable_ (kUnknown: not read yet): a budget row asks

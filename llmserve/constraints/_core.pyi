@@ -393,6 +393,9 @@ class LazyDfa:
         """Record ``answer`` (cut into the longest tokens) as an answer from ``state`` for steering:
         every state where one of its tokens starts can end within the tokens left of it. Its tokens;
         -1 when it is not an answer from ``state`` (nothing recorded). Builds the states along it."""
+    def occurs(self, texts: list[bytes], max_steps: int) -> list[int]:
+        """Per text, whether it occurs inside some answer (a factor of a string of the language): 1 yes,
+        0 no, -1 not decided within ``max_steps`` NFA moves read in all. Builds no state."""
     def shortest_answer(self, vocab: Vocab, state: int = 0) -> bytes | None:
         """The bytes of one shortest answer from ``state`` (what ``greedy_tokens`` cuts); None: no
         answer. Builds the states along it."""

@@ -317,6 +317,25 @@ def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None 
     return built[0]
 
 
+# what deciding whether stop strings occur inside answers may read, in NFA moves, for one request (a
+# fraction of a second): a thousand 10 KB stop strings that each live long inside a schema's free
+# strings would cost seconds; past it the undecided ones count as occurring
+OCCURS_MAX_STEPS = 20_000_000
+
+
+def occurring(
+    spec: ConstraintSpec, texts: list[bytes], *, cache_dir: Path | str | bool | None = None
+) -> list[bool | None]:
+    """Per text, whether its bytes occur inside some answer of ``spec`` (``LazyDfa.occurs``: exact, read
+    off the NFA); None where not decided: within ``OCCURS_MAX_STEPS``, or for a constraint the automaton
+    built as it is walked does not take (``lazy_automaton``: nesting past its depth, an NFA over the
+    limit). Builds the NFA when this process has not (a fraction of the compile budget)."""
+    lazy = lazy_automaton(spec, cache_dir=cache_dir) if texts else None
+    if lazy is None:
+        return [None] * len(texts)
+    return [None if found < 0 else bool(found) for found in lazy.occurs(texts, OCCURS_MAX_STEPS)]
+
+
 def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None = None) -> None:
     """A frontend's check of a new constraint, without its automaton: conversion, then what its NFA
     would be (``_tree_facts``: within the limits, not empty), the tree kept for the engine

@@ -67,7 +67,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from llmserve.constraints import reference
 from llmserve.constraints.budget import check_fits
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
-from llmserve.constraints.compiler import check_constraint, compile_constraint, serving_form, shortest_answer
+from llmserve.constraints.compiler import check_constraint, compile_constraint, occurring, serving_form, shortest_answer
 from llmserve.constraints.errors import ConstraintError
 from llmserve.constraints.lazy_form import LazyConstraint
 from llmserve.constraints.machine import (
@@ -127,6 +127,14 @@ def check_budget(obj, max_tokens: int | None, limit: str | None = None) -> None:
     if max_tokens is None or vocab is None or "machine" in obj:
         return
     check_fits(shortest_answer(obj, vocab, within=max_tokens - 1), max_tokens, limit)
+
+
+def occurring_in(obj, texts: list[bytes]) -> list[bool | None]:
+    """Per text, whether it occurs inside some answer of the constraint ``obj`` (``compiler.occurring``;
+    None: not decided). A machine's answers are its own: None for each."""
+    if "machine" in obj:
+        return [None] * len(texts)
+    return occurring(spec_from_request(obj), texts)
 
 
 def check_engine_env(environ=None) -> list[str]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,26 +193,43 @@ _NOT_IN_JSON = {chr(c) for c in range(0x20)}
 def stop_problem(obj: dict[str, Any], stop: Any) -> str | None:
     """A stop string that can occur inside an answer of the constraint ``obj``: the engine ends the
     answer where one appears, which would cut a steered answer short of its end (broken JSON with
-    finish_reason "stop"). A stop string that cannot occur (one holding a raw control character, as
-    "\\n\\nUser:" does, for a JSON answer; one in none of the choices; one with a character the
-    regex never matches) changes nothing and is accepted; for any other the request is refused,
-    naming the way out. Machines keep stop strings."""
+    finish_reason "stop"). One that cannot occur changes nothing and is accepted: decided cheaply where
+    it can be (a raw control character, as in "\\n\\nUser:", for a JSON answer; in none of the choices;
+    a character the regex never matches), else exactly off the constraint's automaton ("END" beside an
+    enum or an integer); for any other the request is refused, naming the way out. Machines keep stop
+    strings."""
+    if "machine" in obj:
+        return None
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
     ranges = _regex_alphabet(obj)
-    for text in stops:
-        if not isinstance(text, str) or not text or "machine" in obj:
-            continue
-        if "json_schema" in obj and not _NOT_IN_JSON.isdisjoint(text):
-            continue
-        if "choice" in obj and isinstance(obj["choice"], list) and not any(text in c for c in obj["choice"]):
-            continue
-        if ranges is not None and _outside(text, ranges):
-            continue
-        return (
-            f"stop string {text!r} may occur inside this constraint's answers, where it would cut the answer "
-            "short of valid: remove it (a constrained answer ends by itself), or set constraint_budget false "
-            "to accept answers that may end early"
-        )
+    maybe = [text for text in stops if isinstance(text, str) and text and _text_may_occur(obj, text, ranges)]
+    return _first_occurring(obj, maybe, [text.encode() for text in maybe], lambda text: f"stop string {text!r}")
+
+
+def _text_may_occur(obj: dict[str, Any], text: str, ranges: Alphabet | None) -> bool:
+    if "json_schema" in obj and not _NOT_IN_JSON.isdisjoint(text):
+        return False
+    if "choice" in obj and isinstance(obj["choice"], list) and not any(text in c for c in obj["choice"]):
+        return False
+    return ranges is None or not _outside(text, ranges)
+
+
+def _first_occurring(
+    obj: dict[str, Any], items: list[Any], data: list[bytes], name: Callable[[Any], str]
+) -> str | None:
+    """The refusal for the first of ``items`` whose bytes (``data``) occur inside an answer of ``obj``, or
+    that could not be decided (``vllm_processor.occurring_in``); None when none does."""
+    from llmserve.constraints.vllm_processor import occurring_in
+
+    if not items:
+        return None
+    for item, found in zip(items, occurring_in(obj, data), strict=True):
+        if found is not False:
+            return (
+                f"{name(item)} may occur inside this constraint's answers, where it would cut the answer "
+                "short of valid: remove it (a constrained answer ends by itself), or set constraint_budget false "
+                "to accept answers that may end early"
+            )
     return None
 
 
@@ -219,24 +237,25 @@ def stop_token_problem(obj: dict[str, Any], ids: Any) -> str | None:
     """``stop_problem`` for ``stop_token_ids``: a token id the constraint may allow inside an answer ends the
     answer there. Never allowed inside one: an end-of-sequence id (allowed only once the answer is complete), an id
     with no bytes in the processor's vocabulary (a special token), and a token whose bytes cannot occur in an
-    answer (a raw control byte, for JSON; in no choice; a character the regex never matches). Checked where the
-    vocabulary is known (the engine's process, or a frontend it was registered in)."""
+    answer (decided as for stop strings). Checked where the vocabulary is known (the engine's process, or a
+    frontend it was registered in)."""
     from llmserve.constraints.vllm_processor import validation_vocab
 
     vocab = validation_vocab()
     if vocab is None or not isinstance(ids, list) or "machine" in obj:
         return None
     ranges = _regex_alphabet(obj)  # once: a request may name 1024 ids
+    maybe: list[tuple[int, bytes]] = []
     for token in ids:
         data = vocab.token_bytes(token) if isinstance(token, int) and token >= 0 else None
-        if data is None or not _token_may_occur(obj, data, ranges):
-            continue
-        return (
-            f"stop token id {token} ({data.decode('utf-8', 'replace')!r}) may occur inside this constraint's "
-            "answers, where it would cut the answer short of valid: remove it (a constrained answer ends by "
-            "itself), or set constraint_budget false to accept answers that may end early"
-        )
-    return None
+        if data is not None and _token_may_occur(obj, data, ranges):
+            maybe.append((token, data))
+    return _first_occurring(
+        obj,
+        maybe,
+        [data for _, data in maybe],
+        lambda item: f"stop token id {item[0]} ({item[1].decode('utf-8', 'replace')!r})",
+    )
 
 
 def _token_may_occur(obj: dict[str, Any], data: bytes, ranges: Alphabet | None) -> bool:

@@ -472,3 +472,55 @@ def test_the_lazy_greedy_answer_bounds_the_fewest_tokens_from_above(pattern, voc
         assert fewest != UNREACHABLE and greedy >= fewest
     if byte_distances(whole.table, whole.accept, vocab.single_bytes)[whole.start] != UNREACHABLE:
         assert greedy != -1
+
+
+def whole_occurs(whole, text: bytes) -> bool:
+    """The reference: ``text`` is read from every state of the trimmed minimal automaton (each one
+    reached by some answer, each able to end one) and some state survives it."""
+    table = whole.table
+    states = np.arange(table.shape[0])
+    for b in text:
+        moved = table[states, b]
+        states = np.unique(moved[moved >= 0])
+        if states.size == 0:
+            return False
+    return True
+
+
+texts = st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=4).map(lambda cs: "".join(cs).encode())
+
+
+@SETTINGS
+@given(patterns(), st.lists(st.one_of(texts, texts.map(lambda t: t[1:] or t), texts.map(lambda t: t[:-1] or t))))
+def test_a_text_occurs_inside_an_answer_as_in_the_whole_automaton(pattern, drawn):
+    """What a stop string is checked by: exactly the factors of the language (a text cut inside a
+    character too), however many texts share first bytes."""
+    try:
+        whole = regex.compile_regex(pattern)
+    except ConstraintError:
+        return
+    lazy = regex.lazy_ast(regex.parse(pattern))
+    found = lazy.occurs(drawn, 10**9)
+    assert found == [int(whole_occurs(whole, t)) for t in drawn]
+    assert lazy.found == 1  # builds no state
+
+
+def test_occurs_reads_a_bounded_number_of_moves_and_says_when_it_did_not_decide():
+    lazy = schema_to_lazy(SCHEMA)
+    assert lazy.occurs([b"\x00", b"zzz"], 0) == [-1, -1]
+    assert lazy.occurs([b"", b'"name"'], 10**9) == [1, 1]
+    assert lazy.occurs([b"\x00"], 10**9) == [0]
+    whole = schema_to_dfa(SCHEMA)
+    probes = [
+        b'"size":-5',
+        b'"size":-6',
+        b'"size":300',
+        b"301",
+        b'"c"',
+        b'"\xc3\xa7"]',
+        b'"v":1',
+        b'{"v":true}',
+        b"END",
+    ]
+    found = lazy.occurs(probes, 10**9)
+    assert found == [int(whole_occurs(whole, t)) for t in probes] and set(found) == {0, 1}

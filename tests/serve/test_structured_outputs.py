@@ -220,6 +220,18 @@ STOP_CUTS = "may occur inside this constraint's answers"
         ({"response_format": FORMATS["json_object"][0], "stop": ["\n\nUser:", "\n"]}, False),
         ({"structured_outputs": {"choice": ["a", "b,c"]}, "stop": ["zz"]}, False),
         ({"vllm_xargs": {"constraint_regex": "[0-9]{3}"}, "stop": ["\n", "x9"]}, False),  # 'x' never matches
+        # read off the automaton: no answer holds the text, though each character occurs
+        ({"structured_outputs": {"json": {"enum": ["red", "blue"]}}, "stop": ["END", "dr", "Observation:"]}, False),
+        ({"structured_outputs": {"json": {"type": "integer"}}, "stop": ["END", "--", "1.5"]}, False),
+        ({"vllm_xargs": {"constraint_regex": "[a-z]+@[a-z]+"}, "stop": ["@@", "a@b@"]}, False),
+        ({"structured_outputs": {"json": {"enum": ["red", "blue"]}}, "stop": ["END", "ed"]}, True),
+        (
+            {
+                "structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "string"}}}},
+                "stop": "END",
+            },
+            True,
+        ),
         # steering off: the client accepts answers that end early
         (
             {"response_format": FORMATS["json_schema"][0], "stop": ",", "vllm_xargs": {"constraint_budget": False}},
@@ -262,12 +274,14 @@ def test_a_stop_token_that_could_cut_a_constrained_answer_is_refused(byte_vocab)
         {"structured_outputs": {"choice": ["a", "b,c"]}, "stop_token_ids": [ids["b"]]},
         {"structured_outputs": {"choice": ["a☃"]}, "stop_token_ids": [ids["part"]]},
         {"vllm_xargs": {"constraint_regex": "[a-z☃]+"}, "stop_token_ids": [ids["part"]]},
+        {"structured_outputs": {"json": {"enum": ["red", "blue"]}}, "stop_token_ids": [ids["E"], ids["u"]]},
     ]
     whole = [
         # an end-of-sequence id (only once the answer is complete), a special token, a raw control byte in JSON
         {"response_format": FORMATS["json_object"][0], "stop_token_ids": [ids["eos"], ids["special"], ids["\n"]]},
         {"structured_outputs": {"choice": ["a", "b,c"]}, "stop_token_ids": [ids["zz"], ids["part"]]},
         {"vllm_xargs": {"constraint_regex": "[0-9]{3}"}, "stop_token_ids": [ids["x"], ids["part"], 10**6]},
+        {"structured_outputs": {"json": {"enum": ["red", "blue"]}}, "stop_token_ids": [ids["E"], ids["zz"]]},
         {
             "response_format": FORMATS["json_schema"][0],
             "stop_token_ids": [ids[","]],
