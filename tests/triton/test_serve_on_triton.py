@@ -7,6 +7,7 @@ test stops it with SIGTERM and checks that nothing of it is left.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import queue
@@ -17,6 +18,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import httpx
@@ -500,6 +502,24 @@ def test_embedded_http_needs_the_key_and_forwards_to_triton(embedded):
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         jsonschema.validate(json.loads(json.loads(response.read())["text_output"]), SCHEMA)
+
+
+def test_a_compressed_generate_body_is_read_as_a_plain_one(embedded):
+    """The proxy reads a generate body (to send its object parameters as the JSON text Triton passes on): a gzip or
+    deflate one is inflated first, within --max-body-bytes, and sent on plain."""
+    url = f"http://127.0.0.1:{embedded.http}/v2/models/tiny-chat/generate"
+    parameters = {"max_tokens": 60, "seed": 3, "structured_outputs": {"json": SCHEMA}}
+    body = json.dumps({"text_input": "A parcel:", "exclude_input_in_output": True, "parameters": parameters}).encode()
+    for encoding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        answer = httpx.post(url, content=packed, headers={**AUTH, "Content-Encoding": encoding}, timeout=120)
+        assert answer.status_code == 200, (encoding, answer.text)
+        jsonschema.validate(json.loads(answer.json()["text_output"]), SCHEMA)
+    bomb = gzip.compress(b'{"text_input": "' + b" " * (9 << 20) + b'"}')  # 9 MiB plain, ~9 KB sent
+    answer = httpx.post(url, content=bomb, headers={**AUTH, "Content-Encoding": "gzip"}, timeout=60)
+    assert answer.status_code == 413 and "--max-body-bytes" in answer.json()["error"], answer.text
+    for encoding, packed in (("gzip", b"not gzip"), ("br", body)):
+        answer = httpx.post(url, content=packed, headers={**AUTH, "Content-Encoding": encoding}, timeout=60)
+        assert answer.status_code == 400, (encoding, answer.text)
 
 
 def test_embedded_health_and_one_merged_metrics_page(embedded):

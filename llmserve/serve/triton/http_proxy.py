@@ -138,9 +138,13 @@ class TritonHttpProxy(UvicornFrontend):
             await self.grpc_channel.close()
             self.grpc_channel = None
 
+    def rewrites_generate(self, model: str) -> bool:
+        """Whether generate bodies for `model` are read and rewritten here (generate_body) rather than passed on."""
+        return model in self.llm_text_inputs or model in self.vllm_inputs
+
     def generate_body(self, model: str, path: str, content: bytes) -> bytes:
         """A generate body for `model` as it is forwarded (llm_text_generate.py); GenerateBodyError for a 400."""
-        if model not in self.llm_text_inputs and model not in self.vllm_inputs:
+        if not self.rewrites_generate(model):
             return content
         problem = generate_body_problem(content, path)
         if problem is not None:
@@ -181,10 +185,14 @@ def build_app(proxy: TritonHttpProxy, readiness: Readiness, metrics: Exposition 
         headers.setdefault("accept-encoding", "identity")
         content = await request.body()
         model = generated_model(path) if request.method == "POST" else None
-        if model is not None:
-            try:
+        if model is not None and proxy.rewrites_generate(model):
+            try:  # read as JSON here, so sent on as it was read
+                content = await _identity_body(request, content, proxy.max_body_bytes)
+                headers.pop("content-encoding", None)
                 content = proxy.generate_body(model, path, content)
-            except GenerateBodyError as exc:
+            except TooLarge:
+                return _inflated_too_large(proxy.max_body_bytes)
+            except ValueError as exc:  # GenerateBodyError, or a body that does not inflate
                 return JSONResponse({"error": str(exc)}, status_code=400)
         infer = INFER_PATH.match(path) if request.method == "POST" else None
         if infer is not None and infer.group(1) in proxy.decoupled and proxy.grpc_channel is not None:
@@ -234,6 +242,21 @@ def _control_refusal(method: str, path: str) -> Response | None:
     return None
 
 
+async def _identity_body(request: Request, content: bytes, limit: int) -> bytes:
+    """The request body without its Content-Encoding: gzip and deflate inflated to at most `limit` bytes (TooLarge
+    past it); ValueError for another encoding, or data that does not inflate."""
+    encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
+    if encoding == "identity":
+        return content
+    if encoding not in ("gzip", "deflate"):
+        raise ValueError(f"Content-Encoding '{encoding}' is not supported; send identity, gzip or deflate")
+    return await inflate(content, encoding, limit)
+
+
+def _inflated_too_large(limit: int) -> Response:
+    return JSONResponse({"error": f"the request body inflates past {limit} bytes (--max-body-bytes)"}, 413)
+
+
 async def _infer_over_stream(
     channel: grpc.aio.Channel, request: Request, content: bytes, path: re.Match[str], limit: int
 ) -> Response:
@@ -242,17 +265,12 @@ async def _infer_over_stream(
     from llmserve.serve.triton.grpc_proxy import OneShotFailed, one_shot_over_stream
     from llmserve.serve.triton.http_infer import (
         HEADER_LENGTH,
-        InferBodyError,
         decode_infer_body,
         encode_infer_response,
     )
 
-    encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
     try:
-        if encoding != "identity":
-            if encoding not in ("gzip", "deflate"):
-                raise InferBodyError(f"Content-Encoding '{encoding}' is not supported; send identity, gzip or deflate")
-            content = await inflate(content, encoding, limit)
+        content = await _identity_body(request, content, limit)
         infer, binary_by_name, binary_all = await asyncio.to_thread(
             decode_infer_body, content, request.headers.get(HEADER_LENGTH), path.group(1), path.group(2) or ""
         )
@@ -260,7 +278,7 @@ async def _infer_over_stream(
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except TooLarge:
-        return JSONResponse({"error": f"the request body inflates past {limit} bytes (--max-body-bytes)"}, 413)
+        return _inflated_too_large(limit)
     except ValueError as exc:  # InferBodyError, or a body that does not inflate
         return JSONResponse({"error": str(exc)}, status_code=400)
     except OneShotFailed as failed:
