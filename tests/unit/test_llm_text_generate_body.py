@@ -11,6 +11,7 @@ import pytest
 from llmserve.serve.triton.llm_text_generate import (
     GenerateBodyError,
     encode_nested_parameters,
+    generate_body_problem,
     generated_model,
     rewrite_generate_body,
 )
@@ -89,3 +90,22 @@ def test_a_sampling_parameters_object_of_a_vllm_model_becomes_json_text_and_a_de
     deep = b'{"text_input": "x", "p": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     assert encode_nested_parameters(deep, INPUTS) is deep
     assert rewrite_generate_body(deep, INPUTS) is deep
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"text_input": "x", "stream": "no"}, "'stream' must be true or false"),
+        ({"text_input": "x", "exclude_input_in_output": 1}, "'exclude_input_in_output' must be"),
+        ({"text_input": "x", "return_num_output_tokens": [True, 0]}, "'return_num_output_tokens' must be"),
+        ({"text_input": "x", "id": 5}, "'id' (the request's id) must be a string"),
+        ({"text_input": "x", "sampling_parameters": [1]}, "'sampling_parameters' must be a JSON object"),
+    ],
+)
+def test_values_triton_would_answer_with_a_500_are_named(body, needle):
+    assert needle in generate_body_problem(json.dumps(body).encode(), "models/m/generate")
+
+
+def test_well_typed_inputs_pass():
+    body = {"text_input": "x", "id": "r", "stream": [False], "exclude_input_in_output": True, "sampling_parameters": {}}
+    assert generate_body_problem(json.dumps(body).encode(), "models/m/generate") is None

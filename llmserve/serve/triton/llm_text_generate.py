@@ -27,9 +27,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmserve.serve.limits import JsonProblem, load_json
+from llmserve.serve.triton.text_protocols import ADDITIONAL_OUTPUTS
 
 # The KServe/Triton request parameters Triton itself acts on (its parameters extension): not sampling settings.
 TRITON_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start", "sequence_end", "headers"})
+# The BOOL inputs of the llm-text contract and of the vLLM backend: Triton's JSON reader answers another type with a 500
+BOOL_INPUTS = frozenset({"stream", "exclude_input_in_output", *ADDITIONAL_OUTPUTS})
 GENERATE_PATH = re.compile(r"^models/([^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
 
 
@@ -52,6 +55,14 @@ def generate_body_problem(raw: bytes, path: str) -> str | None:
     text = body.get("text_input", "")
     if not isinstance(text, str) and not (isinstance(text, list) and all(isinstance(t, str) for t in text)):
         return "'text_input' must be a string (the prompt)"
+    for key in sorted(BOOL_INPUTS & set(body)):
+        value = body[key]
+        if not isinstance(value, bool) and not (isinstance(value, list) and all(isinstance(v, bool) for v in value)):
+            return f"'{key}' must be true or false"
+    if "id" in body and not isinstance(body["id"], str):
+        return "'id' (the request's id) must be a string"
+    if "sampling_parameters" in body and not isinstance(body["sampling_parameters"], (str, dict)):
+        return "'sampling_parameters' must be a JSON object (or a string holding one)"
     if body.get("stream") is True and not path.endswith("_stream"):
         return "'stream' is true, but generate answers with one response: POST .../generate_stream for a stream"
     twice = sorted(set(body) & set(parameters))

@@ -205,6 +205,9 @@ class TritonPythonModel:
             values = tensor.as_numpy()
             tensors.append(DecodedTensor(spec.name, spec.datatype, list(values.shape), list(values.reshape(-1))))
         params = json.loads(request.parameters() or "{}")
+        if "id" in params and params["id"] == request.request_id():
+            # Triton's generate endpoint passes the body's "id" on as the request's id and as a parameter too
+            del params["id"]
         return build_generation(
             tensors,
             params,
