@@ -217,6 +217,12 @@ def test_generate(http, kserve_server):
         json={"text_input": "The sky is", "exclude_input_in_output": True, **GREEDY},
     )
     assert r3.json()["text_output"] == body["text_output"]
+    # Triton's generate endpoint reads "id" as the request's id (not a sampling setting)
+    r4 = http.post(
+        f"/v2/models/{kserve_server.model}/generate",
+        json={"text_input": "The sky is", "exclude_input_in_output": True, "id": "req-1", **GREEDY},
+    )
+    assert r4.status_code == 200 and r4.json()["text_output"] == body["text_output"], r4.text
 
 
 def test_generate_stream(http, kserve_server):
@@ -265,6 +271,7 @@ def test_generate_structured_output(http, kserve_server):
         ({"text_input": "x", "parameters": {"bogus": 1}}, 400, "'bogus'"),
         ({"text_input": "x", "bogus_top": 1}, 400, "'bogus_top'"),
         ({"text_input": 5}, 400, "'text_input' must be a string"),
+        ({"text_input": "x", "id": 5}, 400, "'id' (the request's id) must be a string"),
         ({"parameters": {"max_tokens": 2}}, 400, "text_input"),
         ({"text_input": "x", "sampling_parameters": "{bad"}, 400, "not valid JSON"),
         ({"text_input": "word " * 3000}, 400, "refused"),

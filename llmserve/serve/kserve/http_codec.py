@@ -237,9 +237,13 @@ def infer_response(served: Served, request_id: str, text: str, binary: bool) -> 
 # ---- generate extension ---------------------------------------------------------------------------------
 
 
-def decode_generate_body(raw: bytes) -> tuple[list[DecodedTensor], dict[str, Any]]:
-    """Generate extension: keys naming an input are tensors, `parameters` and any other key are parameters."""
+def decode_generate_body(raw: bytes) -> tuple[list[DecodedTensor], dict[str, Any], str]:
+    """Generate extension: keys naming an input are tensors, `parameters` and any other key are parameters; `id`
+    is the request's id, as Triton reads it ("" when none)."""
     body = _json_object(raw, "generate request")
+    request_id = body.pop("id", "")
+    if not isinstance(request_id, str):
+        raise invalid("'id' (the request's id) must be a string")
     params = _scalar_params("parameters", body.pop("parameters", None))
     tensors: list[DecodedTensor] = []
     for key, value in body.items():
@@ -261,7 +265,7 @@ def decode_generate_body(raw: bytes) -> tuple[list[DecodedTensor], dict[str, Any
                 + (" (or a JSON object)" if key == "sampling_parameters" else "")
             )
         tensors.append(DecodedTensor(key, spec.datatype, [len(values)], values))
-    return tensors, params
+    return tensors, params, request_id
 
 
 def sse_event(obj: dict[str, Any]) -> bytes:

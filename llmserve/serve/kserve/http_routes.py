@@ -138,13 +138,13 @@ class KServeRoutes:
         return infer_response(served, request_id, text, binary_out)
 
     async def generate(self, model: str, request: Request, version: str = "") -> Response:
-        served, req = await self._prepare_generate(model, version, request, streaming=False)
-        text = await unless_disconnected(request, generate_text(served.handle, req))
+        served, req, request_id = await self._prepare_generate(model, version, request, streaming=False)
+        text = await unless_disconnected(request, generate_text(served.handle, req, request_id or None))
         return JSONResponse({"model_name": served.name, "model_version": served.version, "text_output": text})
 
     async def generate_stream(self, model: str, request: Request, version: str = "") -> Response:
-        served, req = await self._prepare_generate(model, version, request, streaming=True)
-        deltas = generate_deltas(served.handle, req)
+        served, req, request_id = await self._prepare_generate(model, version, request, streaming=True)
+        deltas = generate_deltas(served.handle, req, request_id or None)
         first = await deltas.__anext__()  # errors before the first token still get a status code
         return StreamingResponse(
             _events(served, first, deltas),
@@ -162,14 +162,14 @@ class KServeRoutes:
 
     async def _prepare_generate(
         self, model: str, version: str, request: Request, *, streaming: bool
-    ) -> tuple[Served, GenerationRequest]:
+    ) -> tuple[Served, GenerationRequest, str]:
         served = self.resolver.resolve(model, version, for_inference=True)
         if request.headers.get(HEADER_LENGTH) is not None:
             raise invalid(
                 "the generate extension takes a JSON body; the binary tensor extension "
                 "(Inference-Header-Content-Length) is for /infer"
             )
-        tensors, params = decode_generate_body(await request_body(request, self.limits.max_body_bytes))
+        tensors, params, request_id = decode_generate_body(await request_body(request, self.limits.max_body_bytes))
         if streaming and not any(t.name == "stream" for t in tensors):
             # generate_stream streams unless the body says "stream": false
             tensors.append(DecodedTensor("stream", "BOOL", [1], [True]))
@@ -185,7 +185,7 @@ class KServeRoutes:
         )
         if req.settings.binary_data_output is not None:
             raise invalid("parameter 'binary_data_output' belongs to /infer; generate answers JSON")
-        return served, req
+        return served, req, request_id
 
 
 async def _events(served: Served, first: Delta, deltas: AsyncGenerator[Delta, None]) -> AsyncIterator[bytes]:
