@@ -65,13 +65,13 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(spec: ConstraintSpec, vocab: Vocab) -> str:
-    h = hashlib.sha256(f"v{FORMAT_VERSION}\0{spec.canonical}\0{vocab.digest}".encode())
+    h = hashlib.sha256(f"v{FORMAT_VERSION}\0{spec.canonical}\0{vocab.digest}".encode(errors="surrogatepass"))
     return h.hexdigest()
 
 
 def dfa_key(spec: ConstraintSpec) -> str:
     """The automaton's key: the constraint alone (an automaton does not depend on the vocabulary)."""
-    return "dfa-" + hashlib.sha256(f"v{FORMAT_VERSION}\0{spec.canonical}".encode()).hexdigest()
+    return "dfa-" + hashlib.sha256(f"v{FORMAT_VERSION}\0{spec.canonical}".encode(errors="surrogatepass")).hexdigest()
 
 
 def is_valid_key(text: str) -> bool:

@@ -48,7 +48,8 @@ class ConstraintSpec:
     def canonical(self) -> str:
         """The cache keys' input. Computed once: a request's spec is keyed several times over (its
         automaton, its words, its form) and a large schema's text costs milliseconds; so ``value``
-        must not be changed once the spec is made (a changed value would keep its old keys)."""
+        must not be changed once the spec is made (a changed value would keep its old keys). It may hold a
+        lone surrogate (JSON's "\\ud800"), which UTF-8 cannot: hash it encoded with errors="surrogatepass"."""
         found = self.__dict__.get("_canonical")
         if found is None:
             value = list(self.value) if self.kind == "choice" else self.value
@@ -60,7 +61,7 @@ class ConstraintSpec:
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(self.canonical.encode()).hexdigest()
+        return hashlib.sha256(self.canonical.encode(errors="surrogatepass")).hexdigest()
 
     def to_ast(self) -> Any:
         if self.kind == "regex":

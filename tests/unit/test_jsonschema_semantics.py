@@ -1144,3 +1144,25 @@ def test_a_pattern_whose_tree_is_large_is_parsed_at_each_use_not_kept():
     small = "^kept-once-[0-9]$"
     assert regex.parse(small, schema=True) is regex.parse(small, schema=True)
     assert regex._PARSED._kept.nbytes <= regex.PARSED_KEPT_BYTES
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"json_schema": {"const": "\ud800"}},
+        {"json_schema": {"type": "integer", "description": "\ud800"}},
+        {"json_schema": {"type": "object", "properties": {"\udfff": {"type": "integer"}}, "required": ["\udfff"]}},
+        {"regex": "\ud800"},
+        {"choice": ["\ud800", "b"]},
+    ],
+)
+def test_a_lone_surrogate_is_a_refusal_or_nothing_never_a_crash(obj, tmp_path):
+    """A lone surrogate cannot be written as UTF-8 (the cache keys' input was, a 500): refused as matching no string
+    where an answer would need it, else harmless (an annotation, one choice of two)."""
+    from llmserve.constraints.compiler import check_constraint
+    from llmserve.constraints.spec import spec_from_request
+
+    try:
+        check_constraint(spec_from_request(obj), cache_dir=tmp_path)
+    except ConstraintError as exc:
+        assert "no string" in exc.message
