@@ -69,8 +69,10 @@ subset is narrower than the schema it says so here:
   ``properties``, members whose values follow ``additionalProperties`` (a schema, or any JSON value
   when it is true or absent), or, with ``patternProperties``, members whose names match one pattern
   (and none of the others, when there are several) and ``propertyNames``, valued by its schema;
-  ``patternProperties`` apply to the declared names they match (``unevaluatedProperties`` is
-  refused: merging subschemas loses which of them evaluated a name); ``minProperties`` above the
+  ``patternProperties`` apply to the declared names they match; ``unevaluatedProperties`` and
+  ``unevaluatedItems`` where only ``$ref``/``allOf`` are applied in place (``schema_unevaluated.py``;
+  refused beside a conditional one, ``patternProperties`` or, for items, ``contains``: which subschema
+  evaluated a name depends on the answer); ``minProperties`` above the
   required ones requires the first optional properties (without declared properties, above 1 it is
   refused: free member names could repeat, and a repeated name counts once), ``maxProperties``
   below the declared ones leaves out the optional properties past it (subsets).
@@ -151,6 +153,7 @@ from llmserve.constraints.schema_strings import (
     split_lookaheads,
     string_ast,
 )
+from llmserve.constraints.schema_unevaluated import expand_unevaluated
 
 log = logging.getLogger("llmserve.constraints")
 
@@ -228,10 +231,10 @@ _UNSUPPORTED = {"$dynamicRef", "$recursiveRef"}
 # property names never generated; merged by union (schema_merge.py)
 NOT_TEXT = "x-llmserve-not"
 ABSENT = "x-llmserve-absent"
-# keywords of a type that no branch below implements yet (refused by name when present)
-# unevaluatedProperties: what a subschema "evaluated" is lost once it is merged into its parent (a member of
-# allOf, a $ref target or a oneOf branch would see its siblings' names as its own, and a 'not' nested in a
-# member adds names nothing evaluates), so it is refused rather than served unsoundly
+# keywords of a type that no branch below implements (refused by name when present): the unevaluated keywords
+# schema_unevaluated.py could not rewrite (what a subschema "evaluated" is lost once it is merged into its parent:
+# a oneOf branch would see its siblings' names as its own, and a 'not' adds names nothing evaluates), refused
+# rather than served unsoundly
 _UNSUPPORTED_OF_TYPE = {
     "array": {"unevaluatedItems"},
     "object": {"unevaluatedProperties"},
@@ -2287,7 +2290,15 @@ def _parsed(schema: Any) -> Any:
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
     _refuse_draft_3(schema)
-    return schema
+    return expand_unevaluated(schema, partial(_written_target, schema))
+
+
+def _written_target(root: Any, ref: Any) -> Any:
+    """A local reference's target in the schema as written (ConstraintError for any other)."""
+    target = _pointer(root, ref) if isinstance(ref, str) and ref.startswith("#") else _UNRESOLVED
+    if target is _UNRESOLVED:
+        raise ConstraintError(f"json_schema: $ref {ref!r} is not a local reference that resolves")
+    return target
 
 
 _UNRESOLVED = object()

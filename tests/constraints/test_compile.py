@@ -136,7 +136,7 @@ def test_disk_cache_hit_is_equal(vocab, tmp_path):
         {"regex": r"\1"},
         {"choice": []},
         {"choice": "abc"},
-        {"json_schema": {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False}},
+        {"json_schema": {"type": "array", "contains": {"type": "integer"}, "unevaluatedItems": False}},
         {"json_schema": {"not": {"maximum": 3}}},
         {"json_schema": "{not json"},
         {"json_schema": {"type": "array", "uniqueItems": True, "minItems": 2}},

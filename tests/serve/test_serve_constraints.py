@@ -203,7 +203,7 @@ def test_streaming_with_a_constraint(client, model_name):
         (
             {
                 "constraint": {
-                    "json_schema": {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False}
+                    "json_schema": {"type": "array", "contains": {"type": "integer"}, "unevaluatedItems": False}
                 }
             },
             "['unevaluatedItems']",

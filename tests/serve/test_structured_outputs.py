@@ -645,7 +645,7 @@ def test_constraint_budget_false_is_accepted_over_http(client, model_name):
                     "type": "json_schema",
                     "json_schema": {
                         "name": "n",
-                        "schema": {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False},
+                        "schema": {"type": "array", "contains": {"type": "integer"}, "unevaluatedItems": False},
                     },
                 }
             },

@@ -445,7 +445,7 @@ def test_annotations_are_ignored():
         ({"type": "integer", "not": {"const": 3}}, "'not' with const/enum numbers"),
         ({"not": {"if": {"type": "string"}, "then": {"minLength": 2}}}, "'not' of a schema with if/then/else"),
         ({"$dynamicRef": "#meta"}, "dynamicRef"),
-        ({"type": "array", "unevaluatedItems": False}, "unevaluatedItems"),
+        ({"type": "array", "contains": {"type": "null"}, "unevaluatedItems": False}, "unevaluatedItems"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),
     ],
@@ -1166,3 +1166,53 @@ def test_a_lone_surrogate_is_a_refusal_or_nothing_never_a_crash(obj, tmp_path):
         check_constraint(spec_from_request(obj), cache_dir=tmp_path)
     except ConstraintError as exc:
         assert "no string" in exc.message
+
+
+DRAFT_2020 = "https://json-schema.org/draft/2020-12/schema"
+BASE = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "unevaluatedProperties": False},
+        # the names a $ref or an allOf member declares are evaluated
+        {
+            "$defs": {"base": BASE},
+            "$ref": "#/$defs/base",
+            "properties": {"b": {"type": "string", "maxLength": 3}},
+            "required": ["b"],
+            "unevaluatedProperties": False,
+        },
+        {"allOf": [BASE, {"properties": {"c": {"type": "null"}}, "required": ["c"]}], "unevaluatedProperties": False},
+        # a closed base keeps its own scope: the name its parent adds is not evaluated there, so never generated
+        {
+            "$defs": {"base": {**BASE, "unevaluatedProperties": False}},
+            "$ref": "#/$defs/base",
+            "properties": {"b": {"type": "string"}},
+        },
+        {"type": "object", "unevaluatedProperties": {"type": "integer"}, "minProperties": 1},
+        {"type": "object", "properties": {"a": {"type": "null"}}, "unevaluatedProperties": True, "required": ["a"]},
+        {"type": "array", "prefixItems": [{"type": "string"}], "unevaluatedItems": False, "minItems": 1},
+        {"type": "array", "unevaluatedItems": {"type": "integer"}, "minItems": 2},
+        {"type": "array", "allOf": [{"prefixItems": [{"type": "null"}]}], "unevaluatedItems": {"type": "boolean"}},
+    ],
+)
+def test_unevaluated_keywords_hold_where_what_is_evaluated_is_known(schema):
+    assert_samples_valid({"$schema": DRAFT_2020, **schema}, n=40)
+
+
+def test_a_closed_base_refuses_a_name_its_parent_requires_and_conditional_scopes_stay_refused():
+    closed = {"$defs": {"base": {**BASE, "unevaluatedProperties": False}}, "$ref": "#/$defs/base"}
+    with pytest.raises(ConstraintError, match="'b'"):
+        dfa_of({**closed, "properties": {"b": {"type": "string"}}, "required": ["b"]})
+    assert not accepts({**closed, "properties": {"b": {"type": "string"}}}, '{"a":1,"b":"x"}')
+    for schema in (
+        {"type": "array", "contains": {"type": "string"}, "unevaluatedItems": False},
+        {"type": "object", "patternProperties": {"^x": {}}, "unevaluatedProperties": False},
+        {"type": "object", "not": {"required": ["q"]}, "unevaluatedProperties": False},
+        # which branch evaluated a name depends on the answer
+        {"type": "object", "anyOf": [{"properties": {"x": {"const": 1}}}], "unevaluatedProperties": False},
+    ):
+        with pytest.raises(ConstraintError, match="unevaluated"):
+            dfa_of(schema)

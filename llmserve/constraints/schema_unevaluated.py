@@ -1,0 +1,190 @@
+"""``unevaluatedProperties`` and ``unevaluatedItems`` (2019-09, 2020-12) as keywords the converter implements.
+
+Both apply to what the schema object holding them, with the subschemas applied in place, did not evaluate. Where
+those in-place subschemas are only ``$ref`` and ``allOf`` (applied unconditionally: every name or position they
+declare is evaluated), what is evaluated is known without the instance: the property names and patterns they
+declare (all names, where one holds ``additionalProperties``; with ``patternProperties`` the keyword is left as it
+is), and the first positions of their ``prefixItems``
+(all positions, where one holds ``items``). The keyword is then one more ``allOf`` member: those names, patterns or
+positions taken as they are, everything else valued by the keyword's schema, which the converter merges as any
+other (a member that is itself a ``$ref`` target keeps its own scope: its names do not cover the names its parent
+adds, as the specification reads it).
+
+Where a conditional subschema is applied in place (``anyOf``, ``oneOf``, ``if``/``then``/``else``, ``not``,
+``dependentSchemas``, or ``contains`` for items), what it evaluates depends on the instance: the keyword is left as
+it is, and the converter refuses it by name. ``true`` and ``{}`` never fail and are dropped.
+
+The schema is rewritten as the client wrote it, before the converter merges anything: once merged, a name can no
+longer be told from one a ``not`` or a failed branch declared, which evaluate nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llmserve.constraints.errors import ConstraintError
+
+# in-place applicators whose evaluation depends on the instance (and the dynamic references, which this cannot
+# follow)
+_CONDITIONAL = frozenset(
+    {"anyOf", "oneOf", "if", "then", "else", "not", "dependentSchemas", "dependencies", "$dynamicRef", "$recursiveRef"}
+)
+
+
+# keywords whose values are subschemas: maps of them, one, lists of them, or (items) one or a list; const, enum,
+# default and the like hold data, never rewritten
+_HOLDS = {
+    **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"), "map"),
+    **dict.fromkeys(("dependencies",), "map"),
+    **dict.fromkeys(("additionalProperties", "additionalItems", "contains", "not", "if", "then", "else"), "one"),
+    **dict.fromkeys(("propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema"), "one"),
+    **dict.fromkeys(("allOf", "anyOf", "oneOf", "prefixItems"), "list"),
+    "items": "one_or_list",
+}
+
+
+def expand_unevaluated(root: Any, resolve: Callable[[str], Any]) -> Any:
+    """``root`` with every schema object's unevaluated keywords rewritten (``without_unevaluated``), children
+    first; the same object where nothing changed (a walk of the keys present, copying nothing: a 5 MB schema
+    without the keywords costs it tens of milliseconds, not a copy). ``resolve`` reads references in the schema as
+    written."""
+
+    def walk(node: Any, depth: int) -> Any:
+        if not isinstance(node, dict) or depth > _MAX_WALK:
+            return node  # deeper than the converter goes: it refuses the schema by itself
+        changed: dict[str, Any] | None = None
+        for key, held in node.items():
+            kind = _HOLDS.get(key)
+            if kind is None:
+                continue
+            new = _walk_held(kind, held, walk, depth + 1)
+            if new is not held:
+                changed = changed or {}
+                changed[key] = new
+        if changed is not None:
+            node = {**node, **changed}
+        if "unevaluatedProperties" in node or "unevaluatedItems" in node:
+            return without_unevaluated(node, resolve)
+        return node
+
+    return walk(root, 0)
+
+
+def _walk_held(kind: str, held: Any, walk: Callable[[Any, int], Any], depth: int) -> Any:
+    """A keyword's value with its subschemas walked; the same object where none changed."""
+    if kind == "map" and isinstance(held, dict):
+        out: dict[str, Any] | None = None
+        for name, sub in held.items():
+            new = walk(sub, depth)
+            if new is not sub:
+                out = out if out is not None else dict(held)
+                out[name] = new
+        return held if out is None else out
+    if isinstance(held, list) and kind in ("list", "one_or_list"):
+        items: list[Any] | None = None
+        for k, sub in enumerate(held):
+            new = walk(sub, depth)
+            if new is not sub:
+                items = items if items is not None else list(held)
+                items[k] = new
+        return held if items is None else items
+    if isinstance(held, dict) and kind in ("one", "one_or_list"):
+        return walk(held, depth)
+    return held
+
+
+_MAX_WALK = 2000
+
+
+def without_unevaluated(schema: dict[str, Any], resolve: Callable[[str], Any]) -> dict[str, Any]:
+    """``schema`` with its ``unevaluatedProperties``/``unevaluatedItems`` made into an ``allOf`` member where what
+    they apply to is known (module doc); unchanged where it is not. ``resolve``: a local ``$ref`` -> its schema
+    (raising for one it cannot follow, which leaves the keyword to be refused)."""
+    if "unevaluatedProperties" not in schema and "unevaluatedItems" not in schema:
+        return schema
+    try:
+        scope = _in_place(schema, resolve)
+    except ConstraintError:  # a reference the converter refuses by itself, with its own message
+        return schema
+    if scope is None or ("unevaluatedProperties" in schema and any("patternProperties" in s for s in scope)):
+        # patterns would be a second patternProperties beside the schema's own, which merging does not take
+        return schema
+    out = dict(schema)
+    members = list(out.get("allOf", [])) if isinstance(out.get("allOf"), list) else None
+    if members is None and "allOf" in out:
+        return schema  # a malformed allOf: the converter names it
+    added = []
+    scope = scope[1:]  # what the schema itself declares is read from `out`, below
+    own = [out]
+    if "unevaluatedProperties" in out:
+        member = _properties_member(out.pop("unevaluatedProperties"), own + scope)
+        if member is not None:
+            added.append(member)
+    if "unevaluatedItems" in out:
+        if any("contains" in s for s in own + scope):
+            return schema
+        member = _items_member(out.pop("unevaluatedItems"), own + scope)
+        if member is not None:
+            added.append(member)
+    if added:
+        out["allOf"] = [*(members or []), *added]
+    return out
+
+
+def _in_place(schema: dict[str, Any], resolve: Callable[[str], Any]) -> list[dict[str, Any]] | None:
+    """The schema objects applied in place at ``schema`` (itself, its ``$ref`` targets and ``allOf`` members, and
+    theirs), or None when one of them holds a conditional applicator."""
+    found: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    todo: list[Any] = [schema]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if _CONDITIONAL & node.keys():
+            return None
+        found.append(node)
+        if isinstance(node.get("$ref"), str):
+            todo.append(resolve(node["$ref"]))
+        if isinstance(node.get("allOf"), list):
+            todo.extend(node["allOf"])
+    return found
+
+
+def _never_fails(value: Any) -> bool:
+    return value is True or value == {}
+
+
+def _properties_member(value: Any, scope: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if _never_fails(value) or any("additionalProperties" in s or "unevaluatedProperties" in s for s in scope):
+        return None  # every name is evaluated (by the other keyword, in the schema or a member of its scope)
+    names: dict[str, Any] = {}
+    for s in scope:
+        if isinstance(s.get("properties"), dict):
+            names.update((name, {}) for name in s["properties"])
+    member: dict[str, Any] = {"additionalProperties": value}
+    if names:
+        member["properties"] = names
+    return member
+
+
+def _items_member(value: Any, scope: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if _never_fails(value):
+        return None
+    evaluated = 0
+    for s in scope:
+        items = s.get("items")
+        if (items is not None and not isinstance(items, list)) or "unevaluatedItems" in s:
+            return None  # every position is evaluated
+        if isinstance(items, list):  # 2019-09's tuple form
+            if "additionalItems" in s:
+                return None
+            evaluated = max(evaluated, len(items))
+        if isinstance(s.get("prefixItems"), list):
+            evaluated = max(evaluated, len(s["prefixItems"]))
+    member: dict[str, Any] = {"items": value}
+    if evaluated:
+        member["prefixItems"] = [{} for _ in range(evaluated)]
+    return member
