@@ -69,7 +69,7 @@ from llmserve.constraints.disk_cache import (
     try_write_dfa,
     write_arrays,
 )
-from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.errors import ConstraintError, fresh
 from llmserve.constraints.finisher import FINISHER
 from llmserve.constraints.jsonschema import schema_to_dfa, schema_words, too_large
 from llmserve.constraints.lazy_form import LazyConstraint
@@ -129,14 +129,14 @@ def dfa_for(
     memo = ("dfa", key, backend)
     hit = _MEMORY.get(memo)
     if isinstance(hit, ConstraintError):
-        raise hit
+        raise fresh(hit)
     if hit is not None:
         return hit
     budget_ms = limits().compile_ms
     over_time = ("dfa-over-time", key, backend, budget_ms)
     refused = _MEMORY.get(over_time)
     if isinstance(refused, ConstraintError):
-        raise refused
+        raise fresh(refused)
     path = None if cache_dir is False or backend != "native" else _cache_root(cache_dir) / f"{key}.bin"
     dfa = read_dfa(path) if path is not None else None
     if dfa is None:
@@ -213,9 +213,9 @@ def _remember(memo: tuple, over_time: tuple, exc: ConstraintError, cpu_started: 
     half the budget in CPU time (``time.thread_time`` since ``cpu_started``): one starved of CPU by a
     busy machine may pass later, one that really needs more is not tried again for every request."""
     if "time budget" not in exc.message:
-        _MEMORY.put(memo, exc, len(exc.message) + 256)
+        _MEMORY.put(memo, fresh(exc), len(exc.message) + 256)
     elif (time.thread_time() - cpu_started) * 1000 >= limits().compile_ms / 2:
-        _MEMORY.put(over_time, exc, len(exc.message) + 256)
+        _MEMORY.put(over_time, fresh(exc), len(exc.message) + 256)
 
 
 def words_for(
@@ -237,7 +237,7 @@ def words_for(
         return None
     for hit in (_MEMORY.get(memo), _MEMORY.get(over_time) if check else None):
         if isinstance(hit, ConstraintError):
-            raise hit
+            raise fresh(hit)
         if hit is not None:
             return None if isinstance(hit, str) else hit
     path = _words_path(key, cache_dir)

@@ -126,6 +126,7 @@ import numpy as np
 
 from llmserve.constraints.dfa_ops import intersect
 from llmserve.constraints.errors import ConstraintError, no_string_left
+from llmserve.constraints.json_text import read_json_text
 from llmserve.constraints.limits import limits
 from llmserve.constraints.native import native as core
 from llmserve.constraints.regex import (
@@ -2285,10 +2286,7 @@ def _members(kvs: list[tuple[bool, tuple]], at_least_one: bool = False) -> tuple
 
 def _parsed(schema: Any) -> Any:
     if isinstance(schema, (str, bytes)):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+        schema = read_json_text(schema, "json_schema")
     _refuse_draft_3(schema)
     return expand_unevaluated(schema, partial(_written_target, schema))
 

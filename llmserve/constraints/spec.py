@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.json_text import read_json_text
 from llmserve.constraints.jsonschema import schema_to_ast, schema_to_dfa
 from llmserve.constraints.regex import ByteDFA, compile_ast, literal, parse
 
@@ -37,10 +38,7 @@ class ConstraintSpec:
         ):
             raise ConstraintError("choice must be a non-empty list of strings")
         if self.kind == "json_schema" and isinstance(self.value, str):
-            try:
-                object.__setattr__(self, "value", json.loads(self.value))
-            except json.JSONDecodeError as exc:
-                raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
+            object.__setattr__(self, "value", read_json_text(self.value, "json_schema"))
         if self.kind == "json_schema" and not isinstance(self.value, dict):
             raise ConstraintError("json_schema must be a JSON object")
 
@@ -85,10 +83,7 @@ def spec_from_request(obj: Any) -> ConstraintSpec:
     if isinstance(obj, ConstraintSpec):
         return obj
     if isinstance(obj, str):
-        try:
-            obj = json.loads(obj)
-        except json.JSONDecodeError as exc:
-            raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
+        obj = read_json_text(obj, "constraint")
     if not isinstance(obj, dict):
         raise ConstraintError('constraint must be an object such as {"regex": "[0-9]+"}')
     if set(obj) == {"kind", "value"}:

@@ -69,6 +69,7 @@ from llmserve.constraints.budget import check_fits
 from llmserve.constraints.compiled import CompiledConstraint, compile_dfa
 from llmserve.constraints.compiler import check_constraint, compile_constraint, occurring, serving_form, shortest_answer
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.json_text import read_json_text
 from llmserve.constraints.lazy_form import LazyConstraint
 from llmserve.constraints.machine import (
     ByteAutomaton,
@@ -162,10 +163,7 @@ def request_constraint(extra_args: dict | None):
     value = extra_args[key]
     if key == "constraint":
         if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ConstraintError(f"constraint is not valid JSON: {exc}") from None
+            value = read_json_text(value, "constraint")
         if not isinstance(value, dict):
             raise ConstraintError('constraint must be an object, e.g. {"regex": "[0-9]+"}')
         return value

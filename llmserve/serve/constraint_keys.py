@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve.serve.constraint_checks import on_check_thread
+from llmserve.serve.limits import JsonProblem, load_json
 
 # = ("constraint", *llmserve.constraints.vllm_processor.FLAT_KEYS); importing that module imports vLLM.
 CONSTRAINT_KEYS = ("constraint", "constraint_regex", "constraint_choice", "constraint_json_schema")
@@ -397,10 +398,10 @@ def _structured_object(value: Any) -> dict[str, Any]:
     """The structured_outputs object, its keys checked: unknown keys and forms llmserve refuses named."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+            value = load_json(value)
+        except JsonProblem as exc:
             raise StructuredProblem(
-                f'is not a JSON object ({exc}): give an object with one of json, json_object, regex, choice, e.g. {{"json": {{...}}}}'
+                f'is {exc}: give an object with one of json, json_object, regex, choice, e.g. {{"json": {{...}}}}'
             ) from None
     if not isinstance(value, dict):
         raise StructuredProblem('must be an object with one of json, json_object, regex, choice, e.g. {"json": {...}}')
@@ -436,9 +437,9 @@ def _structured_spec(kind: str, spec: Any) -> Any:
     if kind == "json":
         if isinstance(spec, str):
             try:
-                spec = json.loads(spec)
-            except json.JSONDecodeError as exc:
-                raise StructuredProblem(f"key 'json' is not a JSON schema document: {exc}") from None
+                spec = load_json(spec)
+            except JsonProblem as exc:
+                raise StructuredProblem(f"key 'json' is not a JSON schema document: it is {exc}") from None
         if not isinstance(spec, dict):
             raise StructuredProblem("key 'json' must be a JSON Schema object")
         problem = schema_problem(spec)

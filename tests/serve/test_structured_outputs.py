@@ -84,6 +84,9 @@ def _valid(text: str, schema: dict) -> None:
 # ---- the field checks (no engine) ----------------------------------------------------------------
 
 
+DEEP_TEXT = '{"not":' * 5000 + "{}" + "}" * 5000
+
+
 def _chat(**fields) -> dict:
     return {"model": "m", "messages": MSG, **fields}
 
@@ -159,6 +162,11 @@ def test_disable_additional_properties_as_guidance_applies_it():
         ({"structured_outputs": {"json": {"type": 12}}}, "structured_outputs", "not a valid JSON Schema at type"),
         # jsonschema's validator_for raised on it (a 500)
         ({"structured_outputs": {"json": {"$schema": 5}}}, "structured_outputs", "at $schema: must be a string"),
+        # a schema as deeply nested JSON text: the body's depth limit never saw inside the string (a 500)
+        ({"structured_outputs": {"json": DEEP_TEXT}}, "structured_outputs", "nested more than 64 levels"),
+        ({"structured_outputs": '{"json": ' + DEEP_TEXT + "}"}, "structured_outputs", "nested more than 64 levels"),
+        ({"vllm_xargs": {"constraint_json_schema": DEEP_TEXT}}, "vllm_xargs", "nested too deeply"),
+        ({"vllm_xargs": {"constraint": '{"json_schema": ' + DEEP_TEXT + "}"}}, "vllm_xargs", "nested too deeply"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"$schema": [1]}}}},
             "response_format",

@@ -1216,3 +1216,33 @@ def test_a_closed_base_refuses_a_name_its_parent_requires_and_conditional_scopes
     ):
         with pytest.raises(ConstraintError, match="unevaluated"):
             dfa_of(schema)
+
+
+def test_a_remembered_refusal_is_raised_as_a_new_error_each_time(tmp_path):
+    """Raising the remembered object itself chained every raise's frames (holding the request) onto its traceback:
+    memory grew with each request that repeated a refused constraint."""
+    import traceback
+
+    from llmserve.constraints.compiler import check_constraint
+    from llmserve.constraints.spec import spec_from_request
+
+    spec = spec_from_request({"json_schema": {"type": "string", "minLength": 3, "maxLength": 2}})
+    seen = []
+    for _ in range(5):
+        with pytest.raises(ConstraintError) as info:
+            check_constraint(spec, cache_dir=tmp_path)
+        seen.append(info.value)
+    assert len({id(e) for e in seen}) == 5 and len({e.message for e in seen}) == 1
+    depths = [len(traceback.extract_tb(e.__traceback__)) for e in seen[1:]]
+    assert depths == [depths[0]] * 4, depths
+
+
+def test_a_schema_sent_as_deeply_nested_json_text_is_refused_not_a_crash():
+    """The request body's depth limit never sees inside a string: the parser's RecursionError was a 500."""
+    from llmserve.constraints.spec import spec_from_request
+
+    deep = '{"not":' * 5000 + "{}" + "}" * 5000
+    with pytest.raises(ConstraintError, match="nested too deeply"):
+        ConstraintSpec("json_schema", deep)
+    with pytest.raises(ConstraintError, match="nested too deeply"):
+        spec_from_request('{"json_schema":' + deep + "}")
