@@ -35,6 +35,7 @@ MAX_MESSAGES = 2048  # chat messages per request (each one is rendered by the ch
 MAX_PROMPTS = 256  # prompts in one /v1/completions request (each is its own engine request)
 MAX_EMBEDDING_INPUTS = 2048  # inputs in one /v1/embeddings request (OpenAI's own limit)
 MAX_STOP_STRINGS = 16  # stop strings: each one is searched for after every generated token
+MAX_OPENAI_STOP_STRINGS = 4  # OpenAI's own limit, which vLLM's request types enforce (a 5th was a confusing 400)
 MAX_STOP_CHARS = 1000  # characters of one stop string
 MAX_TOKEN_LIST = 1024  # entries of logit_bias, stop_token_ids, bad_words (applied at every step)
 MAX_ALLOWED_TOKEN_IDS = 262_144  # allowed_token_ids (KServe v2): at most a large vocabulary

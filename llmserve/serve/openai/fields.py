@@ -37,9 +37,9 @@ from llmserve.serve.constraint_keys import (
 from llmserve.serve.limits import (
     MAX_EMBEDDING_INPUTS,
     MAX_MESSAGES,
+    MAX_OPENAI_STOP_STRINGS,
     MAX_PROMPTS,
     MAX_STOP_CHARS,
-    MAX_STOP_STRINGS,
     MAX_TOKEN_LIST,
     VLLM_DEFAULT_MAX_TOKENS,
 )
@@ -308,8 +308,8 @@ def _check_stop(value: Any, ctx: CheckContext) -> str | None:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list):
         return None  # the type is vLLM's request model's to refuse
-    if len(stops) > MAX_STOP_STRINGS:
-        return f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(stops)}"
+    if len(stops) > MAX_OPENAI_STOP_STRINGS:
+        return f"at most {MAX_OPENAI_STOP_STRINGS} stop strings are accepted (as OpenAI's API takes), got {len(stops)}"
     if any(isinstance(v, str) and len(v) > MAX_STOP_CHARS for v in stops):
         return f"a stop string may have at most {MAX_STOP_CHARS} characters"
     return None
@@ -394,7 +394,9 @@ _SAMPLING = {
     "max_tokens": honoured("vLLM SamplingParams.max_tokens (default: the rest of the context)"),
     "n": honoured("vLLM SamplingParams.n: n choices from one prompt"),
     "seed": honoured("vLLM SamplingParams.seed: per-request generator"),
-    "stop": honoured("vLLM SamplingParams.stop (at most 16 strings of at most 1000 characters)", _check_stop),
+    "stop": honoured(
+        "vLLM SamplingParams.stop (at most 4 strings, as OpenAI's, of at most 1000 characters)", _check_stop
+    ),
     "stream": honoured("server-sent events, one chunk per engine step, then [DONE]"),
     "stream_options": honoured("include_usage: a final usage chunk", _check_stream_options, _strip_obfuscation),
     "temperature": honoured("vLLM SamplingParams.temperature"),
@@ -514,7 +516,7 @@ TABLES = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "embedding": EMB
 # messages cost what 2049 do. (`prompt` and `input` are not here: one prompt may be a token-id list.)
 LIST_CAPS: dict[str, tuple[int, str]] = {
     "messages": (MAX_MESSAGES, "messages"),
-    "stop": (MAX_STOP_STRINGS, "stop strings"),
+    "stop": (MAX_OPENAI_STOP_STRINGS, "stop strings"),
     "stop_token_ids": (MAX_TOKEN_LIST, "token ids"),
 }
 
