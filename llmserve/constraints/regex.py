@@ -299,6 +299,10 @@ class _Parser:
         # from the value, so each class, ``.`` and ``$`` stands for what *either* dialect matches
         self.neg = excluded
         self.looks = 0  # look-arounds open around the current position
+        # parsing is Python, about 7 us a character: a megabyte-long pattern (a 50,000-word alternation) took
+        # seconds before any compile budget was counted, so the parse counts against it too
+        self.deadline = time.monotonic() + limits().compile_ms / 1000
+        self.items = 0
 
     def error(self, what: str) -> ConstraintError:
         return ConstraintError(f"regex {self.p!r}: {what} at position {self.i}")
@@ -330,6 +334,9 @@ class _Parser:
         items = []
         while self.peek() is not None and self.peek() not in "|)":
             items.append(self.repeat())
+            self.items += 1
+            if not self.items & 4095 and time.monotonic() > self.deadline:
+                raise _time_budget_error()
         return ("cat", items)
 
     def repeat(self):
@@ -599,23 +606,28 @@ class TreeCache:
         found = self._kept.get(key)
         if found is None:
             found = build()
-            size = tree_bytes(tree_of(found)) + sum(len(k) for k in key if isinstance(k, str))
-            if size <= PARSED_KEPT_BYTES // 16:
+            room = PARSED_KEPT_BYTES // 16
+            size = tree_bytes(tree_of(found), room) + sum(len(k) for k in key if isinstance(k, str))
+            if size <= room:
                 self._kept.put(key, found, size)
         return found
 
 
-def tree_bytes(node) -> int:
+def tree_bytes(node, cap: int | None = None) -> int:
     """About what ``node`` holds: 64 bytes for each tuple or list in it and each item of one, a
-    part shared within it counted once."""
+    part shared within it counted once; counting stops once past ``cap`` (a tree of a megabyte-long
+    pattern took longer to count than to parse, only to be found too large to keep)."""
     seen: set[int] = set()
     stack, count = [node], 0
+    limit = None if cap is None else cap // 64
     while stack:
         n = stack.pop()
         if id(n) in seen:
             continue
         seen.add(id(n))
         count += 1 + len(n)
+        if limit is not None and count > limit:
+            break
         stack.extend(c for c in n if isinstance(c, (tuple, list)))
     return 64 * count
 

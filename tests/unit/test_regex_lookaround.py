@@ -340,3 +340,14 @@ def test_a_word_boundary_in_an_excluded_pattern_is_read_as_no_condition():
     assert dfa.matches(b'"fo"')
     for value in samples(schema):
         jsonschema.validate(value, schema)
+
+
+def test_parsing_a_huge_pattern_counts_against_the_compile_budget():
+    """A 50,000-word alternation (a gRPC parameter of a megabyte) parsed for seconds before any budget was counted."""
+    pattern = "|".join(f"w{i:07d}" for i in range(200_000))
+    set_limits(Limits(compile_ms=50))
+    try:
+        with pytest.raises(ConstraintError, match="time budget"):
+            parse(pattern)
+    finally:
+        set_limits(None)
