@@ -1439,13 +1439,19 @@ class _Converter:
                 return self._merge(rest, target)
         return None
 
+    def _declared_as_given(self, schema: dict) -> tuple[dict, list]:
+        declared, required = schema.get("properties") or {}, schema.get("required", [])
+        if not isinstance(declared, dict) or not isinstance(required, list):
+            # the metaschema check, which names these, is skipped for a very large schema (constraint_keys.py)
+            raise self.fail("'properties' must be an object and 'required' a list of names")
+        return dict(declared), list(dict.fromkeys(required))
+
     def _declared(self, schema: dict, depth: int, refs) -> tuple[dict, list]:
         """The properties an answer may hold (name -> schema) and the required ones: the declared
         ones with the patternProperties they match, required names not declared (valued by
         additionalProperties), less the names propertyNames refuses and the optional names whose
         dependencies are not certain to be there (never generating those is a subset)."""
-        props = dict(schema.get("properties") or {})
-        required = list(dict.fromkeys(schema.get("required", [])))
+        props, required = self._declared_as_given(schema)
         additional = _additional(schema)
         patterns = schema.get("patternProperties") or {}
         deps = _dependencies_by_name(schema)

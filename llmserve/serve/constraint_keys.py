@@ -39,7 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +135,39 @@ def structured_support_problem(support: ConstraintSupport) -> str | None:
             "a server started with --structured-outputs-backend guidance serves it with vLLM's backend"
         )
     return None
+
+
+# the request fields (OpenAI) and parameters (KServe) that carry a constraint, besides CONSTRAINT_KEYS
+_CARRIERS = frozenset({"structured_outputs", *CONSTRAINT_KEYS})
+
+
+def openai_constrained(body: Any) -> bool:
+    """Whether an OpenAI request body carries a constraint (where its check runs: constraint_checks.request_check)."""
+    if not isinstance(body, dict):
+        return False
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
+        return True
+    xargs = body.get("vllm_xargs")
+    return (
+        body.get("structured_outputs") is not None
+        or any(isinstance(k, str) and k.startswith("guided_") for k in body)
+        or (isinstance(xargs, dict) and not _CARRIERS.isdisjoint(xargs))
+    )
+
+
+def kserve_constrained(params: dict[str, Any], tensors: Any = ()) -> bool:
+    """Whether a KServe request carries a constraint: as a parameter, or inside its `sampling_parameters` text."""
+    if not _CARRIERS.isdisjoint(params):
+        return True
+    for tensor in tensors:
+        if getattr(tensor, "name", None) != "sampling_parameters":
+            continue
+        for value in tensor.values:
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            if "structured_outputs" in text or "constraint" in text:
+                return True
+    return False
 
 
 def validation_problem(
@@ -345,15 +381,60 @@ _SCHEMA_SUBS = (
 )
 
 
+# The metaschema check is jsonschema's, in Python: about 0.1-0.2 ms per subschema here, so it is bounded. A schema
+# with more subschema objects than this is left to the converter's own checks (which name what they refuse); a
+# schema's verdict is remembered (the same schema in every request is checked once), SCHEMA_VERDICTS of them.
+METASCHEMA_MAX_SUBSCHEMAS = 10_000
+SCHEMA_VERDICTS = 1024
+_verdicts: OrderedDict[str, str | None] = OrderedDict()
+_verdicts_lock = threading.Lock()
+
+
 def schema_problem(schema: Any) -> str | None:
     """What makes ``schema`` an invalid JSON Schema (its metaschema's verdict, "at <path>: <why>"),
     or None. A ``pattern`` is an ECMA-262 regular expression, which the metaschema's ``regex`` format
     would check with Python's ``re`` (no ``\\p{L}``, no ``(?<name>...)``): patterns are left to the
-    engine that reads them (llmserve's names a pattern it cannot read; so do vLLM's backends)."""
-    import jsonschema  # deferred: it comes with vLLM (the serve extra), not with llmserve's own dependencies
-
+    engine that reads them (llmserve's names a pattern it cannot read; so do vLLM's backends). Bounded and
+    remembered (METASCHEMA_MAX_SUBSCHEMAS)."""
     if isinstance(schema, dict) and "$schema" in schema and not isinstance(schema["$schema"], str):
         return f"at $schema: must be a string (a dialect's URI), got {type(schema['$schema']).__name__}"
+    try:
+        key = hashlib.sha256(json.dumps(schema, sort_keys=True).encode(errors="surrogatepass")).hexdigest()
+    except (TypeError, ValueError, RecursionError):  # not JSON data: the metaschema check says what is wrong
+        key = None
+    if key is not None:
+        with _verdicts_lock:
+            if key in _verdicts:
+                _verdicts.move_to_end(key)
+                return _verdicts[key]
+    verdict = None if _subschemas_over(schema, METASCHEMA_MAX_SUBSCHEMAS) else _metaschema_verdict(schema)
+    if key is not None:
+        with _verdicts_lock:
+            _verdicts[key] = verdict
+            while len(_verdicts) > SCHEMA_VERDICTS:
+                _verdicts.popitem(last=False)
+    return verdict
+
+
+def _subschemas_over(schema: Any, cap: int) -> bool:
+    """Whether ``schema`` holds more than ``cap`` objects (subschemas, and data objects among them: an upper
+    bound), counted without recursion and stopping past ``cap``."""
+    stack, seen = [schema], 0
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            seen += 1
+            if seen > cap:
+                return True
+            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+def _metaschema_verdict(schema: Any) -> str | None:
+    import jsonschema  # deferred: it comes with vLLM (the serve extra), not with llmserve's own dependencies
+
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     checker = jsonschema.FormatChecker(formats=())
     checker.checkers = {k: v for k, v in validator.FORMAT_CHECKER.checkers.items() if k != "regex"}

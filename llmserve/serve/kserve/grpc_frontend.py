@@ -35,6 +35,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from llmserve.serve.constraint_checks import request_check
+from llmserve.serve.constraint_keys import kserve_constrained
 from llmserve.serve.errors import StartupError
 from llmserve.serve.kserve.errors import KServeError, internal, invalid, not_ready
 from llmserve.serve.kserve.generation import generate_deltas, generate_text
@@ -226,10 +228,11 @@ class KServeServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise invalid(f"'id' is {len(request.id)} characters; at most {MAX_ID_CHARS} are accepted")
         tensors, params = decode_request(request)
         # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
-        req = await asyncio.to_thread(
+        req = await request_check(
             build_generation,
             tensors,
             params,
+            constrained=kserve_constrained(params, tensors),
             transport="grpc",
             streaming_transport=streaming,
             constraints=served.handle.constraints,

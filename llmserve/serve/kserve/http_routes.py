@@ -26,7 +26,6 @@ the OpenAI app does not count /health and /v1/models.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from llmserve.serve.constraint_checks import request_check
+from llmserve.serve.constraint_keys import kserve_constrained
 from llmserve.serve.disconnect import unless_disconnected
 from llmserve.serve.kserve.errors import UNIMPLEMENTED, KServeError, internal, invalid, not_found, not_ready
 from llmserve.serve.kserve.generation import Delta, generate_deltas, generate_text
@@ -123,10 +124,11 @@ class KServeRoutes:
             await request_body(request, self.limits.max_body_bytes), request.headers.get(HEADER_LENGTH)
         )
         # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
-        req = await asyncio.to_thread(
+        req = await request_check(
             build_generation,
             tensors,
             params,
+            constrained=kserve_constrained(params, tensors),
             transport="http",
             streaming_transport=False,
             constraints=served.handle.constraints,
@@ -174,10 +176,11 @@ class KServeRoutes:
             # generate_stream streams unless the body says "stream": false
             tensors.append(DecodedTensor("stream", "BOOL", [1], [True]))
         # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
-        req = await asyncio.to_thread(
+        req = await request_check(
             build_generation,
             tensors,
             params,
+            constrained=kserve_constrained(params, tensors),
             transport="generate",
             streaming_transport=streaming,
             constraints=served.handle.constraints,

@@ -14,13 +14,14 @@ Readiness, refusals, client disconnects and timing are answered by the shared ro
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from llmserve.serve.constraint_checks import request_check
+from llmserve.serve.constraint_keys import openai_constrained
 from llmserve.serve.disconnect import unless_disconnected
 from llmserve.serve.limits import JsonProblem, OverCap, load_json, log_safe
 from llmserve.serve.openai.engine_calls import engine_call, result_response, validated
@@ -136,7 +137,9 @@ class OpenAIRoutes:
             problem = over_cap_problem(exc.key, exc.cap)
             raise RequestRejected(f"field '{exc.key}': {problem}", param=exc.key, code="unsupported_value") from None
         # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
-        forwarded, consumed = await asyncio.to_thread(check_request, kind, body, handle.constraints)
+        forwarded, consumed = await request_check(
+            check_request, kind, body, handle.constraints, constrained=openai_constrained(body)
+        )
         self._check_model_and_size(kind, body, handle)
         if consumed.get("user") or consumed.get("safety_identifier"):
             # client-supplied text: escaped and bounded, so it cannot forge or flood log lines

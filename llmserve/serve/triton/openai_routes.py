@@ -29,11 +29,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, CONSTRAINT_OPTIONS, ConstraintSupport
+from llmserve.serve.constraint_checks import request_check
+from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, CONSTRAINT_OPTIONS, ConstraintSupport, openai_constrained
 from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
-from llmserve.serve.limits import VLLM_DEFAULT_MAX_TOKENS
+from llmserve.serve.limits import VLLM_DEFAULT_MAX_TOKENS, JsonProblem, load_json
 from llmserve.serve.openai.errors import RequestRejected, error_body
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.triton.text_protocols import VLLM_TEXT, TextProtocol
@@ -351,10 +352,12 @@ def build_router(
         if not readiness.accepting:
             return JSONResponse(error_body(503, "the server is not ready", code="not_ready"), status_code=503)
         try:
-            body = json.loads(await request.body())
-            call = build_call(kind, body, models, so_key)
-        except ValueError:
-            return JSONResponse(error_body(400, "the request body is not valid JSON"), status_code=400)
+            body = load_json(await request.body())
+        except JsonProblem as exc:
+            return JSONResponse(error_body(400, f"the request body is {exc}"), status_code=400)
+        try:
+            # off the event loop: checking a new constraint compiles it (up to its time budget)
+            call = await request_check(build_call, kind, body, models, so_key, constrained=openai_constrained(body))
         except RequestRejected as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         pieces = run(client_for(), call)

@@ -1,0 +1,48 @@
+"""Where a request's check runs (llmserve.serve.constraint_checks.request_check) and what the metaschema check costs
+(constraint_keys.schema_problem): a burst of new schemas must not hold the default executor that requests without
+a constraint are checked on, and a schema is checked against its metaschema once, within a bound."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from llmserve.serve import constraint_keys
+from llmserve.serve.constraint_checks import THREAD_PREFIX, request_check
+from llmserve.serve.constraint_keys import kserve_constrained, openai_constrained
+from llmserve.serve.kserve.protocol import DecodedTensor
+
+
+def test_a_constrained_check_runs_on_a_check_thread_and_any_other_on_the_default_executor():
+    async def both() -> tuple[str, str]:
+        name = lambda: threading.current_thread().name  # noqa: E731
+        return await request_check(name, constrained=True), await request_check(name, constrained=False)
+
+    constrained, plain = asyncio.run(both())
+    assert constrained.startswith(THREAD_PREFIX) and not plain.startswith(THREAD_PREFIX)
+
+
+def test_which_requests_carry_a_constraint():
+    assert openai_constrained({"response_format": {"type": "json_schema", "json_schema": {}}})
+    assert openai_constrained({"response_format": {"type": "json_object"}})
+    assert openai_constrained({"structured_outputs": {"regex": "a"}})
+    assert openai_constrained({"guided_json": {}})
+    assert openai_constrained({"vllm_xargs": {"constraint_regex": "a"}})
+    assert not openai_constrained({"response_format": {"type": "text"}, "vllm_xargs": {"x": 1}, "messages": []})
+    assert not openai_constrained([1])
+    assert kserve_constrained({"constraint_choice": "[]"})
+    assert kserve_constrained({}, [DecodedTensor("sampling_parameters", "BYTES", [1], [b'{"structured_outputs": {}}'])])
+    assert not kserve_constrained({"max_tokens": 3}, [DecodedTensor("text_input", "BYTES", [1], [b"constraint"])])
+
+
+def test_the_metaschema_check_is_remembered_and_bounded(monkeypatch):
+    calls = []
+    real = constraint_keys._metaschema_verdict
+    monkeypatch.setattr(constraint_keys, "_metaschema_verdict", lambda s: calls.append(1) or real(s))
+    monkeypatch.setattr(constraint_keys, "METASCHEMA_MAX_SUBSCHEMAS", 50)
+    bad = {"type": "object", "properties": {"a": {"type": "strin"}}}
+    assert "strin" in constraint_keys.schema_problem(bad)
+    assert "strin" in constraint_keys.schema_problem({"properties": {"a": {"type": "strin"}}, "type": "object"})
+    assert calls == [1]  # the same schema (keys in any order): checked once
+    huge = {"anyOf": [{"type": "strin"} for _ in range(60)]}
+    assert constraint_keys.schema_problem(huge) is None and calls == [1]  # over the bound: the converter judges
