@@ -1170,10 +1170,12 @@ class _Converter:
     def _values(self, values: list, schema: dict, depth: int, refs):
         """``const``/``enum``: the listed values that also satisfy the keywords beside them."""
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
-        if _constrains(rest) and {k for k in rest if _constrains({k: rest[k]})} == {"type"}:
-            # only a type beside the values (the common case): checked without building an automaton
-            types = types_of(rest) or set()
-            values = [v for v in values if _json_type(v) in types or (_json_type(v) == "integer" and "number" in types)]
+        beside = {k for k in rest if _constrains({k: rest[k]})}
+        if rest and beside <= {"type", *BOUND_KEYS}:
+            # a type and bounds beside the values (the common case): checked as values, without an automaton (the
+            # number automaton of the bounds is a subset, which would leave out a listed 0.1 beside minimum 0.1)
+            types = types_of(rest) if "type" in beside else None
+            values = [v for v in values if _of_types(v, types) and _within_bounds(v, rest)]
         elif _constrains(rest):
             dfa = compile_ast(self.convert(rest, depth + 1, refs), started=self.started)
             kept = [v for v in values if dfa.matches(_dumps(v).encode())]
@@ -1763,6 +1765,32 @@ def _conditional(schema: dict) -> dict:
         # the conditional as a member of its own: an allOf may serve it by its 'else' (_all_of)
         return {"allOf": [rest, {k: v for k, v in schema.items() if k in ("if", "then", "else")}]}
     return {"allOf": [cond, schema.get("then", True)]}
+
+
+def _of_types(value: Any, types: set[str] | None) -> bool:
+    kind = _json_type(value)
+    return types is None or kind in types or (kind == "integer" and "number" in types)
+
+
+def _within_bounds(value: Any, schema: dict) -> bool:
+    """Whether a listed value meets the bounds beside it (they apply to numbers only), compared as jsonschema
+    compares them; draft 4's boolean exclusiveMinimum/exclusiveMaximum make minimum/maximum strict."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+
+    def number(x: Any) -> float | None:
+        return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    for bound, strict, below in (("minimum", "exclusiveMinimum", False), ("maximum", "exclusiveMaximum", True)):
+        given, exclusive = number(schema.get(bound)), schema.get(strict)
+        if given is not None and (
+            (value > given if below else value < given) or (exclusive is True and value == given)
+        ):
+            return False
+        limit = number(exclusive)
+        if limit is not None and (value >= limit if below else value <= limit):
+            return False
+    return True
 
 
 def _json_type(value: Any) -> str:
