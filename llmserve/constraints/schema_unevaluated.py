@@ -73,25 +73,21 @@ def expand_unevaluated(root: Any, resolve: Callable[[str], Any]) -> Any:
 
 def _walk_held(kind: str, held: Any, walk: Callable[[Any, int], Any], depth: int) -> Any:
     """A keyword's value with its subschemas walked; the same object where none changed."""
+    entries: Any
+    copy: Callable[[Any], Any]
     if kind == "map" and isinstance(held, dict):
-        out: dict[str, Any] | None = None
-        for name, sub in held.items():
-            new = walk(sub, depth)
-            if new is not sub:
-                out = out if out is not None else dict(held)
-                out[name] = new
-        return held if out is None else out
-    if isinstance(held, list) and kind in ("list", "one_or_list"):
-        items: list[Any] | None = None
-        for k, sub in enumerate(held):
-            new = walk(sub, depth)
-            if new is not sub:
-                items = items if items is not None else list(held)
-                items[k] = new
-        return held if items is None else items
-    if isinstance(held, dict) and kind in ("one", "one_or_list"):
-        return walk(held, depth)
-    return held
+        entries, copy = held.items(), dict
+    elif isinstance(held, list) and kind in ("list", "one_or_list"):
+        entries, copy = enumerate(held), list
+    else:
+        return walk(held, depth) if isinstance(held, dict) and kind in ("one", "one_or_list") else held
+    out: Any = None
+    for at, sub in entries:
+        new = walk(sub, depth)
+        if new is not sub:
+            out = out if out is not None else copy(held)
+            out[at] = new
+    return held if out is None else out
 
 
 _MAX_WALK = 2000
