@@ -354,6 +354,15 @@ def check_constraint(spec: ConstraintSpec, *, cache_dir: Path | str | bool | Non
         _MEMORY.put(("checked", key), True, 128)
 
 
+def is_known(spec: ConstraintSpec) -> bool:
+    """Whether this process has checked ``spec`` before, or refused it (not for time): its check is then answered
+    from memory, in microseconds. Costs the key (the spec's canonical text hashed)."""
+    key = dfa_key(spec)
+    if _MEMORY.get(("checked", key)) is not None:
+        return True
+    return any(isinstance(_MEMORY.get(memo), ConstraintError) for memo in (("words", key), ("dfa", key, "native")))
+
+
 def _tree_facts(
     spec: ConstraintSpec, cache_dir: Path | str | bool | None, usable: np.ndarray, *, check: bool = True
 ) -> TreeFacts | None:

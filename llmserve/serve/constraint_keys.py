@@ -156,6 +156,38 @@ def openai_constrained(body: Any) -> bool:
     )
 
 
+def openai_constraints_known(body: dict[str, Any]) -> bool:
+    """Whether every constraint an OpenAI body carries (``openai_constrained``) was checked here before: its check
+    is then answered from memory and need not queue behind new ones. False where one is new or not read here (a
+    malformed field, vLLM's guided_* fields). Hashes each schema's text: run it off the event loop."""
+    from llmserve.constraints.compiler import is_known
+    from llmserve.constraints.errors import ConstraintError
+    from llmserve.constraints.spec import spec_from_request
+
+    try:
+        found = [response_format_constraint(body.get("response_format"))]
+        if body.get("structured_outputs") is not None:
+            found.append(structured_outputs_constraint(body["structured_outputs"]))
+        given = body.get("vllm_xargs")
+        xargs: dict[str, Any] = given if isinstance(given, dict) else {}
+        found += [_xargs_constraint(key, xargs[key]) for key in CONSTRAINT_KEYS if key in xargs]
+        objs = [obj for obj in found if obj is not None]
+        return (
+            bool(objs)
+            and not any(isinstance(k, str) and k.startswith("guided_") for k in body)
+            and all(is_known(spec_from_request(obj)) for obj in objs)
+        )
+    except (StructuredProblem, ConstraintError, KeyError, TypeError, ValueError):
+        return False
+
+
+def _xargs_constraint(key: str, value: Any) -> Any:
+    """A vllm_xargs constraint key's value as a constraint object (the form vllm_processor.request_constraint reads)."""
+    if key == "constraint":
+        return value
+    return {key.removeprefix("constraint_"): value}
+
+
 def kserve_constrained(params: dict[str, Any], tensors: Any = ()) -> bool:
     """Whether a KServe request carries a constraint: as a parameter, or inside its `sampling_parameters` text."""
     if not _CARRIERS.isdisjoint(params):

@@ -46,3 +46,30 @@ def test_the_metaschema_check_is_remembered_and_bounded(monkeypatch):
     assert calls == [1]  # the same schema (keys in any order): checked once
     huge = {"anyOf": [{"type": "strin"} for _ in range(60)]}
     assert constraint_keys.schema_problem(huge) is None and calls == [1]  # over the bound: the converter judges
+
+
+def test_a_constraint_checked_before_is_known_and_skips_the_check_queue(tmp_path, monkeypatch):
+    """A request whose constraints this process checked (or refused) before is answered from memory: it need not
+    queue behind a burst of new ones (a cached schema waited 19-26 s behind 50 new ones)."""
+    from llmserve.constraints.compiler import check_constraint
+    from llmserve.constraints.errors import ConstraintError
+    from llmserve.constraints.spec import spec_from_request
+    from llmserve.serve.constraint_keys import openai_constraints_known
+
+    monkeypatch.setenv("LLMSERVE_CACHE", str(tmp_path))
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}}
+    assert not openai_constraints_known(body)
+    check_constraint(spec_from_request({"json_schema": schema}))
+    assert openai_constraints_known(body)
+    assert openai_constraints_known({"structured_outputs": {"json": schema}})
+    # every constraint must be known; a refused one is known too
+    assert not openai_constraints_known({**body, "vllm_xargs": {"constraint_regex": "[a-c]{2}x"}})
+    bad = {"type": "string", "minLength": 3, "maxLength": 2}
+    try:
+        check_constraint(spec_from_request({"json_schema": bad}))
+    except ConstraintError:
+        pass
+    assert openai_constraints_known({"vllm_xargs": {"constraint_json_schema": bad}})
+    assert not openai_constraints_known({"guided_json": schema, **body})
+    assert not openai_constraints_known({"structured_outputs": {"json": schema, "bogus": 1}})

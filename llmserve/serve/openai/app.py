@@ -14,6 +14,7 @@ Readiness, refusals, client disconnects and timing are answered by the shared ro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -21,7 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from llmserve.serve.constraint_checks import request_check
-from llmserve.serve.constraint_keys import openai_constrained
+from llmserve.serve.constraint_keys import openai_constrained, openai_constraints_known
 from llmserve.serve.disconnect import unless_disconnected
 from llmserve.serve.limits import JsonProblem, OverCap, load_json, log_safe
 from llmserve.serve.openai.engine_calls import engine_call, result_response, validated
@@ -137,8 +138,10 @@ class OpenAIRoutes:
             problem = over_cap_problem(exc.key, exc.cap)
             raise RequestRejected(f"field '{exc.key}': {problem}", param=exc.key, code="unsupported_value") from None
         # on a worker thread: a new constraint is compiled by the check (milliseconds, up to its time budget)
+        # a new constraint's check queues on the check threads; a known one's is answered from memory
+        constrained = openai_constrained(body) and not await asyncio.to_thread(openai_constraints_known, body)
         forwarded, consumed = await request_check(
-            check_request, kind, body, handle.constraints, constrained=openai_constrained(body)
+            check_request, kind, body, handle.constraints, constrained=constrained
         )
         self._check_model_and_size(kind, body, handle)
         if consumed.get("user") or consumed.get("safety_identifier"):
