@@ -36,6 +36,7 @@ THREAD_PREFIX = "llmserve-constraint-check"
 T = TypeVar("T")
 
 _executor: ThreadPoolExecutor | None = None
+_known: ThreadPoolExecutor | None = None  # one thread, for checks answered from memory
 _executor_lock = threading.Lock()
 
 
@@ -55,12 +56,21 @@ def _check_executor() -> ThreadPoolExecutor:
         return _executor
 
 
-def on_check_thread(fn: Callable[..., T], *args: Any) -> T:
+def _known_executor() -> ThreadPoolExecutor:
+    global _known
+    with _executor_lock:
+        if _known is None:
+            _known = ThreadPoolExecutor(1, thread_name_prefix=f"{THREAD_PREFIX}-known", initializer=_lower_priority)
+        return _known
+
+
+def on_check_thread(fn: Callable[..., T], *args: Any, known: bool = False) -> T:
     """fn(*args) on a constraint-check thread, waiting for it (the caller is itself a worker thread,
-    never the event loop). Called from a check thread, it runs in place."""
+    never the event loop). Called from a check thread, it runs in place. ``known``: the check of a constraint
+    checked before, answered from memory, on a thread of its own that new constraints never queue on."""
     if threading.current_thread().name.startswith(THREAD_PREFIX):
         return fn(*args)
-    return _check_executor().submit(fn, *args).result()
+    return (_known_executor() if known else _check_executor()).submit(fn, *args).result()
 
 
 async def request_check(fn: Callable[..., T], *args: Any, constrained: bool, **kwargs: Any) -> T:

@@ -237,7 +237,21 @@ def validation_problem(
             problem = stop_problem(obj, stop) or stop_token_problem(obj, stop_token_ids)
         return f"key '{key}': {problem}" if problem else None
 
-    return on_check_thread(check)
+    return on_check_thread(check, known=_known_constraint(key, value))
+
+
+def _known_constraint(key: str, value: Any) -> bool:
+    """Whether the constraint of ``key`` was checked here before (``compiler.is_known``); False when not read."""
+    from llmserve.constraints.compiler import is_known
+    from llmserve.constraints.errors import ConstraintError
+    from llmserve.constraints.spec import spec_from_request
+    from llmserve.constraints.vllm_processor import request_constraint
+
+    try:
+        obj = request_constraint({key: value})
+        return obj is not None and "machine" not in obj and is_known(spec_from_request(obj))
+    except ConstraintError:
+        return False
 
 
 def object_problem(

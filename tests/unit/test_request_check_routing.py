@@ -73,3 +73,15 @@ def test_a_constraint_checked_before_is_known_and_skips_the_check_queue(tmp_path
     assert openai_constraints_known({"vllm_xargs": {"constraint_json_schema": bad}})
     assert not openai_constraints_known({"guided_json": schema, **body})
     assert not openai_constraints_known({"structured_outputs": {"json": schema, "bogus": 1}})
+
+
+def test_a_known_constraints_check_has_a_thread_new_ones_never_queue_on():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llmserve.serve.constraint_checks import on_check_thread
+
+    name = lambda: threading.current_thread().name  # noqa: E731
+    with ThreadPoolExecutor(1) as caller:  # the caller is a worker thread, as check_request's is
+        known = caller.submit(on_check_thread, name, known=True).result()
+        new = caller.submit(on_check_thread, name).result()
+    assert known.startswith(f"{THREAD_PREFIX}-known") and new.startswith(THREAD_PREFIX) and "known" not in new
