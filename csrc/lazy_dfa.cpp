@@ -240,6 +240,12 @@ std::vector<int8_t> LazyDfa::occurs(const std::vector<std::string>& texts, int64
   // a set of NFA states is a list; mark[q] == epoch: q is in the set being built
   std::vector<uint32_t> mark(n, 0);
   uint32_t epoch = 0;
+  auto fresh_epoch = [&] {
+    if (++epoch == 0) {  // wrapped: no set may keep a stale mark
+      std::fill(mark.begin(), mark.end(), 0);
+      epoch = 1;
+    }
+  };
   auto add = [&](std::vector<int32_t>& set, int32_t t) {
     if (useful_[t] && mark[t] != epoch) {
       mark[t] = epoch;
@@ -247,9 +253,9 @@ std::vector<int8_t> LazyDfa::occurs(const std::vector<std::string>& texts, int64
     }
   };
   auto close = [&](std::vector<int32_t>& set) {  // epsilon moves, within the states an answer passes
-    for (size_t i = 0; i < set.size(); ++i) {
+    for (size_t i = 0; i < set.size() && steps <= max_steps; ++i) {
       const int32_t q = set[i];
-      steps += view_.eps_off[q + 1] - view_.eps_off[q];
+      steps += 1 + view_.eps_off[q + 1] - view_.eps_off[q];
       for (int64_t k = view_.eps_off[q]; k < view_.eps_off[q + 1]; ++k) add(set, view_.eps[k]);
     }
   };
@@ -273,37 +279,45 @@ std::vector<int8_t> LazyDfa::occurs(const std::vector<std::string>& texts, int64
     }
   }
   if (steps > max_steps) return found;
-  for (uint8_t b : firsts) {  // each a set: without repeats, closed
-    std::vector<int32_t> set;
-    ++epoch;
-    for (int32_t t : after_first[b]) add(set, t);
-    close(set);
-    after_first[b].swap(set);
-  }
-  std::vector<int32_t> cur, next;
-  for (size_t i = 0; i < texts.size() && steps <= max_steps; ++i) {
-    const std::string& text = texts[i];
+  // the texts by first byte: each first byte's set is closed when its texts are read, and let go after them
+  std::vector<size_t> order(texts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int x = texts[a].empty() ? -1 : static_cast<uint8_t>(texts[a][0]);
+    const int y = texts[b].empty() ? -1 : static_cast<uint8_t>(texts[b][0]);
+    return x < y;
+  });
+  std::vector<int32_t> first, cur, next;
+  int last = -1;
+  for (size_t at = 0; at < order.size() && steps <= max_steps; ++at) {
+    const std::string& text = texts[order[at]];
     if (text.empty()) {
-      found[i] = 1;  // the empty string occurs everywhere
+      found[order[at]] = 1;  // the empty string occurs everywhere
       continue;
     }
-    cur = after_first[static_cast<uint8_t>(text[0])];
+    const int b0 = static_cast<uint8_t>(text[0]);
+    if (b0 != last) {
+      if (last >= 0) std::vector<int32_t>().swap(after_first[last]);
+      first.clear();
+      fresh_epoch();
+      for (int32_t t : after_first[b0]) add(first, t);
+      close(first);
+      last = b0;
+    }
+    cur = first;
     for (size_t j = 1; j < text.size() && !cur.empty() && steps <= max_steps; ++j) {
       const int32_t b = static_cast<uint8_t>(text[j]);
       next.clear();
-      if (++epoch == 0) {  // wrapped: no set may keep a stale mark
-        std::fill(mark.begin(), mark.end(), 0);
-        epoch = 1;
-      }
+      fresh_epoch();
       for (int32_t q : cur) {
-        steps += view_.edge_off[q + 1] - view_.edge_off[q];
+        steps += 1 + view_.edge_off[q + 1] - view_.edge_off[q];
         for (int64_t k = view_.edge_off[q]; k < view_.edge_off[q + 1]; ++k)
           if (view_.edges[3 * k] <= b && b <= view_.edges[3 * k + 1]) add(next, view_.edges[3 * k + 2]);
       }
       close(next);
       cur.swap(next);
     }
-    if (steps <= max_steps) found[i] = cur.empty() ? 0 : 1;
+    if (steps <= max_steps) found[order[at]] = cur.empty() ? 0 : 1;
   }
   return found;
 }

@@ -103,7 +103,8 @@ class LazyDfa {
   // what a stop string or stop token must not be, or it would cut an answer short): 1 yes, 0 no, -1 not
   // decided within max_steps NFA moves read in all (a bound on what hostile texts cost). Read off the NFA
   // (every state an answer passes through, stepped over the text's bytes): builds no state. The first
-  // bytes of all the texts are stepped in one pass over the NFA's moves, the rest text by text.
+  // bytes of all the texts are stepped in one pass over the NFA's moves; texts with one first byte share its
+  // closed set, built when they are read and let go after them; the rest text by text.
   std::vector<int8_t> occurs(const std::vector<std::string>& texts, int64_t max_steps);
 
  private:

@@ -317,10 +317,10 @@ def lazy_automaton(spec: ConstraintSpec, *, cache_dir: Path | str | bool | None 
     return built[0]
 
 
-# what deciding whether stop strings occur inside answers may read, in NFA moves, for one request (a
-# fraction of a second): a thousand 10 KB stop strings that each live long inside a schema's free
-# strings would cost seconds; past it the undecided ones count as occurring
-OCCURS_MAX_STEPS = 20_000_000
+# what deciding whether stop strings occur inside answers may read, in NFA moves, for one request (about
+# 10-20 ms, and as many ints of memory at most): a thousand 10 KB stop strings that each live long inside a
+# schema's free strings would cost seconds; past it the undecided ones count as occurring
+OCCURS_MAX_STEPS = 5_000_000
 
 
 def occurring(

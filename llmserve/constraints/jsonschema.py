@@ -2322,7 +2322,10 @@ def _parsed(schema: Any) -> Any:
     if isinstance(schema, (str, bytes)):
         schema = read_json_text(schema, "json_schema")
     _refuse_draft_3(schema)
-    return expand_unevaluated(schema, partial(_written_target, schema))
+    try:
+        return expand_unevaluated(schema, partial(_written_target, schema))
+    except RecursionError:  # a $ref chain through the walk's scopes: the converter refuses such nesting too
+        raise ConstraintError("json_schema: nested too deeply") from None
 
 
 def _written_target(root: Any, ref: Any) -> Any:
@@ -2403,6 +2406,15 @@ def _convert(converter: _Converter, schema: Any) -> tuple:
         return converter.convert(schema)
     except RecursionError:
         raise ConstraintError("json_schema: nested too deeply") from None
+    except (TypeError, AttributeError, KeyError, IndexError, OverflowError):
+        # a keyword holding a value of another type than JSON Schema gives it (the metaschema check, which names
+        # it, is skipped for a very large schema and never runs on the constraint keys), or a number past what a
+        # float holds: the client's schema, not a server fault; logged, as a converter bug would look the same
+        log.warning("json_schema: a schema failed to convert", exc_info=True)
+        raise ConstraintError(
+            "json_schema: a keyword holds a value of the wrong type, or a number out of range: check the schema "
+            "against its metaschema"
+        ) from None
 
 
 def schema_to_ast(schema, *, if_chains: bool = True) -> tuple:

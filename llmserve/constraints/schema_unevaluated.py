@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmserve.constraints.errors import ConstraintError
+from llmserve.constraints.schema_walk import SUBSCHEMA_KEYWORDS
 
 # in-place applicators whose evaluation depends on the instance (and the dynamic references, which this cannot
 # follow)
@@ -32,30 +33,21 @@ _CONDITIONAL = frozenset(
 )
 
 
-# keywords whose values are subschemas: maps of them, one, lists of them, or (items) one or a list; const, enum,
-# default and the like hold data, never rewritten
-_HOLDS = {
-    **dict.fromkeys(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"), "map"),
-    **dict.fromkeys(("dependencies",), "map"),
-    **dict.fromkeys(("additionalProperties", "additionalItems", "contains", "not", "if", "then", "else"), "one"),
-    **dict.fromkeys(("propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema"), "one"),
-    **dict.fromkeys(("allOf", "anyOf", "oneOf", "prefixItems"), "list"),
-    "items": "one_or_list",
-}
-
-
 def expand_unevaluated(root: Any, resolve: Callable[[str], Any]) -> Any:
     """``root`` with every schema object's unevaluated keywords rewritten (``without_unevaluated``), children
     first; the same object where nothing changed (a walk of the keys present, copying nothing: a 5 MB schema
     without the keywords costs it tens of milliseconds, not a copy). ``resolve`` reads references in the schema as
-    written."""
+    written. ``prefixItems`` evaluates positions in 2020-12 only (the default dialect): under an older ``$schema``
+    it is an unknown keyword, and an ``unevaluatedItems`` beside one is left to be refused."""
+    dialect = root.get("$schema") if isinstance(root, dict) else None
+    prefix_items = not isinstance(dialect, str) or "2020-12" in dialect
 
     def walk(node: Any, depth: int) -> Any:
         if not isinstance(node, dict) or depth > _MAX_WALK:
             return node  # deeper than the converter goes: it refuses the schema by itself
         changed: dict[str, Any] | None = None
         for key, held in node.items():
-            kind = _HOLDS.get(key)
+            kind = SUBSCHEMA_KEYWORDS.get(key)
             if kind is None:
                 continue
             new = _walk_held(kind, held, walk, depth + 1)
@@ -65,7 +57,7 @@ def expand_unevaluated(root: Any, resolve: Callable[[str], Any]) -> Any:
         if changed is not None:
             node = {**node, **changed}
         if "unevaluatedProperties" in node or "unevaluatedItems" in node:
-            return without_unevaluated(node, resolve)
+            return without_unevaluated(node, resolve, prefix_items)
         return node
 
     return walk(root, 0)
@@ -90,13 +82,18 @@ def _walk_held(kind: str, held: Any, walk: Callable[[Any, int], Any], depth: int
     return held if out is None else out
 
 
-_MAX_WALK = 2000
+# deeper than the converter nests (it refuses past 32 levels), two Python frames a level: far within the recursion limit
+_MAX_WALK = 200
 
 
-def without_unevaluated(schema: dict[str, Any], resolve: Callable[[str], Any]) -> dict[str, Any]:
+def without_unevaluated(
+    schema: dict[str, Any], resolve: Callable[[str], Any], prefix_items: bool = True
+) -> dict[str, Any]:
     """``schema`` with its ``unevaluatedProperties``/``unevaluatedItems`` made into an ``allOf`` member where what
     they apply to is known (module doc); unchanged where it is not. ``resolve``: a local ``$ref`` -> its schema
-    (raising for one it cannot follow, which leaves the keyword to be refused)."""
+    (raising for one it cannot follow, which leaves the keyword to be refused). One that never fails is replaced
+    by ``additionalProperties``/``items`` true, which say to a parent's scope what it said: every name or position
+    is evaluated here."""
     if "unevaluatedProperties" not in schema and "unevaluatedItems" not in schema:
         return schema
     try:
@@ -114,14 +111,18 @@ def without_unevaluated(schema: dict[str, Any], resolve: Callable[[str], Any]) -
     scope = scope[1:]  # what the schema itself declares is read from `out`, below
     own = [out]
     if "unevaluatedProperties" in out:
-        member = _properties_member(out.pop("unevaluatedProperties"), own + scope)
-        if member is not None:
+        value = out.pop("unevaluatedProperties")
+        if _never_fails(value):
+            out.setdefault("additionalProperties", True)
+        elif (member := _properties_member(value, own + scope)) is not None:
             added.append(member)
     if "unevaluatedItems" in out:
-        if any("contains" in s for s in own + scope):
+        if any("contains" in s or (not prefix_items and "prefixItems" in s) for s in own + scope):
             return schema
-        member = _items_member(out.pop("unevaluatedItems"), own + scope)
-        if member is not None:
+        value = out.pop("unevaluatedItems")
+        if _never_fails(value):
+            out.setdefault("additionalItems" if isinstance(out.get("items"), list) else "items", True)
+        elif (member := _items_member(value, own + scope)) is not None:
             added.append(member)
     if added:
         out["allOf"] = [*(members or []), *added]
@@ -154,7 +155,7 @@ def _never_fails(value: Any) -> bool:
 
 
 def _properties_member(value: Any, scope: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if _never_fails(value) or any("additionalProperties" in s or "unevaluatedProperties" in s for s in scope):
+    if any("additionalProperties" in s or "unevaluatedProperties" in s for s in scope):
         return None  # every name is evaluated (by the other keyword, in the schema or a member of its scope)
     names: dict[str, Any] = {}
     for s in scope:
@@ -167,8 +168,6 @@ def _properties_member(value: Any, scope: list[dict[str, Any]]) -> dict[str, Any
 
 
 def _items_member(value: Any, scope: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if _never_fails(value):
-        return None
     evaluated = 0
     for s in scope:
         items = s.get("items")

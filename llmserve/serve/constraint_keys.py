@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve.constraints.schema_walk import subschemas_over
 from llmserve.serve.constraint_checks import on_check_thread
 from llmserve.serve.limits import JsonProblem, load_json
 
@@ -428,8 +429,9 @@ _SCHEMA_SUBS = (
 
 
 # The metaschema check is jsonschema's, in Python: about 0.1-0.2 ms per subschema here, so it is bounded. A schema
-# with more subschema objects than this is left to the converter's own checks (which name what they refuse); a
-# schema's verdict is remembered (the same schema in every request is checked once), SCHEMA_VERDICTS of them.
+# with more subschemas than this (counted where schemas go, not data) is left to the converter's own checks, which
+# name what they refuse and refuse a value of the wrong type (jsonschema._convert); a schema's verdict is
+# remembered (the same schema in every request is checked once), SCHEMA_VERDICTS of them.
 METASCHEMA_MAX_SUBSCHEMAS = 10_000
 SCHEMA_VERDICTS = 1024
 _verdicts: OrderedDict[str, str | None] = OrderedDict()
@@ -453,29 +455,13 @@ def schema_problem(schema: Any) -> str | None:
             if key in _verdicts:
                 _verdicts.move_to_end(key)
                 return _verdicts[key]
-    verdict = None if _subschemas_over(schema, METASCHEMA_MAX_SUBSCHEMAS) else _metaschema_verdict(schema)
+    verdict = None if subschemas_over(schema, METASCHEMA_MAX_SUBSCHEMAS) else _metaschema_verdict(schema)
     if key is not None:
         with _verdicts_lock:
             _verdicts[key] = verdict
             while len(_verdicts) > SCHEMA_VERDICTS:
                 _verdicts.popitem(last=False)
     return verdict
-
-
-def _subschemas_over(schema: Any, cap: int) -> bool:
-    """Whether ``schema`` holds more than ``cap`` objects (subschemas, and data objects among them: an upper
-    bound), counted without recursion and stopping past ``cap``."""
-    stack, seen = [schema], 0
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            seen += 1
-            if seen > cap:
-                return True
-            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, (dict, list)))
-    return False
 
 
 def _metaschema_verdict(schema: Any) -> str | None:

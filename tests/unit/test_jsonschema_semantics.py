@@ -1272,3 +1272,42 @@ def test_listed_values_meet_the_bounds_beside_them_as_values(schema, kept):
     dfa = dfa_of(schema)
     assert [t for t in ("0.1", "0.3", "0.4", "1", "2", "3", '"a"', "5") if dfa.matches(t.encode())] == kept
     assert_samples_valid(schema, n=10)
+
+
+def test_review_cases_of_the_unevaluated_rewrite():
+    """A never-failing keyword in an allOf member still evaluates every name for its parent; prefixItems evaluates
+    nothing under 2019-09 (it is not a keyword there); a nesting deeper than the walk goes is refused, not a 500."""
+    d2019 = "https://json-schema.org/draft/2019-09/schema"
+    for schema in (
+        {
+            "type": "object",
+            "allOf": [{"unevaluatedProperties": True}],
+            "required": ["a"],
+            "unevaluatedProperties": False,
+        },
+        {"type": "array", "allOf": [{"unevaluatedItems": True}], "minItems": 1, "unevaluatedItems": False},
+        {"$schema": d2019, "type": "array", "items": [{"type": "null"}], "unevaluatedItems": False, "minItems": 1},
+    ):
+        assert_samples_valid(schema, n=20)
+    with pytest.raises(ConstraintError, match="unevaluatedItems"):
+        dfa_of({"$schema": d2019, "type": "array", "prefixItems": [{}], "unevaluatedItems": False})
+    deep: dict = {"type": "string"}
+    for _ in range(600):
+        deep = {"not": deep}
+    with pytest.raises(ConstraintError, match="nested"):
+        dfa_of(deep)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "required": [{"a": 1}]},
+        {"allOf": [{"minimum": "x"}, {"minimum": 1}], "type": "integer"},
+        {"type": "number", "minimum": 1e308, "maximum": 1e308},
+        {"type": "integer", "minimum": 10**400},
+    ],
+)
+def test_a_value_of_the_wrong_type_or_range_is_a_refusal_not_a_crash(schema):
+    """What the metaschema check (skipped past 10,000 subschemas, never run on the constraint keys) would name."""
+    with pytest.raises(ConstraintError, match="wrong type, or a number out of range"):
+        dfa_of(schema)

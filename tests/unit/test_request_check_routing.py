@@ -85,3 +85,11 @@ def test_a_known_constraints_check_has_a_thread_new_ones_never_queue_on():
         known = caller.submit(on_check_thread, name, known=True).result()
         new = caller.submit(on_check_thread, name).result()
     assert known.startswith(f"{THREAD_PREFIX}-known") and new.startswith(THREAD_PREFIX) and "known" not in new
+
+
+def test_data_does_not_count_as_subschemas():
+    """Padding a schema with data (an annotation holding 10,001 objects) skipped the metaschema check."""
+    pad = {"x-pad": [{} for _ in range(10_001)]}
+    assert "is not of type 'string'" in constraint_keys.schema_problem(
+        {"type": "object", "required": [{"a": 1}], **pad}
+    )

@@ -34,7 +34,7 @@ from llmserve.serve.constraint_keys import CONSTRAINT_KEYS, CONSTRAINT_OPTIONS, 
 from llmserve.serve.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from llmserve.serve.kserve.errors import KServeError
 from llmserve.serve.kserve.sampling import build_settings
-from llmserve.serve.limits import VLLM_DEFAULT_MAX_TOKENS, JsonProblem, load_json
+from llmserve.serve.limits import MAX_OPENAI_STOP_STRINGS, VLLM_DEFAULT_MAX_TOKENS, JsonProblem, load_json
 from llmserve.serve.openai.errors import RequestRejected, error_body
 from llmserve.serve.readiness import Readiness
 from llmserve.serve.triton.text_protocols import VLLM_TEXT, TextProtocol
@@ -187,6 +187,9 @@ def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The sampling_parameters the body's fields map to; unknown fields and features in use that Triton cannot
     give are refused by name."""
     params: dict[str, Any] = {}
+    stop = body.get("stop")
+    if isinstance(stop, list) and len(stop) > MAX_OPENAI_STOP_STRINGS:
+        raise _refuse("stop", f"at most {MAX_OPENAI_STOP_STRINGS} stop strings are accepted (as OpenAI's API takes)")
     for name, value in body.items():
         if name in OFF_ONLY:
             if not _is_off(value):
