@@ -35,8 +35,8 @@ THREAD_PREFIX = "llmserve-constraint-check"
 
 T = TypeVar("T")
 
-_executor: ThreadPoolExecutor | None = None
-_known: ThreadPoolExecutor | None = None  # one thread, for checks answered from memory
+# the check threads (CHECK_THREADS), and one for checks answered from memory ("known"), made at first use
+_executors: dict[str, ThreadPoolExecutor] = {}
 _executor_lock = threading.Lock()
 
 
@@ -48,20 +48,12 @@ def _lower_priority() -> None:
         log.warning("constraint checks run at normal CPU priority (%s)", exc)
 
 
-def _check_executor() -> ThreadPoolExecutor:
-    global _executor
+def _pool(known: bool = False) -> ThreadPoolExecutor:
+    name, threads = (f"{THREAD_PREFIX}-known", 1) if known else (THREAD_PREFIX, CHECK_THREADS)
     with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix=THREAD_PREFIX, initializer=_lower_priority)
-        return _executor
-
-
-def _known_executor() -> ThreadPoolExecutor:
-    global _known
-    with _executor_lock:
-        if _known is None:
-            _known = ThreadPoolExecutor(1, thread_name_prefix=f"{THREAD_PREFIX}-known", initializer=_lower_priority)
-        return _known
+        if name not in _executors:
+            _executors[name] = ThreadPoolExecutor(threads, thread_name_prefix=name, initializer=_lower_priority)
+        return _executors[name]
 
 
 def on_check_thread(fn: Callable[..., T], *args: Any, known: bool = False) -> T:
@@ -70,12 +62,12 @@ def on_check_thread(fn: Callable[..., T], *args: Any, known: bool = False) -> T:
     checked before, answered from memory, on a thread of its own that new constraints never queue on."""
     if threading.current_thread().name.startswith(THREAD_PREFIX):
         return fn(*args)
-    return (_known_executor() if known else _check_executor()).submit(fn, *args).result()
+    return _pool(known).submit(fn, *args).result()
 
 
 async def request_check(fn: Callable[..., T], *args: Any, constrained: bool, **kwargs: Any) -> T:
     """fn(*args, **kwargs) off the event loop: on a constraint-check thread when the request carries a constraint
     (its check may compile it), else on the default executor, never queued behind those."""
     if constrained:
-        return await asyncio.wrap_future(_check_executor().submit(fn, *args, **kwargs))
+        return await asyncio.wrap_future(_pool().submit(fn, *args, **kwargs))
     return await asyncio.to_thread(fn, *args, **kwargs)
